@@ -1,0 +1,94 @@
+"""Plain, validated description of a robot as read from URDF.
+
+This is the boundary between the URDF reader (``urdf.py``), which checks
+everything and names what is wrong, and the model builder (``model.py``), which
+turns a description into the tensors of a :class:`~diffsim_ros.physics.Model`.
+Everything here is plain Python / NumPy; nothing is a tensor yet.
+
+All poses are URDF origins: ``xyz`` in metres and ``rpy`` in radians (fixed-axis
+roll, pitch, yaw, i.e. R = Rz(yaw) Ry(pitch) Rx(roll)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+
+class UrdfError(ValueError):
+    """A URDF (or xacro) that cannot be turned into a model.
+
+    The message names the file and the link or joint at fault.
+    """
+
+
+@dataclass(frozen=True)
+class Origin:
+    xyz: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+    rpy: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Inertial:
+    mass: float                      # kg, finite, >= 0
+    origin: Origin                   # centre of mass frame in the link frame
+    inertia: np.ndarray              # (3, 3) about the COM, in the inertial origin's frame
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A collision primitive attached to a link.
+
+    kind: "sphere" (size = (radius,)), "box" (size = (sx, sy, sz), full edge
+    lengths), "cylinder" (size = (radius, length), axis along the local z).
+    A mesh in the URDF becomes the box that bounds its vertices (after scale),
+    with ``origin`` moved to the box centre and ``mesh`` set to the resolved file.
+    """
+    link: str
+    kind: str
+    size: Tuple[float, ...]
+    origin: Origin
+    mesh: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    inertial: Optional[Inertial]
+    collisions: Tuple[Geometry, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mimic:
+    joint: str
+    multiplier: float = 1.0
+    offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class Joint:
+    name: str
+    type: str                        # "revolute" | "continuous" | "prismatic" | "fixed"
+    parent: str
+    child: str
+    origin: Origin                   # child (joint) frame in the parent link frame at q = 0
+    axis: Tuple[float, float, float] = (1.0, 0.0, 0.0)   # unit vector, joint frame
+    lower: float = -np.inf           # rad or m (-inf for continuous)
+    upper: float = np.inf
+    velocity: float = np.inf         # rad/s or m/s
+    effort: float = np.inf           # N m or N
+    damping: float = 0.0             # N m s/rad or N s/m
+    friction: float = 0.0            # N m or N (Coulomb)
+    mimic: Optional[Mimic] = None    # kept for information; mimic joints are independent DOFs
+
+
+@dataclass
+class RobotDescription:
+    name: str
+    links: Dict[str, Link]           # in file order
+    joints: List[Joint]              # in file order
+    root: str                        # the one link without a parent
+    source: str                      # file path, or "<string>"
+    xml: str                         # the expanded URDF text (after xacro), for hashing
+    children: Dict[str, List[Joint]] = field(default_factory=dict)  # link -> joints, file order
