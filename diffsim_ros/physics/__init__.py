@@ -1,0 +1,17 @@
+"""Differentiable rigid-body physics in PyTorch (no ROS imports here).
+
+    from diffsim_ros import physics
+    model = physics.load_urdf("robot.urdf", floating_base=False, dtype=torch.float64)
+    tau = physics.rnea(model, q, v, a)
+    M = physics.crba(model, q)
+    qdd = physics.aba(model, q, v, tau)
+    poses = physics.forward_kinematics(model, q)   # (..., len(model.link_names), 4, 4)
+"""
+from .algorithms import aba, crba, forward_kinematics, joint_placements, rnea
+from .description import RobotDescription, UrdfError
+from .model import Collision, Model, build_model, load_urdf
+
+__all__ = [
+    "Collision", "Model", "RobotDescription", "UrdfError",
+    "aba", "build_model", "crba", "forward_kinematics", "joint_placements", "load_urdf", "rnea",
+]

@@ -1,0 +1,124 @@
+"""Spatial algebra on batched tensors (Featherstone's notation, Pinocchio's ordering).
+
+Spatial motion vectors are ``[v; w]`` (linear first, then angular) and spatial
+force vectors ``[f; n]``, as in Pinocchio. All functions take tensors with any
+leading batch dimensions and are differentiable.
+
+Naming follows *Rigid Body Dynamics Algorithms*: ``X`` a 6x6 motion transform,
+``I`` a 6x6 spatial inertia, ``S`` a motion subspace, ``v``/``a`` motion and
+``f`` force vectors.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+def skew(w: torch.Tensor) -> torch.Tensor:
+    """(..., 3) -> (..., 3, 3) with skew(w) @ x == cross(w, x)."""
+    x, y, z = w.unbind(-1)
+    o = torch.zeros_like(x)
+    return torch.stack(
+        (torch.stack((o, -z, y), -1), torch.stack((z, o, -x), -1), torch.stack((-y, x, o), -1)), -2
+    )
+
+
+def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cross product of (..., 3) vectors, written out (faster than torch.linalg.cross on small dims)."""
+    ax, ay, az = a.unbind(-1)
+    bx, by, bz = b.unbind(-1)
+    return torch.stack((ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx), -1)
+
+
+def axis_angle_to_matrix(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """Rotation by ``angle`` (...) about the unit ``axis`` (3,) or (..., 3): Rodrigues' formula."""
+    axis = axis.expand(angle.shape + (3,))
+    K = skew(axis)
+    s = torch.sin(angle)[..., None, None]
+    c = torch.cos(angle)[..., None, None]
+    eye = torch.eye(3, dtype=angle.dtype, device=angle.device)
+    return eye + s * K + (1.0 - c) * (K @ K)
+
+
+def quat_to_matrix(quat: torch.Tensor) -> torch.Tensor:
+    """Quaternion stored x, y, z, w (ROS order) -> rotation matrix.
+
+    The quaternion is normalised first, so the map is smooth near (but not at)
+    zero and an integrator's drift off the unit sphere does not scale the body.
+    """
+    quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
+    x, y, z, w = quat.unbind(-1)
+    xx, yy, zz = x * x, y * y, z * z
+    xy, xz, yz = x * y, x * z, y * z
+    wx, wy, wz = w * x, w * y, w * z
+    return torch.stack(
+        (
+            torch.stack((1 - 2 * (yy + zz), 2 * (xy - wz), 2 * (xz + wy)), -1),
+            torch.stack((2 * (xy + wz), 1 - 2 * (xx + zz), 2 * (yz - wx)), -1),
+            torch.stack((2 * (xz - wy), 2 * (yz + wx), 1 - 2 * (xx + yy)), -1),
+        ),
+        -2,
+    )
+
+
+def rpy_to_matrix_np(rpy) -> np.ndarray:
+    """URDF roll-pitch-yaw (fixed axes x, y, z) -> rotation matrix, in NumPy float64."""
+    r, p, y = (float(a) for a in rpy)
+    cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
+    return np.array(
+        [
+            [cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
+            [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
+            [-sp, cp * sr, cp * cr],
+        ]
+    )
+
+
+def motion_transform(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """6x6 motion transform from a parent frame to a child frame.
+
+    ``R`` (..., 3, 3) and ``p`` (..., 3) are the child frame's orientation and
+    origin expressed in the parent frame. Returns ``X`` with v_child = X v_parent:
+    ``X = [[R^T, -R^T [p]x], [0, R^T]]``.
+    """
+    E = R.transpose(-1, -2)
+    top = torch.cat((E, -E @ skew(p)), -1)
+    bottom = torch.cat((torch.zeros_like(E), E), -1)
+    return torch.cat((top, bottom), -2)
+
+
+def cross_motion(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Spatial motion cross product ``v x m`` of (..., 6) vectors."""
+    vl, w = v[..., :3], v[..., 3:]
+    ml, mw = m[..., :3], m[..., 3:]
+    return torch.cat((cross(w, ml) + cross(vl, mw), cross(w, mw)), -1)
+
+
+def cross_force(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Spatial force cross product ``v x* f`` of (..., 6) vectors."""
+    vl, w = v[..., :3], v[..., 3:]
+    fl, fa = f[..., :3], f[..., 3:]
+    return torch.cat((cross(w, fl), cross(w, fa) + cross(vl, fl)), -1)
+
+
+def spatial_inertia(mass: torch.Tensor, com: torch.Tensor, inertia: torch.Tensor) -> torch.Tensor:
+    """6x6 spatial inertia about the body origin, from mass (...), centre of mass
+    (..., 3) and rotational inertia about the centre of mass (..., 3, 3), all in
+    the body frame: ``[[m 1, -m [c]x], [m [c]x, I_c - m [c]x [c]x]]``."""
+    C = skew(com)
+    m = mass[..., None, None]
+    eye = torch.eye(3, dtype=com.dtype, device=com.device).expand(C.shape)
+    mC = m * C
+    top = torch.cat((m * eye, -mC), -1)
+    bottom = torch.cat((mC, inertia - mC @ C), -1)
+    return torch.cat((top, bottom), -2)
+
+
+def homogeneous(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """(..., 3, 3), (..., 3) -> (..., 4, 4) homogeneous transform."""
+    top = torch.cat((R, p[..., None]), -1)
+    bottom = torch.zeros(R.shape[:-2] + (1, 4), dtype=R.dtype, device=R.device)
+    bottom[..., 0, 3] = 1.0
+    return torch.cat((top, bottom), -2)
