@@ -232,12 +232,46 @@ def _precheck(root, label: str, from_string: bool) -> None:
         if el.tag not in ("link", "joint"):
             continue
         where = _where_el(el)
+        _check_numbers(el, label, where)
         for sub in [el] + [c for c in el if c.tag in ("inertial", "collision")]:
             for child_tag in _SINGLE_CHILDREN.get(sub.tag, ()):
                 n = sum(1 for c in sub if c.tag == child_tag)
                 if n > 1:
                     inside = "" if sub is el else f" <{sub.tag}>"
                     raise UrdfError(f"{label}: {where}:{inside} has {n} <{child_tag}> elements, expected one")
+
+
+_INERTIA_KEYS = ("ixx", "ixy", "ixz", "iyy", "iyz", "izz")
+# (path below the <link>/<joint>, attribute, how many numbers)
+_NUMERIC_ATTRS = {
+    "link": [("inertial/mass", "value", 1), ("inertial/origin", "xyz", 3), ("inertial/origin", "rpy", 3)]
+    + [("inertial/inertia", k, 1) for k in _INERTIA_KEYS]
+    + [("collision/origin", "xyz", 3), ("collision/origin", "rpy", 3), ("collision/geometry/box", "size", 3),
+       ("collision/geometry/sphere", "radius", 1), ("collision/geometry/cylinder", "radius", 1),
+       ("collision/geometry/cylinder", "length", 1), ("collision/geometry/mesh", "scale", 3)],
+    "joint": [("origin", "xyz", 3), ("origin", "rpy", 3), ("axis", "xyz", 3)]
+    + [("limit", k, 1) for k in ("lower", "upper", "effort", "velocity")]
+    + [("dynamics", k, 1) for k in ("damping", "friction")]
+    + [("mimic", k, 1) for k in ("multiplier", "offset")],
+}
+
+
+def _check_numbers(el, label: str, where: str) -> None:
+    """Every number urdf_parser_py will read parses, with the right count (names the element)."""
+    for path, attr, count in _NUMERIC_ATTRS[el.tag]:
+        for sub in el.findall(path):
+            text = sub.get(attr)
+            if text is None:
+                continue
+            parts = text.split()
+            what = f"<{path.rsplit('/', 1)[-1]} {attr}=\"{text[:40]}\">"
+            if len(parts) != count:
+                raise _fail(label, where, f"{what} has {len(parts)} numbers, expected {count}")
+            for part in parts:
+                try:
+                    float(part)
+                except ValueError:
+                    raise _fail(label, where, f"{what} is not a number") from None
 
 
 def _where_el(el) -> str:

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run the test suite: bootstrap the local .venv (pinned versions; a no-op when
+# nothing changed), then pytest over test/. Extra arguments go to pytest, e.g.
+#   scripts/test.sh -k urdf -x
+# Exit status is pytest's; "no tests collected" (pytest's 5) is a failure too.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
+cd "$ROOT"
+"$ROOT/scripts/bootstrap.sh"
+rc=0
+"$VENV/bin/python" -m pytest test -q "$@" || rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "[test] pytest collected no tests: treating this as a failure" >&2
+fi
+exit "$rc"

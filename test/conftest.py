@@ -1,0 +1,54 @@
+"""Shared test helpers (keep this file small and additive).
+
+Plain functions are importable as ``from conftest import ...``; the fixtures
+wrap them and skip with a stated reason when something is not installed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+URDF_DIR = REPO_ROOT / "urdf"
+
+# The project's own robot descriptions (primitive collision geometry only).
+PROJECT_URDFS: Dict[str, Path] = {
+    "arm": URDF_DIR / "diffsim_arm.urdf",
+    "arm_xacro": URDF_DIR / "diffsim_arm.urdf.xacro",
+    "quadrotor": URDF_DIR / "diffsim_quadrotor.urdf",
+    "quadruped": URDF_DIR / "diffsim_quadruped.urdf",
+}
+
+
+def example_robot_data_dir() -> Optional[Path]:
+    """The ``example-robot-data/robots`` folder of the pip package, or None.
+
+    Its URDFs name meshes ``package://example-robot-data/robots/...``; the
+    package folder is ``<...>/cmeel.prefix/share/example-robot-data``.
+    """
+    candidates = [Path(p) / "cmeel.prefix" / "share" for p in sys.path if p]
+    candidates += [Path(sys.prefix) / "share"]
+    for share in candidates:
+        robots = share / "example-robot-data" / "robots"
+        if robots.is_dir():
+            return robots
+    return None
+
+
+@pytest.fixture(scope="session")
+def robots_dir() -> Path:
+    """example-robot-data's robots folder; skips the test when it is not installed."""
+    d = example_robot_data_dir()
+    if d is None:
+        pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
+    return d
+
+
+@pytest.fixture(scope="session")
+def project_urdfs() -> Dict[str, Path]:
+    """Paths of the project's own URDFs (see PROJECT_URDFS)."""
+    return dict(PROJECT_URDFS)

@@ -1,0 +1,187 @@
+"""The command line (``diffsim-ros demo``) and the set-up scripts.
+
+The demo runs as a separate process, exactly as a user would start it. The
+bootstrap tests use a stub interpreter in a temporary folder, so they check
+the script's decisions (what it installs, and when it does nothing) without
+installing anything.
+"""
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from diffsim_ros.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOTSTRAP = ROOT / "scripts" / "bootstrap.sh"
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "diffsim_ros.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return run_cli("demo", "--batch", "8", "--time-budget", "0.05")
+
+
+def test_demo_runs_on_default_robot(demo):
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    for word in ("panda.urdf", "forward kinematics", "condition number", "steps/s"):
+        assert word in demo.stdout, demo.stdout
+
+
+def test_demo_aba_inverts_rnea(demo):
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    m = re.search(r"max \|aba\(q, v, rnea\(q, v, a\)\) - a\| = (\S+)", demo.stdout)
+    assert m, demo.stdout
+    assert float(m.group(1)) < 1e-8
+
+
+def test_demo_prints_every_joint(demo):
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    for i in range(1, 8):
+        assert f"panda_joint{i} " in demo.stdout, demo.stdout
+
+
+def test_demo_floating_base_float32(capsys):
+    rc = main(["demo", "--batch", "4", "--floating-base", "--dtype", "float32",
+               "--time-budget", "0.05"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "floating base" in out and "base_wz" in out
+    m = re.search(r"max \|aba\(q, v, rnea\(q, v, a\)\) - a\| = (\S+)", out)
+    assert m and float(m.group(1)) < 1e-2, out
+
+
+def test_demo_missing_file_exit_code_2(tmp_path):
+    missing = tmp_path / "no_such_robot.urdf"
+    res = run_cli("demo", "--urdf", str(missing), "--batch", "2")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith("error: ")
+    assert str(missing) in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("text", [
+    "<robot name='r'><link name='a'>",                               # malformed XML
+    "<robot name='r'><link name='a'/><joint name='j' type='hinge'>"  # unknown joint type
+    "<parent link='a'/><child link='b'/></joint><link name='b'/></robot>",
+    "this is not a URDF at all",
+])
+def test_demo_bad_urdf_exit_code_2(tmp_path, capsys, text):
+    bad = tmp_path / "broken_robot.urdf"
+    bad.write_text(text)
+    rc = main(["demo", "--urdf", str(bad), "--batch", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: ")
+    assert "broken_robot.urdf" in err
+
+
+def test_no_subcommand_is_a_usage_error():
+    res = run_cli()
+    assert res.returncode == 2
+    assert "usage:" in res.stderr
+
+
+# ------------------------------------------------------------------------ bootstrap
+
+STUB_PYTHON = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    # Stand-in interpreter: records how it was called; "import rclpy" succeeds
+    # only when the file HAS_RCLPY exists next to the log.
+    echo "$*" >> "$STUB_LOG"
+    if [ "$1" = "-c" ]; then
+        [ -f "$(dirname "$STUB_LOG")/HAS_RCLPY" ]
+        exit $?
+    fi
+    exit 0
+    """)
+
+
+def _stub_venv(tmp_path, has_rclpy):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(STUB_PYTHON)
+    py.chmod(0o755)
+    if has_rclpy:
+        (tmp_path / "HAS_RCLPY").touch()
+    env = dict(os.environ, DIFFSIM_VENV=str(venv), STUB_LOG=str(tmp_path / "calls.log"))
+    return venv, env
+
+
+def _bootstrap(env):
+    return subprocess.run(["bash", str(BOOTSTRAP)], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _calls(tmp_path):
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("has_rclpy", [False, True])
+def test_bootstrap_installs_ros_wheels_only_without_rclpy(tmp_path, has_rclpy):
+    venv, env = _stub_venv(tmp_path, has_rclpy)
+    res = _bootstrap(env)
+    assert res.returncode == 0, res.stderr
+    calls = _calls(tmp_path)
+    installs = [c for c in calls if c.startswith("-m pip install")]
+    assert any(c.endswith("requirements.txt") for c in installs), calls
+    assert any(c.endswith("-e " + str(ROOT)) for c in installs), calls
+    ros = [c for c in installs if c.endswith("requirements-ros.txt")]
+    assert (len(ros) == 0) if has_rclpy else (len(ros) == 1), calls
+    assert (venv / ".diffsim_ros_stamp").is_file()
+
+
+def test_bootstrap_second_run_does_nothing(tmp_path):
+    venv, env = _stub_venv(tmp_path, has_rclpy=False)
+    assert _bootstrap(env).returncode == 0
+    n_first = len(_calls(tmp_path))
+    res = _bootstrap(env)
+    assert res.returncode == 0, res.stderr
+    assert len(_calls(tmp_path)) == n_first, "second run called the interpreter again"
+    assert res.stderr == ""
+
+
+def test_bootstrap_reinstalls_when_requirements_change(tmp_path):
+    venv, env = _stub_venv(tmp_path, has_rclpy=True)
+    assert _bootstrap(env).returncode == 0
+    (venv / ".diffsim_ros_stamp").write_text("stale\n")
+    n_first = len(_calls(tmp_path))
+    assert _bootstrap(env).returncode == 0
+    assert len(_calls(tmp_path)) > n_first
+
+
+def test_torch_is_pinned():
+    reqs = (ROOT / "requirements.txt").read_text().splitlines()
+    torch_lines = [r.strip() for r in reqs if re.match(r"\s*torch\b", r)]
+    assert torch_lines == ["torch==2.13.0"]
+
+
+def test_bootstrap_fast_path_on_this_venv():
+    """The real venv running these tests: with its stamp current, a second
+    bootstrap returns at once and installs nothing."""
+    venv = Path(sys.prefix)
+    stamp = venv / ".diffsim_ros_stamp"
+    want = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in
+                                   ("requirements.txt", "requirements-ros.txt", "setup.py"))
+                          ).hexdigest()
+    if not stamp.is_file() or stamp.read_text().strip() != want:
+        pytest.skip(f"{venv} was not made (or is not current) by scripts/bootstrap.sh")
+    before = stamp.stat().st_mtime_ns
+    res = _bootstrap(dict(os.environ, DIFFSIM_VENV=str(venv)))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "", res.stderr
+    assert stamp.stat().st_mtime_ns == before
