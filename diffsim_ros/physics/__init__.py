@@ -7,11 +7,11 @@
     qdd = physics.aba(model, q, v, tau)
     poses = physics.forward_kinematics(model, q)   # (..., len(model.link_names), 4, 4)
 """
-from .algorithms import aba, crba, forward_kinematics, joint_placements, rnea
+from .algorithms import aba, body_placements, body_states, crba, forward_kinematics, joint_placements, rnea
 from .description import RobotDescription, UrdfError
 from .model import Collision, Model, build_model, load_urdf
 
 __all__ = [
     "Collision", "Model", "RobotDescription", "UrdfError",
-    "aba", "build_model", "crba", "forward_kinematics", "joint_placements", "load_urdf", "rnea",
+    "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements", "load_urdf", "rnea",
 ]

@@ -25,7 +25,7 @@ Spatial vectors are ``[linear; angular]`` (Pinocchio's order).
 from __future__ import annotations
 
 import functools
-from typing import List, NamedTuple, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -152,6 +152,12 @@ def _unflatten(x: torch.Tensor, batch) -> torch.Tensor:
     return x.movedim(-1, 0).reshape(batch + x.shape[:-1])
 
 
+def _batch_last(x: torch.Tensor, batch, B: int) -> torch.Tensor:
+    """(*batch, ...) or (...) broadcastable to the batch -> (..., B)."""
+    inner = x.shape[len(x.shape) - 2:]
+    return x.expand(batch + inner).reshape((B,) + inner).movedim(0, -1)
+
+
 # ------------------------------------------------------------------ kinematics
 def _joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each body frame in its parent body frame at q (nq, B): R (nb, 3, 3, B), p (nb, 3, B)."""
@@ -205,6 +211,22 @@ def body_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.
     return _unflatten(R, batch), _unflatten(p, batch)
 
 
+def body_states(model: Model, q: torch.Tensor, v: torch.Tensor):
+    """World pose and twist of every body.
+
+    Returns R (..., nb, 3, 3), p (..., nb, 3) and the twist (..., nb, 6) as
+    ``[v_o; w]`` in the world frame, where ``v_o`` is the velocity of the
+    body-fixed point at the world origin: a point x of the body moves at
+    ``v_o + w x x``, and a force F applied at x is the wrench ``[F; x x F]``.
+    """
+    batch, (qf, vf) = _flatten(model, q, v)
+    topo = _topo(model)
+    Rw, pw = _body_placements(model, qf)
+    S = _motion_subspaces(model, Rw, pw)
+    vel = _tree_sum(topo.anc, _body_sum(topo, S * vf[:, None], model.nb))
+    return _unflatten(Rw, batch), _unflatten(pw, batch), _unflatten(vel, batch)
+
+
 def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
     """World pose of every link in ``model.link_names``: (..., n_links, 4, 4)."""
     batch, (qf,) = _flatten(model, q)
@@ -235,11 +257,9 @@ def _spatial_inertia(mass: torch.Tensor, c: torch.Tensor, I_c: torch.Tensor) -> 
     return torch.cat((top, bottom), -3)
 
 
-def _world_quantities(model: Model, q: torch.Tensor):
-    """Motion subspace of every dof (nv, 6, B) and spatial inertia of every body
-    (nb, 6, 6, B), in the world frame at the world origin."""
+def _motion_subspaces(model: Model, Rw: torch.Tensor, pw: torch.Tensor) -> torch.Tensor:
+    """Motion subspace of every dof, (nv, 6, B), in the world frame at the world origin."""
     topo = _topo(model)
-    Rw, pw = _body_placements(model, q)
     cols = []
     if model.joint_type[0] == "free":
         # Body twist [v; w] -> world twist at the origin: [R v + p x (R w); R w].
@@ -252,7 +272,14 @@ def _world_quantities(model: Model, q: torch.Tensor):
         rev = topo.is_rev[..., None]
         lin = rev * _cross(pw[topo.jb], a_w) + topo.is_pri[..., None] * a_w
         cols.append(torch.cat((lin, rev * a_w), 1))
-    S = torch.cat(cols, 0) if len(cols) > 1 else cols[0]
+    return torch.cat(cols, 0) if len(cols) > 1 else cols[0]
+
+
+def _world_quantities(model: Model, q: torch.Tensor):
+    """Motion subspace of every dof (nv, 6, B) and spatial inertia of every body
+    (nb, 6, 6, B), in the world frame at the world origin."""
+    Rw, pw = _body_placements(model, q)
+    S = _motion_subspaces(model, Rw, pw)
     c_w = pw + _mv(Rw, model.com[..., None])
     I_c = _mm(_mm(Rw, model.inertia[..., None]), Rw.transpose(1, 2))
     return S, _spatial_inertia(model.mass, c_w, I_c)
@@ -270,11 +297,12 @@ def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------- inverse dynamics
-def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+         f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Recursive Newton-Euler: joint forces ``tau`` that produce accelerations ``a``.
 
     Includes gravity (``model.gravity``); for a floating base the first six
-    entries are the body-frame wrench on the root.
+    entries are the body-frame wrench on the root. ``f_ext`` as in :func:`aba`.
     """
     batch, (qf, vf, af) = _flatten(model, q, v, a)
     topo = _topo(model)
@@ -285,6 +313,8 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor) -> tor
     # a_i = a_parent + S_i qdd_i + v_i x S_i qd_i (the last term is dS_i/dt qd_i in the world frame).
     acc = _tree_sum(topo.anc, aJ + _cross_motion(vel, vJ)) + _gravity_acc(model)
     f = _mv(I, acc) + _cross_force(vel, _mv(I, vel))
+    if f_ext is not None:
+        f = f - _batch_last(f_ext, batch, qf.shape[-1])
     F = _tree_sum(topo.anc, f, subtree=True)                   # wrench transmitted by each joint
     tau = (S * F[topo.body_of_dof]).sum(1)
     return _unflatten(tau, batch)
@@ -305,10 +335,13 @@ def crba(model: Model, q: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------ forward dynamics
-def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
+        f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Articulated-body algorithm: accelerations ``qdd`` (..., nv) under joint forces ``tau``.
 
-    O(n) in the number of bodies; equals ``M(q)^-1 (tau - rnea(q, v, 0))``.
+    O(n) in the number of bodies; equals ``M(q)^-1 (tau - rnea(q, v, 0) + J^T f_ext)``.
+    ``f_ext`` (..., nb, 6), optional: external wrench on each body, in the world
+    frame and about the world origin, ``[force; torque]`` (see :func:`body_states`).
     """
     batch, (qf, vf, tf) = _flatten(model, q, v, tau)
     nb = model.nb
@@ -318,7 +351,10 @@ def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor) -> to
     vel = _tree_sum(topo.anc, vJ)
     # Pass 1 (vectorised over bodies): bias accelerations c and bias forces pA.
     c = _cross_motion(vel, vJ)
-    pA = list((_cross_force(vel, _mv(I, vel))).unbind(0))
+    pA = _cross_force(vel, _mv(I, vel))
+    if f_ext is not None:
+        pA = pA - _batch_last(f_ext, batch, qf.shape[-1])
+    pA = list(pA.unbind(0))
     IA = list(I.unbind(0))
     free = model.joint_type[0] == "free"
     # Pass 2, leaves to root: articulated-body inertias IA and bias forces pA.
