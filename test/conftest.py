@@ -5,7 +5,6 @@ wrap them and skip with a stated reason when something is not installed.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Dict, Optional

@@ -45,6 +45,72 @@ def example_robot_data_share() -> Optional[str]:
     return None if robots is None else os.path.dirname(os.path.dirname(robots))
 
 
+# A small synthetic tree that the robots above lack: continuous joints
+# (Pinocchio's two-coordinate RUB joints), axes off the coordinate axes, a
+# prismatic joint, two branches, a fixed child with its own inertia, rotated
+# joint origins and off-diagonal inertias with offset centres of mass.
+def _inertial(m, xyz, rpy, ixx, iyy, izz, ixy, ixz, iyz):
+    return ('<inertial><origin xyz="%s" rpy="%s"/><mass value="%g"/>'
+            '<inertia ixx="%g" iyy="%g" izz="%g" ixy="%g" ixz="%g" iyz="%g"/></inertial>'
+            % (xyz, rpy, m, ixx, iyy, izz, ixy, ixz, iyz))
+
+
+TREE_URDF = """<?xml version="1.0"?>
+<robot name="continuous_tree">
+  <link name="base">%s</link>
+  <link name="l1">%s</link>
+  <link name="l2">%s</link>
+  <link name="l3">%s</link>
+  <link name="l4">%s</link>
+  <link name="l4_tip">%s</link>
+  <link name="marker"/>
+  <joint name="c1" type="continuous">
+    <parent link="base"/><child link="l1"/>
+    <origin xyz="0.1 0 0.2" rpy="0.3 -0.2 0.5"/><axis xyz="0 0 1"/>
+  </joint>
+  <joint name="c2" type="continuous">
+    <parent link="l1"/><child link="l2"/>
+    <origin xyz="0 0.3 0.05" rpy="0 0.4 0"/><axis xyz="0.6 0 0.8"/>
+  </joint>
+  <joint name="p3" type="prismatic">
+    <parent link="base"/><child link="l3"/>
+    <origin xyz="-0.1 0.05 0" rpy="0.1 0.2 0.3"/><axis xyz="0 0.8 -0.6"/>
+    <limit lower="-0.2" upper="0.3" effort="50" velocity="1"/>
+  </joint>
+  <joint name="r4" type="revolute">
+    <parent link="l3"/><child link="l4"/>
+    <origin xyz="0.2 0 -0.1" rpy="-0.5 0 0.2"/><axis xyz="1 0 0"/>
+    <limit lower="-2" upper="1.5" effort="20" velocity="3"/>
+  </joint>
+  <joint name="f5" type="fixed">
+    <parent link="l4"/><child link="l4_tip"/>
+    <origin xyz="0.25 0.02 0" rpy="0 0 1.2"/>
+  </joint>
+  <joint name="f6" type="fixed">
+    <parent link="l2"/><child link="marker"/>
+    <origin xyz="0 0 0.3" rpy="0.7 0 0"/>
+  </joint>
+</robot>
+""" % (
+    _inertial(2.0, "0.01 0.02 0.03", "0 0 0", 0.02, 0.03, 0.04, 0.001, -0.002, 0.0015),
+    _inertial(1.2, "0.05 0.1 0", "0.2 0.1 0", 0.01, 0.012, 0.008, 0.0005, 0.0, -0.001),
+    _inertial(0.7, "0 0 0.15", "0 0 0.3", 0.005, 0.006, 0.002, 0.0, 0.0004, 0.0),
+    _inertial(0.9, "0.1 0 0", "0 0 0", 0.003, 0.009, 0.009, 0.0, 0.0, 0.0),
+    _inertial(0.5, "0.1 0.01 -0.02", "0.3 0 0", 0.001, 0.004, 0.004, 0.0002, 0.0, 0.0),
+    _inertial(0.3, "0 0 0.02", "0 0.5 0", 0.0008, 0.0008, 0.0005, 0.0, 0.0, 0.0001),
+)
+
+
+def tree_urdf_path() -> str:
+    """TREE_URDF written to a file once (Pinocchio's URDF reader wants a path)."""
+    import tempfile
+    path = os.path.join(tempfile.gettempdir(), "diffsim_ros_test_continuous_tree_%d.urdf" % os.getpid())
+    if not os.path.isfile(path):
+        with open(path, "w") as fh:
+            fh.write(TREE_URDF)
+    return path
+
+
 @dataclass(frozen=True)
 class RobotCase:
     name: str
@@ -53,6 +119,8 @@ class RobotCase:
     project: bool = False  # one of the project's own URDFs (urdf/*.urdf)
 
     def path(self) -> Optional[str]:
+        if self.relpath == "<tree>":
+            return tree_urdf_path()
         if self.project:
             return os.path.join(REPO_ROOT, self.relpath)
         robots = example_robot_data_dir()
@@ -67,6 +135,8 @@ ROBOTS: List[RobotCase] = [
     RobotCase("diffsim_arm", "urdf/diffsim_arm.urdf", floating=False, project=True),
     RobotCase("diffsim_quadruped", "urdf/diffsim_quadruped.urdf", floating=True, project=True),
     RobotCase("diffsim_quadrotor", "urdf/diffsim_quadrotor.urdf", floating=True, project=True),
+    RobotCase("tree_continuous", "<tree>", floating=False, project=True),
+    RobotCase("tree_continuous_floating", "<tree>", floating=True, project=True),
 ]
 ROBOTS_BY_NAME = {case.name: case for case in ROBOTS}
 

@@ -205,6 +205,40 @@ def test_leading_batch_dimensions(name):
         torch.testing.assert_close(single[what], flat[what][0], rtol=1e-12, atol=1e-12, msg=what)
 
 
+FAR = (100.0, -100.0, 10.0)  # m: a quadruped that walked, or a quadrotor that flew, 100 m
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", ["solo12", "diffsim_quadruped", "diffsim_quadrotor"])
+def test_floating_base_far_from_origin(name, dtype):
+    """Under uniform gravity the dynamics do not depend on where the base is
+    (v is in the body frame): with the base 100 m from the world origin, M(q),
+    rnea and aba must be as accurate as near it (the same tolerances).
+    Link poses are compared too (their translations are then ~100 m)."""
+    ref = reference(name)
+    m = ref.model if dtype == torch.float64 else load(name, dtype=dtype)
+    q = ref.q.copy()
+    q[:, :3] += np.array(FAR)
+    p = ref.pin
+    expected = {
+        "fk": p.batch(p.fk, q),
+        "crba": ref.crba,   # translation-invariant: the same as at the original positions
+        "rnea": ref.rnea,
+        "aba": ref.aba,
+    }
+    np.testing.assert_allclose(p.batch(p.aba, q, ref.v, ref.tau), ref.aba, rtol=1e-9, atol=1e-9)
+    qt, v, a, tau = (torch.as_tensor(x, dtype=dtype) for x in (q, ref.v, ref.a, ref.tau))
+    if dtype == torch.float32:
+        qt = torch.cat([qt[:, :3], qt[:, 3:7] / qt[:, 3:7].norm(dim=-1, keepdim=True), qt[:, 7:]], dim=-1)
+    tol = FLOAT64_TOL if dtype == torch.float64 else None
+    tag = "base at %s m, %s" % (FAR, str(dtype).replace("torch.", ""))
+    check(name, "forward_kinematics, " + tag, physics.forward_kinematics(m, qt), expected["fk"],
+          tol or FLOAT32_TOL["fk"], 2, ref.model.link_names)
+    check(name, "crba, " + tag, physics.crba(m, qt), expected["crba"], tol or FLOAT32_TOL["crba"], 2)
+    check(name, "rnea, " + tag, physics.rnea(m, qt, v, a), expected["rnea"], tol or FLOAT32_TOL["rnea"])
+    check(name, "aba, " + tag, physics.aba(m, qt, v, tau), expected["aba"], tol or FLOAT32_TOL["aba"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="torch sees no CUDA device (torch.cuda.is_available() is False)")
 @pytest.mark.parametrize("name", ["panda", "solo12"])

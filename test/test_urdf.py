@@ -6,6 +6,7 @@ type) with a message that names the source and the link or joint at fault.
 from __future__ import annotations
 
 import math
+import re
 import struct
 import warnings
 from pathlib import Path
@@ -292,7 +293,7 @@ def test_xacro_args(tmp_path):
 def test_urdf_as_string_bytes_and_path():
     text = PROJECT_URDFS["quadruped"].read_text()
     from_file = parse_urdf(PROJECT_URDFS["quadruped"])
-    from_str = parse_urdf("\n  " + text)
+    from_str = parse_urdf("\ufeff\n  " + text)
     from_bytes = parse_urdf(text.encode())
     from_strpath = parse_urdf(str(PROJECT_URDFS["quadruped"]))
     assert from_str.source == from_bytes.source == "<string>"
@@ -621,7 +622,7 @@ def test_error_cases(case):
         parse_quietly(text)
     msg = str(e.value)
     assert msg.startswith("<string>: "), msg
-    assert __import__("re").search(pattern, msg, __import__("re").S), msg
+    assert re.search(pattern, msg, re.S), msg
 
 
 def test_error_names_the_file(tmp_path):

@@ -10,8 +10,11 @@
 from .algorithms import aba, body_placements, body_states, crba, forward_kinematics, joint_placements, rnea
 from .description import RobotDescription, UrdfError
 from .model import Collision, Model, build_model, load_urdf
+from .quadrotor import ConfigError, RotorConfig, Rotors
+from .simulator import SimConfig, SimulationError, Simulator, State, Trajectory
 
 __all__ = [
+    "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError", "Simulator", "State", "Trajectory",
     "Collision", "Model", "RobotDescription", "UrdfError",
     "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements", "load_urdf", "rnea",
 ]

@@ -8,8 +8,9 @@ and is differentiable by autograd in its inputs and in the model's tensors.
 
 Two choices make the batched code fast:
 
-* Spatial quantities are expressed in the world frame at the world origin (as
-  Pinocchio does internally). Motion subspaces ``S``, twists ``v``, inertias
+* Spatial quantities are expressed in world-aligned axes at one point (the
+  floating base's position, or the world origin for a fixed base), much as
+  Pinocchio does internally. Motion subspaces ``S``, twists ``v``, inertias
   ``I`` and forces ``f`` of all bodies live in one frame, so the tree
   recursions of RNEA and CRBA become sums over ancestors or subtrees (one
   matrix product with the tree's ancestor matrix) and no 6x6 coordinate
@@ -182,9 +183,15 @@ def _joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torc
     return R, p
 
 
-def _body_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """World pose of each body at q (nq, B): R (nb, 3, 3, B), p (nb, 3, B)."""
+def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """World pose of each body at q (nq, B): R (nb, 3, 3, B), p (nb, 3, B).
+
+    relative: positions relative to the floating base's position (computed
+    without ever forming the absolute positions, so no precision is lost far
+    from the world origin); the same as absolute for a fixed base."""
     R, p = _joint_placements(model, q)
+    if relative and model.joint_type[0] == "free":
+        p = torch.cat((torch.zeros_like(p[0:1]), p[1:]), 0)
     Rw: List[torch.Tensor] = []
     pw: List[torch.Tensor] = []
     for i, pi in enumerate(model.parent):
@@ -221,10 +228,13 @@ def body_states(model: Model, q: torch.Tensor, v: torch.Tensor):
     """
     batch, (qf, vf) = _flatten(model, q, v)
     topo = _topo(model)
-    Rw, pw = _body_placements(model, qf)
+    Rw, pw = _body_placements(model, qf, relative=True)
+    o = _frame_origin(model, qf)
     S = _motion_subspaces(model, Rw, pw)
     vel = _tree_sum(topo.anc, _body_sum(topo, S * vf[:, None], model.nb))
-    return _unflatten(Rw, batch), _unflatten(pw, batch), _unflatten(vel, batch)
+    # Velocity of the body point at the world origin: v_o = v_(point at o) - w x o.
+    vel = torch.cat((vel[:, 0:3] - _cross(vel[:, 3:6], o.expand_as(vel[:, 3:6])), vel[:, 3:6]), 1)
+    return _unflatten(Rw, batch), _unflatten(pw + o, batch), _unflatten(vel, batch)
 
 
 def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
@@ -275,14 +285,31 @@ def _motion_subspaces(model: Model, Rw: torch.Tensor, pw: torch.Tensor) -> torch
     return torch.cat(cols, 0) if len(cols) > 1 else cols[0]
 
 
+def _frame_origin(model: Model, q: torch.Tensor) -> torch.Tensor:
+    """Origin of the frame the dynamics are computed in, (1, 3, B): the floating
+    base's position (so the results do not lose precision as the robot travels
+    away from the world origin), or the world origin for a fixed base."""
+    if model.joint_type[0] == "free":
+        return q[None, 0:3]
+    return torch.zeros(1, 3, 1, dtype=q.dtype, device=q.device)
+
+
 def _world_quantities(model: Model, q: torch.Tensor):
-    """Motion subspace of every dof (nv, 6, B) and spatial inertia of every body
-    (nb, 6, 6, B), in the world frame at the world origin."""
-    Rw, pw = _body_placements(model, q)
+    """Motion subspace of every dof (nv, 6, B), spatial inertia of every body
+    (nb, 6, 6, B), in world-aligned axes at the point ``o`` (see
+    :func:`_frame_origin`), and ``o`` (1, 3, B)."""
+    Rw, pw = _body_placements(model, q, relative=True)
+    o = _frame_origin(model, q)
     S = _motion_subspaces(model, Rw, pw)
     c_w = pw + _mv(Rw, model.com[..., None])
     I_c = _mm(_mm(Rw, model.inertia[..., None]), Rw.transpose(1, 2))
-    return S, _spatial_inertia(model.mass, c_w, I_c)
+    return S, _spatial_inertia(model.mass, c_w, I_c), o
+
+
+def _shift_wrench(f_ext: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """World-origin wrenches (nb, 6, B) -> the same wrenches about the point o."""
+    F = f_ext[:, 0:3]
+    return torch.cat((F, f_ext[:, 3:6] - _cross(o.expand_as(F), F)), 1)
 
 
 def _gravity_acc(model: Model) -> torch.Tensor:
@@ -306,7 +333,7 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     """
     batch, (qf, vf, af) = _flatten(model, q, v, a)
     topo = _topo(model)
-    S, I = _world_quantities(model, qf)
+    S, I, o = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], model.nb)            # joint twists (nb, 6, B)
     aJ = _body_sum(topo, S * af[:, None], model.nb)
     vel = _tree_sum(topo.anc, vJ)                              # body twists
@@ -314,7 +341,7 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     acc = _tree_sum(topo.anc, aJ + _cross_motion(vel, vJ)) + _gravity_acc(model)
     f = _mv(I, acc) + _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
-        f = f - _batch_last(f_ext, batch, qf.shape[-1])
+        f = f - _shift_wrench(_batch_last(f_ext, batch, qf.shape[-1]), o)
     F = _tree_sum(topo.anc, f, subtree=True)                   # wrench transmitted by each joint
     tau = (S * F[topo.body_of_dof]).sum(1)
     return _unflatten(tau, batch)
@@ -325,7 +352,7 @@ def crba(model: Model, q: torch.Tensor) -> torch.Tensor:
     """Composite-rigid-body algorithm: the joint-space mass matrix M(q), (..., nv, nv)."""
     batch, (qf,) = _flatten(model, q)
     topo = _topo(model)
-    S, I = _world_quantities(model, qf)
+    S, I, o = _world_quantities(model, qf)
     Ic = _tree_sum(topo.anc, I, subtree=True)                  # composite inertias
     F = _mv(Ic[topo.body_of_dof], S)                           # (nv, 6, B)
     G = (F[:, None] * S[None]).sum(2)                          # G[d, e] = S_e . Ic_{body(d)} S_d
@@ -346,14 +373,14 @@ def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
     batch, (qf, vf, tf) = _flatten(model, q, v, tau)
     nb = model.nb
     topo = _topo(model)
-    S, I = _world_quantities(model, qf)
+    S, I, o = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], nb)
     vel = _tree_sum(topo.anc, vJ)
     # Pass 1 (vectorised over bodies): bias accelerations c and bias forces pA.
     c = _cross_motion(vel, vJ)
     pA = _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
-        pA = pA - _batch_last(f_ext, batch, qf.shape[-1])
+        pA = pA - _shift_wrench(_batch_last(f_ext, batch, qf.shape[-1]), o)
     pA = list(pA.unbind(0))
     IA = list(I.unbind(0))
     free = model.joint_type[0] == "free"

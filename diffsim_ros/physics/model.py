@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .description import Geometry, Joint, RobotDescription, UrdfError
+from .description import Joint, RobotDescription, UrdfError
 from .spatial import rpy_to_matrix_np
 
 MOVING_JOINTS = ("revolute", "continuous", "prismatic")
@@ -216,6 +216,9 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         stack.extend(reversed(pushed))  # keep file order among siblings
 
     nb = len(body_names)
+    if nb == 0:
+        raise UrdfError(f"{desc.source}: robot '{desc.name}' has no moving joint; load it with "
+                        "floating_base=True to simulate it as a free body")
     # Merge link inertias into their bodies (parallel-axis theorem, in the body frame).
     mass = np.zeros(nb)
     first = np.zeros((nb, 3))
@@ -241,6 +244,9 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         com[b] = c
         inertia[b] = second[b] - mass[b] * (c @ c * eye - np.outer(c, c))
         inertia[b] = 0.5 * (inertia[b] + inertia[b].T)
+        if jtype[b] == "free" and not np.all(np.linalg.eigvalsh(inertia[b]) > 0):
+            raise UrdfError(f"{desc.source}: floating root link '{body_names[b]}' (with the links fixed to it) "
+                            f"has a rotational inertia that is not positive definite")
 
     q_start, v_start = [], []
     nq = nv = 0

@@ -33,7 +33,8 @@ import numpy as np
 from .description import (Geometry, Inertial, Joint, Link, Mimic, Origin,
                           RobotDescription, UrdfError)
 
-__all__ = ["parse_urdf", "UrdfWarning", "SUPPORTED_JOINT_TYPES", "resolve_uri"]
+__all__ = ["parse_urdf", "UrdfWarning", "SUPPORTED_JOINT_TYPES", "resolve_uri", "read_mesh_vertices",
+           "rpy_to_matrix"]
 
 SUPPORTED_JOINT_TYPES = ("revolute", "continuous", "prismatic", "fixed")
 MOVING_JOINT_TYPES = ("revolute", "continuous", "prismatic")
@@ -135,14 +136,14 @@ def _label(source) -> str:
 
 
 def _read_source(source, label, xacro_args) -> Tuple[str, Optional[Path]]:
-    """Return (URDF text, folder for relative file names or None for a string)."""
+    """Return (URDF text exactly as read or expanded, folder for relative file names or None for a string)."""
     if isinstance(source, bytes):
         try:
             source = source.decode("utf-8")
         except UnicodeDecodeError as e:
             raise UrdfError(f"{label}: URDF bytes are not UTF-8 ({e})") from None
     if isinstance(source, str) and source.lstrip("\ufeff \t\r\n").startswith("<"):
-        return source.lstrip("\ufeff \t\r\n"), None
+        return source, None
     if not isinstance(source, (str, os.PathLike)):
         raise UrdfError(f"{label}: expected a file path or URDF XML text, got {type(source).__name__}")
     if isinstance(source, str) and not source.strip():
@@ -161,7 +162,7 @@ def _read_source(source, label, xacro_args) -> Tuple[str, Optional[Path]]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = data.decode("latin-1")
-    return text.lstrip("\ufeff \t\r\n"), path.resolve().parent
+    return text, path.resolve().parent
 
 
 def _run_xacro(path: Path, label: str, xacro_args) -> str:
@@ -193,7 +194,7 @@ def _parse_xml(text: str, label: str):
     parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False,
                              remove_comments=True, remove_pis=True, huge_tree=False)
     # lxml refuses a str that carries an encoding declaration: drop it.
-    body = re.sub(r"^\s*<\?xml[^>]*\?>", "", text, count=1)
+    body = re.sub(r"^\s*<\?xml[^>]*\?>", "", text.lstrip("\ufeff \t\r\n"), count=1)
     try:
         root = etree.fromstring(body, parser=parser)
     except etree.XMLSyntaxError as e:
@@ -561,10 +562,8 @@ def _check_tree(link_names: List[str], joints: List[Joint], label: str):
     return root, children
 
 
-def _body_inertia(links: Dict[str, Link], children: Dict[str, List[Joint]], main: str,
-                  subtree: bool = False):
-    """Mass, COM and inertias of ``main`` plus every link welded to it by fixed joints
-    (or, with ``subtree``, every descendant, moving joints frozen at q = 0).
+def _body_inertia(links: Dict[str, Link], children: Dict[str, List[Joint]], main: str):
+    """Mass, COM and inertias of ``main`` plus every link welded to it by fixed joints.
 
     Returns (mass, com, I_com, I_origin, members), in the frame of ``main``.
     """
@@ -586,11 +585,41 @@ def _body_inertia(links: Dict[str, Link], children: Dict[str, List[Joint]], main
             Rc = R @ rpy_to_matrix(inert.origin.rpy)
             I_o += Rc @ inert.inertia @ Rc.T
         for cj in children[name]:
-            if cj.type == "fixed" or subtree:
+            if cj.type == "fixed":
                 stack.append((cj.child, R @ rpy_to_matrix(cj.origin.rpy), p + R @ np.asarray(cj.origin.xyz)))
     com = first / m_tot if m_tot > 0 else np.zeros(3)
     I_com = I_o - m_tot * (com @ com * np.eye(3) - np.outer(com, com))
     return m_tot, com, I_com, I_o, members
+
+
+def _subtree_inertias(links: Dict[str, Link], children: Dict[str, List[Joint]], root: str) -> Dict[str, np.ndarray]:
+    """For every link, the inertia of it and all its descendants (joints at q = 0)
+    about the link's origin, in the link's frame. One pass, leaves first."""
+    order, stack = [], [root]
+    while stack:
+        name = stack.pop()
+        order.append(name)
+        stack.extend(j.child for j in children[name])
+    out: Dict[str, Tuple[float, np.ndarray, np.ndarray]] = {}     # link -> (mass, first moment, I_o)
+    for name in reversed(order):
+        m, h, I_o = 0.0, np.zeros(3), np.zeros((3, 3))
+        inert = links[name].inertial
+        if inert is not None:
+            R = rpy_to_matrix(inert.origin.rpy)
+            c = np.asarray(inert.origin.xyz)
+            I_o += R @ inert.inertia @ R.T + inert.mass * (c @ c * np.eye(3) - np.outer(c, c))
+            m += inert.mass
+            h += inert.mass * c
+        for j in children[name]:
+            mc, hc, Ic = out[j.child]
+            R, p = rpy_to_matrix(j.origin.rpy), np.asarray(j.origin.xyz)
+            cr = R @ hc / mc if mc > 0 else np.zeros(3)          # child COM from the child origin
+            d = p + cr
+            I_o += R @ Ic @ R.T + mc * ((d @ d - cr @ cr) * np.eye(3) - (np.outer(d, d) - np.outer(cr, cr)))
+            m += mc
+            h += R @ hc + mc * p
+        out[name] = (m, h, I_o)
+    return {name: v[2] for name, v in out.items()}
 
 
 def _check_bodies(links: Dict[str, Link], joints: List[Joint], children: Dict[str, List[Joint]],
@@ -610,6 +639,7 @@ def _check_bodies(links: Dict[str, Link], joints: List[Joint], children: Dict[st
     condition; the model's ABA is the judge of the rest.
     """
     parent_joint = {j.child: j for j in joints}
+    subtree = _subtree_inertias(links, children, root)
     for j in joints:
         if j.type not in MOVING_JOINT_TYPES:
             continue
@@ -623,7 +653,7 @@ def _check_bodies(links: Dict[str, Link], joints: List[Joint], children: Dict[st
             raise _fail(label, where, problems[j.child])
         if j.type == "prismatic":
             continue
-        _, _, _, I_o, _ = _body_inertia(links, children, j.child, subtree=True)
+        I_o = subtree[j.child]
         a = np.asarray(j.axis)
         moment = float(a @ I_o @ a)
         if moment <= 0 or not moment > _AXIS_MOMENT_RTOL * float(np.trace(I_o)):
