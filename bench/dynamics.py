@@ -182,6 +182,8 @@ def main(argv=None) -> int:
         % (torch.__version__, platform.python_implementation() + " " + platform.python_version(),
            platform.processor() or platform.machine(), os.cpu_count(), default_threads, seconds))
 
+    log("load average (1, 5, 15 min) at the start: %.2f %.2f %.2f" % os.getloadavg())
+
     rng = np.random.default_rng(0)
     states = random_states(model.lower.double().numpy(), model.upper.double().numpy(), model.nv, 4096, rng)
     # τ = rnea(q, v, a): torques that give accelerations of order one.
@@ -209,6 +211,9 @@ def main(argv=None) -> int:
                 label, batch, fmt(fwd), fmt(fwd_bwd), fwd / peers["mujoco"], fwd / peers["pin_aba"],
                 fwd_bwd / peers["pin_derivs"]))
     torch.set_num_threads(default_threads)
+    log("")
+    log("load average (1, 5, 15 min) at the end: %.2f %.2f %.2f on %s CPUs: other processes on the machine "
+        "distort the multi-threaded rows most" % (os.getloadavg() + (os.cpu_count(),)))
     return 0
 
 

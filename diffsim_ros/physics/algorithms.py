@@ -218,6 +218,21 @@ def body_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.
     return _unflatten(R, batch), _unflatten(p, batch)
 
 
+def kinematics_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor):
+    """Body kinematics on batch-last inputs q (nq, B), v (nv, B).
+
+    Returns R (nb, 3, 3, B), positions relative to the point o (nb, 3, B), o
+    (1, 3, B: the floating base's position, or the world origin) and body twists
+    (nb, 6, B) in world axes at o (the velocity of the body point at o, then w).
+    """
+    topo = _topo(model)
+    Rw, pw = _body_placements(model, qf, relative=True)
+    o = _frame_origin(model, qf)
+    S = _motion_subspaces(model, Rw, pw)
+    vel = _tree_sum(topo.anc, _body_sum(topo, S * vf[:, None], model.nb))
+    return Rw, pw, o, vel
+
+
 def body_states(model: Model, q: torch.Tensor, v: torch.Tensor):
     """World pose and twist of every body.
 
@@ -227,11 +242,7 @@ def body_states(model: Model, q: torch.Tensor, v: torch.Tensor):
     ``v_o + w x x``, and a force F applied at x is the wrench ``[F; x x F]``.
     """
     batch, (qf, vf) = _flatten(model, q, v)
-    topo = _topo(model)
-    Rw, pw = _body_placements(model, qf, relative=True)
-    o = _frame_origin(model, qf)
-    S = _motion_subspaces(model, Rw, pw)
-    vel = _tree_sum(topo.anc, _body_sum(topo, S * vf[:, None], model.nb))
+    Rw, pw, o, vel = kinematics_batch_last(model, qf, vf)
     # Velocity of the body point at the world origin: v_o = v_(point at o) - w x o.
     vel = torch.cat((vel[:, 0:3] - _cross(vel[:, 3:6], o.expand_as(vel[:, 3:6])), vel[:, 3:6]), 1)
     return _unflatten(Rw, batch), _unflatten(pw + o, batch), _unflatten(vel, batch)
@@ -303,7 +314,7 @@ def _world_quantities(model: Model, q: torch.Tensor):
     S = _motion_subspaces(model, Rw, pw)
     c_w = pw + _mv(Rw, model.com[..., None])
     I_c = _mm(_mm(Rw, model.inertia[..., None]), Rw.transpose(1, 2))
-    return S, _spatial_inertia(model.mass, c_w, I_c), o
+    return S, _spatial_inertia(model.mass, c_w, I_c), o, Rw, pw
 
 
 def _shift_wrench(f_ext: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -333,7 +344,7 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     """
     batch, (qf, vf, af) = _flatten(model, q, v, a)
     topo = _topo(model)
-    S, I, o = _world_quantities(model, qf)
+    S, I, o, _, _ = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], model.nb)            # joint twists (nb, 6, B)
     aJ = _body_sum(topo, S * af[:, None], model.nb)
     vel = _tree_sum(topo.anc, vJ)                              # body twists
@@ -352,7 +363,7 @@ def crba(model: Model, q: torch.Tensor) -> torch.Tensor:
     """Composite-rigid-body algorithm: the joint-space mass matrix M(q), (..., nv, nv)."""
     batch, (qf,) = _flatten(model, q)
     topo = _topo(model)
-    S, I, o = _world_quantities(model, qf)
+    S, I, o, _, _ = _world_quantities(model, qf)
     Ic = _tree_sum(topo.anc, I, subtree=True)                  # composite inertias
     F = _mv(Ic[topo.body_of_dof], S)                           # (nv, 6, B)
     G = (F[:, None] * S[None]).sum(2)                          # G[d, e] = S_e . Ic_{body(d)} S_d
@@ -371,16 +382,35 @@ def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
     frame and about the world origin, ``[force; torque]`` (see :func:`body_states`).
     """
     batch, (qf, vf, tf) = _flatten(model, q, v, tau)
+    fe = None if f_ext is None else _batch_last(f_ext, batch, qf.shape[-1])
+    return _unflatten(aba_batch_last(model, qf, vf, tf, f_ext=fe), batch)
+
+
+def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.Tensor,
+                   f_ext: Optional[torch.Tensor] = None, wrench_fn=None) -> torch.Tensor:
+    """ABA on batch-last inputs q (nq, B), v (nv, B), tau (nv, B) -> qdd (nv, B).
+
+    f_ext (nb, 6, B): world-origin wrenches, as in :func:`aba`.
+    wrench_fn(R, p, o, twist) -> (nb, 6, B): a callback that computes external
+        wrenches from the kinematics this function computes anyway (so a contact
+        model costs no second forward-kinematics pass). It receives body
+        orientations R (nb, 3, 3, B), body positions relative to the point o
+        (nb, 3, B), o itself (1, 3, B; the floating base's position or the world
+        origin) and body twists (nb, 6, B) in world axes at o; it returns
+        wrenches in world axes about o.
+    """
     nb = model.nb
     topo = _topo(model)
-    S, I, o = _world_quantities(model, qf)
+    S, I, o, Rw, pw = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], nb)
     vel = _tree_sum(topo.anc, vJ)
     # Pass 1 (vectorised over bodies): bias accelerations c and bias forces pA.
     c = _cross_motion(vel, vJ)
     pA = _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
-        pA = pA - _shift_wrench(_batch_last(f_ext, batch, qf.shape[-1]), o)
+        pA = pA - _shift_wrench(f_ext, o)
+    if wrench_fn is not None:
+        pA = pA - wrench_fn(Rw, pw, o, vel)
     pA = list(pA.unbind(0))
     IA = list(I.unbind(0))
     free = model.joint_type[0] == "free"
@@ -389,11 +419,7 @@ def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
     for i in reversed(range(nb)):
         pi = model.parent[i]
         k = model.v_start[i]
-        if free and i == 0:                                    # free-flyer root, S = 6 dofs
-            S0 = S[0:6]                                        # (6 dofs, 6, B)
-            U[i] = _mv(IA[i].unsqueeze(0), S0)                 # (6 dofs, 6, B): IA S_d
-            D[i] = (U[i][:, None] * S0[None]).sum(2)           # (6, 6, B): S_e . IA S_d
-            u[i] = tf[0:6] - (S0 * pA[i][None]).sum(1)         # (6, B)
+        if free and i == 0:                                    # free-flyer root: solved in pass 3
             continue
         s = S[k]
         Ui = _mv(IA[i], s)                                     # (6, B)
@@ -410,16 +436,35 @@ def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
     acc: List[torch.Tensor] = []
     qdd: List[torch.Tensor] = []
     for i, pi in enumerate(model.parent):
-        ai = (acc[pi] if pi >= 0 else a0) + c[i]
         if free and i == 0:
-            rhs = u[i] - (U[i] * ai[None]).sum(1)                       # (6, B)
-            x = torch.linalg.solve(D[i].permute(2, 0, 1), rhs.T[..., None])[..., 0].T  # (6, B)
-            ai = ai + (S[0:6] * x[:, None]).sum(0)
+            # The base's motion subspace is orthonormal (world-aligned axes at its own
+            # origin: S0 = diag(R, R)), so its joint wrench is S0 tau and the base
+            # acceleration solves IA a = S0 tau - pA (a in world axes, measured with the
+            # world accelerating at -g); rotate a - a_g into the body frame.
+            S0 = S[0:6]                                        # (6 dofs, 6, B)
+            ai = _solve_spd(IA[0], (S0 * tf[0:6, None]).sum(0) - pA[0])
+            x = (S0 * (ai - a0)[None]).sum(1)                  # (6, B) body-frame acceleration
             qdd.append(x)
         else:
+            ai = (acc[pi] if pi >= 0 else a0) + c[i]
             s = S[model.v_start[i]]
             x = (u[i] - (U[i] * ai).sum(0)) / D[i]
             ai = ai + x * s
             qdd.append(x[None])
         acc.append(ai)
-    return _unflatten(torch.cat(qdd, 0), batch)
+    return torch.cat(qdd, 0)
+
+
+def _solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Solve A x = b for symmetric positive-definite A (n, n, B), b (n, B).
+
+    Gauss-Jordan elimination without pivoting (safe for SPD matrices), vectorised
+    over the batch; much faster on a CPU than a batched LAPACK call on thousands
+    of tiny systems, and differentiable."""
+    n = A.shape[0]
+    M = torch.cat((A, b[:, None]), 1)                          # augmented (n, n+1, B)
+    for k in range(n):
+        row = M[k] / M[k, k]
+        M = M - M[:, k:k + 1] * row[None]
+        M = torch.cat((M[:k], row[None], M[k + 1:]), 0)
+    return M[:, n]

@@ -31,9 +31,10 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .algorithms import aba, body_states
+from .algorithms import _cross, _mv, aba_batch_last, kinematics_batch_last
 from .model import Model
 from .quadrotor import ConfigError, RotorConfig, Rotors
+from .spatial import cross
 
 ACTUATORS = ("effort", "velocity", "position", "rotor_thrust", "ctbr")
 INTEGRATORS = ("semi_implicit", "rk4")
@@ -393,52 +394,73 @@ class Simulator:
             tau = torch.cat((torch.zeros_like(v[..., :6]), tau), -1)
         return tau
 
-    def contact_forces(self, q, v):
-        """World-frame contact wrenches per body (..., nb, 6) and, for inspection, the
-        contact points' gaps (..., P) and normal forces (..., P)."""
-        m, cfg = self.model, self.config
+    def contact_forces(self, q: torch.Tensor, v: torch.Tensor):
+        """For inspection: contact wrenches per body (..., nb, 6) in the world frame
+        about the world origin, and every contact point's gap (..., P) (m, negative
+        in penetration) and ground normal force (..., P) (N)."""
+        m = self.model
         batch = q.shape[:-1]
-        f_ext = torch.zeros(batch + (m.nb, 6), dtype=q.dtype, device=q.device)
+        qf, vf = q.reshape(-1, m.nq).T, v.reshape(-1, m.nv).T
+        R, p, o, tw = kinematics_batch_last(m, qf, vf)
+        info = {}
+        w = self._contact_wrench(R, p, o, tw, info)
+        F = w[:, 0:3]
+        w = torch.cat((F, w[:, 3:6] + _cross(o.expand_as(F), F)), 1)   # about the world origin
+
+        def out(x):
+            return x.movedim(-1, 0).reshape(batch + x.shape[:-1])
+        P = self.pt_body.numel()
+        empty = torch.zeros(P, qf.shape[-1], dtype=q.dtype, device=q.device)
+        return out(w), out(info.get("gap", empty)), out(info.get("normal", empty))
+
+    def _contact_wrench(self, R, p, o, tw, info=None):
+        """Contact wrenches (nb, 6, B) in world axes about o, from batch-last kinematics
+        (see algorithms.aba_batch_last's wrench_fn)."""
+        m, cfg = self.model, self.config
+        B = R.shape[-1]
+        wrench_b = torch.zeros(m.nb, 6, B, dtype=R.dtype, device=R.device)
         P = self.pt_body.numel()
         if P == 0 or not (cfg.ground or len(self.pairs)):
-            z = torch.zeros(batch + (0,), dtype=q.dtype, device=q.device)
-            return f_ext, z, z
-        R, p, tw = body_states(m, q, v)
-        Rb, pb, twb = R[..., self.pt_body, :, :], p[..., self.pt_body, :], tw[..., self.pt_body, :]
-        x = (Rb @ self.pt_local[..., None])[..., 0] + pb                     # (..., P, 3)
-        xd = twb[..., 0:3] + torch.linalg.cross(twb[..., 3:6], x)         # point velocities
-        n = self.ground_normal
+            return wrench_b
+        idx = self.pt_body
+        x = _mv(R[idx], self.pt_local[..., None]) + p[idx]                  # (P, 3, B), relative to o
+        xd = tw[idx, 0:3] + _cross(tw[idx, 3:6], x)                         # point velocities
+        n = self.ground_normal[:, None]                                      # (3, 1)
+        r = self.pt_radius[:, None]                                          # (P, 1)
         F = torch.zeros_like(x)
-        gap = (x @ n) - cfg.ground_height - self.pt_radius
-        lam = torch.zeros_like(gap)
         if cfg.ground:
-            vn = xd @ n
+            gap = ((x + o) * n).sum(1) - cfg.ground_height - r              # (P, B)
+            vn = (xd * n).sum(1)
             pen = torch.relu(-gap)
             lam = torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vn)
-            vt = xd - vn[..., None] * n
-            slip = torch.sqrt((vt ** 2).sum(-1, keepdim=True) + cfg.friction_smoothing ** 2)
-            F = lam[..., None] * n - (cfg.friction * lam)[..., None] * vt / slip
-        xc = x - self.pt_radius[..., None] * n                               # contact point on the surface
-        wrench = torch.cat((F, torch.linalg.cross(xc, F)), -1)
+            vt = xd - vn[:, None] * n
+            slip = torch.sqrt((vt ** 2).sum(1, keepdim=True) + cfg.friction_smoothing ** 2)
+            F = lam[:, None] * n - (cfg.friction * lam)[:, None] * vt / slip
+            if info is not None:
+                info["gap"], info["normal"] = gap, lam
+        xc = x - r[..., None] * n                                            # contact point on the surface
+        wrench = torch.cat((F, _cross(xc, F)), 1)                            # (P, 6, B)
         if len(self.pairs):
             i, j = self.pairs[:, 0], self.pairs[:, 1]
-            d = x[..., i, :] - x[..., j, :]
-            dist = torch.sqrt((d ** 2).sum(-1) + 1e-12)
-            nij = d / dist[..., None]
-            pen = torch.relu(self.pt_radius[i] + self.pt_radius[j] - dist)
-            vrel = ((xd[..., i, :] - xd[..., j, :]) * nij).sum(-1)
+            d = x[i] - x[j]
+            dist = torch.sqrt((d ** 2).sum(1) + 1e-12)
+            nij = d / dist[:, None]
+            pen = torch.relu(r[i] + r[j] - dist)
+            vrel = ((xd[i] - xd[j]) * nij).sum(1)
             lam_p = torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vrel)
-            Fi = lam_p[..., None] * nij
-            xm = x[..., j, :] + nij * self.pt_radius[j][..., None]
-            wi = torch.cat((Fi, torch.linalg.cross(xm, Fi)), -1)
-            wrench = wrench.index_add(-2, i, wi).index_add(-2, j, -wi)
-        f_ext = f_ext.index_add(-2, self.pt_body, wrench)
-        return f_ext, gap, lam
+            Fi = lam_p[:, None] * nij
+            xm = x[j] + nij * r[j][..., None]
+            wi = torch.cat((Fi, _cross(xm, Fi)), 1)
+            wrench = wrench.index_add(0, i, wi).index_add(0, j, -wi)
+        return wrench_b.index_add(0, idx, wrench)
 
     def _accel(self, q, v, tau_act):
+        m = self.model
         tau = tau_act + self._passive(q, v)
-        f_ext, _, _ = self.contact_forces(q, v)
-        return aba(self.model, q, v, tau, f_ext)
+        batch = q.shape[:-1]
+        qf, vf, tf = q.reshape(-1, m.nq).T, v.reshape(-1, m.nv).T, tau.reshape(-1, m.nv).T
+        qdd = aba_batch_last(m, qf, vf, tf, wrench_fn=self._contact_wrench)
+        return qdd.T.reshape(batch + (m.nv,))
 
     # ------------------------------------------------------------ integration
     def integrate(self, q: torch.Tensor, v: torch.Tensor, h: float) -> torch.Tensor:
@@ -448,9 +470,7 @@ class Simulator:
         if not self.model.floating_base:
             return q + v * h
         pos, quat, qj = q[..., 0:3], q[..., 3:7], q[..., 7:]
-        from .spatial import quat_to_matrix
-        R = quat_to_matrix(quat)
-        pos = pos + (R @ v[..., 0:3, None])[..., 0] * h
+        pos = pos + _quat_rotate(quat, v[..., 0:3]) * h
         quat = _quat_mul(quat, _quat_exp(v[..., 3:6] * h))
         quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
         return torch.cat((pos, quat, qj + v[..., 6:] * h), -1)
@@ -459,10 +479,8 @@ class Simulator:
         """Time derivative of q (..., nq) for RK4."""
         if not self.model.floating_base:
             return v
-        from .spatial import quat_to_matrix
         quat = q[..., 3:7]
-        R = quat_to_matrix(quat)
-        pd = (R @ v[..., 0:3, None])[..., 0]
+        pd = _quat_rotate(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True), v[..., 0:3])
         w = torch.cat((v[..., 3:6], torch.zeros_like(v[..., 0:1])), -1)
         quatd = 0.5 * _quat_mul(quat, w)
         return torch.cat((pd, quatd, v[..., 6:]), -1)
@@ -574,6 +592,13 @@ def _quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         aw * bz + ax * by - ay * bx + az * bw,
         aw * bw - ax * bx - ay * by - az * bz,
     ), -1)
+
+
+def _quat_rotate(quat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Rotate vectors x (..., 3) by unit quaternions (..., 4) stored x, y, z, w."""
+    u, w = quat[..., 0:3], quat[..., 3:4]
+    t = 2.0 * cross(u, x)
+    return x + w * t + cross(u, t)
 
 
 def _quat_exp(phi: torch.Tensor) -> torch.Tensor:

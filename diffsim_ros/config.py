@@ -1,0 +1,249 @@
+"""ROS 2 parameter files (``config/*.yaml``) read without ROS.
+
+The same file serves a node (``--ros-args --params-file``) and the library/CLI::
+
+    /**:                       # or a node name: my_node, /ns/my_node
+      ros__parameters:
+        urdf: urdf/diffsim_quadrotor.urdf
+        floating_base: true
+        simulator: {dt: 0.002, actuator: ctbr, rotors: {...}}
+
+    params = load_yaml("config/diffsim_quadrotor.yaml")   # the ros__parameters mapping
+    model = load_model(params)                            # urdf + floating_base
+    sim = physics.Simulator(model, simulator_config(params))
+
+Files are parsed as ROS 2's own parser (rcl_yaml_param_parser) parses them:
+``1e-3`` is a number (PyYAML alone would give the string "1e-3"). ROS
+parameters cannot hold nested lists, so ``simulator.rotors.positions`` is a
+flat list ``[x0, y0, z0, x1, y1, z1, ...]`` (a list of triples is accepted too).
+
+``urdf`` is resolved as: an absolute path; ``package://<package>/<path>``
+(ROS packages, example-robot-data's pip install, and this package's source
+tree); ``file://<path>``; or a path relative to this package's share folder
+(``urdf/...``, ``config/...``).
+
+Every error is a :class:`physics.ConfigError` naming the file and/or the key.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import yaml
+
+from . import physics
+from .physics import ConfigError
+
+PACKAGE = "diffsim_ros"
+PathLike = Union[str, os.PathLike]
+
+__all__ = ["ConfigError", "load_yaml", "simulator_config", "resolve_urdf", "load_model", "package_share",
+           "unflatten"]
+
+
+# ---------------------------------------------------------------------------- YAML
+class _RosLoader(yaml.SafeLoader):
+    """SafeLoader whose floats follow rcl's parser: ``1e-3`` and ``1E5`` are numbers."""
+
+
+_FLOAT = re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                        |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+                        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                        |[-+]?\.(?:inf|Inf|INF)
+                        |\.(?:nan|NaN|NAN))$""", re.X)
+_RosLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _first in list("-+0123456789."):
+    _RosLoader.yaml_implicit_resolvers[_first] = [
+        (tag, rx) for tag, rx in _RosLoader.yaml_implicit_resolvers.get(_first, [])
+        if tag != "tag:yaml.org,2002:float"]
+_RosLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _is_wrapper_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("/")
+
+
+def load_yaml(path: PathLike, node: Optional[str] = None) -> Dict[str, Any]:
+    """The ``ros__parameters`` mapping of a ROS 2 parameter file.
+
+    Accepted forms: ``{/**: {ros__parameters: P}}``, ``{node_name: {ros__parameters: P}}``
+    (several sections are merged in file order, later keys winning; with ``node``
+    given, only ``/**`` and that node's sections: ``name``, ``/name`` or ``/ns/name``),
+    or a plain mapping ``P`` without the wrapper.
+    """
+    path = Path(os.fspath(path))
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read parameter file ({e.strerror or e})") from None
+    try:
+        doc = yaml.load(text, Loader=_RosLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{path}: malformed YAML{at}: {problem}") from None
+    if doc is None:
+        raise ConfigError(f"{path}: the file is empty (expected '/**: ros__parameters: {{...}}')")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(doc).__name__}")
+    wrapped = any(_is_wrapper_key(k) or (isinstance(v, dict) and "ros__parameters" in v) for k, v in doc.items())
+    if not wrapped:
+        return doc
+    params: Dict[str, Any] = {}
+    used = 0
+    for key, section in doc.items():
+        if not isinstance(section, dict) or "ros__parameters" not in section:
+            raise ConfigError(f"{path}: section '{key}' has no 'ros__parameters' mapping "
+                              f"(expected '{key}: ros__parameters: {{...}}')")
+        extra = [k for k in section if k != "ros__parameters"]
+        if extra:
+            raise ConfigError(f"{path}: section '{key}' has keys beside 'ros__parameters': {', '.join(map(str, extra))}")
+        if node is not None and not _matches(str(key), node):
+            continue
+        p = section["ros__parameters"]
+        if not isinstance(p, dict):
+            raise ConfigError(f"{path}: '{key}.ros__parameters' must be a mapping, got {type(p).__name__}")
+        _merge(params, p)
+        used += 1
+    if node is not None and used == 0:
+        raise ConfigError(f"{path}: no parameters for node '{node}' (sections: {', '.join(map(str, doc))})")
+    return params
+
+
+def _matches(key: str, node: str) -> bool:
+    if key in ("/**", "**"):
+        return True
+    name = node.rsplit("/", 1)[-1]
+    return key.lstrip("/") == node.lstrip("/") or key.rsplit("/", 1)[-1] == name
+
+
+def _merge(dst: Dict[str, Any], src: Dict[str, Any]) -> None:
+    for k, val in src.items():
+        if isinstance(val, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], val)
+        else:
+            dst[k] = val
+
+
+def unflatten(flat: Dict[str, Any]) -> Dict[str, Any]:
+    """Nest ROS's dotted parameter names (``simulator.rotors.directions``) into mappings."""
+    out: Dict[str, Any] = {}
+    for name, val in flat.items():
+        node = out
+        *parents, leaf = name.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"parameter '{name}': '{p}' is both a value and a section")
+        node[leaf] = val
+    return out
+
+
+# ---------------------------------------------------------------------------- simulator
+def simulator_config(params: Dict[str, Any], source: str = "") -> "physics.SimConfig":
+    """:class:`physics.SimConfig` from the ``simulator:`` section of ``params`` (defaults if absent).
+
+    Unknown keys, wrong types and out-of-range values raise :class:`ConfigError`
+    naming the key (``source``, e.g. the file name, prefixes the message).
+    """
+    pre = f"{source}: " if source else ""
+    section = params.get("simulator", {})
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{pre}'simulator' must be a mapping, got {type(section).__name__}")
+    section = dict(section)
+    rotors = section.get("rotors")
+    if isinstance(rotors, dict) and "positions" in rotors:
+        rotors = dict(rotors)
+        rotors["positions"] = _triples(rotors["positions"], f"{pre}'simulator.rotors.positions'")
+        section["rotors"] = rotors
+    try:
+        return physics.SimConfig.from_dict(section, "simulator")
+    except ConfigError as e:
+        raise ConfigError(f"{pre}{e}") from None
+    except (TypeError, ValueError) as e:
+        # A conversion that failed before SimConfig could name the key: find it alone.
+        raise ConfigError(f"{pre}'simulator.{_culprit(section)}': {e}") from None
+
+
+def _culprit(section: Dict[str, Any]) -> str:
+    for key, val in section.items():
+        try:
+            physics.SimConfig.from_dict({key: val}, "simulator")
+        except ConfigError:
+            continue
+        except (TypeError, ValueError):
+            return str(key)
+    return "?"
+
+
+def _triples(val: Any, what: str):
+    """A flat list of 3 n numbers (the ROS form) or a list of triples -> list of triples."""
+    if not isinstance(val, (list, tuple)):
+        raise ConfigError(f"{what} must be a list [x0, y0, z0, x1, ...] in m, got {val!r}")
+    if all(isinstance(x, (list, tuple)) for x in val):
+        bad = [x for x in val if len(x) != 3]
+        if bad:
+            raise ConfigError(f"{what}: every position needs 3 entries, got {bad[0]!r}")
+        return [list(x) for x in val]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in val):
+        raise ConfigError(f"{what} must hold numbers (m), got {val!r}")
+    if len(val) % 3:
+        raise ConfigError(f"{what} has {len(val)} numbers, not a multiple of 3 (x, y, z per rotor)")
+    return [list(val[i:i + 3]) for i in range(0, len(val), 3)]
+
+
+# ---------------------------------------------------------------------------- URDF
+def package_share(package: str = PACKAGE) -> Optional[Path]:
+    """This package's share folder: the source tree when run from it, else the
+    ament index, else ``<sys.prefix>/share/<package>``; None if none exists."""
+    if package == PACKAGE:
+        src = Path(__file__).resolve().parent.parent
+        xml = src / "package.xml"
+        if xml.is_file() and re.search(r"<name>\s*%s\s*</name>" % PACKAGE, xml.read_text(errors="replace")):
+            return src
+    try:
+        from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
+        try:
+            return Path(get_package_share_directory(package))
+        except (PackageNotFoundError, ValueError, KeyError, LookupError):
+            pass
+    except ImportError:
+        pass
+    cand = Path(sys.prefix) / "share" / package
+    return cand if cand.is_dir() else None
+
+
+def resolve_urdf(params: Dict[str, Any], source: str = "") -> Path:
+    """The URDF file named by ``params['urdf']`` (see the module doc for the forms)."""
+    from .physics.urdf import resolve_uri
+
+    pre = f"{source}: " if source else ""
+    uri = params.get("urdf")
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError(f"{pre}'urdf' must name a URDF file (absolute, package://pkg/path or "
+                          f"relative to the {PACKAGE} share folder), got {uri!r}")
+    uri = uri.strip()
+    share = package_share()
+    found = resolve_uri(uri, base_dir=share, package_dirs=[share] if share is not None else None)
+    if found is None:
+        raise ConfigError(f"{pre}'urdf': '{uri}' not found (relative paths are taken from the {PACKAGE} "
+                          f"share folder {share})")
+    return found
+
+
+def load_model(params: Dict[str, Any], source: str = "", dtype=None, device="cpu") -> "physics.Model":
+    """``physics.load_urdf`` of ``params['urdf']`` with ``params['floating_base']`` (default false)."""
+    import torch
+
+    pre = f"{source}: " if source else ""
+    fb = params.get("floating_base", False)
+    if not isinstance(fb, bool):
+        raise ConfigError(f"{pre}'floating_base' must be true or false, got {fb!r}")
+    return physics.load_urdf(str(resolve_urdf(params, source)), floating_base=fb,
+                             dtype=dtype or torch.float64, device=device)
