@@ -51,3 +51,10 @@ def robots_dir() -> Path:
 def project_urdfs() -> Dict[str, Path]:
     """Paths of the project's own URDFs (see PROJECT_URDFS)."""
     return dict(PROJECT_URDFS)
+
+
+# One torch thread for the whole suite: the machines running it have two shared
+# cores, and torch's intra-op threads then contend badly (see bench/dynamics.py).
+import torch as _torch  # noqa: E402
+
+_torch.set_num_threads(1)

@@ -106,8 +106,10 @@ def tree_urdf_path() -> str:
     import tempfile
     path = os.path.join(tempfile.gettempdir(), "diffsim_ros_test_continuous_tree_%d.urdf" % os.getpid())
     if not os.path.isfile(path):
+        import atexit
         with open(path, "w") as fh:
             fh.write(TREE_URDF)
+        atexit.register(lambda: os.path.exists(path) and os.remove(path))
     return path
 
 

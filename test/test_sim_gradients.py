@@ -5,7 +5,8 @@ with h = 1e-6 (relative to parameters of order 1): truncation error O(h^2 f''') 
 round-off O(1e-16 |f| / h) are both ~1e-10, far below the tolerances used here. What
 the tolerance must absorb is the stiffness of the penalty contact (k = 1e7 N/m^2),
 which makes the higher derivatives of the discrete flow large during an impact; the
-observed agreement is ~1e-6 relative, the assertions use rtol = 1e-4.
+observed agreement is 1e-10 (flight) to 2e-7 (impact) relative, the assertions use
+rtol = 1e-4.
 
 The perturbed copies run in the same batch as the nominal one (one rollout per test),
 so only row 0 carries the autograd graph.
@@ -30,6 +31,15 @@ BALL_RADIUS = 0.05
 BALL_MASS = 0.5
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small batches: one intra-op thread is faster (no OpenMP barriers on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def ball_urdf(mass: float = BALL_MASS, radius: float = BALL_RADIUS) -> str:
     i = 0.4 * mass * radius ** 2
     return f"""<robot name="ball"><link name="ball">
@@ -48,7 +58,10 @@ def fd_batch(p0: torch.Tensor, h: float = H) -> torch.Tensor:
 def jacobians(out: torch.Tensor, p0: torch.Tensor, h: float = H):
     """Autograd Jacobian of out[0] (k,) w.r.t. p0 (n,), and its central-difference twin from rows 1..2n."""
     k, n = out.shape[-1], p0.shape[-1]
-    ad = torch.stack([torch.autograd.grad(out[0, j], p0, retain_graph=True)[0] for j in range(k)])
+    if k == 1:
+        ad = torch.autograd.grad(out[0, 0], p0)[0][None]
+    else:   # all k rows of the Jacobian in one (vmapped) backward pass
+        ad = torch.autograd.grad(out[0], p0, grad_outputs=torch.eye(k, dtype=out.dtype), is_grads_batched=True)[0]
     fd = torch.stack([(out[1 + 2 * i] - out[2 + 2 * i]).detach() / (2 * h) for i in range(n)], -1)
     return ad, fd
 
@@ -108,20 +121,22 @@ def test_ball_first_touch_x_gradient():
     q[:, 2] = 0.3
     zero = torch.zeros(B, 1, dtype=F64)
     s = sim.initial_state(q, torch.cat((v0[:, :1], zero, v0[:, 1:2], zero, zero, zero), -1))
-    touch = [None] * B
+    touch, crossing = [None] * B, [None] * B
     prev = s
-    for _ in range(400):
+    for k in range(400):
         s = sim.step(prev, torch.zeros(B, 0, dtype=F64))
         for b in range(B):
             if touch[b] is None and s.q[b, 2] <= BALL_RADIUS:
                 g0, g1 = prev.q[b, 2] - BALL_RADIUS, s.q[b, 2] - BALL_RADIUS
                 w = g0 / (g0 - g1)
                 touch[b] = prev.q[b, 0] + w * (s.q[b, 0] - prev.q[b, 0])
+                crossing[b] = k
         if all(t is not None for t in touch):
             break
         prev = s
     x = torch.stack(touch)[:, None]
     # The same crossing step for all rows (otherwise the interpolant switches segments).
+    assert len(set(crossing)) == 1
     ad, fd = jacobians(x, p0)
     assert_jacobian_close(ad, fd, what="d x_touch / d (vx0, vz0)")
     # Ballistic: t* solves 0.3 + vz t - g t^2 / 2 = r; x = vx t*; semi-implicit Euler
@@ -136,8 +151,9 @@ def test_ball_first_touch_x_gradient():
 
 # ------------------------------------------------------------------------ (b) quadrotor thrust
 def quadrotor(actuator: str = "ctbr", **changes):
+    """The shipped diffsim_quadrotor.yaml, with one physics substep (no contact in flight)."""
     params = config.load_yaml(REPO / "config" / "diffsim_quadrotor.yaml")
-    params["simulator"].update(actuator=actuator, **changes)
+    params["simulator"].update(actuator=actuator, substeps=1, **changes)
     model = config.load_model(params)
     return model, Simulator(model, config.simulator_config(params))
 
@@ -229,7 +245,7 @@ def test_gradient_wrt_model_parameters_arm():
     d["inertia"] = 0.5 * (d["inertia"] + d["inertia"].transpose(-1, -2))
     steps = 150
     t = torch.arange(steps, dtype=F64)[:, None] * 1e-3
-    actions = torch.tensor([4.0, 8.0, 3.0, 1.0], dtype=F64) * torch.sin(2 * math.pi * 3 * t + torch.arange(4))
+    actions = torch.tensor([4.0, 8.0, 3.0, 0.1], dtype=F64) * torch.sin(2 * math.pi * 3 * t + torch.arange(4))
     q0 = torch.tensor([0.3, -0.4, 0.6, 0.2], dtype=F64)
     v0 = torch.tensor([0.5, 0.0, -0.3, 1.0], dtype=F64)
     w = torch.randn(2 * base.nv, dtype=F64)
@@ -320,13 +336,13 @@ def test_nan_guard_rotor_actions():
 # ------------------------------------------------------------------------ (f) RK4 and substeps
 @pytest.mark.parametrize("integrator, substeps", [("rk4", 1), ("rk4", 3), ("semi_implicit", 4)])
 def test_rollout_gradients_rk4_and_substeps_arm(integrator, substeps):
-    """Arm with joint damping, friction and limits active: final state after 40 steps
+    """Arm with joint damping, friction and limits active: final state after 25 steps
     w.r.t. the initial state and the whole action sequence (directional derivative)."""
     torch.manual_seed(2)
     model = physics.load_urdf(str(REPO / "urdf" / "diffsim_arm.urdf"), dtype=F64)
     sim = Simulator(model, SimConfig(dt=2e-3, integrator=integrator, substeps=substeps, ground=False))
-    T = 40
-    q0 = torch.tensor([0.3, 1.9, -0.5, 0.2], dtype=F64)          # joint 2 runs into its 2.0 rad limit
+    T = 25
+    q0 = torch.tensor([0.3, 1.95, -0.5, 0.2], dtype=F64)          # joint 2 runs into its 2.0 rad limit
     v0 = torch.tensor([0.5, 2.0, -0.3, 1.0], dtype=F64)
     acts = torch.randn(T, 4, dtype=F64) * 3.0
     dq, dv, da = torch.randn_like(q0), torch.randn_like(v0), torch.randn_like(acts)
@@ -349,20 +365,22 @@ def test_rollout_gradients_rk4_and_substeps_arm(integrator, substeps):
 
 def test_rollout_gradients_rk4_substeps_floating_base_contact():
     """A spinning ball thrown at the ground under RK4 with 2 substeps (the quaternion is
-    renormalised after each substep): final pose and twist w.r.t. the initial twist."""
+    renormalised after each substep): its final pose and twist, projected on a random
+    direction, w.r.t. the initial twist."""
+    torch.manual_seed(3)
     model = physics.load_urdf(ball_urdf(), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=2e-3, integrator="rk4", substeps=2, friction=0.5))
     v0 = torch.tensor([1.0, 0.3, -1.0, 4.0, -3.0, 2.0], dtype=F64, requires_grad=True)
     v = fd_batch(v0)
     q = model.neutral_configuration((v.shape[0],))
-    q[:, 2] = 0.15
+    q[:, 2] = 0.08
     s = sim.initial_state(q, v)
     lowest = torch.full((v.shape[0],), 1.0, dtype=F64)
-    for _ in range(100):
+    for _ in range(35):
         s = sim.step(s, torch.zeros(v.shape[0], 0, dtype=F64))
         lowest = torch.minimum(lowest, s.q[:, 2].detach())
     assert lowest[0] < BALL_RADIUS - 1e-4
     assert torch.allclose(s.q[:, 3:7].norm(dim=-1), torch.ones(v.shape[0], dtype=F64), atol=1e-12)
-    out = torch.cat((s.q[:, 0:3], s.v), -1)
-    ad, fd = jacobians(out, v0)
-    assert_jacobian_close(ad, fd, what="RK4 ball: d (p, v)(T) / d v0")
+    out = torch.cat((s.q, s.v), -1) @ torch.randn(model.nq + model.nv, dtype=F64)
+    ad, fd = jacobians(out[:, None], v0)
+    assert_jacobian_close(ad, fd, what="RK4 ball: d w.(q, v)(T) / d v0")

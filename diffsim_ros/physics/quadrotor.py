@@ -23,7 +23,11 @@ class ConfigError(ValueError):
     """A configuration (YAML or dict) with a wrong key, type or value; the message names it."""
 
 
-def _vec3(name: str, value) -> Tuple[float, float, float]:
+def _vec3(name: str, value, allow_scalar: bool = True) -> Tuple[float, float, float]:
+    if isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(x, bool) for x in value)):
+        raise ConfigError(f"'{name}' must be numbers, got {value!r}")
+    if not allow_scalar and not isinstance(value, (list, tuple)):
+        raise ConfigError(f"'{name}' entries must be [x, y, z] lists, got {value!r}")
     try:
         if isinstance(value, (int, float)):
             value = (value, value, value)
@@ -71,11 +75,17 @@ class RotorConfig:
             if k not in known:
                 raise ConfigError(f"unknown key '{where}.{k}' (known: {', '.join(sorted(known))})")
         kw = dict(d)
+        for k in ("rotor_links", "positions", "directions"):
+            if k in kw and not isinstance(kw[k], (list, tuple)):
+                raise ConfigError(f"'{where}.{k}' must be a list, got {kw[k]!r}")
+        for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed"):
+            if k in kw and (isinstance(kw[k], bool) or not isinstance(kw[k], (int, float))):
+                raise ConfigError(f"'{where}.{k}' must be a number, got {kw[k]!r}")
         try:
             if "rotor_links" in kw:
                 kw["rotor_links"] = tuple(str(x) for x in kw["rotor_links"])
             if "positions" in kw:
-                kw["positions"] = tuple(_vec3(f"{where}.positions", p) for p in kw["positions"])
+                kw["positions"] = tuple(_vec3(f"{where}.positions", p, allow_scalar=False) for p in kw["positions"])
             if "directions" in kw:
                 kw["directions"] = tuple(float(x) for x in kw["directions"])
             for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed"):

@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .algorithms import _cross, _mv, aba_batch_last, kinematics_batch_last
+from .algorithms import _cross, _mv, _solve_spd, aba_batch_last, crba, kinematics_batch_last
 from .model import Model
 from .quadrotor import ConfigError, RotorConfig, Rotors
 from .spatial import cross
@@ -84,6 +84,9 @@ class SimConfig:
     command_delay: whole control steps between an action and its effect.        0
     rotors: RotorConfig (or mapping) for multirotors.                            None
 
+    implicit_damping: with semi_implicit, integrate the joint-space springs and
+        dampers (URDF damping, friction slope, joint limits, actuator kp/kd)
+        linearly implicitly, so stiff joint terms on light links stay stable.    True
     nan_check: raise SimulationError on a non-finite state.                      True
     """
     dt: float = 1e-3
@@ -113,6 +116,7 @@ class SimConfig:
     actuator_lag: float = 0.0
     command_delay: int = 0
     rotors: Optional[RotorConfig] = None
+    implicit_damping: bool = True
     nan_check: bool = True
 
     def __post_init__(self):
@@ -133,6 +137,14 @@ class SimConfig:
         for k in ("friction_smoothing", "joint_friction_smoothing"):
             if not getattr(self, k) > 0:
                 raise ConfigError(f"'{k}' must be > 0, got {getattr(self, k)}")
+        for k in ("gravity", "ground_normal"):
+            val = getattr(self, k)
+            if len(val) != 3 or not all(isinstance(x, (int, float)) and x == x for x in val):
+                raise ConfigError(f"'{k}' must be 3 finite numbers, got {list(val)}")
+        if not any(self.ground_normal):
+            raise ConfigError("'ground_normal' must be a non-zero vector")
+        if int(self.cylinder_rim_points) != self.cylinder_rim_points or self.cylinder_rim_points < 3:
+            raise ConfigError(f"'cylinder_rim_points' must be an integer >= 3, got {self.cylinder_rim_points}")
         if isinstance(self.rotors, dict):
             object.__setattr__(self, "rotors", RotorConfig.from_dict(self.rotors))
         if self.actuator in ("rotor_thrust", "ctbr") and self.rotors is None:
@@ -151,8 +163,13 @@ class SimConfig:
             if k == "rotors" and val is not None:
                 val = RotorConfig.from_dict(val, f"{where}.rotors")
             elif k in ("gravity", "ground_normal"):
+                if not isinstance(val, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                                             for x in val):
+                    raise ConfigError(f"'{where}.{k}' must be a list of 3 numbers, got {val!r}")
                 val = tuple(float(x) for x in val)
             elif k == "actuated_joints":
+                if not isinstance(val, (list, tuple)):
+                    raise ConfigError(f"'{where}.{k}' must be a list of joint names, got {val!r}")
                 val = tuple(str(x) for x in val)
             elif k in ("kp", "kd") and isinstance(val, (list, tuple)):
                 val = tuple(float(x) for x in val)
@@ -424,9 +441,10 @@ class Simulator:
             return wrench_b
         idx = self.pt_body
         x = _mv(R[idx], self.pt_local[..., None]) + p[idx]                  # (P, 3, B), relative to o
-        xd = tw[idx, 0:3] + _cross(tw[idx, 3:6], x)                         # point velocities
         n = self.ground_normal[:, None]                                      # (3, 1)
         r = self.pt_radius[:, None]                                          # (P, 1)
+        xc = x - r[..., None] * n                                            # contact point on the surface
+        xd = tw[idx, 0:3] + _cross(tw[idx, 3:6], xc)                        # its velocity
         F = torch.zeros_like(x)
         if cfg.ground:
             gap = ((x + o) * n).sum(1) - cfg.ground_height - r              # (P, B)
@@ -438,7 +456,6 @@ class Simulator:
             F = lam[:, None] * n - (cfg.friction * lam)[:, None] * vt / slip
             if info is not None:
                 info["gap"], info["normal"] = gap, lam
-        xc = x - r[..., None] * n                                            # contact point on the surface
         wrench = torch.cat((F, _cross(xc, F)), 1)                            # (P, 6, B)
         if len(self.pairs):
             i, j = self.pairs[:, 0], self.pairs[:, 1]
@@ -446,13 +463,87 @@ class Simulator:
             dist = torch.sqrt((d ** 2).sum(1) + 1e-12)
             nij = d / dist[:, None]
             pen = torch.relu(r[i] + r[j] - dist)
-            vrel = ((xd[i] - xd[j]) * nij).sum(1)
+            xdc = tw[idx, 0:3] + _cross(tw[idx, 3:6], x)                    # sphere-centre velocities
+            vrel = ((xdc[i] - xdc[j]) * nij).sum(1)
             lam_p = torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vrel)
             Fi = lam_p[:, None] * nij
             xm = x[j] + nij * r[j][..., None]
             wi = torch.cat((Fi, _cross(xm, Fi)), 1)
             wrench = wrench.index_add(0, i, wi).index_add(0, j, -wi)
         return wrench_b.index_add(0, idx, wrench)
+
+    def _damping_diag(self, q, v, command):
+        """-d(tau)/d(v) of the joint-space torques that depend on each joint's own velocity:
+        URDF damping, the local slope of the smoothed Coulomb friction, joint-limit damping and
+        the actuator's derivative gain (through the slope of its saturation). (..., nv)."""
+        m, cfg = self.model, self.config
+        qj, vj = self.joint_positions(q), self.joint_velocities(v)
+        D = torch.zeros_like(vj)
+        if cfg.joint_damping:
+            D = D + m.damping
+        if cfg.joint_friction:
+            eps = cfg.joint_friction_smoothing
+            D = D + m.friction / eps * (1.0 - torch.tanh(vj / eps) ** 2)
+        if cfg.joint_limits:
+            pen = (torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
+                   + torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj))
+            D = D + cfg.limit_damping * pen
+        if cfg.actuator in ("velocity", "position") and cfg.actuator_lag == 0:
+            kd = self.kd
+            if cfg.effort_saturation:
+                qa, va = qj[..., self.act_index], vj[..., self.act_index]
+                cmd = self.kd * (command - va) if cfg.actuator == "velocity" else \
+                    self.kp * (command - qa) - self.kd * va
+                lim = self.effort_limit
+                finite = torch.isfinite(lim)
+                safe = torch.where(finite, lim, torch.ones_like(lim))
+                slope = torch.where(finite, 1.0 - torch.tanh(cmd / safe) ** 2, torch.ones_like(cmd))
+                kd = kd * slope
+            D = D.index_add(-1, self.act_index, kd.expand(D.shape[:-1] + kd.shape[-1:]))
+        if self.nbase:
+            D = torch.cat((torch.zeros_like(v[..., :6]), D), -1)
+        return D
+
+    def _stiffness_diag(self, q, v, command):
+        """-d(tau)/d(q) of the joint torques that depend on each joint's own position:
+        the joint-limit penalty's slope and the position actuator's kp. (..., nv)."""
+        m, cfg = self.model, self.config
+        qj = self.joint_positions(q)
+        K = torch.zeros_like(qj)
+        if cfg.joint_limits:
+            pen = (torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
+                   + torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj))
+            K = K + 2.0 * cfg.limit_stiffness * pen
+        if cfg.actuator == "position" and cfg.actuator_lag == 0:
+            kp = self.kp
+            if cfg.effort_saturation:
+                qa, va = qj[..., self.act_index], self.joint_velocities(v)[..., self.act_index]
+                cmd = self.kp * (command - qa) - self.kd * va
+                lim = self.effort_limit
+                finite = torch.isfinite(lim)
+                safe = torch.where(finite, lim, torch.ones_like(lim))
+                kp = kp * torch.where(finite, 1.0 - torch.tanh(cmd / safe) ** 2, torch.ones_like(cmd))
+            K = K.index_add(-1, self.act_index, kp.expand(K.shape[:-1] + kp.shape[-1:]))
+        if self.nbase:
+            K = torch.cat((torch.zeros_like(v[..., :6]), K), -1)
+        return K
+
+    def _implicit_damping(self, q, v, command, qdd, h):
+        """Linearly implicit Euler for the joint-space springs and dampers: with
+        D = -d(tau)/d(v) and K = -d(tau)/d(q) (diagonal: damping, friction slope,
+        limits, PD gains), (M + h D + h^2 K) a' = M a - h K v, so that the stiff
+        joint terms of light links stay stable (MuJoCo's Euler integrator treats
+        damping the same way). Costs one CRBA and one SPD solve."""
+        D = self._damping_diag(q, v, command)
+        K = self._stiffness_diag(q, v, command)
+        m = self.model
+        batch = q.shape[:-1]
+        M = crba(m, q)
+        A = M + torch.diag_embed(h * D + h * h * K)
+        rhs = (M @ qdd[..., None])[..., 0] - h * K * v
+        A_bl = A.reshape(-1, m.nv, m.nv).permute(1, 2, 0)
+        x = _solve_spd(A_bl, rhs.reshape(-1, m.nv).T)
+        return x.T.reshape(batch + (m.nv,))
 
     def _accel(self, q, v, tau_act):
         m = self.model
@@ -489,6 +580,8 @@ class Simulator:
         tau_act, act_state = self._actuation(q, v, command, act_state, h)
         if self.config.integrator == "semi_implicit":
             qdd = self._accel(q, v, tau_act)
+            if self.config.implicit_damping:
+                qdd = self._implicit_damping(q, v, command, qdd, h)
             v_new = v + qdd * h
             q_new = self.integrate(q, v_new, h)
         else:
@@ -523,6 +616,8 @@ class Simulator:
             delay = torch.cat((delay[..., 1:, :], action.unsqueeze(-2)), -2)
         else:
             command = action
+        if cfg.nan_check:
+            self.check_finite(state, action=action, where="input")
         h = cfg.dt / cfg.substeps
         q, v, act = state.q, state.v, state.actuator
         for _ in range(cfg.substeps):
@@ -533,7 +628,7 @@ class Simulator:
             self.check_finite(new, action=action, qdd=qdd)
         return new
 
-    def check_finite(self, state: State, **extra: torch.Tensor) -> None:
+    def check_finite(self, state: State, where: str = "result", **extra: torch.Tensor) -> None:
         """Raise :class:`SimulationError` naming the first environment and quantity that is not finite."""
         items = [("action", extra.get("action")), ("qdd", extra.get("qdd")), ("q", state.q), ("v", state.v),
                  ("actuator state", state.actuator)]
@@ -552,8 +647,10 @@ class Simulator:
             if not bool(ok.all()):
                 env = tuple(int(i) for i in torch.nonzero(~ok)[0].tolist())
                 cols = torch.nonzero(~torch.isfinite(x[env] if env else x)).flatten().tolist()
+                env_txt = "the (unbatched) state" if not env else f"environment {env if len(env) != 1 else env[0]}"
+                origin = " of the input state" if where == "input" and name != "action" else ""
                 raise SimulationError(
-                    f"non-finite {name} in environment {env if len(env) != 1 else env[0]} "
+                    f"non-finite {name} in {env_txt}{origin} "
                     f"(entries {cols[:6]}) at t={float(state.t[env]) if state.t is not None else float('nan'):.4f} s; "
                     f"{int((~ok).sum())} of {ok.numel()} environments affected")
 

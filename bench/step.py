@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+"""Steps per second of Simulator.step, beside MuJoCo stepping the same model in the same run.
+
+    python bench/step.py [--quick] [--seconds 0.25] [--batches 1,256,4096]
+
+Two models, each at batch 1, 256 and 4096:
+
+* **panda** (example-robot-data's panda.urdf, fixed base, nq = nv = 9) with ground
+  contact on: its collision meshes become their bounding boxes (16 boxes, 8 corner
+  points each; the base link's box is fixed to the world and skipped), effort
+  actuation with zero commands, dt = 1 ms, from a pose in which the hand rests
+  1 mm into the ground (found by bisection on joint 2), so that contacts are live.
+* **quadrotor** (urdf/diffsim_quadrotor.urdf with config/diffsim_quadrotor.yaml:
+  free base, CTBR actuation with hover commands, motor lag, body drag, ground
+  contact on, 1 substep), dt = 2 ms, hovering 1 m above the ground.
+
+Ours: float32, CPU, ``torch.set_num_threads(1)`` (stated in the output; batch-level
+parallelism is torch's, not threads), default SimConfig otherwise (NaN guard on).
+* fwd: ``Simulator.step`` under ``torch.no_grad()``, K steps per call;
+* fwd+bwd: a K-step rollout from a state whose q and v require grad, loss = sum of
+  the final q and v, ``loss.backward()``; the figure counts the K B forward steps.
+
+MuJoCo (float64, one thread): the same URDF with <visual>/<collision> stripped (no
+meshes; the finger mimic removed), then through MjSpec: the same boxes as geoms
+(colliding with the ground plane only, as ours), one motor per joint, a plane; the
+quadrotor as MJCF built from our model (free joint, mass/inertia, the hub box and
+rotor cylinders as geoms, 4 thrust motors with the yaw-torque gear, hover controls;
+no drag or CTBR loop, which MuJoCo lacks). Stepped by ``mujoco.rollout`` (the C++
+batched rollout, one thread) when importable, else ``mj_step`` in a Python loop.
+MuJoCo has no backward pass, so "fwd+bwd / MuJoCo" compares our gradient step
+with its plain step; its finite-difference step Jacobian (``mjd_transitionFD``,
+centred) is timed once per model as a second reference.
+
+Each figure is the best of 3 windows of >= ``--seconds`` (0.25 s, so ~0.75 s a measurement;
+0.05 s with --quick).
+Ratios > 1 mean ours is faster. Nothing here is a test: no figure is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from diffsim_ros import config, physics  # noqa: E402
+
+ERD_SUFFIX = os.path.join("cmeel.prefix", "share", "example-robot-data", "robots")
+PANDA = os.path.join("panda_description", "urdf", "panda.urdf")
+QUADROTOR_YAML = os.path.join(REPO_ROOT, "config", "diffsim_quadrotor.yaml")
+
+
+def find_panda() -> str:
+    for entry in sys.path:
+        path = os.path.join(entry, ERD_SUFFIX, PANDA)
+        if os.path.isfile(path):
+            return path
+    sys.exit("bench/step.py: example-robot-data is not installed (pip install example-robot-data)")
+
+
+def rate(fn, steps_per_call: int, seconds: float, windows: int = 3) -> float:
+    """Best steps/s over ``windows`` timing windows of >= ``seconds`` each (after a warm-up call)."""
+    fn()
+    best = 0.0
+    for _ in range(windows):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        best = max(best, calls * steps_per_call / elapsed)
+    return best
+
+
+def fmt(x: float) -> str:
+    return "%.3g" % x if x < 100 else "{:,.0f}".format(x)
+
+
+# ----------------------------------------------------------------------------- ours
+class Case:
+    """One benchmarked model: our simulator, its start state and action, and the MuJoCo twin."""
+
+    def __init__(self, name, sim, q0, action, mj_model, mj_qpos, mj_qvel, mj_ctrl, note):
+        self.name, self.sim, self.q0, self.action = name, sim, q0, action
+        self.mj_model, self.mj_qpos, self.mj_qvel, self.mj_ctrl, self.note = mj_model, mj_qpos, mj_qvel, mj_ctrl, note
+
+
+def steps_for(batch: int, forward: bool) -> int:
+    """Steps per timed call: enough to amortise the call, few enough to keep windows short."""
+    if batch >= 4096:
+        return 2
+    return 10 if forward else 5
+
+
+def bench_ours(case: Case, batch: int, seconds: float):
+    sim = case.sim
+    q0 = case.q0.expand(batch, -1).clone()
+    action = case.action.expand(batch, -1).clone()
+    state0 = sim.initial_state(q0)
+
+    k_f = steps_for(batch, True)
+
+    def forward():
+        with torch.no_grad():
+            s = state0
+            for _ in range(k_f):
+                s = sim.step(s, action)
+
+    k_b = steps_for(batch, False)
+
+    def forward_backward():
+        q = state0.q.clone().requires_grad_(True)
+        v = state0.v.clone().requires_grad_(True)
+        s = state0.replace(q=q, v=v)
+        for _ in range(k_b):
+            s = sim.step(s, action)
+        (s.q.sum() + s.v.sum()).backward()
+
+    return rate(forward, k_f * batch, seconds), rate(forward_backward, k_b * batch, seconds)
+
+
+# ----------------------------------------------------------------------------- MuJoCo
+def mj_rollout_fn(case: Case, batch: int):
+    """A callable stepping ``batch`` MuJoCo states K steps, and K."""
+    import mujoco
+
+    m = case.mj_model
+    d = mujoco.MjData(m)
+    d.qpos[:] = case.mj_qpos
+    d.qvel[:] = case.mj_qvel
+    d.ctrl[:] = case.mj_ctrl
+    mujoco.mj_forward(m, d)
+    spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    x0 = np.zeros(mujoco.mj_stateSize(m, spec))
+    mujoco.mj_getState(m, d, x0, spec)
+    k = steps_for(batch, True)
+    try:
+        from mujoco import rollout as mj_rollout
+    except ImportError:
+        mj_rollout = None
+    if mj_rollout is not None:
+        init = np.tile(x0, (batch, 1))
+        ctrl = np.tile(case.mj_ctrl, (batch, k, 1))
+        out = np.zeros((batch, k, x0.size))
+        roller = mj_rollout.Rollout(nthread=0)
+
+        def run():
+            roller.rollout(m, d, init, ctrl, nstep=k, state=out)
+        return run, k, "mujoco.rollout (one thread)"
+
+    def loop():
+        for _ in range(batch):
+            mujoco.mj_setState(m, d, x0, spec)
+            for _ in range(k):
+                mujoco.mj_step(m, d)
+    return loop, k, "mj_step in a Python loop"
+
+
+def mj_fd_jacobian_rate(case: Case, seconds: float) -> float:
+    """States/s of mjd_transitionFD (centred finite-difference A, B of one step)."""
+    import mujoco
+
+    m = case.mj_model
+    d = mujoco.MjData(m)
+    d.qpos[:] = case.mj_qpos
+    d.ctrl[:] = case.mj_ctrl
+    mujoco.mj_forward(m, d)
+    nx = 2 * m.nv + m.na
+    A, B = np.zeros((nx, nx)), np.zeros((nx, m.nu))
+
+    def run():
+        mujoco.mjd_transitionFD(m, d, 1e-6, 1, A, B, None, None)
+    return rate(run, 1, seconds)
+
+
+def _strip_urdf(path: str) -> str:
+    xml = open(path).read()
+    xml = re.sub(r"<visual\b.*?</visual>", "", xml, flags=re.S)
+    xml = re.sub(r"<collision\b.*?</collision>", "", xml, flags=re.S)
+    xml = re.sub(r"<mimic\b[^>]*/>", "", xml)
+    return xml.replace("</robot>", '<mujoco><compiler discardvisual="true" fusestatic="false"/></mujoco></robot>')
+
+
+def _quat_wxyz(R: np.ndarray) -> np.ndarray:
+    import mujoco
+
+    q = np.zeros(4)
+    mujoco.mju_mat2Quat(q, np.ascontiguousarray(R, dtype=np.float64).reshape(9))
+    return q
+
+
+def _add_ground(spec):
+    import mujoco
+
+    spec.worldbody.add_geom(type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 1], contype=0, conaffinity=1)
+
+
+def _add_box_geoms(spec, model: physics.Model):
+    """Our collision boxes (body frame) as MuJoCo geoms that collide with the plane only."""
+    import mujoco
+
+    for c in model.collisions:
+        if c.body < 0 or c.kind != "box":
+            continue
+        body = spec.body(model.body_names[c.body])
+        body.add_geom(type=mujoco.mjtGeom.mjGEOM_BOX, size=(c.size.double().numpy() / 2).tolist(),
+                      pos=c.p.double().numpy().tolist(), quat=_quat_wxyz(c.R.double().numpy()).tolist(),
+                      contype=1, conaffinity=0, mass=0, density=0)
+
+
+# ----------------------------------------------------------------------------- cases
+def panda_case() -> Case:
+    import mujoco
+
+    path = find_panda()
+    share = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "mesh replaced by its bounding box"
+        model = physics.load_urdf(path, dtype=torch.float32, package_dirs=[share])
+        m64 = physics.load_urdf(path, dtype=torch.float64, package_dirs=[share])
+    cfg = physics.SimConfig(dt=1e-3, actuator="effort", ground=True)
+    # A pose that reaches down; bisection on joint 2 until the lowest box corner is 1 mm deep.
+    q = m64.neutral_configuration().clone()
+    base = torch.tensor([0.0, 0.5, 0.0, -0.6, 0.0, 1.6, 0.8, 0.02, 0.02], dtype=torch.float64)
+    q[:] = torch.minimum(torch.maximum(base, m64.lower), m64.upper)
+    sim64 = physics.Simulator(m64, cfg)
+    lo, hi = 0.0, float(m64.upper[1])
+
+    def lowest(a):
+        qq = q.clone()
+        qq[1] = a
+        _, gap, _ = sim64.contact_forces(qq, torch.zeros(m64.nv, dtype=torch.float64))
+        return float(gap.min())
+    if lowest(hi) > -1e-3:
+        raise RuntimeError("panda: no pose of joint 2 reaches the ground")
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if lowest(mid) > -1e-3 else (lo, mid)
+    q[1] = hi
+    sim = physics.Simulator(model, cfg)
+    spec = mujoco.MjSpec.from_string(_strip_urdf(path))
+    spec.option.timestep = cfg.dt
+    _add_ground(spec)
+    _add_box_geoms(spec, model)
+    for name in model.joint_names:
+        spec.add_actuator(trntype=mujoco.mjtTrn.mjTRN_JOINT, target=name, gear=[1, 0, 0, 0, 0, 0])
+    mm = spec.compile()
+    qpos = np.zeros(mm.nq)
+    for i, name in enumerate(model.joint_names):
+        qpos[mm.jnt_qposadr[mujoco.mj_name2id(mm, mujoco.mjtObj.mjOBJ_JOINT, name)]] = float(q[i])
+    d = mujoco.MjData(mm)
+    d.qpos[:] = qpos
+    mujoco.mj_forward(mm, d)
+    n_boxes = sum(1 for c in model.collisions if c.body >= 0)
+    note = ("panda: nv = %d, %d collision boxes (%d contact points), start pose with the lowest corner 1 mm deep; "
+            "MuJoCo finds %d contacts there" % (model.nv, n_boxes, sim.pt_body.numel(), d.ncon))
+    return Case("panda + ground", sim, q.float(), torch.zeros(sim.action_dim), mm, qpos, np.zeros(mm.nv),
+                np.zeros(mm.nu), note)
+
+
+def quadrotor_case() -> Case:
+    import mujoco
+
+    params = config.load_yaml(QUADROTOR_YAML)
+    params["simulator"]["substeps"] = 1
+    model = config.load_model(params, QUADROTOR_YAML, dtype=torch.float32)
+    cfg = config.simulator_config(params, QUADROTOR_YAML)
+    sim = physics.Simulator(model, cfg)
+    q0 = model.neutral_configuration()
+    q0[2] = 1.0
+    mg = float(model.mass.sum()) * 9.81
+    action = torch.tensor([mg, 0.0, 0.0, 0.0])
+
+    # MJCF built from our model (body 0 holds everything: rotors are fixed links).
+    c = model.com[0].double().numpy()
+    inertia = model.inertia[0].double().numpy()
+    rot = sim.rotors
+    km_kf = cfg.rotors.torque_coefficient / cfg.rotors.thrust_coefficient
+    geoms, sites, motors = [], [], []
+    for col in model.collisions:
+        quat = " ".join("%.9g" % x for x in _quat_wxyz(col.R.double().numpy()))
+        pos = " ".join("%.9g" % x for x in col.p.double().numpy())
+        size = col.size.double().numpy()
+        if col.kind == "box":
+            geoms.append('<geom type="box" size="%s" pos="%s" quat="%s"/>' % (" ".join("%.9g" % x for x in size / 2), pos, quat))
+        elif col.kind == "cylinder":
+            geoms.append('<geom type="cylinder" size="%.9g %.9g" pos="%s" quat="%s"/>' % (size[0], size[1] / 2, pos, quat))
+    for i in range(rot.n):
+        sites.append('<site name="rotor_%d" pos="%s"/>' % (i, " ".join("%.9g" % x for x in rot.positions[i].double().numpy())))
+        motors.append('<motor site="rotor_%d" gear="0 0 1 0 0 %.9g"/>' % (i, float(rot.directions[i]) * km_kf))
+    fullinertia = "%.9g %.9g %.9g %.9g %.9g %.9g" % (inertia[0, 0], inertia[1, 1], inertia[2, 2],
+                                                    inertia[0, 1], inertia[0, 2], inertia[1, 2])
+    xml = f"""<mujoco model="diffsim_quadrotor">
+  <option timestep="{cfg.dt}"/>
+  <default><geom contype="1" conaffinity="0" density="0"/></default>
+  <worldbody>
+    <geom type="plane" size="0 0 1" contype="0" conaffinity="1"/>
+    <body name="base_link" pos="0 0 1">
+      <freejoint/>
+      <inertial pos="{c[0]:.9g} {c[1]:.9g} {c[2]:.9g}" mass="{float(model.mass[0]):.9g}" fullinertia="{fullinertia}"/>
+      {" ".join(geoms)}
+      {" ".join(sites)}
+    </body>
+  </worldbody>
+  <actuator>{" ".join(motors)}</actuator>
+</mujoco>"""
+    mm = mujoco.MjModel.from_xml_string(xml)
+    qpos = np.array([0, 0, 1.0, 1, 0, 0, 0])          # MuJoCo quaternion: w x y z
+    ctrl = np.full(mm.nu, mg / rot.n)
+    note = ("quadrotor: %d rotors, CTBR with motor lag and drag in ours (MuJoCo: 4 thrust motors at hover "
+            "thrust, no drag); %d contact points, none touching at 1 m" % (rot.n, sim.pt_body.numel()))
+    return Case("quadrotor (CTBR)", sim, q0, action, mm, qpos, np.zeros(mm.nv), ctrl, note)
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short timing windows (0.05 s)")
+    parser.add_argument("--seconds", type=float, default=None, help="length of one timing window (default 0.25 s)")
+    parser.add_argument("--batches", default="1,256,4096", help="comma-separated batch sizes (default 1,256,4096)")
+    args = parser.parse_args(argv)
+    seconds = args.seconds if args.seconds is not None else (0.05 if args.quick else 0.25)
+    batches = [int(b) for b in args.batches.split(",")]
+    log = print
+
+    import mujoco
+
+    torch.set_num_threads(1)
+    try:
+        import mujoco.rollout  # noqa: F401
+        mj_how = "mujoco.rollout"
+    except ImportError:
+        mj_how = "mj_step loop"
+    log("diffsim_ros Simulator.step benchmark: ours float32 CPU with torch.set_num_threads(1); "
+        "MuJoCo %s float64, one thread (%s)" % (mujoco.__version__, mj_how))
+    log("torch %s, %s %s, %s; os.cpu_count() = %s; timing window %.2g s, best of 3"
+        % (torch.__version__, platform.python_implementation(), platform.python_version(),
+           platform.processor() or platform.machine(), os.cpu_count(), seconds))
+    log("load average (1, 5, 15 min) at the start: %.2f %.2f %.2f" % os.getloadavg())
+
+    cases = [panda_case(), quadrotor_case()]
+    for case in cases:
+        log(case.note)
+    fd_rates = {case.name: mj_fd_jacobian_rate(case, seconds) for case in cases}
+    for case in cases:
+        log("MuJoCo mjd_transitionFD (centred finite-difference step Jacobian), %s: %s states/s"
+            % (case.name, fmt(fd_rates[case.name])))
+    log("")
+    header = ("| model | batch | ours fwd steps/s | ours fwd+bwd steps/s | MuJoCo steps/s | fwd / MuJoCo "
+              "| fwd+bwd / MuJoCo | fwd+bwd / MuJoCo FD Jacobian |")
+    log(header)
+    log("|" + "|".join("---" for _ in range(header.count("|") - 1)) + "|")
+    for case in cases:
+        for batch in batches:
+            fwd, fwd_bwd = bench_ours(case, batch, seconds)
+            run, k, _ = mj_rollout_fn(case, batch)
+            mj = rate(run, k * batch, seconds)
+            log("| %s | %d | %s | %s | %s | %.3g | %.3g | %.3g |" % (
+                case.name, batch, fmt(fwd), fmt(fwd_bwd), fmt(mj), fwd / mj, fwd_bwd / mj,
+                fwd_bwd / fd_rates[case.name]))
+            sys.stdout.flush()
+    log("")
+    log("load average (1, 5, 15 min) at the end: %.2f %.2f %.2f on %s CPUs (other processes distort the figures)"
+        % (os.getloadavg() + (os.cpu_count(),)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

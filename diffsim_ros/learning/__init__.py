@@ -1,0 +1,7 @@
+"""Learning through the simulator: the analytic-gradient trainer, policies,
+checkpoints (no ROS imports here)."""
+from .apg import TrainConfig, TrainResult, evaluate, train, write_history
+from .policy import MLPPolicy, RunningNorm, ValueNet
+
+__all__ = ["TrainConfig", "TrainResult", "evaluate", "train", "write_history", "MLPPolicy", "RunningNorm",
+           "ValueNet"]

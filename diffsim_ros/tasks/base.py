@@ -1,0 +1,115 @@
+"""What every task provides: observation, action mapping, a differentiable
+loss, a reset distribution and a success metric independent of the trainer.
+
+A task owns a :class:`~diffsim_ros.physics.Simulator`. Policies act in the
+normalised box [-1, 1]^action_dim; :meth:`Task.command` maps that box to the
+simulator's command interface (joint targets, torques, thrust and rates), so
+the same policy output means the same thing to the gradient trainer, to PPO
+and to the ROS controller.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from ..physics import Model, SimConfig, Simulator, State
+
+
+@dataclass
+class TaskState:
+    """A batch of episodes: the simulator state, the goal of each episode
+    (``target``, task-specific), the step index and the reward-free bookkeeping
+    the success metric needs (``extra``)."""
+    sim: State
+    target: torch.Tensor
+    step: int = 0
+    extra: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def detach(self) -> "TaskState":
+        return TaskState(self.sim.detach(), self.target.detach(), self.step,
+                         {k: v.detach() for k, v in self.extra.items()})
+
+
+class Task:
+    """Base class. Subclasses set ``name``, ``obs_dim``, ``action_dim``, ``horizon``
+    and implement ``reset``, ``observe``, ``command``, ``step_loss`` and ``success``."""
+    name = "task"
+    obs_dim: int
+    action_dim: int
+    horizon: int                      # control steps per episode
+    success_threshold: float = 0.9    # success rate at which training counts as solved
+
+    def __init__(self, model: Model, sim_config: SimConfig):
+        self.model = model
+        self.sim = Simulator(model, sim_config)
+        self.sim_config = self.sim.config
+
+    @property
+    def dt(self) -> float:
+        return self.sim_config.dt
+
+    # -------------------------------------------------------------- interface
+    def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
+        raise NotImplementedError
+
+    def observe(self, ts: TaskState) -> torch.Tensor:
+        raise NotImplementedError
+
+    def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
+        """Policy action in [-1, 1] -> simulator command."""
+        raise NotImplementedError
+
+    def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
+        """Differentiable per-environment loss (B,) of the state reached after a step."""
+        raise NotImplementedError
+
+    def success(self, ts: TaskState) -> torch.Tensor:
+        """Per-environment success (B,) bool, judged on the final state of an episode."""
+        raise NotImplementedError
+
+    def observation_names(self) -> List[str]:
+        return [f"obs_{i}" for i in range(self.obs_dim)]
+
+    def action_names(self) -> List[str]:
+        return [f"act_{i}" for i in range(self.action_dim)]
+
+    # -------------------------------------------------------------- shared
+    def step(self, ts: TaskState, action: torch.Tensor) -> TaskState:
+        """Apply a policy action (clamped to [-1, 1]) for one control step."""
+        action = torch.clamp(action, -1.0, 1.0)
+        sim_state = self.sim.step(ts.sim, self.command(action, ts))
+        new = TaskState(sim_state, ts.target, ts.step + 1, dict(ts.extra))
+        self.update_extra(new, action)
+        return new
+
+    def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
+        """Hook to accumulate per-episode quantities used by ``success``."""
+
+    def spec(self) -> dict:
+        """Observation and action specification for checkpoint metadata."""
+        return {
+            "task": self.name,
+            "observation": {"dim": self.obs_dim, "names": self.observation_names()},
+            "action": {"dim": self.action_dim, "names": self.action_names(), "low": -1.0, "high": 1.0,
+                       "interface": self.sim_config.actuator},
+            "dt": self.dt,
+            "horizon": self.horizon,
+        }
+
+    def rollout_success(self, policy, batch: int, generator: Optional[torch.Generator] = None) -> float:
+        """Success rate of ``policy`` (obs -> action) over ``batch`` fresh episodes, no gradients."""
+        with torch.no_grad():
+            ts = self.reset(batch, generator)
+            for _ in range(self.horizon):
+                ts = self.step(ts, policy(self.observe(ts)))
+            return float(self.success(ts).to(torch.float64).mean())
+
+
+def uniform(shape, low, high, generator=None, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    low = torch.as_tensor(low, dtype=dtype, device=device)
+    high = torch.as_tensor(high, dtype=dtype, device=device)
+    u = torch.rand(shape, generator=generator, dtype=dtype, device="cpu").to(device)
+    return low + (high - low) * u

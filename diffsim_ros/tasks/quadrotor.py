@@ -1,0 +1,125 @@
+"""Quadrotor flight through collective thrust and body rates (CTBR).
+
+Modes:
+  hover     reach and hold a fixed point from a perturbed start;
+  waypoint  fly to a random point within ``waypoint_radius`` and hold it;
+  velocity  track a commanded world velocity; the loss is the squared gap
+            between desired and simulated velocity, the objective of training
+            flight policies by back-propagation through Newton's laws.
+
+Success (independent of training), checked on every step after the settling
+time: within 10 cm of the target and slower than 0.2 m/s (hover, waypoint), or
+within 0.2 m/s of the commanded velocity (velocity).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ..physics import Model, SimConfig
+from ..physics.simulator import _quat_rotate
+from ..physics.spatial import quat_to_matrix
+from .base import Task, TaskState, uniform
+
+MODES = ("hover", "waypoint", "velocity")
+
+
+class QuadrotorTask(Task):
+    def __init__(self, model: Model, sim_config: SimConfig, mode: str = "hover", horizon: int = 150,
+                 settle_time: float = 2.0, start_radius: float = 0.5, start_speed: float = 0.3,
+                 waypoint_radius: float = 1.0, max_speed_command: float = 1.5, max_rate: float = 3.0,
+                 thrust_range: float = 0.8, success_distance: float = 0.10, success_speed: float = 0.2,
+                 rate_weight: float = 0.01, tilt_weight: float = 0.0):
+        if mode not in MODES:
+            raise ValueError(f"quadrotor: mode must be one of {MODES}, got '{mode}'")
+        if sim_config.actuator != "ctbr":
+            raise ValueError(f"quadrotor: actuator must be 'ctbr', got '{sim_config.actuator}'")
+        super().__init__(model, sim_config)
+        self.name = f"quadrotor_{mode}"
+        self.mode = mode
+        self.horizon = horizon
+        self.settle_steps = min(int(round(settle_time / sim_config.dt)), horizon - 1)
+        self.start_radius, self.start_speed = start_radius, start_speed
+        self.waypoint_radius, self.max_speed_command = waypoint_radius, max_speed_command
+        self.max_rate, self.thrust_range = max_rate, thrust_range
+        self.success_distance, self.success_speed = success_distance, success_speed
+        self.rate_weight, self.tilt_weight = rate_weight, tilt_weight
+        self.hover_thrust = float(model.mass.sum()) * -float(self.sim.model.gravity[2])
+        self.obs_dim = 18
+        self.action_dim = 4
+        self.home = torch.tensor([0.0, 0.0, 1.0], dtype=model.dtype, device=model.device)
+
+    def observation_names(self) -> List[str]:
+        first = "velocity_error" if self.mode == "velocity" else "position_error"
+        return ([f"{first}/{a}" for a in "xyz"] + [f"velocity/{a}" for a in "xyz"]
+                + [f"R/{i}{j}" for i in range(3) for j in range(3)] + [f"body_rate/{a}" for a in "xyz"])
+
+    def action_names(self) -> List[str]:
+        return ["collective_thrust", "body_rate/x", "body_rate/y", "body_rate/z"]
+
+    # -------------------------------------------------------------- state
+    def world_velocity(self, ts: TaskState) -> torch.Tensor:
+        q, v = ts.sim.q, ts.sim.v
+        quat = q[:, 3:7] / torch.linalg.vector_norm(q[:, 3:7], dim=-1, keepdim=True)
+        return _quat_rotate(quat, v[:, 0:3])
+
+    def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
+        m = self.model
+        kw = dict(generator=generator, dtype=m.dtype, device=m.device)
+        q = m.neutral_configuration((batch,))
+        start = self.home + uniform((batch, 3), -self.start_radius, self.start_radius, **kw)
+        q[:, 0:3] = start
+        v = torch.zeros(batch, m.nv, dtype=m.dtype, device=m.device)
+        v[:, 0:3] = uniform((batch, 3), -self.start_speed, self.start_speed, **kw)
+        if self.mode == "hover":
+            target = self.home.expand(batch, 3).clone()
+        elif self.mode == "waypoint":
+            target = self.home + uniform((batch, 3), -self.waypoint_radius, self.waypoint_radius, **kw)
+        else:
+            target = uniform((batch, 3), -self.max_speed_command, self.max_speed_command, **kw)
+        ts = TaskState(self.sim.initial_state(q, v), target)
+        ts.extra["ok_steps"] = torch.zeros(batch, dtype=m.dtype, device=m.device)
+        return ts
+
+    def observe(self, ts: TaskState) -> torch.Tensor:
+        q, v = ts.sim.q, ts.sim.v
+        vw = self.world_velocity(ts)
+        first = vw - ts.target if self.mode == "velocity" else q[:, 0:3] - ts.target
+        R = quat_to_matrix(q[:, 3:7]).reshape(-1, 9)
+        return torch.cat((first, vw, R, v[:, 3:6]), -1)
+
+    def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
+        thrust = self.hover_thrust * (1.0 + self.thrust_range * action[:, 0:1])
+        return torch.cat((thrust, self.max_rate * action[:, 1:4]), -1)
+
+    def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
+        vw = self.world_velocity(ts)
+        rates = ts.sim.v[:, 3:6]
+        if self.mode == "velocity":
+            loss = ((vw - ts.target) ** 2).sum(-1)
+        else:
+            loss = ((ts.sim.q[:, 0:3] - ts.target) ** 2).sum(-1) + 0.1 * (vw ** 2).sum(-1)
+        loss = loss + self.rate_weight * (rates ** 2).sum(-1)
+        if self.tilt_weight:
+            R = quat_to_matrix(ts.sim.q[:, 3:7])
+            loss = loss + self.tilt_weight * (1.0 - R[:, 2, 2])
+        return loss
+
+    def _ok(self, ts: TaskState) -> torch.Tensor:
+        vw = self.world_velocity(ts)
+        if self.mode == "velocity":
+            return torch.linalg.vector_norm(vw - ts.target, dim=-1) < self.success_speed
+        dist = torch.linalg.vector_norm(ts.sim.q[:, 0:3] - ts.target, dim=-1)
+        return (dist < self.success_distance) & (torch.linalg.vector_norm(vw, dim=-1) < self.success_speed)
+
+    def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
+        if ts.step > self.settle_steps:
+            ts.extra["ok_steps"] = ts.extra["ok_steps"] + self._ok(ts).to(ts.extra["ok_steps"].dtype)
+
+    def success(self, ts: TaskState) -> torch.Tensor:
+        """Every step after the settling time met the tolerance (and the episode got there)."""
+        needed = max(ts.step - self.settle_steps, 0)
+        if needed == 0:
+            return self._ok(ts)
+        return ts.extra["ok_steps"] >= needed

@@ -1,0 +1,109 @@
+"""Arm reach: bring an end-effector link to a random reachable target and stop there.
+
+Targets are the end-effector positions of random joint configurations inside
+the limits, so every target is reachable. The policy commands joint positions
+(PD in the simulator, as a ros2_control position interface) or efforts.
+
+Success (independent of training): at the end of the episode the end effector
+is within ``success_distance`` (2 cm) of the target and moves slower than
+``success_speed`` (5 cm/s).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..physics import Model, SimConfig, forward_kinematics
+from .base import Task, TaskState, uniform
+
+
+class ReachTask(Task):
+    name = "reach"
+
+    def __init__(self, model: Model, sim_config: SimConfig, ee_link: str, horizon: int = 100,
+                 target_margin: float = 0.15, success_distance: float = 0.02, success_speed: float = 0.05,
+                 velocity_weight: float = 0.01, action_weight: float = 0.0):
+        if sim_config.actuator not in ("position", "effort"):
+            raise ValueError(f"reach: actuator must be 'position' or 'effort', got '{sim_config.actuator}'")
+        if model.floating_base:
+            raise ValueError("reach: the arm must have a fixed base (floating_base: false)")
+        super().__init__(model, sim_config)
+        if ee_link not in model.link_names:
+            raise ValueError(f"reach: ee_link '{ee_link}' is not a link of '{model.name}' "
+                             f"(links: {', '.join(model.link_names)})")
+        self.ee_index = model.link_names.index(ee_link)
+        self.ee_link = ee_link
+        self.horizon = horizon
+        self.success_distance = success_distance
+        self.success_speed = success_speed
+        self.velocity_weight = velocity_weight
+        self.action_weight = action_weight
+        idx = self.sim.act_index
+        self.n = idx.numel()
+        lo, hi = model.lower[idx], model.upper[idx]
+        lo = torch.where(torch.isfinite(lo), lo, torch.full_like(lo, -torch.pi))
+        hi = torch.where(torch.isfinite(hi), hi, torch.full_like(hi, torch.pi))
+        span = hi - lo
+        self.q_low, self.q_high = lo, hi
+        self.t_low, self.t_high = lo + target_margin * span, hi - target_margin * span
+        self.q_mid, self.q_half = 0.5 * (lo + hi), 0.5 * span
+        self.obs_dim = 2 * self.n + 6
+        self.action_dim = self.n
+
+    def observation_names(self) -> List[str]:
+        names = self.sim.actuated_joints
+        return ([f"q/{n}" for n in names] + [f"v/{n}" for n in names]
+                + [f"ee_error/{a}" for a in "xyz"] + [f"target/{a}" for a in "xyz"])
+
+    def action_names(self) -> List[str]:
+        kind = "position" if self.sim_config.actuator == "position" else "effort"
+        return [f"{kind}/{n}" for n in self.sim.actuated_joints]
+
+    def ee_position(self, q: torch.Tensor) -> torch.Tensor:
+        return forward_kinematics(self.model, q)[..., self.ee_index, 0:3, 3]
+
+    def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
+        m = self.model
+        kw = dict(generator=generator, dtype=m.dtype, device=m.device)
+        q = m.neutral_configuration((batch,))
+        q_target = q.clone()
+        q[:, self.sim.act_index] = uniform((batch, self.n), self.t_low, self.t_high, **kw)
+        q_target[:, self.sim.act_index] = uniform((batch, self.n), self.t_low, self.t_high, **kw)
+        target = self.ee_position(q_target)
+        return TaskState(self.sim.initial_state(q), target)
+
+    def _joint(self, ts: TaskState):
+        idx = self.sim.act_index
+        return ts.sim.q[:, idx], ts.sim.v[:, idx]
+
+    def observe(self, ts: TaskState) -> torch.Tensor:
+        q, v = self._joint(ts)
+        ee = self.ee_position(ts.sim.q)
+        return torch.cat(((q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target), -1)
+
+    def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
+        if self.sim_config.actuator == "position":
+            return self.q_mid + self.q_half * action
+        lim = self.sim.effort_limit
+        lim = torch.where(torch.isfinite(lim), lim, torch.full_like(lim, 10.0))
+        return lim * action
+
+    def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
+        err = self.ee_position(ts.sim.q) - ts.target
+        dist = torch.sqrt((err ** 2).sum(-1) + 1e-6)
+        _, v = self._joint(ts)
+        # Later steps weigh more: the task is judged at the end of the episode.
+        w = (ts.step / self.horizon)
+        return w * dist + self.velocity_weight * (v ** 2).sum(-1) + self.action_weight * (action ** 2).sum(-1)
+
+    def ee_speed(self, ts: TaskState) -> torch.Tensor:
+        h = 1e-4
+        q2 = self.sim.integrate(ts.sim.q, ts.sim.v, h)
+        return torch.linalg.vector_norm(self.ee_position(q2) - self.ee_position(ts.sim.q), dim=-1) / h
+
+    def distance(self, ts: TaskState) -> torch.Tensor:
+        return torch.linalg.vector_norm(self.ee_position(ts.sim.q) - ts.target, dim=-1)
+
+    def success(self, ts: TaskState) -> torch.Tensor:
+        return (self.distance(ts) < self.success_distance) & (self.ee_speed(ts) < self.success_speed)
