@@ -22,8 +22,9 @@ Against analytic solutions:
   * the shipped arm pushed into its limits rests at tau = k pen^2 (test_joint_limit_penetration_at_rest);
   * a ball dropped from 1 m never rebounds higher (test_ball_dropped_from_1m_never_rebounds_higher).
 
-The tests marked xfail(strict=True) pin down simulator bugs found while writing
-these checks; each reason says what is wrong and where.
+Further tests pin down behaviour that once was wrong: friction chatter at rest and
+at impact, a free body spinning up under semi-implicit Euler, RK4 degraded to
+first order by a held drag force.
 """
 from __future__ import annotations
 
@@ -243,17 +244,18 @@ def test_box_comes_to_rest_with_small_penetration(mass):
 
     At rest each of the four bottom corners carries m g / 4, so its
     penetration is sqrt(m g / (4 k)) with k = 1e7 N/m^2: 0.35, 0.70, 1.57 mm.
-    Asserted: the issue's bound (< 2 mm) on every corner, the analytic value
-    within 3 % (the 10 kg box, the least damped, is still bobbing by ~1 % after
-    0.7 s; measured 0.6 %), the normal forces summing to m g within 3 %, the
-    vertical speed below 5 mm/s and the position still within 0.1 mm over the
-    last 50 ms.
+    Asserted after 0.5 s (10 kg: 0.7 s): the issue's bound (< 2 mm) on every
+    corner, the analytic value within 3 % (the 10 kg box, the least damped, is
+    still bobbing by ~1 %; measured 0.6 %, the lighter ones < 0.05 %), the
+    normal forces summing to m g within 3 %, the vertical speed below 5 mm/s
+    and the position still within 0.1 mm over the last 50 ms. (Peak
+    penetrations during the first impact: 1.6, 3.1 and 6.1 mm.)
     """
     model = physics.load_urdf(_box_urdf(mass), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
     a = 0.1
     q0 = _t([[0, 0, 0.06, 0, 0, 0, 1], [0, 0, 0.08, math.sin(a / 2), 0, 0, math.cos(a / 2)]])
-    tr = _rollout(sim, sim.initial_state(q0), torch.zeros(2, 0), 700)
+    tr = _rollout(sim, sim.initial_state(q0), torch.zeros(2, 0), 700 if mass > 5 else 500)
     _, gap, lam = sim.contact_forces(tr.final.q, tr.final.v)
     pen = (-gap).clamp(min=0)
     expected = math.sqrt(mass * G / (4 * sim.config.contact_stiffness))
@@ -267,21 +269,22 @@ def test_box_comes_to_rest_with_small_penetration(mass):
     assert (tr.q[-51:, :, :3] - tr.q[-1, :, :3]).abs().max() < 1e-4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simulator bug: regularised friction integrated explicitly is unstable in the stick regime at the "
-    "defaults. Its low-slip gain is mu*lambda/eps per contact point; for a box resting on its 4 corners "
-    "the yaw mode's rate is 3*mu*g/eps = 2354 1/s (any box: m r^2 / Izz = 3), and dt*rate = 2.35 > 2, so a "
-    "1e-6 rad/s yaw seed grows into a period-2 oscillation of +-0.0345 rad/s that never dies "
-    "(mass-independent; stable for dt=5e-4, friction_smoothing=0.02 or friction<0.68)."))
-def test_box_at_rest_stays_at_rest():
-    """A box resting on the ground with a 1e-6 rad/s yaw disturbance stays at rest."""
-    mass = 2.0
-    model = physics.load_urdf(_box_urdf(mass), floating_base=True, dtype=F64)
-    sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
-    z = 0.05 - math.sqrt(mass * G / (4 * sim.config.contact_stiffness))   # resting height of the centre
-    s = sim.initial_state(_t([[0, 0, z, 0, 0, 0, 1]]), _t([[0, 0, 0, 0, 0, 1e-6]]))
-    tr = _rollout(sim, s, torch.zeros(1, 0), 100)
-    assert tr.final.v.abs().max() < 1e-5, f"box at rest moves at {tr.final.v.abs().max():.2e} (m/s, rad/s)"
+def test_resting_bodies_stay_at_rest():
+    """A box resting on the ground with a 1e-6 rad/s yaw disturbance, and a ball
+    with a 1e-6 m/s push, stay at rest: no friction chatter grows the disturbance
+    (tolerance 1e-5 m/s for every point of the body after 0.1 s). The ball, which
+    has no rolling resistance, rolls on at 5/7 of its push: a point on its rim
+    moves at |w| r, so angular speeds are scaled by the body's size."""
+    # (URDF, mass, contact points carrying it, centre height above the ground, velocity)
+    for urdf, mass, points, z, v, size in ((_box_urdf(2.0), 2.0, 4, 0.05, [0, 0, 0, 0, 0, 1e-6], 0.071),
+                                           (_ball_urdf(0.2, 0.05), 0.2, 1, 0.05, [1e-6, 0, 0, 0, 0, 0], 0.05)):
+        model = physics.load_urdf(urdf, floating_base=True, dtype=F64)
+        sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
+        sag = math.sqrt(mass * G / (points * sim.config.contact_stiffness))   # resting penetration
+        s = sim.initial_state(_t([[0, 0, z - sag, 0, 0, 0, 1]]), _t([v]))
+        tr = _rollout(sim, s, torch.zeros(1, 0), 100)
+        speed = torch.cat((tr.final.v[:, 0:3], size * tr.final.v[:, 3:6]), -1).abs().max()
+        assert speed < 1e-5, f"{model.name} at rest moves at {speed:.2e} m/s"
 
 
 _SLIDER_URDF = """<robot name="slider">
@@ -335,12 +338,15 @@ def test_sliding_sphere_stops_where_coulomb_predicts(mu):
     d_corrected = d_analytic - v0 * dt / 2 + eps ** 2 * (torch.log(2 * v0 / eps) + 0.5) / (2 * acc)
     assert ((d - d_analytic).abs() / d_analytic).max() < 0.01, f"stopping distances {d} vs {d_analytic}"
     assert (d - d_corrected).abs().max() < 3e-5, f"stopping distances {d} vs corrected {d_corrected}"
-    assert tr.final.v.abs().max() < 1e-6
+    # At rest: the friction cap (a contact point may not be stopped faster than its
+    # free-body effective mass allows in one step) leaves a creep of a few um/s here,
+    # where the prismatic rig makes the real effective mass larger than the free body's.
+    assert tr.final.v.abs().max() < 1e-5
 
 
 def test_ball_dropped_from_1m_never_rebounds_higher():
     """A 0.2 kg ball (r = 5 cm) dropped from 1, 0.5 and 0.2 m (lowest point) on the
-    ground, default contact, 1 s (two to four bounces).
+    ground, default contact, 0.8 s (two to four bounces).
 
     The penalty contact has damping, so it can only lose energy: every apex
     after the first touchdown is below the drop height, and the mechanical
@@ -358,7 +364,7 @@ def test_ball_dropped_from_1m_never_rebounds_higher():
     heights = _t([1.0, 0.5, 0.2])
     q0 = model.neutral_configuration((3,))
     q0[:, 2] = heights + r
-    tr = _rollout(sim, sim.initial_state(q0), torch.zeros(3, 0), 1000)
+    tr = _rollout(sim, sim.initial_state(q0), torch.zeros(3, 0), 800)
     _, gap, lam = sim.contact_forces(tr.q, tr.v)
     contact = (lam > 0).any(-1)                                  # (T+1, B)
     vw, ww = _world_velocity(model, tr.q, tr.v)
@@ -380,16 +386,19 @@ def test_ball_dropped_from_1m_never_rebounds_higher():
         assert len(per_flight) >= 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simulator bug (contact_forces): a sphere's friction uses the slip velocity of its centre "
-    "(xd at x, the sphere centre), not of the contact point x - r n (xd - r w x n), although the force is "
-    "applied at the contact point. A ball rolling without slipping (v = 1 m/s, w = v/r) is braked at mu g "
-    "and spun up: after 0.1 s v = 0.22 m/s, w = 59 rad/s, instead of rolling on at 1 m/s."))
 def test_rolling_ball_keeps_rolling():
-    """A ball rolling without slipping on flat ground keeps rolling (no rolling
-    resistance in the model). RK4 keeps the free-flyer integration error
-    (see test_free_spinning_body_keeps_its_speed) below 1e-9 here.
-    Tolerance 1e-3 m/s after 0.1 s."""
+    """A ball rolling without slipping on flat ground (v = 1 m/s, w = v/r) keeps
+    rolling: the model has no rolling resistance, and the friction acts on the
+    slip of the contact point, which is zero. (An earlier step used the sphere
+    centre's velocity as the slip: the ball was braked at mu g and spun up,
+    to v = 0.22 m/s and w = 59 rad/s after 0.1 s.)
+
+    RK4, because semi-implicit Euler adds two unrelated errors here (see
+    test_free_spinning_body_keeps_its_speed and test_resting_bodies_stay_at_rest:
+    with it this ball speeds up to 1.05 m/s in 0.3 s). Tolerance 1e-3 m/s and
+    1e-3 m/s / r after 0.1 s (measured 2e-4 m/s: the roll-slip mode's rate,
+    3.5 mu g / eps = 2750 1/s, puts h = 1 ms at the edge of RK4's stability
+    interval, and a slip of -7e-4 m/s persists)."""
     mass, r = 0.2, 0.05
     model = physics.load_urdf(_ball_urdf(mass, r), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3, integrator="rk4"))
@@ -401,12 +410,6 @@ def test_rolling_ball_keeps_rolling():
     assert abs(ww[0, 1].item() - 1.0 / r) < 1e-3 / r
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simulator bug: regularised friction integrated explicitly is unstable during impacts. The low-slip "
-    "gain mu*lambda/(m*eps) with lambda ~ 100-130 m g at the impact peak gives dt*rate ~ 100 >> 2: the "
-    "tangential velocity flips sign with amplitude ~mu*lambda*dt/m each step. A box dropped flat from "
-    "0.2 m with 1 mm/s horizontal velocity reaches 0.68 m/s horizontally during the impact and slides "
-    "off at ~0.1 m/s (a ball dropped with 1e-6 m/s bounces off at 0.16 m/s, spinning at 7.8 rad/s)."))
 def test_friction_never_adds_tangential_speed_at_impact():
     """A box dropped flat from 0.2 m with a horizontal velocity of 1 mm/s: Coulomb
     friction can only remove tangential speed, so |v_x| stays below 2 mm/s
@@ -420,12 +423,6 @@ def test_friction_never_adds_tangential_speed_at_impact():
 
 
 # ============================================================ free flyer
-@pytest.mark.xfail(strict=True, reason=(
-    "simulator bug (integrate/_substep): semi-implicit Euler integrates the floating base's body-frame "
-    "linear velocity explicitly, whose derivative contains the rotation term -w x v; explicit Euler "
-    "on a rotation multiplies |v| by sqrt(1 + (|w| h)^2) per step. A free sphere spinning at 50 rad/s, "
-    "moving at 1 m/s, no gravity: 1.28 m/s after 0.2 s at dt = 1 ms (30 rad/s: +57 % in 1 s; 300 rad/s "
-    "overflows to NaN in 0.5 s). MuJoCo's Euler (world-frame linear velocity) keeps 1 m/s exactly."))
 def test_free_spinning_body_keeps_its_speed():
     """A torque- and force-free spinning sphere keeps its world velocity; compared
     with MuJoCo's free joint under the same semi-implicit Euler and dt.
@@ -560,11 +557,6 @@ def test_drag_terminal_velocity_and_horizontal_decay():
         assert tr.v[:, env, 3:6].abs().max() < 1e-9
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simulator bug (_substep): the actuation wrench, which includes the body drag (and the CTBR rate "
-    "loop's feedback on w), is evaluated once per substep and held through the four RK4 stages, so any "
-    "state-dependent drag makes rk4 first order: at h = 10 ms the horizontal drag decay is off by "
-    "7.9e-3 m/s within 0.5 s, exactly semi-implicit Euler's error, and halves with h."))
 def test_rk4_with_drag_is_fourth_order():
     """RK4 on the horizontal drag decay (see the drag test), h = 10 ms, 0.5 s:
     a fourth-order method is within ~1e-7 m/s of the analytic solution here;
@@ -635,22 +627,23 @@ def test_pendulum_energy_rk4():
 
 
 def test_pendulum_energy_semi_implicit_is_bounded():
-    """The same pendulum under semi-implicit Euler, h = 10 ms, 10 s: the scheme is
+    """The same pendulum under semi-implicit Euler, h = 10 ms, 5 s: the scheme is
     symplectic for this separable system, so the energy oscillates by O(h)
     without a trend. Asserted: the error stays below 5 % of the swing energy
-    (measured 1.6 to 2.1 %) and the worst error in the last 2 s is no larger
-    than 1.05x the worst in the first 2 s (measured ratio 1.0005: no drift).
+    (measured 1.6 to 2.1 %; the same over 10 s) and the worst error in the
+    last 1.5 s is no larger than 1.05x the worst in the first 1.5 s (a
+    pendulum period is 1.5 s; measured ratio 1.0005 over 10 s: no drift).
     (For the chaotic double pendulum, whose M(q) is not constant, the scheme
     is not symplectic in v and its energy drifts: by 1 % at h = 1 ms at
     moderate swings and by up to 80 % in the chaotic regime, matching MuJoCo's
     Euler to the digit.)"""
     model, sim = _pendulum_sim("semi_implicit", 0.01)
     q0 = _t(_AMPLITUDES)[:, None]
-    tr = _rollout(sim, sim.initial_state(q0), torch.zeros(3, 1), 1000)
+    tr = _rollout(sim, sim.initial_state(q0), torch.zeros(3, 1), 500)
     rel = _swing_error(model, tr)
     assert rel.max() < 0.05, f"semi-implicit pendulum energy error {rel.max():.2e}"
-    first, last = rel[:201].max(0).values, rel[-201:].max(0).values
-    assert (last <= 1.05 * first).all(), f"energy error grows: first 2 s {first}, last 2 s {last}"
+    first, last = rel[:151].max(0).values, rel[-151:].max(0).values
+    assert (last <= 1.05 * first).all(), f"energy error grows: first 1.5 s {first}, last 1.5 s {last}"
 
 
 # ============================================================ joint limits

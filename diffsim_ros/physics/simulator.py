@@ -298,6 +298,17 @@ class Simulator:
             self.pt_local = torch.zeros(0, 3, dtype=m.dtype, device=m.device)
             self.pt_radius = torch.zeros(0, dtype=m.dtype, device=m.device)
         self.pt_body = torch.tensor(bodies, dtype=torch.long, device=m.device)
+        # Friction cap: the smallest effective mass of each contact point as a free
+        # body, 1 / (1/m + |r|^2 / I_min) with r the farthest the contact point can be
+        # from the centre of mass, shared among the body's contact points.
+        if bodies:
+            counts = torch.bincount(self.pt_body, minlength=m.nb).to(m.dtype)
+            mass = m.mass.detach()[self.pt_body]
+            i_min = torch.linalg.eigvalsh(m.inertia.detach())[:, 0].clamp(min=1e-12)[self.pt_body]
+            r = torch.linalg.vector_norm(self.pt_local - m.com.detach()[self.pt_body], dim=-1) + self.pt_radius
+            self.pt_mass = 1.0 / (1.0 / mass + r ** 2 / i_min) / counts[self.pt_body]
+        else:
+            self.pt_mass = torch.zeros(0, dtype=m.dtype, device=m.device)
         # Sphere pairs for self-collision: different bodies, not parent and child.
         pairs = []
         if cfg.self_collision:
@@ -453,7 +464,12 @@ class Simulator:
             lam = torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vn)
             vt = xd - vn[:, None] * n
             slip = torch.sqrt((vt ** 2).sum(1, keepdim=True) + cfg.friction_smoothing ** 2)
-            F = lam[:, None] * n - (cfg.friction * lam)[:, None] * vt / slip
+            # Regularised Coulomb friction, capped at the force that would stop the
+            # point's slip within one step (an explicit step would otherwise overshoot
+            # and reverse the slip whenever mu*lambda*h/eps exceeds the point's mass).
+            coulomb = (cfg.friction * lam)[:, None] / slip
+            cap = self.pt_mass[:, None, None] / getattr(self, "_h", cfg.dt / cfg.substeps)
+            F = lam[:, None] * n - torch.minimum(coulomb, cap.expand_as(coulomb)) * vt
             if info is not None:
                 info["gap"], info["normal"] = gap, lam
         wrench = torch.cat((F, _cross(xc, F)), 1)                            # (P, 6, B)
@@ -577,21 +593,27 @@ class Simulator:
         return torch.cat((pd, quatd, v[..., 6:]), -1)
 
     def _substep(self, q, v, command, act_state, h):
-        tau_act, act_state = self._actuation(q, v, command, act_state, h)
+        self._h = h
+        tau_act, new_act = self._actuation(q, v, command, act_state, h)
         if self.config.integrator == "semi_implicit":
             qdd = self._accel(q, v, tau_act)
-            if self.config.implicit_damping:
+            if self.config.implicit_damping and self.model.nj > 0:
                 qdd = self._implicit_damping(q, v, command, qdd, h)
-            v_new = v + qdd * h
-            q_new = self.integrate(q, v_new, h)
+            if self.model.floating_base:
+                q_new, v_new = self._free_flyer_euler(q, v, qdd, h)
+            else:
+                v_new = v + qdd * h
+                q_new = self.integrate(q, v_new, h)
         else:
+            # Actuation (PD, rate loop, drag) is evaluated at every stage from the
+            # actuator state at the start of the substep.
+            def f(qs, vs):
+                tau_s, _ = self._actuation(qs, vs, command, act_state, h)
+                return self._qdot(qs, vs), self._accel(qs, vs, tau_s)
             k1q, k1v = self._qdot(q, v), self._accel(q, v, tau_act)
-            q2, v2 = q + 0.5 * h * k1q, v + 0.5 * h * k1v
-            k2q, k2v = self._qdot(q2, v2), self._accel(q2, v2, tau_act)
-            q3, v3 = q + 0.5 * h * k2q, v + 0.5 * h * k2v
-            k3q, k3v = self._qdot(q3, v3), self._accel(q3, v3, tau_act)
-            q4, v4 = q + h * k3q, v + h * k3v
-            k4q, k4v = self._qdot(q4, v4), self._accel(q4, v4, tau_act)
+            k2q, k2v = f(q + 0.5 * h * k1q, v + 0.5 * h * k1v)
+            k3q, k3v = f(q + 0.5 * h * k2q, v + 0.5 * h * k2v)
+            k4q, k4v = f(q + h * k3q, v + h * k3v)
             q_new = q + (h / 6) * (k1q + 2 * k2q + 2 * k3q + k4q)
             v_new = v + (h / 6) * (k1v + 2 * k2v + 2 * k3v + k4v)
             qdd = k1v
@@ -599,7 +621,25 @@ class Simulator:
                 quat = q_new[..., 3:7]
                 quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
                 q_new = torch.cat((q_new[..., 0:3], quat, q_new[..., 7:]), -1)
-        return q_new, v_new, act_state, qdd
+        return q_new, v_new, new_act, qdd
+
+    def _free_flyer_euler(self, q, v, qdd, h):
+        """Semi-implicit Euler for a floating base whose linear velocity is stored in the
+        body frame: the base's linear velocity is advanced in the world frame (so the
+        frame's rotation does not pump energy into it, as explicit Euler on the
+        -w x v term would), then expressed in the new body frame."""
+        quat = q[..., 3:7] / torch.linalg.vector_norm(q[..., 3:7], dim=-1, keepdim=True)
+        vl, w = v[..., 0:3], v[..., 3:6]
+        acc_world = _quat_rotate(quat, qdd[..., 0:3] + cross(w, vl))       # classical acceleration
+        vw_new = _quat_rotate(quat, vl) + h * acc_world
+        w_new = w + h * qdd[..., 3:6]
+        quat_new = _quat_mul(quat, _quat_exp(w_new * h))
+        quat_new = quat_new / torch.linalg.vector_norm(quat_new, dim=-1, keepdim=True)
+        conj = torch.cat((-quat_new[..., 0:3], quat_new[..., 3:4]), -1)
+        vl_new = _quat_rotate(conj, vw_new)
+        vj_new = v[..., 6:] + h * qdd[..., 6:]
+        q_new = torch.cat((q[..., 0:3] + h * vw_new, quat_new, q[..., 7:] + h * vj_new), -1)
+        return q_new, torch.cat((vl_new, w_new, vj_new), -1)
 
     # ------------------------------------------------------------ public step
     def step(self, state: State, action: torch.Tensor) -> State:
