@@ -26,6 +26,7 @@ Every error is a :class:`physics.ConfigError` naming the file and/or the key.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -41,7 +42,8 @@ PACKAGE = "diffsim_ros"
 PathLike = Union[str, os.PathLike]
 
 __all__ = ["ConfigError", "load_yaml", "simulator_config", "resolve_urdf", "load_model", "package_share",
-           "unflatten"]
+           "unflatten", "TRAINING_FILE_KEYS", "check_keys", "torch_dtype", "section", "build_task",
+           "load_training_file"]
 
 
 # ---------------------------------------------------------------------------- YAML
@@ -162,8 +164,20 @@ def simulator_config(params: Dict[str, Any], source: str = "") -> "physics.SimCo
         rotors = dict(rotors)
         rotors["positions"] = _triples(rotors["positions"], f"{pre}'simulator.rotors.positions'")
         section["rotors"] = rotors
+    # Per-joint gains: SimConfig documents kp/kd as "scalar or one per actuated joint",
+    # but its from_dict type check only admits a number; pass lists past it.
+    gains = {}
+    for k in ("kp", "kd"):
+        val = section.get(k)
+        if isinstance(val, (list, tuple)):
+            if not val or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):
+                raise ConfigError(f"{pre}'simulator.{k}' must be a number or a non-empty list of numbers "
+                                  f"(one per actuated joint), got {val!r}")
+            gains[k] = tuple(float(x) for x in val)
+            section[k] = gains[k][0]
     try:
-        return physics.SimConfig.from_dict(section, "simulator")
+        cfg = physics.SimConfig.from_dict(section, "simulator")
+        return dataclasses.replace(cfg, **gains) if gains else cfg
     except ConfigError as e:
         raise ConfigError(f"{pre}{e}") from None
     except (TypeError, ValueError) as e:
@@ -247,3 +261,71 @@ def load_model(params: Dict[str, Any], source: str = "", dtype=None, device="cpu
         raise ConfigError(f"{pre}'floating_base' must be true or false, got {fb!r}")
     return physics.load_urdf(str(resolve_urdf(params, source)), floating_base=fb,
                              dtype=dtype or torch.float64, device=device)
+
+
+# ---------------------------------------------------------------------------- training files
+#: Top-level keys of a training file (config/<task>.yaml) read by ``diffsim-ros train/baseline``.
+TRAINING_FILE_KEYS = ("urdf", "floating_base", "dtype", "simulator", "task", "training", "ppo")
+DTYPES = ("float32", "float64")
+
+
+def check_keys(params: Dict[str, Any], known=TRAINING_FILE_KEYS, source: str = "", where: str = "") -> None:
+    """Raise :class:`ConfigError` naming the first key of ``params`` not in ``known``."""
+    pre = f"{source}: " if source else ""
+    for k in params:
+        if k not in known:
+            name = f"{where}.{k}" if where else str(k)
+            raise ConfigError(f"{pre}unknown key '{name}' (known: {', '.join(known)})")
+
+
+def torch_dtype(params: Dict[str, Any], source: str = "", default: str = "float64"):
+    """The torch dtype named by ``params['dtype']`` (float32 or float64; ``default`` if absent)."""
+    import torch
+
+    pre = f"{source}: " if source else ""
+    name = params.get("dtype", default)
+    if name not in DTYPES:
+        raise ConfigError(f"{pre}'dtype' must be one of {', '.join(DTYPES)}, got {name!r}")
+    return {"float32": torch.float32, "float64": torch.float64}[name]
+
+
+def section(params: Dict[str, Any], key: str, source: str = "") -> Dict[str, Any]:
+    """``params[key]`` as a mapping ({} when absent or empty); anything else is a ConfigError."""
+    pre = f"{source}: " if source else ""
+    val = params.get(key, {})
+    if val is None:
+        return {}
+    if not isinstance(val, dict):
+        raise ConfigError(f"{pre}'{key}' must be a mapping, got {type(val).__name__}")
+    return dict(val)
+
+
+def build_task(params: Dict[str, Any], source: str = "", dtype=None, device="cpu"):
+    """The task of a training file: ``(task, model)`` from its urdf, floating_base, dtype,
+    simulator and task sections (``tasks.make_task``). Errors are ConfigError naming the file."""
+    from .tasks import make_task
+
+    pre = f"{source}: " if source else ""
+    dtype = dtype or torch_dtype(params, source)
+    model = load_model(params, source, dtype=dtype, device=device)
+    sim_cfg = simulator_config(params, source)
+    spec = params.get("task")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{pre}'task' must be a mapping with a 'type' (reach, quadrotor, locomotion), got {spec!r}")
+    try:
+        task = make_task(model, sim_cfg, spec, "task")
+    except ConfigError as e:
+        raise ConfigError(f"{pre}{e}") from None
+    return task, model
+
+
+def load_training_file(path: PathLike, dtype=None, device="cpu"):
+    """Read a training file (``config/<task>.yaml``): ``(params, task, model)``.
+
+    Unknown top-level keys (see :data:`TRAINING_FILE_KEYS`) are a ConfigError naming the key.
+    """
+    source = os.fspath(path)
+    params = load_yaml(path)
+    check_keys(params, TRAINING_FILE_KEYS, source)
+    task, model = build_task(params, source, dtype=dtype, device=device)
+    return params, task, model

@@ -1,0 +1,251 @@
+"""PPO baseline (Stable-Baselines3) on the same tasks and the same simulator.
+
+The environment is :class:`~diffsim_ros.learning.gym_env.TaskVecEnv`: the task
+batch stepped without gradients, reward = -step loss (the gradient trainer's
+objective). Observations (and, by default, rewards) are normalised by SB3's
+``VecNormalize``. Success is judged exactly as for the gradient trainer:
+:func:`diffsim_ros.learning.apg.evaluate` on fresh episodes of the nominal
+task, every ``eval_every_steps`` environment steps.
+
+The policy returned (:class:`PPOPolicy`) maps *raw* task observations to
+actions in [-1, 1]: the observation normaliser frozen at its final statistics
+(a :class:`~diffsim_ros.learning.policy.RunningNorm`, as in ``MLPPolicy``), SB3's
+actor network and the deterministic action (the Gaussian mean) clipped to the
+box, as SB3 clips the actions it sends to the environment. It is a plain
+``torch.nn.Module`` that TorchScript compiles, so the checkpoint exporter treats
+both trainers alike.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..physics import ConfigError
+from ..tasks import Task
+from .apg import TrainResult, evaluate, write_history
+from .policy import RunningNorm
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Options of the PPO baseline (defaults in brackets).
+
+    total_timesteps: environment-step budget, summed over the parallel environments [2_000_000]
+    num_envs: parallel environments (the task batch) [64]
+    n_steps: control steps per environment per rollout; a rollout is num_envs * n_steps steps [64]
+    batch_size: minibatch size of the PPO update, at most num_envs * n_steps [1024]
+    n_epochs: passes over each rollout [10]
+    learning_rate: Adam step size [3e-4]
+    gamma: discount [0.99]
+    gae_lambda: GAE lambda [0.95]
+    ent_coef: entropy bonus [0.0]
+    clip_range: PPO ratio clip [0.2]
+    max_grad_norm: gradient-norm clip of the update [0.5]
+    log_std_init: initial log standard deviation of the Gaussian policy [0.0]
+    hidden: hidden layer sizes of actor and critic (tanh) [(64, 64)]
+    normalize_obs: normalise observations with running statistics (VecNormalize) [True]
+    normalize_reward: scale rewards by the running return deviation (VecNormalize) [True]
+    bootstrap_time_limit: treat the episode's end as a time limit and bootstrap the value there [True]
+    eval_every_steps: environment steps between evaluations on fresh episodes [50_000]
+    eval_envs: episodes per evaluation [64]
+    stop_at_success: stop once the evaluation reaches the task's success threshold [True]
+    seed: random seed [0]
+    """
+    total_timesteps: int = 2_000_000
+    num_envs: int = 64
+    n_steps: int = 64
+    batch_size: int = 1024
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    ent_coef: float = 0.0
+    clip_range: float = 0.2
+    max_grad_norm: float = 0.5
+    log_std_init: float = 0.0
+    hidden: Tuple[int, ...] = (64, 64)
+    normalize_obs: bool = True
+    normalize_reward: bool = True
+    bootstrap_time_limit: bool = True
+    eval_every_steps: int = 50_000
+    eval_envs: int = 64
+    stop_at_success: bool = True
+    seed: int = 0
+
+    @property
+    def rollout_steps(self) -> int:
+        return self.num_envs * self.n_steps
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "ppo") -> "PPOConfig":
+        """From a mapping (a YAML ``ppo:`` section); unknown keys and wrong types are a
+        :class:`ConfigError` naming the key."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"'{where}' must be a mapping")
+        known = {f.name for f in fields(cls)}
+        default = cls()
+        kw = {}
+        for k, v in d.items():
+            if k not in known:
+                raise ConfigError(f"unknown key '{where}.{k}' (known: {', '.join(sorted(known))})")
+            ref = getattr(default, k)
+            if isinstance(ref, tuple):
+                if not isinstance(v, (list, tuple)) or not all(
+                        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+                    raise ConfigError(f"'{where}.{k}' must be a list of positive integers, got {v!r}")
+                v = tuple(int(x) for x in v)
+            elif isinstance(ref, bool):
+                if not isinstance(v, bool):
+                    raise ConfigError(f"'{where}.{k}' must be true or false, got {v!r}")
+            elif isinstance(ref, int):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    if isinstance(v, float) and v.is_integer():
+                        v = int(v)
+                    else:
+                        raise ConfigError(f"'{where}.{k}' must be an integer, got {v!r}")
+            elif isinstance(ref, float):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ConfigError(f"'{where}.{k}' must be a number, got {v!r}")
+                v = float(v)
+            kw[k] = v
+        cfg = cls(**kw)
+        cfg.validate(where)
+        return cfg
+
+    def validate(self, where: str = "ppo") -> None:
+        for k in ("total_timesteps", "num_envs", "n_steps", "n_epochs", "eval_every_steps", "eval_envs"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"'{where}.{k}' must be >= 1, got {getattr(self, k)}")
+        if not 2 <= self.batch_size <= self.rollout_steps:
+            raise ConfigError(f"'{where}.batch_size' must be in [2, num_envs * n_steps = {self.rollout_steps}], "
+                              f"got {self.batch_size}")
+        for k in ("learning_rate", "clip_range"):
+            if not getattr(self, k) > 0:
+                raise ConfigError(f"'{where}.{k}' must be > 0, got {getattr(self, k)}")
+        for k in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                raise ConfigError(f"'{where}.{k}' must be in [0, 1], got {getattr(self, k)}")
+        if not self.hidden:
+            raise ConfigError(f"'{where}.hidden' must name at least one layer")
+
+
+class PPOPolicy(nn.Module):
+    """Raw observation -> action in [-1, 1]: frozen normaliser, SB3's actor MLP, the
+    Gaussian mean, clipped. ``norm`` is a :class:`RunningNorm` (or identity) like
+    ``MLPPolicy.norm``."""
+
+    def __init__(self, obs_dim: int, action_dim: int, norm: nn.Module, body: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.obs_dim, self.action_dim = obs_dim, action_dim
+        self.norm = norm
+        self.body = body
+        self.head = head
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(self.head(self.body(self.norm(obs))), -1.0, 1.0)
+
+
+def actor_from_sb3(model, venv_norm, task: Task) -> PPOPolicy:
+    """A :class:`PPOPolicy` (copied weights, task dtype and device) from an SB3 PPO
+    ``model`` and its ``VecNormalize`` wrapper (or None)."""
+    sb = model.policy
+    norm: nn.Module = nn.Identity()
+    if venv_norm is not None and venv_norm.norm_obs:
+        rms = venv_norm.obs_rms
+        norm = RunningNorm(task.obs_dim, eps=float(venv_norm.epsilon), clip=float(venv_norm.clip_obs))
+        with torch.no_grad():
+            norm.mean.copy_(torch.as_tensor(rms.mean))
+            norm.var.copy_(torch.as_tensor(rms.var))
+            norm.count.fill_(float(rms.count))
+    body = copy.deepcopy(sb.mlp_extractor.policy_net)
+    head = copy.deepcopy(sb.action_net)
+    pol = PPOPolicy(task.obs_dim, task.action_dim, norm, body, head)
+    pol.eval()
+    for p in pol.parameters():
+        p.requires_grad_(False)
+    return pol.to(dtype=task.model.dtype, device=task.model.device)
+
+
+def make_model(task: Task, cfg: PPOConfig):
+    """(SB3 PPO model, its VecNormalize wrapper or None, the TaskVecEnv)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from .gym_env import TaskVecEnv
+
+    raw = TaskVecEnv(task, cfg.num_envs, seed=cfg.seed, time_limit_truncates=cfg.bootstrap_time_limit)
+    venv, vn = raw, None
+    if cfg.normalize_obs or cfg.normalize_reward:
+        vn = venv = VecNormalize(raw, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward,
+                                 gamma=cfg.gamma)
+    model = PPO("MlpPolicy", venv, learning_rate=cfg.learning_rate, n_steps=cfg.n_steps,
+                batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+                clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
+                policy_kwargs=dict(net_arch=dict(pi=list(cfg.hidden), vf=list(cfg.hidden)),
+                                   log_std_init=cfg.log_std_init),
+                seed=cfg.seed, device="cpu", verbose=0)
+    return model, vn, raw
+
+
+def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] = None, progress: bool = True,
+              callback: Optional[Callable[[Dict[str, float]], None]] = None) -> TrainResult:
+    """Train ``task`` with PPO; history rows as :func:`diffsim_ros.learning.apg.train`
+    (``grad_norm`` is nan), ``training.csv`` and ``learning_curve.png`` in ``out_dir``.
+
+    One iteration is one rollout of ``num_envs * n_steps`` environment steps and
+    its PPO update; ``env_steps`` counts every environment step taken. The
+    evaluation after an update judges the policy those steps produced.
+    """
+    cfg.validate()
+    torch.manual_seed(cfg.seed)
+    model, vn, raw = make_model(task, cfg)
+    iterations = max(1, math.ceil(cfg.total_timesteps / cfg.rollout_steps))
+    history: List[Dict[str, float]] = []
+    solved_steps = solved_time = None
+    next_eval = cfg.eval_every_steps
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=iterations * cfg.rollout_steps, desc=f"ppo {task.name}", unit="step", leave=False)
+    t_start = time.perf_counter()
+    policy = None
+    try:
+        for it in range(iterations):
+            model.learn(total_timesteps=cfg.rollout_steps, reset_num_timesteps=(it == 0), progress_bar=False)
+            env_steps = int(model.num_timesteps)
+            loss, train_success = raw.pop_stats()
+            row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
+                   "loss": loss, "grad_norm": float("nan"), "train_success": train_success,
+                   "eval_success": float("nan")}
+            last = it + 1 == iterations
+            if env_steps >= next_eval or last:
+                while next_eval <= env_steps:
+                    next_eval += cfg.eval_every_steps
+                policy = actor_from_sb3(model, vn, task)
+                row["eval_success"] = evaluate(task, policy, cfg.eval_envs)
+                if solved_steps is None and row["eval_success"] >= task.success_threshold:
+                    solved_steps, solved_time = env_steps, row["wall_time"]
+            history.append(row)
+            if callback is not None:
+                callback(row)
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}", success=f"{train_success:.2f}")
+                bar.update(cfg.rollout_steps)
+            if cfg.stop_at_success and solved_steps is not None:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        raw.close()
+    if policy is None or not history or math.isnan(history[-1]["eval_success"]):
+        policy = actor_from_sb3(model, vn, task)
+    if out_dir is not None:
+        write_history(history, Path(out_dir), title=f"{task.name}: PPO (Stable-Baselines3)")
+    return TrainResult(policy, history, solved_steps, solved_time)
