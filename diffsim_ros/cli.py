@@ -5,7 +5,11 @@ Installed as the ``diffsim-ros`` console script (see setup.py) and runnable as
 in :func:`build_parser`; heavy imports (torch, the physics core) happen inside
 the command so that ``--help`` stays fast.
 
-Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, bad option).
+Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
+through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline).
+
+Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML or checkpoint,
+bad option).
 """
 from __future__ import annotations
 
@@ -278,6 +282,202 @@ def _add_demo(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
+# --------------------------------------------------------------------------- train / baseline
+
+
+def _input_errors():
+    """Exception types that mean bad input (reported as ``error: ...``, exit 2)."""
+    from diffsim_ros.learning.checkpoint import CheckpointError
+    from diffsim_ros.physics import ConfigError, SimulationError, UrdfError
+
+    # SimulationError: the simulator diverged, almost always from the file's dt, substeps or gains.
+    return (ConfigError, UrdfError, CheckpointError, SimulationError)
+
+
+def _describe(exc: Exception, source: str) -> str:
+    from diffsim_ros.physics import SimulationError
+
+    if isinstance(exc, SimulationError):
+        return (f"{source}: the simulation diverged ({exc}); try a smaller simulator.dt, more "
+                f"simulator.substeps or lower gains")
+    return str(exc)
+
+
+def _positive(name: str, value: Optional[int]) -> None:
+    if value is not None and value < 1:
+        raise CliError(f"{name} must be at least 1, got {value}")
+
+
+def _load_training_setup(args: argparse.Namespace):
+    """(params, task, model) of ``--config``, with bad input turned into CliError."""
+    if not os.path.isfile(args.config):
+        raise CliError(f"{args.config}: no such file")
+    _positive("--threads", args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from diffsim_ros import config
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        params, task, model = config.load_training_file(args.config)
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            print(f"warning: {w.message}", file=sys.stderr)
+    return params, task, model
+
+
+def _last_eval(history) -> Optional[float]:
+    vals = [h.get("eval_success") for h in history]
+    vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
+    return float(vals[-1]) if vals else None
+
+
+def _summary(kind: str, task, model, result, cfg, out_dir: str, files, wall: float) -> None:
+    history = list(result.history or [])
+    last = history[-1] if history else {}
+    ev = _last_eval(history)
+    print(f"{kind}: task {task.name} on robot {model.name} ({task.obs_dim} observations, "
+          f"{task.action_dim} actions, horizon {task.horizon} x {task.dt:g} s)")
+    if "iteration" in last:
+        print(f"iterations      {int(last['iteration'])}")
+    print(f"env steps       {int(last.get('env_steps', 0)):,}")
+    print(f"final success   {'n/a' if ev is None else f'{ev:.3f}'} (evaluation on fresh episodes; "
+          f"threshold {task.success_threshold:g})")
+    if result.solved_env_steps is not None:
+        print(f"solved after    {result.solved_env_steps:,} env steps, "
+              f"{result.solved_time:.1f} s")
+    else:
+        print("solved after    not solved")
+    print(f"time            {wall:.1f} s")
+    print(f"files in {out_dir}:")
+    for f in files:
+        print(f"  {f}")
+
+
+def _written(out_dir: str, before: set) -> List[str]:
+    names = sorted(n for n in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, n))
+                   and (n not in before or n in ("policy.pt", "policy.json", "training.csv",
+                                                  "learning_curve.png")))
+    return names
+
+
+def _prepare_out(out: str) -> set:
+    try:
+        os.makedirs(out, exist_ok=True)
+        return {n for n in os.listdir(out)}
+    except OSError as exc:
+        raise CliError(f"--out {out}: {exc.strerror or exc}") from None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    for name in ("iterations", "num_envs"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    errors = _input_errors()
+    try:
+        params, task, model = _load_training_setup(args)
+        from diffsim_ros import config
+        from diffsim_ros.learning.apg import TrainConfig, train
+        from diffsim_ros.learning.checkpoint import save_checkpoint, training_summary
+
+        training = config.section(params, "training", args.config)
+        for key, val in (("iterations", args.iterations), ("num_envs", args.num_envs), ("seed", args.seed)):
+            if val is not None:
+                training[key] = val
+        try:
+            cfg = TrainConfig.from_dict(training, "training")
+        except config.ConfigError as exc:
+            raise config.ConfigError(f"{args.config}: {exc}") from None
+        before = _prepare_out(args.out)
+        t0 = time.perf_counter()
+        result = train(task, cfg, out_dir=args.out, progress=not args.no_progress)
+        wall = time.perf_counter() - t0
+        extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
+                 "config": {"file": os.path.abspath(args.config), "task": params.get("task")}}
+        save_checkpoint(result.policy, task, args.out, extra=extra)
+    except errors as exc:
+        raise CliError(_describe(exc, args.config)) from None
+    _summary("train", task, model, result, cfg, args.out, _written(args.out, before), wall)
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    _positive("--timesteps", args.timesteps)
+    errors = _input_errors()
+    try:
+        params, task, model = _load_training_setup(args)
+        try:
+            from diffsim_ros.learning import ppo
+        except ModuleNotFoundError as exc:
+            if exc.name == "diffsim_ros.learning.ppo":
+                raise CliError("the PPO baseline (diffsim_ros.learning.ppo) is not available in this "
+                               "installation") from None
+            raise CliError(f"the PPO baseline needs '{exc.name}', which is not installed "
+                           f"(pip install stable-baselines3 gymnasium; see requirements.txt)") from None
+        from diffsim_ros import config
+        from diffsim_ros.learning.checkpoint import save_checkpoint, training_summary
+
+        section = config.section(params, "ppo", args.config)
+        for key, val in (("total_timesteps", args.timesteps), ("seed", args.seed)):
+            if val is not None:
+                section[key] = val
+        try:
+            cfg = ppo.PPOConfig.from_dict(section)
+        except (config.ConfigError, TypeError, ValueError) as exc:
+            msg = str(exc)
+            raise config.ConfigError(msg if args.config in msg else f"{args.config}: {msg}") from None
+        before = _prepare_out(args.out)
+        t0 = time.perf_counter()
+        result = ppo.train_ppo(task, cfg, out_dir=args.out, progress=not args.no_progress)
+        wall = time.perf_counter() - t0
+        extra = {"training": dict(training_summary(result, cfg), method="ppo"),
+                 "config": {"file": os.path.abspath(args.config), "task": params.get("task")}}
+        save_checkpoint(result.policy, task, args.out, extra=extra)
+    except errors as exc:
+        raise CliError(_describe(exc, args.config)) from None
+    _summary("baseline (PPO)", task, model, result, cfg, args.out, _written(args.out, before), wall)
+    return 0
+
+
+def _add_training_args(p, what: str) -> None:
+    p.add_argument("--config", required=True, metavar="YAML",
+                   help="training file, e.g. config/reach_arm.yaml (a ROS 2 parameter file with urdf, "
+                        "floating_base, dtype, simulator, task, training and ppo sections)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help=f"output folder: policy.pt, policy.json and the {what} log")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: the file's)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch intra-op threads (default: 1; more threads contend on small batches)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a policy by back-propagation through the simulator and export it",
+        description="Read a training file (config/<task>.yaml), build the robot, simulator and task, "
+                    "train a policy with analytic gradients through the simulator, and write "
+                    "policy.pt (TorchScript), policy.json (metadata), training.csv and "
+                    "learning_curve.png into --out.")
+    _add_training_args(p, "training")
+    p.add_argument("--iterations", type=int, default=None, metavar="N",
+                   help="policy updates (default: the file's training.iterations)")
+    p.add_argument("--num-envs", type=int, default=None, metavar="N",
+                   help="parallel episodes per iteration (default: the file's training.num_envs)")
+    p.set_defaults(func=cmd_train)
+
+
+def _add_baseline(sub) -> None:
+    p = sub.add_parser(
+        "baseline", help="train the PPO baseline (Stable-Baselines3) on the same task and export it",
+        description="Read a training file (config/<task>.yaml) and train PPO (Stable-Baselines3) "
+                    "on the same simulator and task with the file's ppo section; write policy.pt, "
+                    "policy.json and the training log into --out.")
+    _add_training_args(p, "PPO")
+    p.add_argument("--timesteps", type=int, default=None, metavar="N",
+                   help="environment steps (default: the file's ppo.total_timesteps)")
+    p.set_defaults(func=cmd_baseline)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -287,6 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Differentiable rigid-body simulation for ROS 2 robots.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
+    _add_train(sub)
+    _add_baseline(sub)
     return parser
 
 

@@ -22,6 +22,11 @@ flat list ``[x0, y0, z0, x1, y1, z1, ...]`` (a list of triples is accepted too).
 tree); ``file://<path>``; or a path relative to this package's share folder
 (``urdf/...``, ``config/...``).
 
+A *training file* (``config/<task>.yaml``, read by ``diffsim-ros train/baseline``)
+adds ``dtype``, ``task`` (``tasks.make_task``), ``training`` (``TrainConfig``) and
+``ppo`` (``PPOConfig``) sections; :func:`load_training_file` reads one, refusing
+unknown top-level keys, and builds its task.
+
 Every error is a :class:`physics.ConfigError` naming the file and/or the key.
 """
 from __future__ import annotations

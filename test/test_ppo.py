@@ -26,7 +26,7 @@ from diffsim_ros.learning.gym_env import TaskVecEnv  # noqa: E402
 from diffsim_ros.learning.ppo import PPOConfig, PPOPolicy, actor_from_sb3, make_model, train_ppo  # noqa: E402
 from diffsim_ros.tasks import ReachTask  # noqa: E402
 
-from conftest import PROJECT_URDFS  # noqa: E402
+from conftest import PROJECT_URDFS, REPO_ROOT  # noqa: E402
 
 HORIZON = 20
 B = 8
@@ -119,6 +119,14 @@ def test_config_from_dict():
         PPOConfig.from_dict({"num_envs": "many"})
     with pytest.raises(physics.ConfigError, match="batch_size"):
         PPOConfig.from_dict({"num_envs": 4, "n_steps": 8, "batch_size": 64})
+
+
+def test_ppo_sections_of_the_training_files_parse():
+    from diffsim_ros import config
+    files = [f for f in sorted(REPO_ROOT.glob("config/*.yaml")) if "ppo" in config.load_yaml(f)]
+    for f in files:
+        cfg = PPOConfig.from_dict(config.load_yaml(f)["ppo"])
+        assert cfg.batch_size <= cfg.rollout_steps, f
 
 
 # ----------------------------------------------------------------------------- training

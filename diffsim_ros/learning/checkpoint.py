@@ -6,7 +6,7 @@
 
     policy, meta = load_checkpoint("out/", model=model)   # refuses another robot
     action = policy(obs.float())
-    command = offset + scale * action                      # meta["command"], per action entry
+    command = offset + scale * action                      # meta["command"] (type affine), per entry
 
 ``policy.json`` (``format: diffsim_ros.policy``, ``format_version: 1``) holds:
 
@@ -19,8 +19,10 @@
   numbers written as the strings "inf", "-inf", "nan");
 - ``normalization``: the running observation mean/var inside the policy (for
   information: the TorchScript module applies it itself), or null;
-- ``command``: the affine map from action to the simulator's command interface,
-  ``command[i] = offset[i] + scale[i] * action[i]`` with names and units, plus the
+- ``command``: the map from action to the simulator's command interface, with names
+  and units: ``affine``, ``command[i] = offset[i] + scale[i] * action[i]``, or ``delta``,
+  ``command[i] = clamp(q[i] + scale[i] * action[i], low[i], high[i])`` on the measured
+  joint positions ``q`` (see :func:`command_mapping`); plus the
   task's own parameters (reach position: ``q_mid``/``q_half``; effort: ``effort_limit``;
   quadrotor CTBR: ``hover_thrust``, ``thrust_range``, ``max_rate``; locomotion:
   ``stance``, ``action_scale``);
@@ -34,14 +36,16 @@ checkpoint is a :class:`CheckpointError` that names the file and the field.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import hashlib
 import json
 import math
 import os
+import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -81,6 +85,12 @@ def json_safe(x: Any) -> Any:
             return x
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     if isinstance(x, torch.Tensor):
+        if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            # The shortest decimal that reads back as the same float32 (2.9, not 2.9000000953674316).
+            import numpy as np
+            flat = [float(str(np.float32(v))) for v in x.detach().cpu().to(torch.float32).reshape(-1).tolist()]
+            return json_safe(torch.tensor(flat, dtype=torch.float64).reshape(x.shape).tolist()) if x.dim() else \
+                json_safe(flat[0])
         return json_safe(x.detach().cpu().tolist())
     if hasattr(x, "tolist") and hasattr(x, "dtype"):          # numpy arrays and scalars
         return json_safe(x.tolist())
@@ -124,6 +134,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _quiet_jit():
+    """TorchScript is the deployment format here (C++/ROS controllers load it without
+    Python); recent torch releases flag torch.jit as deprecated: keep that note out of the CLI."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r".*is deprecated.*torch\.(compile|export)", category=DeprecationWarning)
+        yield
+
+
 def _find_norm(policy: nn.Module):
     from .policy import RunningNorm
 
@@ -147,22 +167,28 @@ def _normalization(policy: nn.Module) -> Optional[Dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- command mapping
-_UNITS = {"position": "rad or m (prismatic)", "velocity": "rad/s or m/s (prismatic)",
-          "effort": "N m or N (prismatic)", "rotor_thrust": "N"}
+_UNITS = {"position": ("rad", "m"), "velocity": ("rad/s", "m/s"), "effort": ("N m", "N")}  # revolute, prismatic
 
 
 def command_mapping(task) -> Dict[str, Any]:
     """How an action in [-1, 1] becomes the simulator's command, without the task code.
 
-    Every shipped task maps each action entry affinely to one command entry; the
-    offset and scale are measured through ``task.command`` itself and checked on
-    random actions, so the mapping is the one the policy was trained with. Task
-    parameters are added by name (``q_mid``/``q_half``, ``effort_limit``,
-    ``hover_thrust``/``thrust_range``/``max_rate``, ``stance``/``action_scale``).
+    Two forms, each checked against ``task.command`` itself on random states and
+    actions, so the mapping written is the one the policy was trained with:
+
+    - ``affine``: ``command[i] = offset[i] + scale[i] * action[i]`` (reach absolute
+      position targets, effort, quadrotor CTBR, locomotion);
+    - ``delta``: ``command[i] = clamp(q[i] + scale[i] * action[i], low[i], high[i])`` with
+      ``q`` the measured position of joint ``names[i]`` (reach ``command_mode: delta``).
+
+    Task parameters are added by name (``q_mid``/``q_half``, ``effort_limit``,
+    ``hover_thrust``/``thrust_range``/``max_rate``, ``stance``/``action_scale``, ...).
+    A task whose map is neither is refused with a CheckpointError.
     """
     interface = task.sim_config.actuator
     n = task.action_dim
     dtype, device = task.model.dtype, task.model.device
+    delta = getattr(task, "command_mode", "absolute") == "delta" and interface == "position"
     with torch.no_grad():
         probe = 2 * torch.rand(8, n, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device) - 1
         actions = torch.cat((torch.zeros(1, n, dtype=dtype, device=device),
@@ -172,29 +198,50 @@ def command_mapping(task) -> Dict[str, Any]:
         if cmd.shape != actions.shape:
             raise CheckpointError(f"task '{task.name}': command has shape {tuple(cmd.shape)} for actions "
                                   f"{tuple(actions.shape)}; only one-to-one action-to-command maps can be exported")
-        offset = cmd[0]
-        scale = cmd[1:1 + n].diagonal() - offset
-        want = offset + scale * probe
+        if delta:
+            idx = task.sim.act_index
+            q = task.sim.joint_positions(ts.sim.q)[..., idx]
+            scale = torch.full((n,), float(task.delta_scale), dtype=dtype, device=device)
+            low, high = task.q_low, task.q_high
+            want = torch.minimum(torch.maximum(q + scale * actions, low), high)
+            offset = None
+        else:
+            offset = cmd[0]
+            scale = cmd[1:1 + n].diagonal() - offset
+            want = offset + scale * actions
         tol = 1e-5 * (1.0 + float(want.abs().max()))
-        affine = bool((cmd[1 + n:] - want).abs().max() <= tol)
-    if not affine:
-        raise CheckpointError(f"task '{task.name}': its action-to-command map is not affine per entry; "
-                              "the checkpoint format cannot describe it")
+        matches = bool((cmd - want).abs().max() <= tol)
+    if not matches:
+        raise CheckpointError(f"task '{task.name}': its action-to-command map is neither affine per entry nor a "
+                              "clamped delta on the measured joint positions; the checkpoint format cannot describe "
+                              "it (extend diffsim_ros.learning.checkpoint.command_mapping)")
     if interface == "ctbr":
         names = ["collective_thrust", "body_rate/x", "body_rate/y", "body_rate/z"]
         units = ["N", "rad/s", "rad/s", "rad/s"]
     elif interface in ("position", "velocity", "effort"):
         names = list(task.sim.actuated_joints)
-        units = [_UNITS[interface]] * n
+        types = [t for t in task.model.joint_type if t != "free"]
+        if len(types) == len(task.model.joint_names):
+            kinds = [types[task.model.joint_names.index(j)] for j in names]
+            units = [_UNITS[interface][1] if k == "prismatic" else _UNITS[interface][0] for k in kinds]
+        else:
+            units = [" or ".join(_UNITS[interface])] * n
     else:
         names = [f"rotor_{i}" for i in range(n)]
-        units = [_UNITS.get(interface, "")] * n
-    out: Dict[str, Any] = {"type": "affine", "formula": "command[i] = offset[i] + scale[i] * clamp(action[i], -1, 1)",
-                           "interface": interface, "names": names, "units": units,
-                           "offset": json_safe(offset), "scale": json_safe(scale)}
+        units = ["N"] * n
+    if delta:
+        out: Dict[str, Any] = {
+            "type": "delta", "interface": interface, "names": names, "units": units,
+            "formula": f"command[i] = clamp(q[i] + scale[i] * clamp(action[i], -1, 1), low[i], high[i]), "
+                       "q[i]: the measured position of joint names[i]",
+            "scale": json_safe(scale), "low": json_safe(low), "high": json_safe(high)}
+    else:
+        out = {"type": "affine", "formula": "command[i] = offset[i] + scale[i] * clamp(action[i], -1, 1)",
+               "interface": interface, "names": names, "units": units,
+               "offset": json_safe(offset), "scale": json_safe(scale)}
     params: Dict[str, Any] = {}
-    for key in ("q_mid", "q_half", "hover_thrust", "thrust_range", "max_rate", "stance", "action_scale", "mode",
-                "base_height", "ee_link"):
+    for key in ("command_mode", "delta_scale", "q_mid", "q_half", "q_low", "q_high", "hover_thrust", "thrust_range",
+                "max_rate", "stance", "action_scale", "mode", "base_height", "ee_link"):
         if hasattr(task, key):
             params[key] = json_safe(getattr(task, key))
     if interface == "effort":
@@ -214,11 +261,12 @@ def export_policy(policy: nn.Module, obs_dim: int) -> Tuple[torch.jit.ScriptModu
         p.requires_grad_(False)
     example = torch.zeros(2, obs_dim, dtype=torch.float32)
     try:
-        scripted = torch.jit.script(module)
+        with _quiet_jit():
+            scripted = torch.jit.script(module)
         how = "script"
     except Exception as script_error:  # noqa: BLE001 - fall back to tracing, report both if that fails too
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _quiet_jit():
                 scripted = torch.jit.trace(module, example, check_trace=False)
             how = "trace"
         except Exception as trace_error:  # noqa: BLE001
@@ -306,6 +354,8 @@ def save_checkpoint(policy: nn.Module, task, out_dir: PathLike, extra: Optional[
 
 # ---------------------------------------------------------------------------- validation
 _NUMBER = (int, float)
+#: Per-action lists each form of ``command`` carries.
+COMMAND_FIELDS = {"affine": ("offset", "scale"), "delta": ("scale", "low", "high")}
 
 
 def _kind(x: Any) -> str:
@@ -386,13 +436,14 @@ def validate_metadata(meta: Any, where: str = META_FILE) -> Dict[str, Any]:
                                       f"observation dim {od}")
     elif "normalization" not in meta:
         raise CheckpointError(f"{where}: missing field 'normalization' (null when the policy has none)")
-    _get(meta, "command.type", "str", where)
+    kind = _get(meta, "command.type", "str", where)
+    if kind not in COMMAND_FIELDS:
+        raise CheckpointError(f"{where}: field 'command.type' must be one of {', '.join(COMMAND_FIELDS)}, got {kind!r}")
     _get(meta, "command.interface", "str", where)
-    for key in ("offset", "scale"):
-        vals = _get(meta, f"command.{key}", "num_list", where)
+    for key in COMMAND_FIELDS[kind] + ("names",):
+        vals = _get(meta, f"command.{key}", "str_list" if key == "names" else "num_list", where)
         if len(vals) != ad:
             raise CheckpointError(f"{where}: field 'command.{key}' has {len(vals)} entries for action dim {ad}")
-    _get(meta, "command.names", "str_list", where)
     _get(meta, "policy.file", "str", where)
     return meta
 
@@ -506,7 +557,8 @@ def load_checkpoint(path_or_dir: PathLike, model=None, expect_joints: Optional[S
             raise CheckpointError(f"{pt_path}: the file is corrupted or was replaced: its sha256 is {got_sha[:16]}..., "
                                   f"{meta_path.name} records {str(want_sha)[:16]}...")
     try:
-        policy = torch.jit.load(str(pt_path), map_location="cpu")
+        with _quiet_jit():
+            policy = torch.jit.load(str(pt_path), map_location="cpu")
     except Exception as e:  # noqa: BLE001 - any failure of the TorchScript reader is a bad checkpoint
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{pt_path}: not a readable TorchScript policy ({first})") from None

@@ -31,7 +31,8 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .algorithms import _cross, _mv, _solve_spd, aba_batch_last, crba, kinematics_batch_last
+from .algorithms import (_body_placements, _cross, _motion_subspaces, _mv, _solve_spd, _topo, aba_batch_last, crba,
+                         kinematics_batch_last)
 from .model import Model
 from .quadrotor import ConfigError, RotorConfig, Rotors
 from .spatial import cross
@@ -177,6 +178,8 @@ class SimConfig:
         default = cls()
         for k, val in kw.items():
             ref = getattr(default, k)
+            if k in ("kp", "kd") and isinstance(val, tuple):
+                continue
             if isinstance(ref, bool) and not isinstance(val, bool):
                 raise ConfigError(f"'{where}.{k}' must be true or false, got {val!r}")
             if isinstance(ref, (int, float)) and not isinstance(ref, bool):
@@ -261,6 +264,7 @@ class Simulator:
             return t
         self.kp, self.kd = gains(config.kp, "kp"), gains(config.kd, "kd")
         self.effort_limit = model.effort_limit[self.act_index]
+        self._friction_store = None
         self._build_contact_points()
 
     # ------------------------------------------------------------ contact set
@@ -298,17 +302,6 @@ class Simulator:
             self.pt_local = torch.zeros(0, 3, dtype=m.dtype, device=m.device)
             self.pt_radius = torch.zeros(0, dtype=m.dtype, device=m.device)
         self.pt_body = torch.tensor(bodies, dtype=torch.long, device=m.device)
-        # Friction cap: the smallest effective mass of each contact point as a free
-        # body, 1 / (1/m + |r|^2 / I_min) with r the farthest the contact point can be
-        # from the centre of mass, shared among the body's contact points.
-        if bodies:
-            counts = torch.bincount(self.pt_body, minlength=m.nb).to(m.dtype)
-            mass = m.mass.detach()[self.pt_body]
-            i_min = torch.linalg.eigvalsh(m.inertia.detach())[:, 0].clamp(min=1e-12)[self.pt_body]
-            r = torch.linalg.vector_norm(self.pt_local - m.com.detach()[self.pt_body], dim=-1) + self.pt_radius
-            self.pt_mass = 1.0 / (1.0 / mass + r ** 2 / i_min) / counts[self.pt_body]
-        else:
-            self.pt_mass = torch.zeros(0, dtype=m.dtype, device=m.device)
         # Sphere pairs for self-collision: different bodies, not parent and child.
         pairs = []
         if cfg.self_collision:
@@ -464,12 +457,13 @@ class Simulator:
             lam = torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vn)
             vt = xd - vn[:, None] * n
             slip = torch.sqrt((vt ** 2).sum(1, keepdim=True) + cfg.friction_smoothing ** 2)
-            # Regularised Coulomb friction, capped at the force that would stop the
-            # point's slip within one step (an explicit step would otherwise overshoot
-            # and reverse the slip whenever mu*lambda*h/eps exceeds the point's mass).
-            coulomb = (cfg.friction * lam)[:, None] / slip
-            cap = self.pt_mass[:, None, None] / getattr(self, "_h", cfg.dt / cfg.substeps)
-            F = lam[:, None] * n - torch.minimum(coulomb, cap.expand_as(coulomb)) * vt
+            # Regularised Coulomb friction F_t = -C v_t with C = mu lambda / sqrt(|v_t|^2 + eps^2).
+            # In the semi-implicit integrator C also enters the linearly implicit solve
+            # (see _implicit_correction), which keeps the stiff stick regime stable.
+            C = (cfg.friction * lam)[:, None] / slip                          # (P, 1, B)
+            F = lam[:, None] * n - C * vt
+            if self._friction_store is not None:
+                self._friction_store.update(C=C[:, 0], xc=xc)
             if info is not None:
                 info["gap"], info["normal"] = gap, lam
         wrench = torch.cat((F, _cross(xc, F)), 1)                            # (P, 6, B)
@@ -544,22 +538,50 @@ class Simulator:
             K = torch.cat((torch.zeros_like(v[..., :6]), K), -1)
         return K
 
-    def _implicit_damping(self, q, v, command, qdd, h):
-        """Linearly implicit Euler for the joint-space springs and dampers: with
-        D = -d(tau)/d(v) and K = -d(tau)/d(q) (diagonal: damping, friction slope,
-        limits, PD gains), (M + h D + h^2 K) a' = M a - h K v, so that the stiff
-        joint terms of light links stay stable (MuJoCo's Euler integrator treats
-        damping the same way). Costs one CRBA and one SPD solve."""
-        D = self._damping_diag(q, v, command)
-        K = self._stiffness_diag(q, v, command)
+    def _implicit_correction(self, q, v, command, qdd, h, friction):
+        """Linearly implicit Euler for the stiff velocity- and position-dependent forces:
+        with D = -d(tau)/d(v) and K = -d(tau)/d(q) of the joint springs and dampers
+        (diagonal: damping, friction slope, limits, PD gains) and the contact friction
+        F_t = -C v_t at each contact point (J its point Jacobian, P the tangential
+        projector), solve (M + h (D + J^T P C P J) + h^2 K) a' = M a - h K v. Stiff
+        joint terms on light links and static friction then stay stable at large
+        steps (MuJoCo's Euler integrator treats joint damping the same way).
+        Costs one CRBA and one SPD solve."""
         m = self.model
         batch = q.shape[:-1]
         M = crba(m, q)
-        A = M + torch.diag_embed(h * D + h * h * K)
-        rhs = (M @ qdd[..., None])[..., 0] - h * K * v
-        A_bl = A.reshape(-1, m.nv, m.nv).permute(1, 2, 0)
+        diag = torch.zeros(batch + (m.nv,), dtype=q.dtype, device=q.device)
+        rhs = (M @ qdd[..., None])[..., 0]
+        if m.nj:
+            D = self._damping_diag(q, v, command)
+            K = self._stiffness_diag(q, v, command)
+            diag = h * D + h * h * K
+            rhs = rhs - h * K * v
+        A_bl = (M + torch.diag_embed(diag)).reshape(-1, m.nv, m.nv).permute(1, 2, 0)
+        if friction:
+            A_bl = A_bl + h * self._friction_matrix(q, friction)
         x = _solve_spd(A_bl, rhs.reshape(-1, m.nv).T)
         return x.T.reshape(batch + (m.nv,))
+
+    def _friction_matrix(self, q, friction):
+        """J^T P C P J summed over the contact points, (nv, nv, B) batch-last."""
+        m = self.model
+        qf = q.reshape(-1, m.nq).T
+        Rw, pw = _body_placements(m, qf, relative=True)
+        S = _motion_subspaces(m, Rw, pw)                                     # (nv, 6, B) at o
+        topo = _topo(m)
+        xc, C = friction["xc"], friction["C"]                               # (P, 3, B), (P, B)
+        # Point Jacobian columns: the velocity that dof d gives the contact point.
+        cols = S[None, :, 0:3] + _cross(S[None, :, 3:6], xc[:, None])        # (P, nv, 3, B)
+        mask = topo.anc[self.pt_body][:, topo.body_of_dof].to(q.dtype)      # (P, nv)
+        J = cols * mask[..., None, None]
+        n = self.ground_normal[:, None]
+        Jt = J - (J * n).sum(2, keepdim=True) * n                            # tangential part
+        # sum_p C_p Jt_p^T Jt_p as one batched matrix product over (point, axis) pairs.
+        B = Jt.shape[-1]
+        W = Jt.permute(3, 0, 2, 1).reshape(B, -1, m.nv)                                    # (B, 3P, nv)
+        WC = (Jt * C[:, None, None]).permute(3, 0, 2, 1).reshape(B, -1, m.nv)
+        return (WC.transpose(1, 2) @ W).permute(1, 2, 0)
 
     def _accel(self, q, v, tau_act):
         m = self.model
@@ -593,12 +615,15 @@ class Simulator:
         return torch.cat((pd, quatd, v[..., 6:]), -1)
 
     def _substep(self, q, v, command, act_state, h):
-        self._h = h
         tau_act, new_act = self._actuation(q, v, command, act_state, h)
         if self.config.integrator == "semi_implicit":
+            self._friction_store = {} if (self.config.implicit_damping and self.config.ground
+                                          and self.pt_body.numel() and self.config.friction > 0) else None
             qdd = self._accel(q, v, tau_act)
-            if self.config.implicit_damping and self.model.nj > 0:
-                qdd = self._implicit_damping(q, v, command, qdd, h)
+            friction = self._friction_store
+            self._friction_store = None
+            if self.config.implicit_damping and (self.model.nj > 0 or friction):
+                qdd = self._implicit_correction(q, v, command, qdd, h, friction)
             if self.model.floating_base:
                 q_new, v_new = self._free_flyer_euler(q, v, qdd, h)
             else:

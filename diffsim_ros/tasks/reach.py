@@ -2,7 +2,9 @@
 
 Targets are the end-effector positions of random joint configurations inside
 the limits, so every target is reachable. The policy commands joint positions
-(PD in the simulator, as a ros2_control position interface) or efforts.
+(PD in the simulator, as a ros2_control position interface): absolute targets
+spanning the joint range, or ``command_mode: delta`` targets offset from the
+current position by at most ``delta_scale`` rad; or efforts.
 
 Success (independent of training): at the end of the episode the end effector
 is within ``success_distance`` (2 cm) of the target and moves slower than
@@ -23,12 +25,16 @@ class ReachTask(Task):
 
     def __init__(self, model: Model, sim_config: SimConfig, ee_link: str, horizon: int = 100,
                  target_margin: float = 0.15, success_distance: float = 0.02, success_speed: float = 0.05,
-                 velocity_weight: float = 0.01, action_weight: float = 0.0):
+                 velocity_weight: float = 0.01, action_weight: float = 0.0, command_mode: str = "absolute",
+                 delta_scale: float = 0.3):
         if sim_config.actuator not in ("position", "effort"):
             raise ValueError(f"reach: actuator must be 'position' or 'effort', got '{sim_config.actuator}'")
         if model.floating_base:
             raise ValueError("reach: the arm must have a fixed base (floating_base: false)")
         super().__init__(model, sim_config)
+        if command_mode not in ("absolute", "delta"):
+            raise ValueError(f"reach: command_mode must be 'absolute' or 'delta', got '{command_mode}'")
+        self.command_mode, self.delta_scale = command_mode, delta_scale
         if ee_link not in model.link_names:
             raise ValueError(f"reach: ee_link '{ee_link}' is not a link of '{model.name}' "
                              f"(links: {', '.join(model.link_names)})")
@@ -84,6 +90,9 @@ class ReachTask(Task):
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
         if self.sim_config.actuator == "position":
+            if self.command_mode == "delta":
+                q, _ = self._joint(ts)
+                return torch.minimum(torch.maximum(q + self.delta_scale * action, self.q_low), self.q_high)
             return self.q_mid + self.q_half * action
         lim = self.sim.effort_limit
         lim = torch.where(torch.isfinite(lim), lim, torch.full_like(lim, 10.0))

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Sample efficiency: gradients through the simulator against PPO, in the same run.
+
+    python bench/sample_efficiency.py [--quick] [--tasks reach,hover,locomotion]
+                                      [--budget STEPS] [--out results.json] [--curves DIR]
+
+For each task, the gradient trainer (``learning.apg.train``) and the PPO baseline
+(``learning.ppo.train_ppo``, Stable-Baselines3) train on the same task instance
+(same simulator, same reset distribution, same loss: PPO's reward is minus the
+step loss) until the policy reaches the task's success threshold
+(``task.success_threshold`` of fresh evaluation episodes succeed, judged by
+``learning.apg.evaluate``, the same metric for both) or the budget of
+environment steps runs out. Printed per task and method: environment steps and
+wall-clock time to success, the final success rate (on 256 fresh episodes, a
+different seed from the one training stops on), and the ratios PPO / gradient.
+
+Tasks and hyper-parameters come from the training files config/reach_arm.yaml
+(the project's arm), config/hover.yaml (quadrotor hover) and config/locomotion.yaml
+(the quadruped): their ``simulator``, ``task``, ``training`` (TrainConfig) and
+``ppo`` (PPOConfig) sections. Where a file is missing the defaults written in this
+script are used. Both methods get the same budget of environment steps
+(``--budget``; the gradient trainer's iterations are cut to fit it) and stop at
+success; PPO is evaluated every ``--ppo-eval-every`` steps (its figure is the first
+evaluation that passes, so it is an upper bound within that resolution), the
+gradient trainer every ``training.eval_every`` iterations.
+
+An environment step is one control step of one environment (summed over the
+batch), for both methods. Wall-clock includes evaluation. One torch thread
+(``torch.set_num_threads(1)``); nothing here is a test, no figure is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from diffsim_ros import config  # noqa: E402
+from diffsim_ros.learning import apg  # noqa: E402
+from diffsim_ros.learning.ppo import PPOConfig, train_ppo  # noqa: E402
+from diffsim_ros.tasks import make_task  # noqa: E402
+
+CONFIG_DIR = Path(REPO_ROOT) / "config"
+FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "locomotion": "locomotion.yaml"}
+FINAL_EPISODES = 256
+FINAL_SEED = 2024
+
+# Used only where config/<file> is missing (same layout as the training files).
+_QUAD_SIM = {"dt": 0.02, "substeps": 4, "ground": True, "actuator": "ctbr",
+             "rotors": {"rotor_links": ["rotor_0", "rotor_1", "rotor_2", "rotor_3"], "directions": [-1, 1, -1, 1],
+                        "thrust_coefficient": 8.0e-7, "torque_coefficient": 8.0e-9, "motor_time_constant": 0.02,
+                        "max_rotor_speed": 2350.0, "drag_linear": [0.1, 0.1, 0.15],
+                        "drag_quadratic": [0.02, 0.02, 0.04], "rate_gain": [20.0, 20.0, 8.0]}}
+FALLBACK: Dict[str, Dict[str, Any]] = {
+    "reach": {"urdf": "urdf/diffsim_arm.urdf", "floating_base": False, "dtype": "float32",
+              "simulator": {"dt": 0.02, "substeps": 2, "actuator": "position", "kp": [60.0, 40.0, 20.0, 5.0],
+                            "kd": [6.0, 4.0, 2.0, 0.5], "ground": False},
+              "task": {"type": "reach", "ee_link": "ee_link", "horizon": 50},
+              "training": {"num_envs": 64, "window": 10, "learning_rate": 3e-3},
+              "ppo": {"num_envs": 64, "n_steps": 50, "batch_size": 800}},
+    "hover": {"urdf": "urdf/diffsim_quadrotor.urdf", "floating_base": True, "dtype": "float32",
+              "simulator": _QUAD_SIM,
+              "task": {"type": "quadrotor", "mode": "hover", "horizon": 100, "settle_time": 1.5},
+              "training": {"num_envs": 64, "window": 20, "learning_rate": 3e-3},
+              "ppo": {"num_envs": 64, "n_steps": 100, "batch_size": 1600}},
+    "locomotion": {"urdf": "urdf/diffsim_quadruped.urdf", "floating_base": True, "dtype": "float32",
+                   "simulator": {"dt": 0.01, "substeps": 5, "ground": True, "actuator": "position", "kp": 20.0,
+                                 "kd": 0.5, "actuated_joints": [f"{leg}_{j}_joint" for leg in ("FL", "FR", "HL", "HR")
+                                                                for j in ("hip", "thigh", "knee")]},
+                   "task": {"type": "locomotion", "stance": [0.0, 0.8, -1.6] * 4, "base_height": 0.2987,
+                            "horizon": 100},
+                   "training": {"num_envs": 64, "window": 20, "learning_rate": 1e-3, "hidden": [128, 128]},
+                   "ppo": {"num_envs": 64, "n_steps": 100, "batch_size": 1600}},
+}
+
+
+def load_params(name: str):
+    path = CONFIG_DIR / FILES[name]
+    if path.is_file():
+        return config.load_yaml(path), str(path.relative_to(REPO_ROOT))
+    return FALLBACK[name], "defaults in bench/sample_efficiency.py"
+
+
+def build_task(params: Dict[str, Any], source: str):
+    dtype = {"float32": torch.float32, "float64": torch.float64}[params.get("dtype", "float32")]
+    model = config.load_model(params, source, dtype=dtype)
+    return make_task(model, config.simulator_config(params, source), dict(params["task"]))
+
+
+def solved_from(history: List[Dict[str, float]], threshold: float):
+    for h in history:
+        if not math.isnan(h["eval_success"]) and h["eval_success"] >= threshold:
+            return h["env_steps"], h["wall_time"]
+    return None, None
+
+
+def run_method(method: str, name: str, params: Dict[str, Any], source: str, budget: int, seed: int,
+               ppo_eval_every: int, curves: Optional[Path], progress: bool) -> Dict[str, Any]:
+    task = build_task(params, source)
+    if method == "gradient":
+        cfg = apg.TrainConfig.from_dict(dict(params.get("training") or {}))
+        iters = max(1, budget // (cfg.num_envs * task.horizon))
+        cfg = dataclasses.replace(cfg, iterations=iters, stop_at_success=True, seed=seed)
+        eval_every = f"{cfg.eval_every} it = {cfg.eval_every * cfg.num_envs * task.horizon} steps"
+        train = apg.train
+    else:
+        cfg = PPOConfig.from_dict(dict(params.get("ppo") or {}))
+        cfg = dataclasses.replace(cfg, total_timesteps=budget, stop_at_success=True, seed=seed,
+                                  eval_every_steps=ppo_eval_every)
+        eval_every = f"{cfg.eval_every_steps} steps"
+        train = train_ppo
+    out_dir = curves / f"{name}_{method}" if curves is not None else None
+    t0 = time.perf_counter()
+    res = train(task, cfg, out_dir=out_dir, progress=progress)
+    wall = time.perf_counter() - t0
+    final = apg.evaluate(task, res.policy, FINAL_EPISODES, seed=FINAL_SEED)
+    last = res.history[-1] if res.history else {}
+    return {"task": name, "task_name": task.name, "method": method, "config_source": source,
+            "success_threshold": task.success_threshold, "horizon": task.horizon, "budget": budget,
+            "solved_env_steps": res.solved_env_steps, "solved_time": res.solved_time,
+            "final_success": final, "final_episodes": FINAL_EPISODES,
+            "last_eval_success": next((h["eval_success"] for h in reversed(res.history)
+                                       if not math.isnan(h["eval_success"])), None),
+            "env_steps": int(last.get("env_steps", 0)), "wall_time": wall, "eval_every": eval_every,
+            "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
+
+
+def ratio_row(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
+    """PPO / gradient for steps and time; '>=' when PPO did not reach success within its budget."""
+    out = {"task": g["task"], "steps_ratio": None, "time_ratio": None, "bound": None}
+    if g["solved_env_steps"] is None:
+        out["bound"] = "gradient trainer did not reach success"
+        return out
+    if p["solved_env_steps"] is not None:
+        out["steps_ratio"] = p["solved_env_steps"] / g["solved_env_steps"]
+        out["time_ratio"] = p["solved_time"] / g["solved_time"]
+        out["bound"] = "="
+    else:
+        out["steps_ratio"] = p["env_steps"] / g["solved_env_steps"]
+        out["time_ratio"] = p["wall_time"] / g["solved_time"]
+        out["bound"] = ">="
+    return out
+
+
+def fmt_int(x) -> str:
+    return "-" if x is None else f"{int(x):,}"
+
+
+def fmt_f(x, spec=".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small budget (200k steps) and coarse PPO evaluation")
+    parser.add_argument("--tasks", default="reach,hover,locomotion",
+                        help=f"comma-separated, of {', '.join(FILES)} (default: all)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="environment steps per method and task (default 2,000,000; 200,000 with --quick)")
+    parser.add_argument("--ppo-eval-every", type=int, default=None,
+                        help="PPO evaluation period, environment steps (default 20,000; 50,000 with --quick)")
+    parser.add_argument("--methods", default="gradient,ppo", help="comma-separated, of gradient, ppo")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--curves", default=None, help="folder for each run's training.csv and learning_curve.png")
+    parser.add_argument("--progress", action="store_true", help="tqdm progress bars")
+    args = parser.parse_args(argv)
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    bad = [t for t in names if t not in FILES]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if bad or not names or any(m not in ("gradient", "ppo") for m in methods):
+        parser.error(f"--tasks takes {', '.join(FILES)}; --methods takes gradient, ppo")
+    budget = args.budget or (200_000 if args.quick else 2_000_000)
+    ppo_eval = args.ppo_eval_every or (50_000 if args.quick else 20_000)
+    curves = Path(args.curves) if args.curves else None
+
+    torch.set_num_threads(1)
+    import stable_baselines3
+    print(f"# sample efficiency: gradient through the simulator vs PPO (stable-baselines3 "
+          f"{stable_baselines3.__version__}), torch {torch.__version__}, 1 thread, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    print(f"# budget {budget:,} environment steps per method and task; PPO evaluated every {ppo_eval:,} steps; "
+          f"final success on {FINAL_EPISODES} fresh episodes")
+    rows: List[Dict[str, Any]] = []
+    ratios: List[Dict[str, Any]] = []
+    for name in names:
+        params, source = load_params(name)
+        done = {}
+        for method in methods:
+            r = run_method(method, name, params, source, budget, args.seed, ppo_eval, curves, args.progress)
+            done[method] = r
+            rows.append(r)
+            print(f"  {name:<10} {method:<8} solved at {fmt_int(r['solved_env_steps'])} steps / "
+                  f"{fmt_f(r['solved_time'])} s; final success {r['final_success']:.2f}; "
+                  f"{r['env_steps']:,} steps in {r['wall_time']:.1f} s ({r['config_source']})", flush=True)
+        if "gradient" in done and "ppo" in done:
+            ratios.append(ratio_row(done["gradient"], done["ppo"]))
+
+    head = (f"{'task':<11}{'method':<10}{'steps to success':>18}{'time to success':>17}"
+            f"{'final success / threshold':>27}{'steps run':>12}{'time run':>10}")
+    print()
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        fin = f"{r['final_success']:.2f} / {r['success_threshold']:.2f}"
+        print(f"{r['task']:<11}{r['method']:<10}{fmt_int(r['solved_env_steps']):>18}"
+              f"{(fmt_f(r['solved_time']) + ' s') if r['solved_time'] is not None else 'not reached':>17}"
+              f"{fin:>27}{r['env_steps']:>12,}{r['wall_time']:>9.0f}s")
+    if ratios:
+        print()
+        print(f"{'task':<11}{'PPO / gradient: env steps':>27}{'wall-clock':>12}")
+        for q in ratios:
+            if q["steps_ratio"] is None:
+                print(f"{q['task']:<11}{q['bound']:>39}")
+                continue
+            b = ">= " if q["bound"] == ">=" else ""
+            print(f"{q['task']:<11}{b + format(q['steps_ratio'], '.1f') + 'x':>27}"
+                  f"{b + format(q['time_ratio'], '.1f') + 'x':>12}")
+        print("(>= : PPO did not reach the threshold within the budget; the ratio is its budget over the "
+              "gradient trainer's steps)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"budget": budget, "ppo_eval_every": ppo_eval, "seed": args.seed, "torch": torch.__version__,
+                       "stable_baselines3": stable_baselines3.__version__, "rows": rows, "ratios": ratios}, f,
+                      indent=2, default=str)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
