@@ -26,6 +26,7 @@ QUADRUPED_URDF = REPO / "urdf" / "diffsim_quadruped.urdf"
 @pytest.fixture(scope="module")
 def arm_task():
     params = config.load_yaml(REPO / "config" / "reach_arm.yaml")
+    params["task"]["command_mode"] = "absolute"      # the affine mapping (delta: see its own test)
     task, _ = config.build_task(params, "reach_arm.yaml")
     return task
 
@@ -119,7 +120,7 @@ def test_metadata_round_trips(saved, arm_task):
                              "actuated_joints": list(arm_task.sim.actuated_joints)}
     sim = meta["simulator"]
     assert sim["dt"] == 0.02 and sim["substeps"] == 2 and sim["actuator"] == "position"
-    assert sim["kp"] == [60.0, 40.0, 20.0, 5.0]
+    assert sim["kp"] == list(arm_task.sim_config.kp)
     assert physics.SimConfig.from_dict({k: v for k, v in sim.items() if k not in ("kp", "kd")}).dt == 0.02
     # normalisation: the running statistics, exactly as float32
     norm = meta["normalization"]

@@ -72,7 +72,7 @@ def test_training_file_loads_and_builds_its_task(name):
 def test_training_file_values():
     """The values the tasks were specified with (the lead retunes the rest)."""
     arm = config.load_yaml(ROOT / "config" / "reach_arm.yaml")
-    assert arm["simulator"]["kp"] == [60.0, 40.0, 20.0, 5.0] and arm["simulator"]["ground"] is False
+    assert arm["simulator"]["kp"] == [10.0, 15.0, 8.0, 3.0] and arm["simulator"]["ground"] is False
     assert arm["task"] == {**arm["task"], "type": "reach", "ee_link": "ee_link", "horizon": 50}
     for mode in ("hover", "waypoint", "velocity"):
         p = config.load_yaml(ROOT / "config" / f"{mode}.yaml")

@@ -32,12 +32,12 @@ def _episode_loss(task, policy, batch=16, seed=7):
     return total / task.horizon, ts
 
 
-def _hover_task(horizon=50):
+def _hover_task(horizon=50, settle_time=0.6, start_radius=0.2):
     m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_quadrotor.urdf"), floating_base=True,
                           dtype=torch.float32)
     sc = config.simulator_config(config.load_yaml(REPO_ROOT / "config" / "diffsim_quadrotor.yaml"))
     sc = dataclasses.replace(sc, dt=0.02, substeps=4, ground=False)
-    return QuadrotorTask(m, sc, mode="hover", horizon=horizon, settle_time=0.6, start_radius=0.2,
+    return QuadrotorTask(m, sc, mode="hover", horizon=horizon, settle_time=settle_time, start_radius=start_radius,
                          start_speed=0.1)
 
 
@@ -86,11 +86,12 @@ def test_task_loss_goes_down(make, iterations, lr):
 
 
 def test_short_hover_run_reaches_success(tmp_path):
-    """A small hover instance (1 s episodes, 0.6 s to settle, 16 environments)
-    reaches the success threshold of the task's own metric (every step after
-    settling within 10 cm and 0.2 m/s), judged on fresh evaluation episodes."""
-    task = _hover_task()
-    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=3e-3, eval_every=2, eval_envs=32,
+    """A small hover instance (starts within 10 cm, 1 s episodes judged over
+    their last 0.2 s, 16 environments) reaches the success threshold of the
+    task's own metric (every step after settling within 10 cm and 0.2 m/s),
+    judged on fresh evaluation episodes."""
+    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
+    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=1e-2, eval_every=2, eval_envs=32,
                       stop_at_success=True, seed=1)
     res = train(task, cfg, out_dir=tmp_path, progress=False)
     assert res.solved_env_steps is not None, (
