@@ -2,6 +2,7 @@
 checkpoints (no ROS imports here)."""
 from .apg import TrainConfig, TrainResult, evaluate, train, write_history
 from .policy import MLPPolicy, RunningNorm, ValueNet
+from .ppo import PPOConfig, train_ppo
 
-__all__ = ["TrainConfig", "TrainResult", "evaluate", "train", "write_history", "MLPPolicy", "RunningNorm",
+__all__ = ["PPOConfig", "train_ppo", "TrainConfig", "TrainResult", "evaluate", "train", "write_history", "MLPPolicy", "RunningNorm",
            "ValueNet"]
