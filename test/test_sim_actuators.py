@@ -627,3 +627,26 @@ def test_self_collision_between_non_adjacent_links(self_collision):
     peak = pen.max(0).values
     assert bool((peak <= bound).all()), f"peak penetration {peak.tolist()} above the energy bound {bound.tolist()}"
     assert float(peak.max()) < 5e-3
+
+
+def test_gravity_compensation_removes_the_position_offset():
+    """With ``gravity_compensation`` the position interface adds rnea(q, 0, 0) to
+    the command, so the same pendulum settles at the commanded angle under
+    gravity (|q - q_c| < 1e-9 rad), where without it it sags by g(q)/kp
+    (0.007 to 0.019 rad, see the test above)."""
+    urdf = f"""<robot name="pendulum"><link name="world"/>
+      <link name="arm">{_inertial(1.0, (0.2, 0, 0))}</link>
+      <joint name="hinge" type="revolute"><parent link="world"/><child link="arm"/><axis xyz="0 1 0"/>
+        {_limit(-3, 3)}</joint></robot>"""
+    model = physics.load_urdf(urdf, dtype=F64)
+    kp = 100.0
+    kd = 2 * math.sqrt(kp * (1e-3 + 0.2 ** 2))
+    qc = _t([[-1.0], [-0.3], [0.4], [1.2]])
+    errs = {}
+    for comp in (False, True):
+        sim = physics.Simulator(model, physics.SimConfig(dt=1e-2, actuator="position", kp=kp, kd=kd,
+                                                         effort_saturation=False, gravity_compensation=comp))
+        tr = _run(sim, sim.initial_state(batch=qc.shape[0]), _const(qc, 100))
+        errs[comp] = float((tr.final.q - qc).abs().max())
+    assert errs[True] < 1e-9, f"settled {errs[True]:.1e} rad from the command with gravity compensation"
+    assert errs[False] > 5e-3, f"without compensation the sag should be visible, got {errs[False]:.1e} rad"

@@ -32,7 +32,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 
 from .algorithms import (_body_placements, _cross, _motion_subspaces, _mv, _solve_spd, _topo, aba_batch_last, crba,
-                         kinematics_batch_last)
+                         kinematics_batch_last, rnea)
 from .model import Model
 from .quadrotor import ConfigError, RotorConfig, Rotors
 from .spatial import cross
@@ -85,6 +85,9 @@ class SimConfig:
     command_delay: whole control steps between an action and its effect.        0
     rotors: RotorConfig (or mapping) for multirotors.                            None
 
+    gravity_compensation: add the joint torques that hold a fixed-base arm
+        against gravity, rnea(q, 0, 0), to the actuated joints (as arm
+        controllers such as Franka's do), saturated with the command.           False
     implicit_damping: with semi_implicit, integrate the joint-space springs and
         dampers (URDF damping, friction slope, joint limits, actuator kp/kd)
         linearly implicitly, so stiff joint terms on light links stay stable.    True
@@ -117,6 +120,7 @@ class SimConfig:
     actuator_lag: float = 0.0
     command_delay: int = 0
     rotors: Optional[RotorConfig] = None
+    gravity_compensation: bool = False
     implicit_damping: bool = True
     nan_check: bool = True
 
@@ -382,6 +386,9 @@ class Simulator:
             cmd = self.kd * (command - vj)
         else:  # position
             cmd = self.kp * (command - qj) - self.kd * vj
+        if cfg.gravity_compensation:
+            zero = torch.zeros_like(v)
+            cmd = cmd + rnea(m, q, zero, zero)[..., self.nbase:][..., self.act_index]
         if cfg.effort_saturation:
             lim = self.effort_limit
             finite = torch.isfinite(lim)
