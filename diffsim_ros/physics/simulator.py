@@ -578,9 +578,10 @@ class Simulator:
         S = _motion_subspaces(m, Rw, pw)                                     # (nv, 6, B) at o
         topo = _topo(m)
         xc, C = friction["xc"], friction["C"]                               # (P, 3, B), (P, B)
+        bodies = self.pt_body[friction["points"]]
         # Point Jacobian columns: the velocity that dof d gives the contact point.
         cols = S[None, :, 0:3] + _cross(S[None, :, 3:6], xc[:, None])        # (P, nv, 3, B)
-        mask = topo.anc[self.pt_body][:, topo.body_of_dof].to(q.dtype)      # (P, nv)
+        mask = topo.anc[bodies][:, topo.body_of_dof].to(q.dtype)            # (P, nv)
         J = cols * mask[..., None, None]
         n = self.ground_normal[:, None]
         Jt = J - (J * n).sum(2, keepdim=True) * n                            # tangential part
@@ -629,6 +630,12 @@ class Simulator:
             qdd = self._accel(q, v, tau_act)
             friction = self._friction_store
             self._friction_store = None
+            if friction:
+                # Only the contact points touching in some environment of the batch
+                # contribute (C = 0 elsewhere): select them, or drop friction entirely.
+                active = torch.nonzero((friction["C"].detach() > 0).any(-1)).flatten()
+                friction = None if active.numel() == 0 else {
+                    "C": friction["C"][active], "xc": friction["xc"][active], "points": active}
             if self.config.implicit_damping and (self.model.nj > 0 or friction):
                 qdd = self._implicit_correction(q, v, command, qdd, h, friction)
             if self.model.floating_base:
