@@ -379,13 +379,7 @@ class Simulator:
             wrench = rot.wrench(speed) + rot.drag(v[..., 0:6])
             tau = torch.cat((wrench, tau[..., 6:]), -1)
             return tau, speed
-        qj, vj = self.joint_positions(q)[..., self.act_index], self.joint_velocities(v)[..., self.act_index]
-        if cfg.actuator == "effort":
-            cmd = command
-        elif cfg.actuator == "velocity":
-            cmd = self.kd * (command - vj)
-        else:  # position
-            cmd = self.kp * (command - qj) - self.kd * vj
+        cmd = self._joint_command(q, v, command)
         if cfg.gravity_compensation:
             zero = torch.zeros_like(v)
             cmd = cmd + rnea(m, q, zero, zero)[..., self.nbase:][..., self.act_index]
@@ -413,10 +407,7 @@ class Simulator:
         if cfg.joint_friction:
             tau = tau - m.friction * torch.tanh(vj / cfg.joint_friction_smoothing)
         if cfg.joint_limits:
-            upper = torch.where(torch.isfinite(m.upper), m.upper, torch.zeros_like(m.upper))
-            lower = torch.where(torch.isfinite(m.lower), m.lower, torch.zeros_like(m.lower))
-            pen_u = torch.relu(qj - upper) * torch.isfinite(m.upper)
-            pen_l = torch.relu(lower - qj) * torch.isfinite(m.lower)
+            pen_u, pen_l = self._limit_penetration(qj)
             tau = tau - cfg.limit_stiffness * (pen_u ** 2 - pen_l ** 2) - cfg.limit_damping * (pen_u + pen_l) * vj
         if self.nbase:
             tau = torch.cat((torch.zeros_like(v[..., :6]), tau), -1)
@@ -489,6 +480,34 @@ class Simulator:
             wrench = wrench.index_add(0, i, wi).index_add(0, j, -wi)
         return wrench_b.index_add(0, idx, wrench)
 
+    def _joint_command(self, q, v, command):
+        """The actuated joints' torque command before gravity compensation and saturation."""
+        cfg = self.config
+        qa = self.joint_positions(q)[..., self.act_index]
+        va = self.joint_velocities(v)[..., self.act_index]
+        if cfg.actuator == "effort":
+            return command
+        if cfg.actuator == "velocity":
+            return self.kd * (command - va)
+        return self.kp * (command - qa) - self.kd * va
+
+    def _saturation_slope(self, q, v, command):
+        """d(saturated)/d(command) of the effort saturation at the PD command (1 without it)."""
+        if not self.config.effort_saturation:
+            return torch.ones_like(self.kd)
+        cmd = self._joint_command(q, v, command)
+        lim = self.effort_limit
+        finite = torch.isfinite(lim)
+        safe = torch.where(finite, lim, torch.ones_like(lim))
+        return torch.where(finite, 1.0 - torch.tanh(cmd / safe) ** 2, torch.ones_like(cmd))
+
+    def _limit_penetration(self, qj):
+        """How far each joint is past its upper and its lower limit (0 inside, or without a limit)."""
+        m = self.model
+        pen_u = torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
+        pen_l = torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj)
+        return pen_u, pen_l
+
     def _damping_diag(self, q, v, command):
         """-d(tau)/d(v) of the joint-space torques that depend on each joint's own velocity:
         URDF damping, the local slope of the smoothed Coulomb friction, joint-limit damping and
@@ -502,20 +521,9 @@ class Simulator:
             eps = cfg.joint_friction_smoothing
             D = D + m.friction / eps * (1.0 - torch.tanh(vj / eps) ** 2)
         if cfg.joint_limits:
-            pen = (torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
-                   + torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj))
-            D = D + cfg.limit_damping * pen
+            D = D + cfg.limit_damping * sum(self._limit_penetration(qj))
         if cfg.actuator in ("velocity", "position") and cfg.actuator_lag == 0:
-            kd = self.kd
-            if cfg.effort_saturation:
-                qa, va = qj[..., self.act_index], vj[..., self.act_index]
-                cmd = self.kd * (command - va) if cfg.actuator == "velocity" else \
-                    self.kp * (command - qa) - self.kd * va
-                lim = self.effort_limit
-                finite = torch.isfinite(lim)
-                safe = torch.where(finite, lim, torch.ones_like(lim))
-                slope = torch.where(finite, 1.0 - torch.tanh(cmd / safe) ** 2, torch.ones_like(cmd))
-                kd = kd * slope
+            kd = self.kd * self._saturation_slope(q, v, command)
             D = D.index_add(-1, self.act_index, kd.expand(D.shape[:-1] + kd.shape[-1:]))
         if self.nbase:
             D = torch.cat((torch.zeros_like(v[..., :6]), D), -1)
@@ -524,22 +532,13 @@ class Simulator:
     def _stiffness_diag(self, q, v, command):
         """-d(tau)/d(q) of the joint torques that depend on each joint's own position:
         the joint-limit penalty's slope and the position actuator's kp. (..., nv)."""
-        m, cfg = self.model, self.config
+        cfg = self.config
         qj = self.joint_positions(q)
         K = torch.zeros_like(qj)
         if cfg.joint_limits:
-            pen = (torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
-                   + torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj))
-            K = K + 2.0 * cfg.limit_stiffness * pen
+            K = K + 2.0 * cfg.limit_stiffness * sum(self._limit_penetration(qj))
         if cfg.actuator == "position" and cfg.actuator_lag == 0:
-            kp = self.kp
-            if cfg.effort_saturation:
-                qa, va = qj[..., self.act_index], self.joint_velocities(v)[..., self.act_index]
-                cmd = self.kp * (command - qa) - self.kd * va
-                lim = self.effort_limit
-                finite = torch.isfinite(lim)
-                safe = torch.where(finite, lim, torch.ones_like(lim))
-                kp = kp * torch.where(finite, 1.0 - torch.tanh(cmd / safe) ** 2, torch.ones_like(cmd))
+            kp = self.kp * self._saturation_slope(q, v, command)
             K = K.index_add(-1, self.act_index, kp.expand(K.shape[:-1] + kp.shape[-1:]))
         if self.nbase:
             K = torch.cat((torch.zeros_like(v[..., :6]), K), -1)
