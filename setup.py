@@ -26,6 +26,12 @@ setup(
     entry_points={
         "console_scripts": [
             "diffsim-ros = diffsim_ros.cli:main",
+            # ROS 2 nodes (ros2 run diffsim_ros <name>)
+            "train_node = diffsim_ros.nodes.train_node:main",
+            "policy_controller = diffsim_ros.nodes.policy_controller:main",
+            "mujoco_plant = diffsim_ros.nodes.mujoco_plant:main",
+            "trajectory_recorder = diffsim_ros.nodes.trajectory_recorder:main",
+            "replay = diffsim_ros.nodes.replay:main",
         ],
     },
 )

@@ -1,0 +1,1 @@
+"""See doc/interfaces.md."""
