@@ -1,0 +1,422 @@
+"""Small rclpy helpers shared by the nodes (a stable API: other nodes import it).
+
+Parameters
+    declare(node, name, default, description, *, dynamic_typing=False, read_only=False) -> value
+    declare_all(node, specs) -> {name: value}            specs: [(name, default, description), ...]
+    value(node, name) -> the parameter's value (lists as lists; unset arrays as [])
+    config_parameters(node, config_param="config", sections=("simulator",),
+                      keys=("urdf", "floating_base")) -> dict
+        The ``ros__parameters`` mapping of a training/robot YAML: the file named by the
+        ``config`` parameter, overlaid with the same keys given directly to the node
+        (``--params-file config/hover.yaml`` or ``-p simulator.dt:=0.01``); each such key
+        is declared with its description from SimConfig/RotorConfig.
+
+QoS (doc/interfaces.md)
+    state_qos(depth=100), command_qos(depth=10): reliable, volatile, keep last ``depth``.
+    latched_qos(depth=1): reliable, transient local (``/diffsim/metadata``).
+    recorder_qos(depth=1000, transient_local=False): reliable, deep history (no loss at 500 Hz).
+
+Time
+    stamp(t_seconds) -> builtin_interfaces/Time;  stamp_from_ns(ns);  stamp_to_ns(stamp) -> int
+
+Messages <-> numpy, joints always by name (MessageError, a ValueError, names the field)
+    joint_state_msg(names, position, velocity=None, effort=None, t=None) -> JointState
+    joint_state_arrays(msg, names) -> (position, velocity|None, effort|None) in ``names`` order
+    float64_array(msg, size=None, what="command") -> np.ndarray (finite, ``size`` entries)
+    float64_array_msg(values, label="") -> Float64MultiArray
+    trajectory_point(msg, names) -> (positions, velocities|None) of a one-point JointTrajectory
+    odometry_msg(t, position, orientation_xyzw, linear_velocity_body, angular_velocity,
+                 frame_id="world", child_frame_id="base_link") -> Odometry
+    imu_msg(t, orientation_xyzw, angular_velocity, specific_force, frame_id="base_link") -> Imu
+    clock_msg(t) -> rosgraph_msgs/Clock
+
+Process
+    StartupError: a node that cannot start with its parameters (message printed, exit 2).
+    run_node(factory, args=None, name="node") -> exit status: rclpy.init, the node, a
+        spin loop that ends on SIGINT/SIGTERM (our handlers; then ``node.drain_seconds`` more
+        of spinning if set, and the node's ``close()`` before shutdown, e.g. to close a bag), errors at start printed as ``error: ...``
+        with status 2, never a traceback for bad configuration.
+
+rclpy and the message packages are imported inside the functions, so this module
+imports where ROS is absent (the pure helpers then still work).
+"""
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "config_parameters",
+           "state_qos", "command_qos", "latched_qos", "recorder_qos", "stamp", "stamp_from_ns", "stamp_to_ns",
+           "joint_state_msg", "joint_state_arrays", "float64_array", "float64_array_msg", "trajectory_point",
+           "odometry_msg", "imu_msg", "clock_msg", "run_node"]
+
+
+class MessageError(ValueError):
+    """A received message that cannot be used; the text names the field at fault."""
+
+
+class StartupError(RuntimeError):
+    """A node cannot start with its parameters; the text names the parameter."""
+
+
+# ============================================================================ parameters
+def declare(node, name: str, default: Any, description: str, *, dynamic_typing: bool = False,
+            read_only: bool = False) -> Any:
+    """Declare ``name`` with ``default`` and ``description`` (shown by ``ros2 param describe``)
+    and return its value (the override from the command line or a params file, if any)."""
+    from rcl_interfaces.msg import ParameterDescriptor
+
+    desc = ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=dynamic_typing)
+    node.declare_parameter(name, default, desc)
+    return value(node, name)
+
+
+def declare_all(node, specs: Iterable[Tuple[str, Any, str]]) -> Dict[str, Any]:
+    """Declare every ``(name, default, description)``; returns {name: value}."""
+    return {name: declare(node, name, default, text) for name, default, text in specs}
+
+
+def value(node, name: str) -> Any:
+    """A declared parameter's value; arrays as Python lists, unset arrays as []."""
+    from rclpy.exceptions import ParameterUninitializedException
+
+    try:
+        val = node.get_parameter(name).value
+    except ParameterUninitializedException:
+        return []
+    if val is None:
+        return None
+    if hasattr(val, "tolist"):
+        return val.tolist()
+    if isinstance(val, (tuple, list)):
+        return list(val)
+    return val
+
+
+def _field_docs(cls) -> Dict[str, str]:
+    """{field: its line of the dataclass docstring} (SimConfig/RotorConfig document each field)."""
+    out: Dict[str, str] = {}
+    last = None
+    for line in (cls.__doc__ or "").splitlines():
+        m = re.match(r"\s{4}(\w+): (.*)$", line)
+        if m:
+            last = m.group(1)
+            out[last] = m.group(2).strip()
+        elif last and line.startswith("        ") and line.strip():
+            out[last] += " " + line.strip()
+    return {k: re.sub(r"\s{2,}", "; default ", v) for k, v in out.items()}
+
+
+def _overrides(node) -> Dict[str, Any]:
+    """Parameter values given to the node at start (params files, ``-p``), by name.
+    rclpy keeps them in ``Node._parameter_overrides`` (every release since Foxy)."""
+    return {name: p.value for name, p in getattr(node, "_parameter_overrides", {}).items()}
+
+
+def config_parameters(node, config_param: str = "config", sections: Sequence[str] = ("simulator",),
+                      keys: Sequence[str] = ("urdf", "floating_base")) -> Dict[str, Any]:
+    """The training/robot configuration of a node, as :func:`diffsim_ros.config.load_yaml` returns it.
+
+    The file named by the ``config_param`` parameter (declared here, default "") is read
+    first; then every key in ``keys`` and under ``sections`` that the node was given
+    directly overrides it. Those keys are declared here with their description (the
+    simulator's own documentation) so that ``ros2 param describe`` explains them.
+    Raises ConfigError (naming the file or the key) on a bad file."""
+    from .. import config as cfgmod
+    from ..physics import RotorConfig, SimConfig
+
+    path = declare(node, config_param, "", "training/robot YAML (config/<task>.yaml): urdf, floating_base and the "
+                   "simulator section; keys given to the node directly (--params-file, -p) override it")
+    params: Dict[str, Any] = cfgmod.load_yaml(path) if path else {}
+    docs = {f"simulator.{k}": v for k, v in _field_docs(SimConfig).items()}
+    docs.update({f"simulator.rotors.{k}": v for k, v in _field_docs(RotorConfig).items()})
+    docs.update({"urdf": "URDF of the robot: absolute, package://pkg/path, or relative to the diffsim_ros share "
+                         "folder", "floating_base": "bool: the root link gets a free-flyer joint (quadrotors)"})
+    flat = {}
+    for name, val in sorted(_overrides(node).items()):
+        if name in keys or any(name.startswith(s + ".") for s in sections):
+            if not node.has_parameter(name):
+                declare(node, name, val, docs.get(name, "configuration key (see the config file's comments)"),
+                        dynamic_typing=True)
+            flat[name] = value(node, name)
+    if flat:
+        nested = cfgmod.unflatten(flat)
+        _merge(params, nested)
+    return params
+
+
+def _merge(dst: Dict[str, Any], src: Dict[str, Any]) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+# ============================================================================ QoS
+def _qos(depth: int, transient_local: bool = False):
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL if transient_local else DurabilityPolicy.VOLATILE)
+
+
+def state_qos(depth: int = 100):
+    """Reliable, volatile, keep last ``depth``: states (/joint_states, /odom, /imu). The deep
+    default is for the publisher side: a reliable KEEP_LAST writer drops unacknowledged
+    samples beyond its depth, so depth 100 lets a recorder stall 0.2 s at 500 Hz unharmed."""
+    return _qos(depth)
+
+
+def command_qos(depth: int = 10):
+    """Reliable, volatile, keep last ``depth``: commands (a lost command is a lost control step)."""
+    return _qos(depth)
+
+
+def latched_qos(depth: int = 1):
+    """Reliable, transient local: late subscribers get the last message (/diffsim/metadata)."""
+    return _qos(depth, transient_local=True)
+
+
+def recorder_qos(depth: int = 1000, transient_local: bool = False):
+    """Reliable with a deep history, so that a burst at 500 Hz waits in the queue instead of
+    being dropped while the recorder writes."""
+    return _qos(depth, transient_local)
+
+
+# ============================================================================ time
+def stamp_from_ns(ns: int):
+    from builtin_interfaces.msg import Time
+
+    ns = int(ns)
+    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def stamp(t: float):
+    """builtin_interfaces/Time of ``t`` seconds (rounded to the nanosecond)."""
+    return stamp_from_ns(int(round(t * 1e9)))
+
+
+def stamp_to_ns(s) -> int:
+    return int(s.sec) * 1_000_000_000 + int(s.nanosec)
+
+
+def clock_msg(t: float):
+    from rosgraph_msgs.msg import Clock
+
+    return Clock(clock=stamp(t))
+
+
+# ============================================================================ messages
+def _floats(values) -> List[float]:
+    return [float(x) for x in np.asarray(values, dtype=np.float64).reshape(-1)]
+
+
+def joint_state_msg(names: Sequence[str], position, velocity=None, effort=None, t: Optional[float] = None,
+                    frame_id: str = ""):
+    """sensor_msgs/JointState with ``header.stamp`` = ``t`` (s)."""
+    from sensor_msgs.msg import JointState
+
+    msg = JointState()
+    if t is not None:
+        msg.header.stamp = stamp(t)
+    msg.header.frame_id = frame_id
+    msg.name = list(names)
+    msg.position = _floats(position)
+    msg.velocity = _floats(velocity) if velocity is not None else []
+    msg.effort = _floats(effort) if effort is not None else []
+    return msg
+
+
+def joint_state_arrays(msg, names: Sequence[str]) -> Tuple[np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]:
+    """Positions (and velocities, efforts when present) of ``names`` from a JointState, by name.
+
+    MessageError when a joint is missing, a field's length differs from ``name``'s, a name
+    repeats, or a used value is not finite."""
+    got = list(msg.name)
+    n = len(got)
+    if len(set(got)) != n:
+        raise MessageError(f"JointState.name repeats a joint: {got}")
+    if len(msg.position) != n:
+        raise MessageError(f"JointState.position has {len(msg.position)} entries for {n} names")
+    for field in ("velocity", "effort"):
+        k = len(getattr(msg, field))
+        if k not in (0, n):
+            raise MessageError(f"JointState.{field} has {k} entries for {n} names")
+    missing = [j for j in names if j not in got]
+    if missing:
+        raise MessageError(f"JointState lacks joints {missing} (it names {got})")
+    idx = [got.index(j) for j in names]
+    out = []
+    for field in ("position", "velocity", "effort"):
+        vals = getattr(msg, field)
+        if len(vals) == 0:
+            out.append(None)
+            continue
+        arr = np.asarray(vals, dtype=np.float64)[idx]
+        bad = [names[i] for i in np.flatnonzero(~np.isfinite(arr))]
+        if bad:
+            raise MessageError(f"JointState.{field} is not finite for {bad}")
+        out.append(arr)
+    return out[0], out[1], out[2]
+
+
+def float64_array(msg, size: Optional[int] = None, what: str = "command") -> np.ndarray:
+    """The data of a Float64MultiArray as a float64 array; MessageError on a wrong length or a
+    non-finite entry."""
+    arr = np.asarray(msg.data, dtype=np.float64).reshape(-1)
+    if size is not None and arr.size != size:
+        raise MessageError(f"{what}: Float64MultiArray.data has {arr.size} entries, expected {size}")
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise MessageError(f"{what}: Float64MultiArray.data[{int(bad[0])}] is {arr[bad[0]]} (not finite)")
+    return arr
+
+
+def float64_array_msg(values, label: str = ""):
+    """std_msgs/Float64MultiArray with one dimension (``label`` names it)."""
+    from std_msgs.msg import Float64MultiArray, MultiArrayDimension
+
+    data = _floats(values)
+    msg = Float64MultiArray()
+    msg.layout.dim = [MultiArrayDimension(label=label, size=len(data), stride=len(data))]
+    msg.data = data
+    return msg
+
+
+def trajectory_point(msg, names: Sequence[str]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """Positions (and velocities if given) of ``names`` from the first point of a
+    trajectory_msgs/JointTrajectory, by joint name (MessageError otherwise)."""
+    got = list(msg.joint_names)
+    if not msg.points:
+        raise MessageError("JointTrajectory has no points")
+    missing = [j for j in names if j not in got]
+    if missing:
+        raise MessageError(f"JointTrajectory lacks joints {missing} (it names {got})")
+    pt = msg.points[0]
+    if len(pt.positions) != len(got):
+        raise MessageError(f"JointTrajectory.points[0].positions has {len(pt.positions)} entries for "
+                           f"{len(got)} joint_names")
+    idx = [got.index(j) for j in names]
+    pos = np.asarray(pt.positions, dtype=np.float64)[idx]
+    vel = None
+    if len(pt.velocities):
+        if len(pt.velocities) != len(got):
+            raise MessageError(f"JointTrajectory.points[0].velocities has {len(pt.velocities)} entries for "
+                               f"{len(got)} joint_names")
+        vel = np.asarray(pt.velocities, dtype=np.float64)[idx]
+    for what, arr in (("positions", pos), ("velocities", vel)):
+        if arr is not None and not np.isfinite(arr).all():
+            bad = [names[i] for i in np.flatnonzero(~np.isfinite(arr))]
+            raise MessageError(f"JointTrajectory.points[0].{what} is not finite for {bad}")
+    return pos, vel
+
+
+def _vec3(msg_vec, values):
+    msg_vec.x, msg_vec.y, msg_vec.z = (float(x) for x in values)
+
+
+def odometry_msg(t: float, position, orientation_xyzw, linear_velocity_body, angular_velocity,
+                 frame_id: str = "world", child_frame_id: str = "base_link"):
+    """nav_msgs/Odometry: pose in ``frame_id``, twist in the body (child) frame (REP-105)."""
+    from nav_msgs.msg import Odometry
+
+    msg = Odometry()
+    msg.header.stamp = stamp(t)
+    msg.header.frame_id = frame_id
+    msg.child_frame_id = child_frame_id
+    _vec3(msg.pose.pose.position, position)
+    o = msg.pose.pose.orientation
+    o.x, o.y, o.z, o.w = (float(x) for x in orientation_xyzw)
+    _vec3(msg.twist.twist.linear, linear_velocity_body)
+    _vec3(msg.twist.twist.angular, angular_velocity)
+    return msg
+
+
+def imu_msg(t: float, orientation_xyzw, angular_velocity, specific_force, frame_id: str = "base_link"):
+    """sensor_msgs/Imu: orientation x y z w, body rates (rad/s), body specific force (m/s^2)."""
+    from sensor_msgs.msg import Imu
+
+    msg = Imu()
+    msg.header.stamp = stamp(t)
+    msg.header.frame_id = frame_id
+    o = msg.orientation
+    o.x, o.y, o.z, o.w = (float(x) for x in orientation_xyzw)
+    _vec3(msg.angular_velocity, angular_velocity)
+    _vec3(msg.linear_acceleration, specific_force)
+    return msg
+
+
+# ============================================================================ process
+def run_node(factory: Callable[[], Any], args: Optional[List[str]] = None, name: str = "node") -> int:
+    """Run a node until SIGINT or SIGTERM; returns the exit status.
+
+    ``factory()`` builds the node after ``rclpy.init``; a StartupError or ConfigError
+    raised there is printed as ``<name>: error: ...`` (status 2). Our own signal handlers
+    (rclpy's are disabled) only set a flag; the loop then calls the node's ``close()`` if
+    it has one (flush files, stop timers), destroys the node and shuts rclpy down, so a
+    signal never interrupts a callback half-way. A node with a ``drain_seconds`` attribute
+    keeps being spun that long after the signal (queued messages are taken) before close."""
+    import rclpy
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
+
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    received: List[int] = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        stop.set()
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    node = None
+    status = 0
+    try:
+        try:
+            node = factory()
+        except Exception as e:
+            # Bad configuration (StartupError, physics.ConfigError naming the key) is reported
+            # without a traceback; anything else is a bug and keeps its traceback.
+            phys = sys.modules.get("diffsim_ros.physics.quadrotor")
+            expected = (StartupError, MessageError) + ((phys.ConfigError,) if phys is not None else ())
+            if not isinstance(e, expected):
+                raise
+            print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        while not stop.is_set() and rclpy.ok():
+            executor.spin_once(timeout_sec=0.05)
+        if received:
+            node.get_logger().info(f"{signal.Signals(received[0]).name} received: shutting down")
+        # Messages already queued (e.g. the last ones before the signal) are taken for
+        # node.drain_seconds; a second signal cuts the drain short.
+        end = time.monotonic() + float(getattr(node, "drain_seconds", 0.0) or 0.0)
+        while time.monotonic() < end and len(received) < 2 and rclpy.ok():
+            executor.spin_once(timeout_sec=0.02)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            close = getattr(node, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as e:  # report, but still shut down cleanly
+                    print(f"{name}: error while closing: {e}", file=sys.stderr, flush=True)
+                    status = 1
+            try:
+                node.destroy_node()
+            except Exception:
+                pass
+        for s, h in old.items():
+            signal.signal(s, h)
+        if rclpy.ok():
+            rclpy.try_shutdown()
+    return status

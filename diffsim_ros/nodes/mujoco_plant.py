@@ -1,0 +1,313 @@
+"""mujoco_plant: the MuJoCo stand-in robot as a ROS 2 node (doc/interfaces.md).
+
+    ros2 run diffsim_ros mujoco_plant --ros-args --params-file config/hover.yaml
+    ros2 run diffsim_ros mujoco_plant --ros-args -p config:=config/reach_arm.yaml \
+        -p mode:=lockstep -p perturbation.mass_scale:=1.2
+
+A thin adapter over :class:`diffsim_ros.plant.MujocoPlant`: the robot comes from the
+training/robot YAML (``config`` parameter, and/or its ``urdf``, ``floating_base``,
+``simulator.*`` keys given directly, as with ``--params-file``).
+
+Commands in (every topic a parameter; an empty name turns a topic off):
+  arms        /position_controller/commands, /velocity_controller/commands,
+              /effort_controller/commands (std_msgs/Float64MultiArray, entries in the
+              order of ``controller_joints``), /joint_trajectory_controller/joint_trajectory
+              (first point's positions, by joint name, as a position command);
+  quadrotors  /cmd_ctbr (geometry_msgs/TwistStamped: linear.z thrust N, angular p q r
+              rad/s), /cmd_rotor_thrust (Float64MultiArray, N, in rotors.rotor_links order).
+The latest valid command is applied until the next one. A bad command (wrong length,
+NaN/Inf, missing joints) is rejected with a log; the plant keeps the last valid command
+(at start: the hold command, i.e. hold position or hover thrust).
+
+State out: /joint_states (arms; every joint, header.stamp = simulated time), or /odom
+and /imu (floating base), and /clock (simulated time).
+
+Modes: ``lockstep``: every command received (valid or rejected) advances exactly one
+control step and then the state is published once, so a lockstep controller and this
+plant alternate deterministically; until the first command arrives the initial state is
+republished every ``lockstep_republish_s`` so that a controller started later gets one.
+``realtime``: a wall timer steps the plant every dt / real_time_factor with the latest
+command and publishes at ``publish_rate_hz`` (0: every step).
+
+``~/reset`` (std_srvs/Trigger): back to the initial state and time 0 (the state is
+published at once).
+"""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import numpy as np
+
+from . import common
+
+NODE_NAME = "mujoco_plant"
+
+# (name, default, description): every parameter of the node besides the configuration keys.
+PARAMETERS = [
+    ("interface", "", "command interface before the first command arrives (its hold command is applied): "
+                      "position, velocity, effort, ctbr, rotor_thrust; empty: the config's simulator.actuator. "
+                      "Afterwards each command's topic decides its interface"),
+    ("mode", "realtime", "realtime (a wall timer steps the plant) or lockstep (one control step per command "
+                         "received, then one state)"),
+    ("real_time_factor", 1.0, "realtime mode: simulated seconds per wall-clock second"),
+    ("publish_rate_hz", 0.0, "realtime mode: state publishing rate, Hz (0: after every control step)"),
+    ("lockstep_republish_s", 1.0, "lockstep mode: period (s) at which the initial state is republished until "
+                                  "the first command arrives (0: never)"),
+    ("controller_joints", [""], "order of the entries of the Float64MultiArray commands (the ros2_control "
+                                "controller's 'joints'); empty: the config's actuated joints"),
+    ("position_command_topic", "/position_controller/commands", "arm position commands (Float64MultiArray, rad)"),
+    ("velocity_command_topic", "/velocity_controller/commands", "arm velocity commands (Float64MultiArray, rad/s)"),
+    ("effort_command_topic", "/effort_controller/commands", "arm effort commands (Float64MultiArray, N m)"),
+    ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
+     "arm JointTrajectory commands (first point's positions by joint name)"),
+    ("ctbr_topic", "/cmd_ctbr", "quadrotor collective thrust (twist.linear.z, N) and body rates (twist.angular, "
+                                "rad/s), TwistStamped"),
+    ("rotor_thrust_topic", "/cmd_rotor_thrust", "quadrotor per-rotor thrust (Float64MultiArray, N, rotor_links "
+                                                "order)"),
+    ("joint_states_topic", "/joint_states", "sensor_msgs/JointState out (arms, and the joints of a floating base)"),
+    ("odom_topic", "/odom", "nav_msgs/Odometry out (floating base): pose in world_frame, twist in base_frame"),
+    ("imu_topic", "/imu", "sensor_msgs/Imu out (floating base): orientation, body rates, body specific force"),
+    ("clock_topic", "/clock", "rosgraph_msgs/Clock out: the simulated time (empty: not published)"),
+    ("world_frame", "world", "frame_id of /odom"),
+    ("base_frame", "base_link", "child_frame_id of /odom and frame_id of /imu"),
+    ("initial_positions", [0.0], "initial state: arms: joint positions in the model's joint order (rad); floating "
+                                 "base: [x, y, z] or [x, y, z, qx, qy, qz, qw]; [0.0] alone: the neutral "
+                                 "configuration (at the origin)"),
+    ("initial_velocities", [0.0], "initial velocities in the simulator convention (floating base: body-frame "
+                                  "linear and angular velocity first); [0.0] alone: at rest"),
+    ("perturbation.mass_scale", 1.0, "factor on every link mass and inertia (the controllers keep the nominal ones)"),
+    ("perturbation.joint_damping_scale", 1.0, "factor on the URDF joint damping"),
+    ("perturbation.added_joint_damping", 0.0, "damping added to every joint, N m s/rad"),
+    ("perturbation.drag_scale", 1.0, "factor on the multirotor body drag"),
+    ("perturbation.actuator_lag", -1.0, "actuator time constant, s (joint torque lag, or rotor speed lag); "
+                                        "negative: the config's"),
+    ("perturbation.sensor_noise", [0.0, 0.0], "std of the measurement noise: [positions (m, rad), velocities "
+                                              "(m/s, rad/s)]"),
+    ("perturbation.latency", 0.0, "command latency, s (rounded to physics substeps)"),
+    ("perturbation.seed", 0, "seed of the measurement noise"),
+]
+PERTURBATION_KEYS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "actuator_lag",
+                     "sensor_noise", "latency", "seed")
+
+
+def _build_node_class():
+    from geometry_msgs.msg import TwistStamped
+    from nav_msgs.msg import Odometry
+    from rclpy.node import Node
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Imu, JointState
+    from std_msgs.msg import Float64MultiArray
+    from std_srvs.srv import Trigger
+    from trajectory_msgs.msg import JointTrajectory
+
+    from ..plant import JOINT_INTERFACES, MujocoPlant
+
+    class MujocoPlantNode(Node):
+        def __init__(self, **kw):
+            super().__init__(NODE_NAME, **kw)
+            p = common.declare_all(self, PARAMETERS)
+            self.p = p
+            params = common.config_parameters(self)
+            if not params.get("urdf"):
+                raise common.StartupError("no robot: set parameter 'config' (a training/robot YAML) or pass its "
+                                          "keys (--params-file config/<robot>.yaml)")
+            pert = {k: p[f"perturbation.{k}"] for k in PERTURBATION_KEYS}
+            mode = p["mode"]
+            if mode not in ("realtime", "lockstep"):
+                raise common.StartupError(f"parameter 'mode' must be realtime or lockstep, got {mode!r}")
+            self.lockstep = mode == "lockstep"
+            source = common.value(self, "config") or "parameters"
+            self.plant = plant = MujocoPlant(params, source=source, interface=p["interface"] or None,
+                                             perturbation=pert)
+            self._set_initial_state(p["initial_positions"], p["initial_velocities"])
+            # ---- controller joint order -> plant order
+            cj = [j for j in p["controller_joints"] if j]
+            if cj and sorted(cj) != sorted(plant.actuated_joints):
+                raise common.StartupError(f"parameter 'controller_joints' {cj} must name exactly the actuated "
+                                          f"joints {plant.actuated_joints}")
+            self.controller_joints = cj or list(plant.actuated_joints)
+            self._to_plant = np.array([self.controller_joints.index(j) for j in plant.actuated_joints], dtype=int)
+            self.rejected = 0
+            self.commands = 0
+            # ---- publishers
+            qos = common.state_qos()
+            self.pub_js = self.pub_odom = self.pub_imu = self.pub_clock = None
+            if plant.joint_names and p["joint_states_topic"]:
+                self.pub_js = self.create_publisher(JointState, p["joint_states_topic"], qos)
+            if plant.floating_base:
+                if p["odom_topic"]:
+                    self.pub_odom = self.create_publisher(Odometry, p["odom_topic"], qos)
+                if p["imu_topic"]:
+                    self.pub_imu = self.create_publisher(Imu, p["imu_topic"], qos)
+            if p["clock_topic"]:
+                self.pub_clock = self.create_publisher(Clock, p["clock_topic"], qos)
+            # ---- subscriptions (only the interfaces this robot accepts)
+            cq = common.command_qos()
+            topics = []
+            for iface, key in (("position", "position_command_topic"), ("velocity", "velocity_command_topic"),
+                               ("effort", "effort_command_topic"), ("rotor_thrust", "rotor_thrust_topic")):
+                if iface in plant.interfaces and p[key]:
+                    self.create_subscription(Float64MultiArray, p[key],
+                                             lambda msg, i=iface: self._on_array(msg, i), cq)
+                    topics.append(p[key])
+            if "position" in plant.interfaces and p["trajectory_topic"]:
+                self.create_subscription(JointTrajectory, p["trajectory_topic"], self._on_trajectory, cq)
+                topics.append(p["trajectory_topic"])
+            if "ctbr" in plant.interfaces and p["ctbr_topic"]:
+                self.create_subscription(TwistStamped, p["ctbr_topic"], self._on_ctbr, cq)
+                topics.append(p["ctbr_topic"])
+            self.create_service(Trigger, "~/reset", self._on_reset)
+            # ---- timing
+            self._got_command = False
+            if self.lockstep:
+                period = float(p["lockstep_republish_s"])
+                self.idle_timer = self.create_timer(period, self._republish_idle) if period > 0 else None
+            else:
+                rtf = float(p["real_time_factor"])
+                if not rtf > 0:
+                    raise common.StartupError(f"parameter 'real_time_factor' must be > 0, got {rtf}")
+                rate = float(p["publish_rate_hz"])
+                if rate < 0:
+                    raise common.StartupError(f"parameter 'publish_rate_hz' must be >= 0, got {rate}")
+                self.publish_every = max(1, int(round(1.0 / (rate * plant.dt)))) if rate > 0 else 1
+                self.timer = self.create_timer(plant.dt / rtf, self._tick)
+            self.get_logger().info(
+                f"{plant.physics_model.name}: {mode}, dt {plant.dt:g} s in {plant.substeps} substeps, interfaces "
+                f"{', '.join(plant.interfaces)} (start: {plant.interface}), joints {plant.joint_names}; "
+                f"commands on {', '.join(topics)}; perturbation {plant.perturbation.to_dict()}")
+            self._publish()
+
+        # ------------------------------------------------------------------ state
+        def _set_initial_state(self, positions, velocities):
+            plant = self.plant
+            pos = [float(x) for x in positions]
+            vel = [float(x) for x in velocities]
+            q = plant.physics_model.neutral_configuration().numpy()
+            if pos != [0.0]:
+                if plant.floating_base and len(pos) in (3, 7):
+                    q[:len(pos)] = pos
+                elif not plant.floating_base and len(pos) == plant.nq:
+                    q[:] = pos
+                else:
+                    need = "[x, y, z] or [x, y, z, qx, qy, qz, qw]" if plant.floating_base else \
+                        f"{plant.nq} joint positions ({', '.join(plant.joint_names)})"
+                    raise common.StartupError(f"parameter 'initial_positions' has {len(pos)} entries; it needs {need}")
+            v = np.zeros(plant.nv)
+            if vel != [0.0]:
+                if len(vel) != plant.nv:
+                    raise common.StartupError(f"parameter 'initial_velocities' has {len(vel)} entries; it needs "
+                                              f"{plant.nv}")
+                v[:] = vel
+            plant.set_initial_state(q, v)
+            plant.reset()
+
+        def _publish(self):
+            plant = self.plant
+            s = plant.measured()
+            t = plant.time
+            if plant.floating_base:
+                if self.pub_odom is not None:
+                    self.pub_odom.publish(common.odometry_msg(t, s.position, s.orientation, s.linear_velocity_body,
+                                                              s.angular_velocity, self.p["world_frame"],
+                                                              self.p["base_frame"]))
+                if self.pub_imu is not None:
+                    self.pub_imu.publish(common.imu_msg(t, s.orientation, s.angular_velocity, s.specific_force,
+                                                        self.p["base_frame"]))
+                js = s.joints
+            else:
+                js = s
+            if self.pub_js is not None and js is not None:
+                self.pub_js.publish(common.joint_state_msg(js.names, js.position, js.velocity, js.effort, t))
+            if self.pub_clock is not None:
+                self.pub_clock.publish(common.clock_msg(t))
+
+        def _advance(self, command=None, interface=None):
+            """One control step (with the last valid command when ``command`` is None)."""
+            try:
+                self.plant.step(command, interface)
+            except FloatingPointError as e:
+                self.get_logger().error(f"{e}; resetting to the initial state")
+                self.plant.reset()
+
+        # ------------------------------------------------------------------ commands
+        def _reject(self, why: str):
+            self.rejected += 1
+            self.get_logger().warning(f"rejected command ({self.rejected} so far): {why}; keeping the last valid "
+                                      f"command", throttle_duration_sec=1.0)
+
+        def _accept(self, interface: str, command):
+            """Check a command; lockstep: step once (with it, or the last valid one) and publish."""
+            self.commands += 1
+            self._got_command = True
+            try:
+                cmd = self.plant.check_command(command, interface)
+            except ValueError as e:
+                self._reject(str(e))
+                cmd = None
+            if cmd is not None:
+                self.plant.last_command = (interface, cmd)
+            if self.lockstep:
+                self._advance()
+                self._publish()
+
+        def _on_array(self, msg, interface: str):
+            try:
+                n = len(self.plant.command_names(interface))
+                data = common.float64_array(msg, n, f"{interface} command")
+            except (ValueError, TypeError) as e:
+                return self._accept_bad(str(e))
+            if interface in JOINT_INTERFACES:
+                data = data[self._to_plant]
+            self._accept(interface, data)
+
+        def _accept_bad(self, why: str):
+            self.commands += 1
+            self._got_command = True
+            self._reject(why)
+            if self.lockstep:
+                self._advance()
+                self._publish()
+
+        def _on_trajectory(self, msg):
+            try:
+                pos, _ = common.trajectory_point(msg, self.plant.actuated_joints)
+            except (ValueError, TypeError) as e:
+                return self._accept_bad(str(e))
+            self._accept("position", pos)
+
+        def _on_ctbr(self, msg):
+            t = msg.twist
+            self._accept("ctbr", [t.linear.z, t.angular.x, t.angular.y, t.angular.z])
+
+        # ------------------------------------------------------------------ timers and services
+        def _tick(self):
+            self._advance()
+            if self.plant._steps % self.publish_every == 0:
+                self._publish()
+
+        def _republish_idle(self):
+            if self._got_command:
+                self.idle_timer.cancel()
+                return
+            self._publish()
+
+        def _on_reset(self, request, response):
+            self.plant.reset()
+            self._publish()
+            response.success = True
+            response.message = "reset to the initial state, t = 0"
+            return response
+
+    return MujocoPlantNode
+
+
+def main(args: Optional[List[str]] = None) -> int:
+    def factory():
+        return _build_node_class()()
+    status = common.run_node(factory, args=args, name=NODE_NAME)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""trajectory_recorder: records the topics of doc/interfaces.md into a rosbag2 (MCAP) bag.
+
+    ros2 run diffsim_ros trajectory_recorder --ros-args -p output_dir:=bags/hover_run1
+
+Written with the ``rosbags`` library (no rosbag2_py needed): ``Writer(output_dir,
+version=9, storage_plugin=StoragePlugin.MCAP)``; every connection carries its message
+definition from the rosbags typestore (``typestore`` parameter, default ros2_kilted),
+so the bag is self-describing (``ros2 bag info``, Foxglove, PlotJuggler, rosbags).
+
+* Messages are taken serialized (``raw=True``: rclpy hands over the CDR bytes) and
+  written unchanged; the bag timestamp is the receive time (ns, this node's clock).
+* A topic is subscribed once a publisher for it appears in the graph (its type and QoS
+  from the graph: best-effort publishers get a best-effort subscription), or at once when
+  its type is given in ``types``. ``latched_topics`` (default /diffsim/metadata) are
+  subscribed transient-local so that the latched metadata is recorded even when it was
+  published before the recorder started.
+* No loss at 500 Hz: reliable subscriptions with a deep history (``qos_depth``) keep a
+  burst queued while the callback writes; the MCAP writer buffers in memory.
+* SIGINT and SIGTERM: the node keeps taking queued messages for ``drain_s``, then closes
+  the writer (chunks flushed, summary and metadata.yaml written): the bag reads back.
+* The output directory must not exist, unless ``overwrite`` is true and it holds a bag
+  (a metadata.yaml or *.mcap file) or is empty; anything else is refused.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import common
+
+NODE_NAME = "trajectory_recorder"
+
+# doc/interfaces.md: states, commands, predictions, bookkeeping.
+DEFAULT_TOPICS = [
+    "/joint_states", "/odom", "/imu",
+    "/position_controller/commands", "/velocity_controller/commands", "/effort_controller/commands",
+    "/joint_trajectory_controller/joint_trajectory", "/cmd_ctbr", "/cmd_rotor_thrust", "/cmd_vel_legacy",
+    "/diffsim/predicted_state", "/diffsim/command", "/diffsim/metadata", "/diagnostics",
+]
+
+PARAMETERS = [
+    ("output_dir", "", "bag directory to create (rosbag2, MCAP storage); empty: ./diffsim_<UTC date_time>"),
+    ("overwrite", False, "replace output_dir if it already holds a bag (otherwise an existing output_dir is an "
+                         "error)"),
+    ("topics", DEFAULT_TOPICS, "topics to record (doc/interfaces.md); each is subscribed when a publisher "
+                               "appears, or at once when its type is given in 'types'"),
+    ("types", [""], "'topic:package/msg/Type' entries: types known up front (subscribed at start, no discovery "
+                    "wait), e.g. /joint_states:sensor_msgs/msg/JointState"),
+    ("latched_topics", ["/diffsim/metadata"], "topics subscribed transient-local (latched publishers)"),
+    ("qos_depth", 1000, "history depth of the reliable subscriptions (messages queued while writing)"),
+    ("discovery_period_s", 0.1, "period of the graph polling for publishers of the topics, s"),
+    ("drain_s", 0.5, "on SIGINT/SIGTERM, time spent taking the messages already queued before closing, s"),
+    ("typestore", "ros2_kilted", "rosbags typestore giving the message definitions (ros2_kilted, ros2_jazzy, "
+                                 "ros2_humble, latest, ...)"),
+]
+
+
+def default_output_dir() -> str:
+    return "diffsim_" + time.strftime("%Y%m%d_%H%M%S", time.gmtime())
+
+
+def prepare_output(path: Path, overwrite: bool) -> None:
+    """Refuse an existing ``path`` unless ``overwrite`` and it is a bag or empty (then remove it)."""
+    if not path.exists():
+        return
+    if not overwrite:
+        raise common.StartupError(f"parameter 'output_dir': {path} exists already; not overwriting it "
+                                  f"(choose another directory or set overwrite:=true)")
+    if not path.is_dir():
+        raise common.StartupError(f"parameter 'output_dir': {path} exists and is not a directory; not removing it")
+    entries = list(path.iterdir())
+    is_bag = any(e.name == "metadata.yaml" or e.suffix in (".mcap", ".db3") for e in entries)
+    if entries and not is_bag:
+        raise common.StartupError(f"parameter 'output_dir': {path} exists and is not a bag (no metadata.yaml or "
+                                  f"*.mcap); not removing it even with overwrite:=true")
+    shutil.rmtree(path)
+
+
+def make_typestore(name: str):
+    from rosbags.typesys import Stores, get_typestore
+
+    try:
+        return get_typestore(Stores(name.lower()))
+    except ValueError:
+        known = ", ".join(s.value for s in Stores)
+        raise common.StartupError(f"parameter 'typestore': unknown '{name}' (rosbags knows: {known})") from None
+
+
+def _msg_search_dirs() -> List[Path]:
+    dirs = [Path(p) / "share" for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    dirs.append(Path(sys.prefix) / "share")
+    return dirs
+
+
+def ensure_type(typestore, msgtype: str, _depth: int = 0) -> None:
+    """Register ``msgtype`` (and the types it uses) in ``typestore`` from the installed
+    ``share/<pkg>/msg/<Type>.msg`` files when the typestore lacks it."""
+    from rosbags.typesys import get_types_from_msg
+
+    if msgtype in typestore.fielddefs:
+        return
+    if _depth > 20:
+        raise LookupError(f"message type {msgtype}: definitions nest too deeply")
+    pkg, _, name = msgtype.split("/")
+    for d in _msg_search_dirs():
+        f = d / pkg / "msg" / f"{name}.msg"
+        if f.is_file():
+            types = get_types_from_msg(f.read_text(), msgtype)
+            typestore.register(types)
+            break
+    else:
+        raise LookupError(f"message type {msgtype}: not in the rosbags typestore and no {pkg}/msg/{name}.msg "
+                          f"installed")
+    for field in typestore.fielddefs[msgtype][1]:
+        for sub in _nested_types(field[1]):
+            ensure_type(typestore, sub, _depth + 1)
+
+
+def _nested_types(desc) -> List[str]:
+    """Message type names inside a rosbags field description (nested, arrays, sequences)."""
+    out = []
+    if isinstance(desc, tuple):
+        for x in desc:
+            if isinstance(x, str) and x.count("/") == 2:
+                out.append(x)
+            elif isinstance(x, tuple):
+                out.extend(_nested_types(x))
+    return out
+
+
+def message_class(msgtype: str):
+    """The rclpy message class of 'pkg/msg/Type'."""
+    pkg, kind, name = msgtype.split("/")
+    return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
+
+
+def _qos_to_rosbags(qos):
+    """rclpy QoSProfile -> rosbags Qos (for the bag's offered_qos_profiles)."""
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, ReliabilityPolicy
+    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
+
+    zero = QosTime(0, 0)
+    rel = {ReliabilityPolicy.RELIABLE: QosReliability.RELIABLE,
+           ReliabilityPolicy.BEST_EFFORT: QosReliability.BEST_EFFORT}.get(qos.reliability, QosReliability.SYSTEM_DEFAULT)
+    dur = {DurabilityPolicy.TRANSIENT_LOCAL: QosDurability.TRANSIENT_LOCAL,
+           DurabilityPolicy.VOLATILE: QosDurability.VOLATILE}.get(qos.durability, QosDurability.SYSTEM_DEFAULT)
+    hist = {HistoryPolicy.KEEP_LAST: QosHistory.KEEP_LAST,
+            HistoryPolicy.KEEP_ALL: QosHistory.KEEP_ALL}.get(qos.history, QosHistory.SYSTEM_DEFAULT)
+    return Qos(hist, int(qos.depth), rel, dur, zero, zero, QosLiveliness.AUTOMATIC, zero, False)
+
+
+def _build_node_class():
+    from rclpy.node import Node
+    from rclpy.qos import DurabilityPolicy, ReliabilityPolicy
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
+    class TrajectoryRecorder(Node):
+        def __init__(self, **kw):
+            super().__init__(NODE_NAME, **kw)
+            p = common.declare_all(self, PARAMETERS)
+            self.p = p
+            out = Path(p["output_dir"] or default_output_dir())
+            prepare_output(out, bool(p["overwrite"]))
+            self.typestore = make_typestore(p["typestore"])
+            self.topics = [t for t in p["topics"] if t]
+            self.latched = set(t for t in p["latched_topics"] if t)
+            self.depth = int(p["qos_depth"])
+            if self.depth < 1:
+                raise common.StartupError(f"parameter 'qos_depth' must be >= 1, got {self.depth}")
+            self.given: Dict[str, str] = {}
+            for entry in p["types"]:
+                if not entry:
+                    continue
+                topic, sep, msgtype = entry.rpartition(":")
+                if not sep or not topic or msgtype.count("/") != 2:
+                    raise common.StartupError(f"parameter 'types': '{entry}' is not 'topic:package/msg/Type'")
+                self.given[topic] = msgtype
+                if topic not in self.topics:
+                    self.topics.append(topic)
+            self.drain_seconds = float(p["drain_s"])
+            self.path = out
+            self.writer = Writer(out, version=9, storage_plugin=StoragePlugin.MCAP)
+            self.writer.open()
+            self.subs = {}
+            self.connections = {}
+            self.counts: Dict[str, int] = {}
+            self.closed = False
+            for topic, msgtype in self.given.items():
+                self._subscribe(topic, msgtype, None)
+            period = float(p["discovery_period_s"])
+            if not period > 0:
+                raise common.StartupError(f"parameter 'discovery_period_s' must be > 0, got {period}")
+            self._discover()
+            self.discovery = self.create_timer(period, self._discover)
+            self.get_logger().info(f"recording to {out} (MCAP): {', '.join(self.topics)}")
+
+        # -------------------------------------------------------------- subscriptions
+        def _subscribe(self, topic: str, msgtype: str, publishers) -> None:
+            try:
+                ensure_type(self.typestore, msgtype)
+                cls = message_class(msgtype)
+            except (LookupError, ImportError, AttributeError, ValueError) as e:
+                self.get_logger().error(f"not recording {topic}: {e}")
+                self.subs[topic] = None
+                return
+            qos = common.recorder_qos(self.depth, transient_local=topic in self.latched)
+            offered = [i.qos_profile for i in publishers or []]
+            if offered:
+                # Match what is offered: a reliable subscription would not match a best-effort
+                # publisher, nor a transient-local one a volatile publisher.
+                if any(q.reliability == ReliabilityPolicy.BEST_EFFORT for q in offered):
+                    qos.reliability = ReliabilityPolicy.BEST_EFFORT
+                if all(q.durability == DurabilityPolicy.TRANSIENT_LOCAL for q in offered):
+                    qos.durability = DurabilityPolicy.TRANSIENT_LOCAL
+                elif qos.durability == DurabilityPolicy.TRANSIENT_LOCAL:
+                    qos.durability = DurabilityPolicy.VOLATILE
+            conn = self.writer.add_connection(topic, msgtype, typestore=self.typestore,
+                                              offered_qos_profiles=[_qos_to_rosbags(q) for q in offered] or
+                                              [_qos_to_rosbags(qos)])
+            self.connections[topic] = conn
+            self.counts[topic] = 0
+            self.subs[topic] = self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data),
+                                                        qos, raw=True)
+            self.get_logger().info(f"recording {topic} [{msgtype}]")
+
+        def _discover(self) -> None:
+            pending = [t for t in self.topics if t not in self.subs]
+            if not pending:
+                self.discovery.cancel() if hasattr(self, "discovery") else None
+                return
+            for topic in pending:
+                pubs = self.get_publishers_info_by_topic(topic)
+                if not pubs:
+                    continue
+                types = sorted(set(i.topic_type for i in pubs))
+                if len(types) > 1:
+                    self.get_logger().warning(f"{topic} is published with several types {types}; recording "
+                                              f"{types[0]}", throttle_duration_sec=10.0)
+                self._subscribe(topic, types[0], pubs)
+
+        def _on_message(self, topic: str, data: bytes) -> None:
+            if self.closed:
+                return
+            stamp = self.get_clock().now().nanoseconds
+            try:
+                self.writer.write(self.connections[topic], stamp, data)
+                self.counts[topic] += 1
+            except Exception as e:  # never let one bad write stop the recording
+                self.get_logger().error(f"{topic}: write failed: {e}", throttle_duration_sec=1.0)
+
+        # -------------------------------------------------------------- shutdown
+        def close(self) -> None:
+            """Flush and close the bag (run_node calls this after SIGINT/SIGTERM and the drain)."""
+            if self.closed:
+                return
+            self.closed = True
+            self.writer.close()
+            total = sum(self.counts.values())
+            detail = ", ".join(f"{t}: {n}" for t, n in self.counts.items())
+            self.get_logger().info(f"closed {self.path}: {total} messages ({detail})")
+
+    return TrajectoryRecorder
+
+
+def main(args: Optional[List[str]] = None) -> int:
+    def factory():
+        return _build_node_class()()
+    sys.exit(common.run_node(factory, args=args, name=NODE_NAME))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""mujoco_plant as a ROS 2 node over real DDS, on an isolated ROS_DOMAIN_ID (issue 5).
+
+* quadrotor: the console script runs as a separate process in lockstep; each CTBR
+  command is answered by exactly one /odom, one /imu and one /clock, stamped k dt, and
+  the states equal an in-process MujocoPlant fed the same commands (determinism); a NaN
+  command and a wrong-length rotor-thrust command are rejected (the plant steps with the
+  last valid command, the process stays up); ~/reset returns to t = 0.
+* arm: the node in this process (same code, faster start): position commands in a
+  reordered ``controller_joints`` order and JointTrajectory commands by joint name map to
+  the right joints (compared with MujocoPlant), and every joint is published by name.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
+pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'mujoco')")
+
+from conftest import REPO_ROOT  # noqa: E402
+
+from diffsim_ros import config  # noqa: E402
+from diffsim_ros.plant import MujocoPlant  # noqa: E402
+
+DOMAIN = random.randint(101, 200)
+
+
+def _script(name: str) -> str:
+    import shutil
+    import sys
+
+    cand = Path(sys.executable).parent / name
+    return str(cand) if cand.exists() else (shutil.which(name) or name)
+
+
+@pytest.fixture(scope="module")
+def ros():
+    ctx = rclpy.context.Context()
+    rclpy.init(context=ctx, domain_id=DOMAIN)
+    yield ctx
+    rclpy.shutdown(context=ctx)
+
+
+def _ns(stamp) -> int:
+    return stamp.sec * 10**9 + stamp.nanosec
+
+
+def _spin_until(ex, cond, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ex.spin_once(timeout_sec=0.01)
+        if cond():
+            return True
+    return False
+
+
+def test_quadrotor_lockstep_process_one_state_per_command(ros, tmp_path):
+    from geometry_msgs.msg import TwistStamped
+    from nav_msgs.msg import Odometry
+    from rclpy.executors import SingleThreadedExecutor
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Imu
+    from std_msgs.msg import Float64MultiArray
+    from std_srvs.srv import Trigger
+
+    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "plant.log", "w")
+    proc = subprocess.Popen([_script("mujoco_plant"), "--ros-args", "--params-file", str(REPO_ROOT / "config/hover.yaml"),
+                             "-p", "mode:=lockstep", "-p", "initial_positions:=[0.0, 0.0, 1.0]",
+                             "-p", "lockstep_republish_s:=0.2"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    node = rclpy.create_node("plant_tester", context=ros)
+    ex = SingleThreadedExecutor(context=ros)
+    ex.add_node(node)
+    # Answers (stamp > 0) apart from the initial state, which is republished (stamp 0) until
+    # the first command arrives and again after ~/reset.
+    got = {"odom": [], "imu": [], "clock": []}
+    initial = {"odom": [], "imu": [], "clock": []}
+
+    def keep(key, stamp_of):
+        def cb(m):
+            (got if _ns(stamp_of(m)) > 0 else initial)[key].append(m)
+        return cb
+    node.create_subscription(Odometry, "/odom", keep("odom", lambda m: m.header.stamp), 50)
+    node.create_subscription(Imu, "/imu", keep("imu", lambda m: m.header.stamp), 50)
+    node.create_subscription(Clock, "/clock", keep("clock", lambda m: m.clock), 50)
+    pub = node.create_publisher(TwistStamped, "/cmd_ctbr", 10)
+    pub_thrust = node.create_publisher(Float64MultiArray, "/cmd_rotor_thrust", 10)
+    reset = node.create_client(Trigger, "/mujoco_plant/reset")
+    try:
+        # The initial state is republished until the first command: wait for it and the match.
+        assert _spin_until(ex, lambda: initial["odom"] and pub.get_subscription_count() > 0
+                           and pub_thrust.get_subscription_count() > 0, 40), open(tmp_path / "plant.log").read()
+        assert not any(got.values())
+        ref = MujocoPlant(config.load_yaml(REPO_ROOT / "config/hover.yaml"), initial_q=[0, 0, 1.0, 0, 0, 0, 1])
+        cmds = [[9.81, 0.0, 0.0, 0.0]] * 3 + [[10.2, 0.4, -0.2, 0.1]] * 7
+        for k, c in enumerate(cmds, start=1):
+            msg = TwistStamped()
+            msg.twist.linear.z, msg.twist.angular.x, msg.twist.angular.y, msg.twist.angular.z = c
+            pub.publish(msg)
+            assert _spin_until(ex, lambda: len(got["odom"]) >= k and len(got["imu"]) >= k
+                               and len(got["clock"]) >= k, 5), f"no answer to command {k}"
+            s = ref.step(c)
+            o = got["odom"][-1]
+            p = o.pose.pose.position
+            np.testing.assert_allclose([p.x, p.y, p.z], s.position, atol=1e-12)
+            q = o.pose.pose.orientation
+            np.testing.assert_allclose([q.x, q.y, q.z, q.w], s.orientation, atol=1e-12)
+            w = o.twist.twist.angular
+            np.testing.assert_allclose([w.x, w.y, w.z], s.angular_velocity, atol=1e-12)
+            a = got["imu"][-1].linear_acceleration
+            np.testing.assert_allclose([a.x, a.y, a.z], s.specific_force, atol=1e-9)
+            assert _ns(o.header.stamp) == round(k * ref.dt * 1e9)
+        _spin_until(ex, lambda: False, 0.3)
+        assert len(got["odom"]) == len(cmds) and len(got["imu"]) == len(cmds) and len(got["clock"]) == len(cmds)
+        # Bad commands: NaN thrust, 3 entries for 4 rotors. Each is rejected, answered by one
+        # step with the last valid command, and the node stays up.
+        bad = TwistStamped()
+        bad.twist.linear.z = float("nan")
+        pub.publish(bad)
+        assert _spin_until(ex, lambda: len(got["odom"]) == len(cmds) + 1, 5)
+        pub_thrust.publish(Float64MultiArray(data=[1.0, 2.0, 3.0]))
+        assert _spin_until(ex, lambda: len(got["odom"]) == len(cmds) + 2, 5)
+        ref.step(None)
+        s = ref.step(None)
+        p = got["odom"][-1].pose.pose.position
+        np.testing.assert_allclose([p.x, p.y, p.z], s.position, atol=1e-12)
+        assert proc.poll() is None, "the plant process died on a bad command"
+        # ~/reset: back to t = 0 at the initial state, one state published.
+        assert reset.wait_for_service(timeout_sec=5)
+        n0 = len(initial["odom"])
+        fut = reset.call_async(Trigger.Request())
+        assert _spin_until(ex, lambda: fut.done(), 5) and fut.result().success
+        assert _spin_until(ex, lambda: len(initial["odom"]) > n0, 5)
+        assert initial["odom"][-1].pose.pose.position.z == pytest.approx(1.0, abs=1e-15)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = None
+        node.destroy_node()
+        log.close()
+    text = (tmp_path / "plant.log").read_text()
+    assert "rejected command" in text and "non-finite" in text, text
+    assert rc == 0, text
+
+
+def test_arm_node_maps_commands_by_joint_name(ros):
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+    from diffsim_ros.nodes import mujoco_plant as node_mod
+
+    joints = ["arm_joint1", "arm_joint2", "arm_joint3", "arm_joint4"]
+    order = ["arm_joint4", "arm_joint2", "arm_joint1", "arm_joint3"]
+    cls = node_mod._build_node_class()
+    plant_node = cls(context=ros, parameter_overrides=[
+        Parameter("config", value=str(REPO_ROOT / "config/reach_arm.yaml")),
+        Parameter("mode", value="lockstep"), Parameter("controller_joints", value=order),
+        Parameter("initial_positions", value=[0.0, 0.2, -0.3, 0.1])])
+    tester = rclpy.create_node("arm_tester", context=ros)
+    ex = SingleThreadedExecutor(context=ros)
+    ex.add_node(plant_node)
+    ex.add_node(tester)
+    states = []
+    tester.create_subscription(JointState, "/joint_states", states.append, 50)
+    pos_pub = tester.create_publisher(Float64MultiArray, "/position_controller/commands", 10)
+    traj_pub = tester.create_publisher(JointTrajectory, "/joint_trajectory_controller/joint_trajectory", 10)
+    try:
+        assert _spin_until(ex, lambda: pos_pub.get_subscription_count() > 0 and traj_pub.get_subscription_count() > 0
+                           and states, 10)
+        _spin_until(ex, lambda: False, 0.2)
+        states.clear()
+        ref = MujocoPlant(config.load_yaml(REPO_ROOT / "config/reach_arm.yaml"), initial_q=[0.0, 0.2, -0.3, 0.1])
+        target = {"arm_joint1": 0.3, "arm_joint2": 0.5, "arm_joint3": -0.4, "arm_joint4": 0.2}
+        for k in range(5):
+            pos_pub.publish(Float64MultiArray(data=[target[j] for j in order]))
+            assert _spin_until(ex, lambda: len(states) == k + 1, 5)
+            s = ref.step([target[j] for j in joints])
+            m = states[-1]
+            assert list(m.name) == joints
+            np.testing.assert_allclose(m.position, s.position, atol=1e-12)
+            np.testing.assert_allclose(m.velocity, s.velocity, atol=1e-12)
+            np.testing.assert_allclose(m.effort, s.effort, atol=1e-12)
+        # A JointTrajectory naming the joints in yet another order.
+        names = ["arm_joint3", "arm_joint1", "arm_joint4", "arm_joint2"]
+        traj = JointTrajectory(joint_names=names,
+                               points=[JointTrajectoryPoint(positions=[-0.2, 0.1, 0.0, 0.3])])
+        traj_pub.publish(traj)
+        assert _spin_until(ex, lambda: len(states) == 6, 5)
+        s = ref.step([0.1, 0.3, -0.2, 0.0])
+        np.testing.assert_allclose(states[-1].position, s.position, atol=1e-12)
+        # A trajectory missing a joint: rejected, one step with the last valid command.
+        traj_pub.publish(JointTrajectory(joint_names=names[:3],
+                                         points=[JointTrajectoryPoint(positions=[0.0, 0.0, 0.0])]))
+        assert _spin_until(ex, lambda: len(states) == 7, 5)
+        s = ref.step(None)
+        np.testing.assert_allclose(states[-1].position, s.position, atol=1e-12)
+        assert plant_node.rejected == 1
+    finally:
+        plant_node.destroy_node()
+        tester.destroy_node()
+
+
+@pytest.mark.parametrize("name, val, err", [
+    ("perturbation.mass_scale", -1.0, "'perturbation.mass_scale' must be > 0"),
+    ("mode", "fast", "parameter 'mode' must be realtime or lockstep"),
+    ("controller_joints", ["arm_joint1", "arm_joint2"], "parameter 'controller_joints'"),
+    ("initial_positions", [0.1, 0.2], "parameter 'initial_positions' has 2 entries"),
+    ("simulator.kp", [1.0, 2.0], "'simulator.kp' has 2 entries for 4 actuated joints"),
+])
+def test_plant_node_bad_parameter_names_it(ros, name, val, err):
+    """A bad parameter stops the node at start with an error naming it (the console script
+    prints it and exits with status 2: see common.run_node)."""
+    from rclpy.parameter import Parameter
+
+    from diffsim_ros.nodes import mujoco_plant as node_mod
+    from diffsim_ros.nodes.common import StartupError
+    from diffsim_ros.physics import ConfigError
+
+    cls = node_mod._build_node_class()
+    with pytest.raises((StartupError, ConfigError), match=err.replace(".", r"\.")):
+        cls(context=ros, parameter_overrides=[Parameter("config", value=str(REPO_ROOT / "config/reach_arm.yaml")),
+                                              Parameter(name, value=val)])
+
+
+def test_common_message_helpers_map_by_name():
+    """nodes.common: JointState <-> arrays by joint name, and the errors name the field."""
+    from std_msgs.msg import Float64MultiArray
+
+    from diffsim_ros.nodes import common
+
+    msg = common.joint_state_msg(["b", "a", "c"], [2.0, 1.0, 3.0], [20.0, 10.0, 30.0], t=1.5)
+    assert common.stamp_to_ns(msg.header.stamp) == 1_500_000_000
+    pos, vel, eff = common.joint_state_arrays(msg, ["a", "b"])
+    assert pos.tolist() == [1.0, 2.0] and vel.tolist() == [10.0, 20.0] and eff is None
+    with pytest.raises(common.MessageError, match=r"lacks joints \['d'\]"):
+        common.joint_state_arrays(msg, ["a", "d"])
+    msg.velocity[1] = float("nan")
+    with pytest.raises(common.MessageError, match=r"velocity is not finite for \['a'\]"):
+        common.joint_state_arrays(msg, ["a", "b"])
+    with pytest.raises(common.MessageError, match="has 2 entries, expected 3"):
+        common.float64_array(Float64MultiArray(data=[1.0, 2.0]), 3)
+    with pytest.raises(common.MessageError, match=r"data\[1\] is inf"):
+        common.float64_array(Float64MultiArray(data=[1.0, float("inf")]))
