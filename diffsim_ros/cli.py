@@ -6,10 +6,11 @@ in :func:`build_parser`; heavy imports (torch, the physics core) happen inside
 the command so that ``--help`` stays fast.
 
 Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
-through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline).
+through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline),
+``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag).
 
-Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML or checkpoint,
-bad option).
+Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML, checkpoint or
+bag, bad option).
 """
 from __future__ import annotations
 
@@ -478,7 +479,219 @@ def _add_baseline(sub) -> None:
     p.set_defaults(func=cmd_baseline)
 
 
+# --------------------------------------------------------------------------- analyze / sysid
+
+
+def _analysis_call(fn, *args, **kw):
+    """Run an analysis function, turning its bad-input errors into CliError (exit 2)."""
+    from diffsim_ros.analysis import AnalysisError
+
+    errors = (AnalysisError,) + _input_errors()
+    try:
+        return fn(*args, **kw)
+    except errors as exc:
+        raise CliError(str(exc)) from None
+
+
+def _int_list(text: str, option: str) -> List[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise CliError(f"{option} must list positive integers, got {text!r}")
+    return vals
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    horizons = _int_list(args.horizons, "--horizons")
+    _positive("--threads", args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from diffsim_ros.analysis import analyze
+
+    m = _analysis_call(analyze, args.bag, out_dir=args.out, config_path=args.config, horizons=horizons,
+                       max_starts=args.max_starts, plots=not args.no_plots, state_topic=args.state_topic,
+                       command_topic=args.command_topic)
+    byh = m["prediction"]["by_horizon"]
+    print(f"analyze: {m['bag']} ({m['kind']} '{m['model']['name']}', {m['duration_s']:.2f} s, {m['storage']}; "
+          f"model from {m['model']['source']})")
+    for t, s in m["topics"].items():
+        print(f"  {t:<28} {s['count']:>7} msgs {s['rate_hz']:>9.4g} Hz  jitter {s['jitter_std_s'] * 1e3:.3g} ms  "
+              f"drops {s['drops']}  duplicates {s['duplicates']}  out-of-order {s['out_of_order']}")
+    hs = m["prediction"]["horizons"]
+    rows = [[dof] + [_fmt(byh[str(k)]["per_dof"][dof]["rmse"]) for k in hs]
+            + [_fmt(byh[str(hs[0])]["per_dof"][dof]["bias"])] for dof in m["model"]["dofs"]]
+    rows.append(["all"] + [_fmt(byh[str(k)]["rmse"]) for k in hs] + [""])
+    print("velocity error, predicted - recorded (rad/s or m/s):")
+    print(_table(["dof"] + [f"rmse@{k}" for k in hs] + [f"bias@{hs[0]}"], rows))
+    for w in m["warnings"] + m["notes"]:
+        print(f"warning: {w}", file=sys.stderr)
+    tm = m["timing"]
+    print(f"time {tm['analysis_s']:.2f} s ({tm['faster_than_real_time']:.1f}x faster than the bag's duration)")
+    if args.out:
+        print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in m.get("files", {}).values()))
+    return 0
+
+
+def cmd_sysid(args: argparse.Namespace) -> int:
+    names = [n.strip() for n in args.params.split(",") if n.strip()]
+    if not names:
+        raise CliError("--params must name at least one parameter")
+    _positive("--window", args.window)
+    _positive("--threads", args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
+
+    data = _analysis_call(read_bag, args.bag, state_topic=args.state_topic, command_topic=args.command_topic)
+    setup = _analysis_call(sim_setup, data, args.config)
+
+    def progress(n, loss, vals):
+        if not args.quiet:
+            shown = "  ".join(f"{k}=[{', '.join(f'{x:.4g}' for x in v)}]" for k, v in vals.items())
+            print(f"  eval {n:>3}  loss {loss:.5g}  {shown}", flush=True)
+
+    r = _analysis_call(calibrate, data, setup, names, window=args.window, fit_fraction=args.fit_fraction,
+                       max_starts=args.max_starts, max_iter=args.max_iter, progress=progress)
+    files = _analysis_call(write_calibrated, r, setup, args.out, bag=str(args.bag))
+    print(f"sysid: {args.bag} ({r.fit_starts} windows of {r.window} steps to fit, {r.heldout_starts} held out; "
+          f"{r.evaluations} evaluations, {r.seconds:.1f} s)")
+    rows = [[n, ", ".join(f"{x:.5g}" for x in r.nominal[n]), ", ".join(f"{x:.5g}" for x in r.fitted[n])]
+            for n in r.names]
+    print(_table(["parameter", "nominal", "calibrated"], rows))
+    h = r.heldout
+    print(f"held-out velocity RMSE {h['before']['rmse']:.4g} -> {h['after']['rmse']:.4g} "
+          f"({h['improvement']:.1f}x smaller)")
+    print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
+    print(f"retrain: diffsim-ros train --config {files['yaml']} --out DIR")
+    return 0
+
+
+def _add_bag_args(p) -> None:
+    p.add_argument("bag", metavar="BAG", help="rosbag2 directory (MCAP or sqlite3 storage)")
+    p.add_argument("--config", metavar="YAML", default=None,
+                   help="training file giving the robot and simulator (default: the bag's /diffsim/metadata)")
+    p.add_argument("--state-topic", default=None, metavar="TOPIC",
+                   help="state topic (default: /joint_states, else /odom)")
+    p.add_argument("--command-topic", default=None, metavar="TOPIC",
+                   help="command topic (default: /diffsim/command, else /cmd_ctbr, /cmd_rotor_thrust, "
+                        "/<controller>/commands)")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch intra-op threads (default: 1)")
+
+
+def _add_analyze(sub) -> None:
+    p = sub.add_parser(
+        "analyze", help="compare a bag's recorded velocities with the simulator's, 1 and k steps ahead",
+        description="Read a rosbag2 bag (layout of doc/interfaces.md), report the topics' timing (jitter, drops, "
+                    "duplicates, out-of-order), replay the recorded commands through the simulator from every "
+                    "recorded state 1 and k steps ahead, and report the velocity error per joint or axis (RMSE, "
+                    "bias, maximum, growth with the horizon); with --out, write metrics.json, velocity.png, "
+                    "error_vs_horizon.png and report.md.")
+    _add_bag_args(p)
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: print only)")
+    p.add_argument("--horizons", default="1,5,10", metavar="K,K,...",
+                   help="prediction horizons in control steps (default: 1,5,10)")
+    p.add_argument("--max-starts", type=int, default=4096, metavar="N",
+                   help="start states of the k > 1 step predictions, evenly spread (default: 4096; one-step "
+                        "predictions use every state)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=cmd_analyze)
+
+
+def _add_sysid(sub) -> None:
+    from_params = ("mass_scale, link_mass_scale, inertia_scale, joint_damping, joint_damping_scale, joint_friction, "
+                   "drag_scale, drag_linear, drag_quadratic, thrust_scale, actuator_lag, motor_time_constant, latency")
+    p = sub.add_parser(
+        "sysid", help="calibrate simulator parameters on a bag by gradient descent through the simulator",
+        description="Fit simulator parameters to a bag by L-BFGS through the differentiable simulator, on the "
+                    "velocity error over short multi-step windows of the first part of the bag, judged on the "
+                    "rest; write calibrated.yaml (a training file for `diffsim-ros train --config`), "
+                    "calibrated.urdf when masses, damping or friction change, sysid.json and sysid.md.")
+    _add_bag_args(p)
+    p.add_argument("--params", required=True, metavar="NAME,...", help=f"parameters to fit: {from_params}")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--window", type=int, default=5, metavar="STEPS",
+                   help="control steps per fitting window (default: 5)")
+    p.add_argument("--fit-fraction", type=float, default=0.7, metavar="F",
+                   help="fraction of the bag (from its start) used to fit; the rest is held out (default: 0.7)")
+    p.add_argument("--max-starts", type=int, default=256, metavar="N",
+                   help="windows used to fit (and to judge), evenly spread (default: 256)")
+    p.add_argument("--max-iter", type=int, default=60, metavar="N", help="L-BFGS iterations (default: 60)")
+    p.add_argument("--quiet", action="store_true", help="no per-evaluation progress")
+    p.set_defaults(func=cmd_sysid)
+
+
 # --------------------------------------------------------------------------- main
+
+
+# --------------------------------------------------------------------------- loop
+
+
+def _perturbation(text: str) -> dict:
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, val = item.partition("=")
+        try:
+            out[key.strip()] = float(val)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise CliError(f"--perturb entries are KEY=NUMBER (e.g. mass_scale=1.2,drag_scale=2), got {item!r}")
+    return out
+
+
+def cmd_loop(args: argparse.Namespace) -> int:
+    _positive("--threads", args.threads)
+    if not args.duration > 0:
+        raise CliError(f"--duration must be positive, got {args.duration}")
+    from diffsim_ros.loop import DEFAULT_PERTURBATION, LoopError, run_loop
+    from diffsim_ros.analysis import AnalysisError
+
+    pert = dict(DEFAULT_PERTURBATION) if args.perturb is None else _perturbation(args.perturb)
+    if args.config is None:
+        from diffsim_ros.config import package_share
+
+        share = package_share()
+        if share is None or not (share / "config" / "hover.yaml").is_file():
+            raise CliError("no --config given and the package's config/hover.yaml was not found")
+        args.config = str(share / "config" / "hover.yaml")
+    out = args.out or os.path.join("runs", "loop_" + time.strftime("%Y%m%d_%H%M%S", time.gmtime()))
+    try:
+        summary = run_loop(args.config, out, checkpoint=args.checkpoint, duration=args.duration,
+                           perturbation=pert, threads=args.threads, iterations=args.iterations,
+                           domain=args.domain_id)
+    except (LoopError, AnalysisError) as exc:
+        raise CliError(str(exc)) from None
+    except _input_errors() as exc:
+        raise CliError(_describe(exc, args.config)) from None
+    ok = summary.get("task", {}).get("success", True) and not summary.get("lost")
+    return 0 if ok else 1
+
+
+def _add_loop(sub) -> None:
+    p = sub.add_parser("loop", help="train, deploy on the MuJoCo stand-in over ROS 2, record a bag, compare",
+                       description="The whole loop on the embedded default robot: train a policy by gradients "
+                                   "through the simulator, run it with policy_controller on the mujoco_plant "
+                                   "stand-in (separate processes over DDS, lockstep), record everything with "
+                                   "trajectory_recorder, then print the sim-vs-real analysis of the bag. "
+                                   "Exit status 1 when the task fails on the stand-in or a message is missing "
+                                   "from the bag.")
+    p.add_argument("--config", default=None,
+                   help="training YAML (default: the package's config/hover.yaml, quadrotor hover)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/loop_<UTC time>)")
+    p.add_argument("--checkpoint", default=None, help="deploy this checkpoint instead of training one")
+    p.add_argument("--iterations", type=int, default=None, help="override training.iterations")
+    p.add_argument("--duration", type=float, default=4.0, help="simulated seconds on the stand-in (default 4)")
+    p.add_argument("--perturb", default=None,
+                   help="stand-in perturbation, KEY=VALUE,... (mass_scale, joint_damping_scale, "
+                        "added_joint_damping, drag_scale, actuator_lag, latency); default: "
+                        "mass_scale=1.1,drag_scale=1.5,actuator_lag=0.03; '' for none")
+    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.set_defaults(func=cmd_loop)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -489,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_train(sub)
     _add_baseline(sub)
+    _add_analyze(sub)
+    _add_sysid(sub)
+    _add_loop(sub)
     return parser
 
 

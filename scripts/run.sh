@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Run the main job: bootstrap the local .venv (pinned versions; a no-op when
-# nothing changed), then `diffsim-ros demo`. Extra arguments go to the demo, e.g.
-#   scripts/run.sh --urdf path/to/robot.urdf --batch 4096 --dtype float32
+# nothing changed), then `diffsim-ros loop`: train a quadrotor hover policy by
+# gradients through the simulator, deploy it on the MuJoCo stand-in over ROS 2
+# (separate processes, DDS), record a rosbag2 (MCAP), and print the sim-vs-real
+# summary. Extra arguments go to `diffsim-ros loop`, e.g.
+#   scripts/run.sh --out runs/first --perturb mass_scale=1.2,drag_scale=2
+#   scripts/run.sh --checkpoint policies/hover      # skip training
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
 "$ROOT/scripts/bootstrap.sh"
-exec "$VENV/bin/diffsim-ros" demo "$@"
+cd "$ROOT"
+exec "$VENV/bin/diffsim-ros" loop "$@"

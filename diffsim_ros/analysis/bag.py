@@ -1,0 +1,642 @@
+"""rosbag2 reading and writing for the analysis, with the ``rosbags`` library (no ROS install).
+
+Layout (doc/interfaces.md): states on ``/joint_states`` (sensor_msgs/JointState, arms)
+or ``/odom`` (nav_msgs/Odometry, quadrotors; twist in the body frame) and ``/imu``;
+commands on ``/diffsim/command`` (std_msgs/Float64MultiArray in the simulator's own
+interface, ``layout.dim[0].label`` = the stamp in ns of the state it was computed
+from) or on the interface topics (``/cmd_ctbr``, ``/cmd_rotor_thrust``,
+``/<controller>/commands``); predictions on ``/diffsim/predicted_state``; and the
+latched JSON ``/diffsim/metadata``.
+
+    data = read_bag("run1")                 # BagData: arrays in model order + timing report
+    with BagWriter("out", storage="mcap") as w:
+        w.metadata({...}); w.joint_state(t_ns, names, q, v); w.command(t_ns, values, state_ns)
+
+Both MCAP and sqlite3 storage are read (rosbags' AnyReader picks the plugin).
+Every problem is an :class:`AnalysisError` naming the bag and the topic or field.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import cdr
+from .errors import AnalysisError
+
+# Default topic names (doc/interfaces.md).
+JOINT_STATES = "/joint_states"
+ODOM = "/odom"
+IMU = "/imu"
+COMMAND = "/diffsim/command"
+PREDICTED = "/diffsim/predicted_state"
+METADATA = "/diffsim/metadata"
+CMD_CTBR = "/cmd_ctbr"
+CMD_ROTOR_THRUST = "/cmd_rotor_thrust"
+CONTROLLER_COMMANDS = ("/position_controller/commands", "/velocity_controller/commands",
+                       "/effort_controller/commands")
+
+JOINT_STATE_T = "sensor_msgs/msg/JointState"
+ODOMETRY_T = "nav_msgs/msg/Odometry"
+IMU_T = "sensor_msgs/msg/Imu"
+FLOAT64_ARRAY_T = "std_msgs/msg/Float64MultiArray"
+STRING_T = "std_msgs/msg/String"
+TWIST_STAMPED_T = "geometry_msgs/msg/TwistStamped"
+
+#: Velocity components of a floating base, as nav_msgs/Odometry's body-frame twist.
+BASE_AXES = ["vx", "vy", "vz", "wx", "wy", "wz"]
+
+
+def _typestore():
+    from rosbags.typesys import Stores, get_typestore
+
+    # The message definitions used here are identical in every ROS 2 release since Humble.
+    store = getattr(Stores, "ROS2_KILTED", None) or Stores.ROS2_JAZZY
+    return get_typestore(store)
+
+
+# ---------------------------------------------------------------------------- timing report
+@dataclass
+class TopicStats:
+    """Timing of one topic, from its header stamps (or receive stamps when it has no header)."""
+    topic: str
+    msgtype: str
+    count: int
+    stamp_source: str               # "header", "label" (/diffsim/command's state stamp) or "receive"
+    duration_s: float = 0.0
+    rate_hz: float = 0.0
+    period_s: float = 0.0           # median interval between consecutive stamps
+    jitter_std_s: float = 0.0       # standard deviation of the intervals
+    jitter_max_s: float = 0.0       # largest |interval - period|, drops excluded
+    drops: int = 0                  # messages missing from gaps longer than 1.5 periods
+    duplicates: int = 0             # messages repeating an earlier stamp
+    out_of_order: int = 0           # messages (in receive order) stamped earlier than their predecessor
+    latency_mean_s: Optional[float] = None   # receive - header stamp
+    latency_max_s: Optional[float] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def timing_stats(topic: str, msgtype: str, stamps: np.ndarray, receive: np.ndarray,
+                 has_header: bool) -> TopicStats:
+    """Jitter, drops, duplicates and out-of-order counts of one topic.
+
+    ``stamps`` and ``receive`` are int64 ns in receive (bag) order. The nominal period is
+    the median interval between distinct sorted stamps, so a few drops or bursts do not
+    move it.
+    """
+    st = TopicStats(topic, msgtype, int(len(stamps)), "header" if has_header else "receive")
+    s = np.asarray(stamps if has_header else receive, dtype=np.int64)
+    if has_header and len(s):
+        lat = (np.asarray(receive, dtype=np.int64) - s) * 1e-9
+        st.latency_mean_s, st.latency_max_s = float(lat.mean()), float(lat.max())
+    if len(s) < 2:
+        return st
+    st.out_of_order = int((np.diff(s) < 0).sum())
+    srt = np.sort(s)
+    d = np.diff(srt)
+    st.duplicates = int((d == 0).sum())
+    d = d[d > 0]
+    if len(d) == 0:
+        return st
+    period = float(np.median(d))
+    st.period_s = period * 1e-9
+    st.duration_s = float(srt[-1] - srt[0]) * 1e-9
+    st.rate_hz = 1.0 / st.period_s if st.period_s > 0 else 0.0
+    gaps = d > 1.5 * period
+    st.drops = int(np.maximum(np.round(d[gaps] / period) - 1, 0).sum())
+    regular = d[~gaps]
+    if len(regular):
+        st.jitter_std_s = float(regular.std()) * 1e-9
+        st.jitter_max_s = float(np.abs(regular - period).max()) * 1e-9
+    return st
+
+
+# ---------------------------------------------------------------------------- reading
+@dataclass
+class BagData:
+    """What the analysis needs from a bag, as arrays (times in int64 ns).
+
+    States are sorted by header stamp with duplicate stamps dropped; ``q``/``v`` follow
+    the message layout: arms in ``joint_names`` order (the JointState's own order, mapped
+    to a model's by name later), quadrotors ``q = [x y z qx qy qz qw]``,
+    ``v = [v_lin v_ang]`` in the body frame. ``cmd_state_stamp[i]`` is the stamp of the
+    state command ``i`` was computed from.
+    """
+    path: str
+    storage: str
+    kind: str                                   # "arm" or "quadrotor"
+    state_topic: str
+    joint_names: List[str]
+    t_state: np.ndarray
+    q: np.ndarray
+    v: np.ndarray
+    command_topic: str
+    cmd_state_stamp: np.ndarray
+    cmd: np.ndarray
+    cmd_names: List[str]
+    cmd_stamp_source: str                       # "label", "header" or "receive"
+    pred_t: Optional[np.ndarray] = None
+    pred_v: Optional[np.ndarray] = None
+    pred_joint_names: List[str] = field(default_factory=list)
+    metadata: Optional[Dict[str, Any]] = None
+    topics: Dict[str, TopicStats] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def dof_names(self) -> List[str]:
+        return list(self.joint_names) if self.kind == "arm" else list(BASE_AXES)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.t_state[-1] - self.t_state[0]) * 1e-9 if len(self.t_state) > 1 else 0.0
+
+
+def _ns(stamp) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def _open_reader(path: Path):
+    from rosbags.highlevel import AnyReader
+
+    if not path.exists():
+        raise AnalysisError(f"{path}: no such bag (expected a rosbag2 directory with metadata.yaml, "
+                            f"or an .mcap/.db3 file)")
+    if path.is_dir() and not (path / "metadata.yaml").is_file():
+        raise AnalysisError(f"{path}: not a rosbag2 directory: metadata.yaml is missing (a recording that was "
+                            f"killed before closing lacks it; `ros2 bag reindex` can rebuild it)")
+    try:
+        reader = AnyReader([path], default_typestore=_typestore())
+        reader.open()
+    except Exception as exc:  # rosbags raises several types for broken files; all mean the same here
+        raise AnalysisError(f"{path}: cannot open the bag ({type(exc).__name__}: {exc}); is it a rosbag2 "
+                            f"directory, and complete (not truncated)?") from None
+    return reader
+
+
+def _storage_of(path: Path) -> str:
+    if path.is_dir():
+        names = [p.suffix for p in path.iterdir()]
+        if ".mcap" in names:
+            return "mcap"
+        if ".db3" in names:
+            return "sqlite3"
+    return {".mcap": "mcap", ".db3": "sqlite3"}.get(path.suffix, "unknown")
+
+
+def _check_type(path: Path, topic: str, got: str, want: Sequence[str]) -> None:
+    if got not in want:
+        raise AnalysisError(f"{path}: topic '{topic}' has message type {got}, expected "
+                            f"{' or '.join(want)} (doc/interfaces.md)")
+
+
+def read_bag(path, state_topic: Optional[str] = None, command_topic: Optional[str] = None,
+             predicted_topic: str = PREDICTED, metadata_topic: str = METADATA) -> BagData:
+    """Read a rosbag2 bag (MCAP or sqlite3) into :class:`BagData`; see the module doc.
+
+    ``state_topic``/``command_topic`` override the defaults (first of ``/joint_states``,
+    ``/odom``; first of ``/diffsim/command``, ``/cmd_ctbr``, ``/cmd_rotor_thrust``,
+    ``/<controller>/commands``).
+    """
+    path = Path(os.fspath(path))
+    reader = _open_reader(path)
+    try:
+        return _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic)
+    finally:
+        try:
+            reader.close()
+        except Exception:
+            pass
+
+
+def _messages(reader, path: Path, conns, what: str):
+    """(receive ns, deserialised message) of ``conns``; a read error names the topic."""
+    try:
+        for conn, t, raw in reader.messages(connections=conns):
+            try:
+                msg = reader.deserialize(raw, conn.msgtype)
+            except Exception as exc:
+                raise AnalysisError(f"{path}: topic '{conn.topic}': a message at t={t} ns cannot be "
+                                    f"deserialised as {conn.msgtype} ({type(exc).__name__}: {exc})") from None
+            yield t, msg
+    except AnalysisError:
+        raise
+    except Exception as exc:
+        raise AnalysisError(f"{path}: reading {what} failed ({type(exc).__name__}: {exc}); the bag is "
+                            f"probably truncated or corrupt") from None
+
+
+#: Read uncompressed MCAP bags with the vectorised scanner of cdr.mcap_messages (False: rosbags only).
+FAST_MCAP = True
+
+
+def _fast_mcap(path: Path, topics: Sequence[str]):
+    """cdr.mcap_messages over the bag's MCAP files, or None (then rosbags reads it)."""
+    if not FAST_MCAP or not path.is_dir():
+        return None
+    files = sorted(str(f) for f in path.glob("*.mcap"))
+    if not files:
+        return None
+    try:
+        return cdr.mcap_messages(files, topics)
+    except (struct.error, UnicodeDecodeError, IndexError, OSError):
+        return None
+
+
+def _raw(reader, path: Path, conns, what: str, fast=None):
+    """(receive ns (N,), [raw CDR bytes]) of ``conns`` in bag order; a read error names the topic."""
+    if fast is not None and what in fast:
+        return fast[what]
+    recv, raws = [], []
+    try:
+        for _, t, raw in reader.messages(connections=conns):
+            recv.append(t)
+            raws.append(bytes(raw))
+    except Exception as exc:
+        raise AnalysisError(f"{path}: reading {what} failed ({type(exc).__name__}: {exc}); the bag is "
+                            f"probably truncated or corrupt") from None
+    return np.asarray(recv, dtype=np.int64), raws
+
+
+def _slow(reader, path: Path, conn_type: str, topic: str, recv, raws):
+    """Per-message deserialisation (the fallback of the vectorised decoders in cdr.py)."""
+    for t, raw in zip(recv, raws):
+        try:
+            yield int(t), reader.deserialize(raw, conn_type)
+        except Exception as exc:
+            raise AnalysisError(f"{path}: topic '{topic}': a message at t={t} ns cannot be "
+                                f"deserialised as {conn_type} ({type(exc).__name__}: {exc})") from None
+
+
+def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic) -> BagData:
+    topics = {c.topic: c.msgtype for c in reader.connections}
+    conns_of = lambda topic: [c for c in reader.connections if c.topic == topic]  # noqa: E731
+    present = ", ".join(sorted(topics)) or "none"
+    mcap = _fast_mcap(path, [t for t in topics if t != metadata_topic])
+
+    # Metadata first: it tells the robot kind and the command layout.
+    metadata = None
+    if metadata_topic in topics:
+        _check_type(path, metadata_topic, topics[metadata_topic], [STRING_T])
+        last = None
+        for _, msg in _messages(reader, path, conns_of(metadata_topic), metadata_topic):
+            last = msg.data
+        if last is not None:
+            try:
+                metadata = json.loads(last)
+            except json.JSONDecodeError as exc:
+                raise AnalysisError(f"{path}: topic '{metadata_topic}' does not hold JSON ({exc})") from None
+            if not isinstance(metadata, dict):
+                raise AnalysisError(f"{path}: topic '{metadata_topic}' must hold a JSON object, got "
+                                    f"{type(metadata).__name__}")
+
+    if state_topic is None:
+        for cand in (JOINT_STATES, ODOM):
+            if cand in topics:
+                state_topic = cand
+                break
+        else:
+            raise AnalysisError(f"{path}: no state topic: expected '{JOINT_STATES}' (sensor_msgs/JointState) "
+                                f"or '{ODOM}' (nav_msgs/Odometry); topics in the bag: {present}")
+    if state_topic not in topics:
+        raise AnalysisError(f"{path}: state topic '{state_topic}' is not in the bag; topics: {present}")
+    _check_type(path, state_topic, topics[state_topic], [JOINT_STATE_T, ODOMETRY_T])
+    kind = "arm" if topics[state_topic] == JOINT_STATE_T else "quadrotor"
+    stats: Dict[str, TopicStats] = {}
+    warnings: List[str] = []
+
+    # ---- states
+    recv_a, raws = _raw(reader, path, conns_of(state_topic), state_topic, mcap)
+    names: Optional[List[str]] = None
+    fast = None
+    if raws:
+        fast = cdr.joint_states(raws) if kind == "arm" else cdr.odometry(raws)
+    if fast is not None and kind == "arm":
+        stamps, names, q_arr, v_arr = fast
+    elif fast is not None:
+        stamps, q_arr, v_arr = fast
+    else:
+        stamps, qs, vs = [], [], []
+        for t, msg in _slow(reader, path, topics[state_topic], state_topic, recv_a, raws):
+            stamps.append(_ns(msg.header.stamp))
+            if kind == "arm":
+                nm = list(msg.name)
+                if names is None:
+                    names = nm
+                if nm != names:
+                    raise AnalysisError(f"{path}: topic '{state_topic}': message at t={t} ns has joints {nm}, the "
+                                        f"first message had {names} (the analysis expects one fixed joint set)")
+                pos, vel = np.asarray(msg.position, dtype=float), np.asarray(msg.velocity, dtype=float)
+                if len(pos) != len(nm) or len(vel) != len(nm):
+                    raise AnalysisError(f"{path}: topic '{state_topic}': message at t={t} ns has {len(nm)} names but "
+                                        f"{len(pos)} positions and {len(vel)} velocities (field 'velocity' is "
+                                        f"required)")
+                qs.append(pos)
+                vs.append(vel)
+            else:
+                p, o = msg.pose.pose.position, msg.pose.pose.orientation
+                lin, ang = msg.twist.twist.linear, msg.twist.twist.angular
+                qs.append((p.x, p.y, p.z, o.x, o.y, o.z, o.w))
+                vs.append((lin.x, lin.y, lin.z, ang.x, ang.y, ang.z))
+        q_arr, v_arr = np.asarray(qs, dtype=float), np.asarray(vs, dtype=float)
+    if len(stamps) < 2:
+        raise AnalysisError(f"{path}: topic '{state_topic}' has {len(stamps)} message(s); at least 2 are needed")
+    stamps_a = np.asarray(stamps, dtype=np.int64)
+    stats[state_topic] = timing_stats(state_topic, topics[state_topic], stamps_a, recv_a, True)
+    if stamps_a.max() == 0:
+        # All headers zero: the publisher did not stamp; fall back to the receive time.
+        warnings.append(f"'{state_topic}': header stamps are all zero; aligned by bag receive time instead")
+        stamps_a = recv_a.copy()
+    order = np.argsort(stamps_a, kind="stable")
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = np.diff(stamps_a[order]) != 0          # drop repeated stamps, keep the first
+    order = order[keep]
+    t_state = stamps_a[order]
+    q, v = q_arr[order], v_arr[order]
+    # receive time of each kept state (for the receive-time fallback of commands)
+    recv_state = recv_a[order]
+    if not np.isfinite(v).all() or not np.isfinite(q).all():
+        bad = int((~np.isfinite(v).all(1) | ~np.isfinite(q).all(1)).sum())
+        raise AnalysisError(f"{path}: topic '{state_topic}' has {bad} message(s) with NaN/Inf positions or velocities")
+
+    if IMU in topics:
+        _check_type(path, IMU, topics[IMU], [IMU_T])
+        rc_, raws_ = _raw(reader, path, conns_of(IMU), IMU, mcap)
+        if raws_:
+            try:
+                st_ = cdr.header_stamps(raws_)
+            except Exception:
+                st_ = np.asarray([_ns(m.header.stamp) for _, m in _slow(reader, path, IMU_T, IMU, rc_, raws_)])
+            stats[IMU] = timing_stats(IMU, IMU_T, st_, rc_, True)
+
+    # ---- commands
+    if command_topic is None:
+        cands = [COMMAND, CMD_CTBR, CMD_ROTOR_THRUST, *CONTROLLER_COMMANDS]
+        for cand in cands:
+            if cand in topics:
+                command_topic = cand
+                break
+        else:
+            raise AnalysisError(f"{path}: no command topic: expected '{COMMAND}' (std_msgs/Float64MultiArray) or "
+                                f"one of {', '.join(cands[1:])}; topics in the bag: {present}")
+    if command_topic not in topics:
+        raise AnalysisError(f"{path}: command topic '{command_topic}' is not in the bag; topics: {present}")
+    ctype = topics[command_topic]
+    _check_type(path, command_topic, ctype,
+                [TWIST_STAMPED_T] if command_topic == CMD_CTBR else [FLOAT64_ARRAY_T])
+    crecv_a, craws = _raw(reader, path, conns_of(command_topic), command_topic, mcap)
+    cvals, clabel, chead = [], [], []
+    fast_cmd = cdr.float64_arrays(craws) if (craws and ctype == FLOAT64_ARRAY_T) else None
+    if fast_cmd is not None:
+        cvals, clabel = list(fast_cmd[0]), fast_cmd[1]
+    else:
+        for t, msg in _slow(reader, path, ctype, command_topic, crecv_a, craws):
+            if ctype == TWIST_STAMPED_T:
+                tw = msg.twist
+                cvals.append((tw.linear.z, tw.angular.x, tw.angular.y, tw.angular.z))
+                chead.append(_ns(msg.header.stamp))
+            else:
+                cvals.append(np.asarray(msg.data, dtype=float))
+                label = msg.layout.dim[0].label if len(msg.layout.dim) else ""
+                try:
+                    clabel.append(int(label))
+                except (TypeError, ValueError):
+                    clabel.append(None)
+    widths = {len(c) for c in cvals}
+    if len(widths) != 1:
+        raise AnalysisError(f"{path}: topic '{command_topic}': commands have different lengths {sorted(widths)}")
+    cmd = np.asarray(cvals, dtype=float)
+    if ctype == TWIST_STAMPED_T:
+        source = "header"
+        stamp_of = np.asarray(chead, dtype=np.int64)
+        # A command is computed from the newest state at or before its stamp.
+        idx = np.searchsorted(t_state, stamp_of, side="right") - 1
+    elif all(lbl is not None for lbl in clabel):
+        source = "label"
+        stamp_of = np.asarray(clabel, dtype=np.int64)
+        idx = np.searchsorted(t_state, stamp_of, side="left")
+        idx_c = np.clip(idx, 0, len(t_state) - 1)
+        exact = t_state[idx_c] == stamp_of
+        if not exact.all():
+            # Labels that are no state's stamp: take the newest state at or before it.
+            idx = np.where(exact, idx_c, np.searchsorted(t_state, stamp_of, side="right") - 1)
+            warnings.append(f"'{command_topic}': {int((~exact).sum())} command label(s) match no state stamp "
+                            f"exactly (the state may be dropped); aligned to the newest earlier state")
+    else:
+        source = "receive"
+        if any(lbl is not None for lbl in clabel):
+            warnings.append(f"'{command_topic}': some commands lack the state-stamp label; all are aligned by "
+                            f"bag receive time")
+        idx = np.searchsorted(recv_state, crecv_a, side="right") - 1
+    if source == "label":
+        # The label is the stamp (robot clock) of the state the command answers: the command
+        # stream's own timing in that clock; receive - label is compute plus transport delay.
+        stats[command_topic] = timing_stats(command_topic, ctype, stamp_of, crecv_a, True)
+        stats[command_topic].stamp_source = "label"
+    else:
+        stats[command_topic] = timing_stats(command_topic, ctype, crecv_a, crecv_a, False)
+    valid = idx >= 0
+    if not valid.any() or (source != "receive" and (stamp_of.max() < t_state[0] or stamp_of.min() > t_state[-1])):
+        lo, hi = (t_state[0] * 1e-9, t_state[-1] * 1e-9)
+        raise AnalysisError(f"{path}: no overlap in time between '{command_topic}' and '{state_topic}': states "
+                            f"span [{lo:.3f}, {hi:.3f}] s, commands "
+                            + (f"[{stamp_of.min() * 1e-9:.3f}, {stamp_of.max() * 1e-9:.3f}] s"
+                               if source != "receive" else f"arrive before the first state"))
+    if (~valid).any():
+        warnings.append(f"'{command_topic}': {int((~valid).sum())} command(s) precede the first state; ignored")
+    cmd, idx = cmd[valid], idx[valid]
+    cmd_state_stamp = t_state[idx]
+    # One command per state: a repeated one (same state stamp) keeps the last sent.
+    order = np.argsort(cmd_state_stamp, kind="stable")
+    cmd_state_stamp, cmd = cmd_state_stamp[order], cmd[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = np.diff(cmd_state_stamp) != 0
+    if (~last).any():
+        warnings.append(f"'{command_topic}': {int((~last).sum())} command(s) share their state with a later one; "
+                        f"the last one sent is used")
+    cmd_state_stamp, cmd = cmd_state_stamp[last], cmd[last]
+    if not np.isfinite(cmd).all():
+        raise AnalysisError(f"{path}: topic '{command_topic}' has NaN/Inf commands")
+
+    cmd_names = _command_names(metadata, command_topic, cmd.shape[1], kind, names)
+
+    # ---- online predictions (optional)
+    pred_t = pred_v = None
+    pred_names: List[str] = []
+    if predicted_topic in topics:
+        _check_type(path, predicted_topic, topics[predicted_topic], [JOINT_STATE_T if kind == "arm" else ODOMETRY_T])
+        prc, praws = _raw(reader, path, conns_of(predicted_topic), predicted_topic, mcap)
+        fast_p = None
+        if praws:
+            fast_p = cdr.joint_states(praws) if kind == "arm" else cdr.odometry(praws)
+        pt, pv = [], []
+        if fast_p is not None:
+            pt, pv = list(fast_p[0]), list(fast_p[-1])
+            if kind == "arm":
+                pred_names = list(fast_p[1])
+        else:
+            for t, msg in _slow(reader, path, topics[predicted_topic], predicted_topic, prc, praws):
+                pt.append(_ns(msg.header.stamp))
+                if kind == "arm":
+                    if not pred_names:
+                        pred_names = list(msg.name)
+                    if list(msg.name) != pred_names:
+                        raise AnalysisError(f"{path}: topic '{predicted_topic}': joint names change between messages")
+                    pv.append(np.asarray(msg.velocity, dtype=float))
+                else:
+                    lin, ang = msg.twist.twist.linear, msg.twist.twist.angular
+                    pv.append((lin.x, lin.y, lin.z, ang.x, ang.y, ang.z))
+        if pt:
+            stats[predicted_topic] = timing_stats(predicted_topic, topics[predicted_topic], np.asarray(pt),
+                                                  prc, True)
+            o = np.argsort(np.asarray(pt), kind="stable")
+            pred_t, pred_v = np.asarray(pt, dtype=np.int64)[o], np.asarray(pv, dtype=float)[o]
+
+    return BagData(path=str(path), storage=_storage_of(path), kind=kind, state_topic=state_topic,
+                   joint_names=list(names or []), t_state=t_state, q=q, v=v, command_topic=command_topic,
+                   cmd_state_stamp=cmd_state_stamp, cmd=cmd, cmd_names=cmd_names, cmd_stamp_source=source,
+                   pred_t=pred_t, pred_v=pred_v, pred_joint_names=pred_names, metadata=metadata,
+                   topics=stats, warnings=warnings)
+
+
+def _command_names(metadata, topic, width, kind, joint_names) -> List[str]:
+    """Names of the command entries: for a ros2_control forward-command topic, the controller's
+    joints (policy_controller's metadata ``controller_joints``); else the checkpoint's
+    ``command.names`` when the bag has them."""
+    cj = (metadata or {}).get("controller_joints")
+    if topic in CONTROLLER_COMMANDS and isinstance(cj, list) and len(cj) == width:
+        return [str(n) for n in cj]
+    ck = (metadata or {}).get("checkpoint") or {}
+    names = ((ck.get("command") or {}).get("names") if isinstance(ck, dict) else None)
+    if isinstance(names, list) and len(names) == width:
+        return [str(n) for n in names]
+    if topic == CMD_CTBR or (kind == "quadrotor" and width == 4 and topic != CMD_ROTOR_THRUST):
+        return ["collective_thrust", "body_rate/x", "body_rate/y", "body_rate/z"]
+    if kind == "arm" and joint_names and len(joint_names) == width:
+        return list(joint_names)
+    return [f"command_{i}" for i in range(width)]
+
+
+# ---------------------------------------------------------------------------- writing
+class BagWriter:
+    """Writes bags in the layout of doc/interfaces.md (header stamps and receive times in ns).
+
+    ``storage``: "mcap" (the default, as trajectory_recorder writes) or "sqlite3".
+    Connections are added on first use; the metadata topic is offered transient-local,
+    as policy_controller latches it.
+    """
+
+    def __init__(self, path, storage: str = "mcap"):
+        from rosbags.rosbag2 import StoragePlugin, Writer
+
+        if storage not in ("mcap", "sqlite3"):
+            raise AnalysisError(f"storage must be 'mcap' or 'sqlite3', got {storage!r}")
+        self.path = Path(os.fspath(path))
+        self.store = _typestore()
+        plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+        self._writer = Writer(self.path, version=9, storage_plugin=plugin)
+        self._conns: Dict[str, Any] = {}
+        T = self.store.types
+        self._Time = T["builtin_interfaces/msg/Time"]
+        self._Header = T["std_msgs/msg/Header"]
+
+    def __enter__(self) -> "BagWriter":
+        self._writer.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._writer.close()
+
+    def _conn(self, topic: str, msgtype: str, latched: bool = False):
+        c = self._conns.get(topic)
+        if c is None:
+            qos = ()
+            if latched:
+                from rosbags.interfaces import (Qos, QosDurability, QosHistory, QosLiveliness, QosReliability,
+                                                QosTime)
+                zero = QosTime(0, 0)
+                qos = (Qos(QosHistory.KEEP_LAST, 1, QosReliability.RELIABLE, QosDurability.TRANSIENT_LOCAL,
+                           zero, zero, QosLiveliness.AUTOMATIC, zero, False),)
+            c = self._conns[topic] = self._writer.add_connection(topic, msgtype, typestore=self.store,
+                                                                 offered_qos_profiles=qos)
+        return c
+
+    def _header(self, stamp_ns: int, frame_id: str = ""):
+        stamp_ns = int(stamp_ns)
+        return self._Header(stamp=self._Time(sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000),
+                            frame_id=frame_id)
+
+    def raw(self, topic: str, msgtype: str, receive_ns: int, msg) -> None:
+        """Write a message object of ``self.store.types[msgtype]`` (for unusual test bags)."""
+        self._writer.write(self._conn(topic, msgtype), int(receive_ns), self.store.serialize_cdr(msg, msgtype))
+
+    def metadata(self, meta: Dict[str, Any], receive_ns: int = 0, topic: str = METADATA) -> None:
+        msg = self.store.types[STRING_T](data=json.dumps(meta))
+        self._writer.write(self._conn(topic, STRING_T, latched=True), int(receive_ns),
+                           self.store.serialize_cdr(msg, STRING_T))
+
+    def joint_state(self, stamp_ns: int, names: Sequence[str], q, v, effort=None, receive_ns: Optional[int] = None,
+                    topic: str = JOINT_STATES) -> None:
+        msg = self.store.types[JOINT_STATE_T](
+            header=self._header(stamp_ns), name=list(names), position=np.ascontiguousarray(q, dtype=np.float64),
+            velocity=np.ascontiguousarray(v, dtype=np.float64),
+            effort=np.ascontiguousarray(effort if effort is not None else [], dtype=np.float64))
+        self._writer.write(self._conn(topic, JOINT_STATE_T), int(stamp_ns if receive_ns is None else receive_ns),
+                           self.store.serialize_cdr(msg, JOINT_STATE_T))
+
+    def odometry(self, stamp_ns: int, q, v, receive_ns: Optional[int] = None, topic: str = ODOM) -> None:
+        """``q = [x y z qx qy qz qw]`` (world), ``v = [v_lin v_ang]`` (body frame)."""
+        T = self.store.types
+        q, v = [float(x) for x in q], [float(x) for x in v]
+        pose = T["geometry_msgs/msg/PoseWithCovariance"](
+            pose=T["geometry_msgs/msg/Pose"](position=T["geometry_msgs/msg/Point"](x=q[0], y=q[1], z=q[2]),
+                                             orientation=T["geometry_msgs/msg/Quaternion"](
+                                                 x=q[3], y=q[4], z=q[5], w=q[6])),
+            covariance=np.zeros(36))
+        twist = T["geometry_msgs/msg/TwistWithCovariance"](
+            twist=T["geometry_msgs/msg/Twist"](linear=T["geometry_msgs/msg/Vector3"](x=v[0], y=v[1], z=v[2]),
+                                               angular=T["geometry_msgs/msg/Vector3"](x=v[3], y=v[4], z=v[5])),
+            covariance=np.zeros(36))
+        msg = T[ODOMETRY_T](header=self._header(stamp_ns, "world"), child_frame_id="base_link", pose=pose,
+                            twist=twist)
+        self._writer.write(self._conn(topic, ODOMETRY_T), int(stamp_ns if receive_ns is None else receive_ns),
+                           self.store.serialize_cdr(msg, ODOMETRY_T))
+
+    def imu(self, stamp_ns: int, quat, omega, specific_force, receive_ns: Optional[int] = None,
+            topic: str = IMU) -> None:
+        T = self.store.types
+        V = T["geometry_msgs/msg/Vector3"]
+        quat, omega, f = [float(x) for x in quat], [float(x) for x in omega], [float(x) for x in specific_force]
+        msg = T[IMU_T](header=self._header(stamp_ns, "base_link"),
+                       orientation=T["geometry_msgs/msg/Quaternion"](x=quat[0], y=quat[1], z=quat[2], w=quat[3]),
+                       orientation_covariance=np.zeros(9), angular_velocity=V(x=omega[0], y=omega[1], z=omega[2]),
+                       angular_velocity_covariance=np.zeros(9), linear_acceleration=V(x=f[0], y=f[1], z=f[2]),
+                       linear_acceleration_covariance=np.zeros(9))
+        self._writer.write(self._conn(topic, IMU_T), int(stamp_ns if receive_ns is None else receive_ns),
+                           self.store.serialize_cdr(msg, IMU_T))
+
+    def command(self, receive_ns: int, values, state_stamp_ns: Optional[int], topic: str = COMMAND) -> None:
+        """The simulator-interface command, labelled with the stamp of the state it was computed from."""
+        T = self.store.types
+        vals = np.ascontiguousarray(values, dtype=np.float64)
+        dims = [T["std_msgs/msg/MultiArrayDimension"](
+            label="" if state_stamp_ns is None else str(int(state_stamp_ns)), size=len(vals), stride=len(vals))]
+        msg = T[FLOAT64_ARRAY_T](layout=T["std_msgs/msg/MultiArrayLayout"](dim=dims, data_offset=0), data=vals)
+        self._writer.write(self._conn(topic, FLOAT64_ARRAY_T), int(receive_ns),
+                           self.store.serialize_cdr(msg, FLOAT64_ARRAY_T))
+
+    def ctbr(self, stamp_ns: int, values, receive_ns: Optional[int] = None, topic: str = CMD_CTBR) -> None:
+        T = self.store.types
+        c = [float(x) for x in values]
+        V = T["geometry_msgs/msg/Vector3"]
+        msg = T[TWIST_STAMPED_T](header=self._header(stamp_ns, "base_link"),
+                                 twist=T["geometry_msgs/msg/Twist"](linear=V(x=0.0, y=0.0, z=c[0]),
+                                                                    angular=V(x=c[1], y=c[2], z=c[3])))
+        self._writer.write(self._conn(topic, TWIST_STAMPED_T), int(stamp_ns if receive_ns is None else receive_ns),
+                           self.store.serialize_cdr(msg, TWIST_STAMPED_T))

@@ -1,0 +1,8 @@
+"""The one error type of the analysis layer."""
+from __future__ import annotations
+
+
+class AnalysisError(ValueError):
+    """A bag or setting the analysis cannot use: unreadable or truncated bag, missing
+    topic, wrong message type, no overlap in time, joints that do not match the model.
+    The message names the file, topic or field at fault (the CLI prints it and exits 2)."""

@@ -1,0 +1,317 @@
+"""Record a plant rollout under exciting commands into a bag in the layout of doc/interfaces.md.
+
+Shared by the tests and bench/analysis.py, so both analyse bags made the way the
+recorder makes them (header stamps = the plant's time, commands labelled with the
+stamp of the state they were computed from, metadata latched).
+
+    plant = make_plant("config/reach_arm.yaml", {"mass_scale": 1.2}, backend="mujoco")
+    ctrl = arm_exciter(plant, seed=0)                    # closed loop: (q, v) -> command
+    record_bag("bags/arm", plant, ctrl, steps=500, params=params)
+
+Plants: the MuJoCo stand-in (``diffsim_ros.plant``), or :class:`SimulatorPlant`, the
+differentiable simulator itself with the same perturbations (for fast, exact checks of
+the analysis machinery). Both expose ``dt``, ``joint_names``, ``floating_base``,
+``state() -> (t, q, v)`` and ``step(command)``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from .. import config as _config
+from .. import physics
+from .bag import BagWriter
+from .params import build_simulator
+
+
+class SimulatorPlant:
+    """The differentiable simulator as a plant: batch 1, float64, with perturbations named as
+    ``diffsim_ros.plant.Perturbation``'s (mass_scale, joint_damping_scale, drag_scale,
+    actuator_lag, latency in whole control steps)."""
+
+    def __init__(self, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
+                 q0: Optional[np.ndarray] = None):
+        p = dict(perturbation or {})
+        self.params = params
+        self.model = _config.load_model(params, dtype=torch.float64)
+        self.cfg = _config.simulator_config(params)
+        values: Dict[str, Any] = {}
+        if "mass_scale" in p:
+            values["mass_scale"] = torch.tensor([float(p.pop("mass_scale"))])
+        if "joint_damping_scale" in p:
+            values["joint_damping_scale"] = torch.tensor([float(p.pop("joint_damping_scale"))])
+        if "drag_scale" in p:
+            values["drag_scale"] = torch.tensor([float(p.pop("drag_scale"))])
+        if "actuator_lag" in p:
+            lag = float(p.pop("actuator_lag"))
+            values["motor_time_constant" if self.cfg.rotors is not None else "actuator_lag"] = torch.tensor([lag])
+        if "latency" in p:
+            values["latency"] = torch.tensor([round(float(p.pop("latency")) / self.cfg.dt)])
+        if p:
+            raise ValueError(f"SimulatorPlant: unsupported perturbation(s) {sorted(p)}")
+        self.sim = build_simulator(self.model, self.cfg, values)
+        self.dt = self.cfg.dt
+        self.joint_names = list(self.model.joint_names)
+        self.floating_base = self.model.floating_base
+        q = None if q0 is None else torch.as_tensor(q0, dtype=torch.float64)[None]
+        if q is None and self.floating_base:
+            q = self.model.neutral_configuration((1,))
+            q[0, 2] = 1.0
+        self._state = self.sim.initial_state(q, batch=(1,))
+        self._t = 0.0
+
+    def state(self):
+        return self._t, self._state.q[0].numpy().copy(), self._state.v[0].numpy().copy()
+
+    def step(self, command) -> None:
+        with torch.no_grad():
+            self._state = self.sim.step(self._state, torch.as_tensor(command, dtype=torch.float64)[None])
+        self._t += self.dt
+
+
+class MujocoStandIn:
+    """``diffsim_ros.plant.MujocoPlant`` behind the recording interface: ``state()`` returns the
+    measured state in the simulator's convention (base twist in the body frame)."""
+
+    def __init__(self, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
+                 q0: Optional[np.ndarray] = None, source: str = ""):
+        from ..plant.mujoco_plant import MujocoPlant
+
+        self.plant = MujocoPlant(params, source=source, perturbation=perturbation or {})
+        self.dt = self.plant.dt
+        self.joint_names = list(self.plant.joint_names)
+        self.floating_base = self.plant.floating_base
+        if q0 is None and self.floating_base:
+            q0 = np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0] + [0.0] * len(self.joint_names))
+        self._m = self.plant.reset(q0)
+
+    def state(self):
+        m = self._m
+        if not self.floating_base:
+            idx = [list(m.names).index(n) for n in self.joint_names]
+            return m.t, np.asarray(m.position)[idx], np.asarray(m.velocity)[idx]
+        q = np.concatenate((m.position, m.orientation))
+        v = np.concatenate((m.linear_velocity_body, m.angular_velocity))
+        return m.t, q, v
+
+    def step(self, command) -> None:
+        self._m = self.plant.step(np.asarray(command, dtype=np.float64))
+
+
+def make_plant(params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None, backend: str = "mujoco",
+               q0: Optional[np.ndarray] = None):
+    """A plant for :func:`record_bag`: the MuJoCo stand-in (``backend="mujoco"``) or the
+    differentiable simulator itself (``"simulator"``), with the same perturbation names."""
+    if backend == "mujoco":
+        return MujocoStandIn(params, perturbation, q0)
+    if backend == "simulator":
+        return SimulatorPlant(params, perturbation, q0)
+    raise ValueError(f"backend must be 'mujoco' or 'simulator', got {backend!r}")
+
+
+# ---------------------------------------------------------------------------- exciting commands
+def arm_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 0.4, margin: float = 0.3,
+                noise: float = 0.3) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
+    """Closed-loop exciting commands for an arm in its configured interface: joint targets
+    drawn in the middle ``1 - 2 margin`` of each range, held ``hold`` s, plus white noise
+    (``noise`` x the range half-width for position targets; for efforts, a PD with the
+    nominal gravity compensation towards the target plus ``noise`` x the effort limit).
+    Keeps clear of the joint limits, where plant and simulator model contact differently."""
+    model = _config.load_model(params, dtype=torch.float64)
+    cfg = _config.simulator_config(params)
+    sim = physics.Simulator(model, cfg)
+    idx = sim.act_index.numpy()
+    lo, hi = model.lower.numpy()[idx], model.upper.numpy()[idx]
+    lo = np.where(np.isfinite(lo), lo, -math.pi)
+    hi = np.where(np.isfinite(hi), hi, math.pi)
+    mid, half = (lo + hi) / 2, (hi - lo) / 2 * (1 - 2 * margin)
+    limit = model.effort_limit.numpy()[idx]
+    kp, kd = sim.kp.numpy(), sim.kd.numpy()
+    rng = np.random.default_rng(seed)
+    every = max(1, int(round(hold / cfg.dt)))
+    target = {"q": mid.copy()}
+
+    def command(k: int, q: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if k % every == 0:
+            target["q"] = mid + half * rng.uniform(-1, 1, len(mid))
+        qa, va = q[idx], v[idx]
+        if cfg.actuator == "position":
+            return target["q"] + noise * half * rng.standard_normal(len(mid)) * 0.3
+        if cfg.actuator == "velocity":
+            return np.clip(2.0 * (target["q"] - qa), -2, 2) + noise * rng.standard_normal(len(mid))
+        with torch.no_grad():
+            g = physics.rnea(model, torch.as_tensor(q)[None], torch.zeros(1, model.nv, dtype=torch.float64),
+                             torch.zeros(1, model.nv, dtype=torch.float64))[0].numpy()[idx]
+        # A fifth of the position gains: a torque held over a whole control step destabilises
+        # the stiffest joint at the full gains.
+        tau = 0.2 * kp * (target["q"] - qa) - 0.2 * kd * va + g
+        return np.clip(tau + noise * 0.2 * limit * rng.standard_normal(len(mid)), -limit, limit)
+    return command
+
+
+def quadrotor_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 1.0, radius: float = 1.5,
+                      noise: float = 0.3) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
+    """Closed-loop exciting CTBR commands: a PD position loop on the nominal mass towards
+    waypoints drawn within ``radius`` m of (0, 0, 1) and changed every ``hold`` s (so the
+    velocity sweeps up to a few m/s, which is what shows the drag), an attitude loop to
+    body rates, and white noise on thrust (``noise`` x 10 % of hover) and rates
+    (``noise`` rad/s)."""
+    model = _config.load_model(params, dtype=torch.float64)
+    cfg = _config.simulator_config(params)
+    mass = float(model.mass.sum())
+    g = 9.81
+    rng = np.random.default_rng(seed)
+    every = max(1, int(round(hold / cfg.dt)))
+    home = np.array([0.0, 0.0, 1.0])
+    wp = {"p": home.copy()}
+
+    def command(k: int, q: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if k % every == 0:
+            wp["p"] = home + radius * rng.uniform(-1, 1, 3) * np.array([1.0, 1.0, 0.4])
+        R = _rot(q[3:7])
+        vw = R @ v[0:3]
+        a_des = 2.0 * (wp["p"] - q[0:3]) - 1.5 * vw
+        n = np.linalg.norm(a_des[:2])
+        if n > 4.0:
+            a_des[:2] *= 4.0 / n
+        f = a_des + np.array([0.0, 0.0, g])
+        thrust = mass * float(f @ R[:, 2])
+        z_des = f / np.linalg.norm(f)
+        e = R.T @ np.cross(R[:, 2], z_des)
+        yaw = math.atan2(R[1, 0], R[0, 0])
+        rates = np.array([8.0 * e[0], 8.0 * e[1], -2.0 * yaw])
+        rates = rates + noise * rng.standard_normal(3)
+        thrust *= 1.0 + noise * 0.1 * rng.standard_normal()
+        return np.concatenate(([max(thrust, 0.1 * mass * g)], rates))
+    return command
+
+
+def exciter(params: Dict[str, Any], seed: int = 0, **kw):
+    """The exciting controller for the configured robot (arm or quadrotor)."""
+    if bool(params.get("floating_base", False)):
+        return quadrotor_exciter(params, seed, **kw)
+    return arm_exciter(params, seed, **kw)
+
+
+# ---------------------------------------------------------------------------- recording
+def record_bag(path, plant, controller: Callable[[int, np.ndarray, np.ndarray], np.ndarray], steps: int,
+               params: Dict[str, Any], storage: str = "mcap", predictions: bool = True,
+               receive_delay: float = 2e-4, extra_metadata: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Run ``plant`` for ``steps`` control steps under ``controller`` and write the bag.
+
+    Each step: the state is stamped with the plant time (receive time ``receive_delay`` s
+    later), the command computed from it is written on /diffsim/command with the state's
+    stamp as its label, and the plant advances one control step. With ``predictions``,
+    /diffsim/predicted_state holds the nominal simulator's one-step predictions, as
+    policy_controller publishes them. ``params`` (the training-file mapping) goes into
+    /diffsim/metadata. Returns the recorded arrays (t, q, v, cmd).
+    """
+    ts, qs, vs, cs = [], [], [], []
+    for k in range(steps):
+        t, q, v = plant.state()
+        c = np.asarray(controller(k, q, v), dtype=np.float64)
+        ts.append(t)
+        qs.append(q)
+        vs.append(v)
+        cs.append(c)
+        plant.step(c)
+    t, q, v = plant.state()
+    ts.append(t)
+    qs.append(q)
+    vs.append(v)
+    rec = {"t": np.asarray(ts), "q": np.asarray(qs), "v": np.asarray(vs), "cmd": np.asarray(cs)}
+    write_recording(path, rec, plant.joint_names, plant.floating_base, params, storage=storage,
+                    predictions=predictions, receive_delay=receive_delay, extra_metadata=extra_metadata)
+    return rec
+
+
+def write_recording(path, rec: Dict[str, np.ndarray], joint_names, floating_base: bool, params: Dict[str, Any],
+                    storage: str = "mcap", predictions: bool = True, receive_delay: float = 2e-4,
+                    extra_metadata: Optional[Dict[str, Any]] = None, t0: float = 100.0, labels: bool = True,
+                    metadata: bool = True) -> None:
+    """Write recorded arrays (``t`` (N+1,), ``q``, ``v`` (N+1, .), ``cmd`` (N, .)) as a bag;
+    ``t0`` s is added to every stamp (a bag rarely starts at time zero). ``labels=False``
+    leaves the commands without their state stamp (alignment then falls back to the bag's
+    receive times); ``metadata=False`` leaves out /diffsim/metadata."""
+    t_ns = np.round((rec["t"] + t0) * 1e9).astype(np.int64)
+    d_ns = int(round(receive_delay * 1e9))
+    cfg = _config.simulator_config(params)
+    pred = None
+    if predictions and len(rec["cmd"]):
+        model = _config.load_model(params, dtype=torch.float64)
+        sim = physics.Simulator(model, cfg)
+        with torch.no_grad():
+            n = len(rec["cmd"])
+            st = sim.initial_state(torch.as_tensor(rec["q"][:n]), torch.as_tensor(rec["v"][:n]))
+            pred = sim.step(st, torch.as_tensor(rec["cmd"])).v.numpy()
+    meta = {"config": params, "interface": cfg.actuator, "checkpoint": None,
+            "controller": {"type": "record.exciter", "dt": cfg.dt}}
+    meta.update(extra_metadata or {})
+    g = np.array([0.0, 0.0, -9.81])
+    with BagWriter(path, storage=storage) as w:
+        if metadata:
+            w.metadata(meta, receive_ns=t_ns[0])
+        for k in range(len(t_ns)):
+            q, v = rec["q"][k], rec["v"][k]
+            if floating_base:
+                w.odometry(t_ns[k], q, v, receive_ns=t_ns[k] + d_ns)
+                # IMU: body rates and the specific force from the change of world velocity.
+                R = _rot(q[3:7])
+                acc = np.zeros(3)
+                if k > 0:
+                    Rp = _rot(rec["q"][k - 1][3:7])
+                    acc = (R @ v[0:3] - Rp @ rec["v"][k - 1][0:3]) / max(rec["t"][k] - rec["t"][k - 1], 1e-9)
+                w.imu(t_ns[k], q[3:7], v[3:6], R.T @ (acc - g), receive_ns=t_ns[k] + d_ns)
+            else:
+                w.joint_state(t_ns[k], joint_names, q, v, receive_ns=t_ns[k] + d_ns)
+            if k < len(rec["cmd"]):
+                w.command(t_ns[k] + 2 * d_ns, rec["cmd"][k], t_ns[k] if labels else None)
+                if pred is not None:
+                    tp = t_ns[k] + int(round(cfg.dt * 1e9))
+                    if floating_base:
+                        w.odometry(tp, rec["q"][k + 1], pred[k], receive_ns=t_ns[k] + 2 * d_ns,
+                                   topic="/diffsim/predicted_state")
+                    else:
+                        w.joint_state(tp, joint_names, rec["q"][k + 1], pred[k], receive_ns=t_ns[k] + 2 * d_ns,
+                                      topic="/diffsim/predicted_state")
+
+
+def _rot(quat) -> np.ndarray:
+    qx, qy, qz, qw = quat
+    return np.array([[1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy - qz * qw), 2 * (qx * qz + qy * qw)],
+                     [2 * (qx * qy + qz * qw), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz - qx * qw)],
+                     [2 * (qx * qz - qy * qw), 2 * (qy * qz + qx * qw), 1 - 2 * (qx * qx + qy * qy)]])
+
+
+# ---------------------------------------------------------------------------- standard test recordings
+#: The perturbations of the proof (issue 6): the stand-in robot heavier, more damped, draggier.
+PERTURBATIONS = {"arm": {"mass_scale": 1.2, "joint_damping_scale": 3.0},
+                 "quadrotor": {"mass_scale": 1.2, "drag_scale": 2.0}}
+CONFIGS = {"arm": "config/reach_arm.yaml", "quadrotor": "config/hover.yaml"}
+
+
+def standard_params(kind: str) -> Dict[str, Any]:
+    """The training file of ``kind`` (arm: config/reach_arm.yaml, quadrotor: config/hover.yaml)
+    as recorded in the tests and the benchmark. The arm runs 4 physics substeps per control
+    step instead of 2: at 10 ms substeps its light wrist joint (kp 3 N m/rad on about
+    2.7e-4 kg m^2, w h ~ 1) sits where the simulator's and MuJoCo's implicit integrators
+    visibly part, which would blur the perturbations the analysis has to find."""
+    share = _config.package_share()
+    params = _config.load_yaml(share / CONFIGS[kind])
+    if kind == "arm":
+        params.setdefault("simulator", {})["substeps"] = 4
+    return params
+
+
+def record_standard(kind: str, path, perturbation: Optional[Dict[str, Any]] = None, steps: int = 300,
+                    seed: int = 0, storage: str = "mcap", backend: str = "mujoco", **kw) -> Dict[str, Any]:
+    """Record ``steps`` control steps of the standard ``kind`` robot (see :func:`standard_params`)
+    under exciting commands into the bag ``path``; returns the recorded arrays plus ``params``."""
+    params = standard_params(kind)
+    plant = make_plant(params, perturbation, backend=backend)
+    rec = record_bag(path, plant, exciter(params, seed), steps, params, storage=storage, **kw)
+    rec["params"] = params
+    return rec

@@ -1,0 +1,348 @@
+"""The whole loop on the embedded default robot: train, deploy, record, compare.
+
+    diffsim-ros loop --config config/hover.yaml --out runs/loop
+
+1. trains a policy by gradients through the simulator (``diffsim-ros train``), unless
+   ``--checkpoint`` names one;
+2. starts the nodes' own console scripts as separate processes on one isolated
+   ROS_DOMAIN_ID, talking over DDS: ``trajectory_recorder`` (rosbag2, MCAP),
+   ``mujoco_plant`` (the MuJoCo stand-in, perturbed to stand in for the reality gap)
+   and ``policy_controller`` (the exported TorchScript policy);
+3. runs them for a stated simulated time, then stops the controller and the plant and
+   sends SIGINT to the recorder, which closes the bag (Ctrl-C does the same: nothing
+   recorded is lost);
+4. analyses the bag (``diffsim-ros analyze``): the task's result on the stand-in and the
+   velocity the simulator predicted against the one the stand-in produced.
+
+Everything is written under ``--out``: ``policy/`` (checkpoint and learning curve),
+``bag/``, ``logs/`` (one log per process) and ``analysis/`` (metrics.json, plots,
+report.md). The plant and controller run in lockstep (one control step per command),
+so a run is deterministic whatever the machine's load.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+#: The stand-in's default deviation from the simulator: 10 % heavier, 50 % more drag, a
+#: slower motor. Enough for the analysis to have something to find, small enough for a
+#: policy trained without randomisation to still fly.
+DEFAULT_PERTURBATION = {"mass_scale": 1.1, "drag_scale": 1.5, "actuator_lag": 0.03}
+
+
+class LoopError(RuntimeError):
+    """A step of the loop that failed; the message names the step and its log."""
+
+
+def _script(name: str) -> str:
+    """The console script ``name`` next to this interpreter (a venv), else on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else name
+
+
+class _Processes:
+    """Child processes on one ROS domain, each with its own log file."""
+
+    def __init__(self, log_dir: Path, domain: int):
+        self.log_dir, self.domain = log_dir, domain
+        self.procs: Dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, script: str, params: Dict[str, Any]) -> None:
+        args = [_script(script), "--ros-args"]
+        for key, val in params.items():
+            if isinstance(val, bool):
+                val = "true" if val else "false"
+            elif isinstance(val, (list, tuple)):
+                val = json.dumps(list(val))
+            args += ["-p", f"{key}:={val}"]
+        env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        log = open(self.log_dir / f"{name}.log", "w")
+        # A new session: a Ctrl-C in the terminal reaches this process only, which then
+        # stops the children in the right order (producers first, the recorder last).
+        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        log.close()
+
+    def log(self, name: str, tail: int = 4000) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+
+    def check_alive(self, what: str) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise LoopError(f"{name} exited with status {p.returncode} while {what}; its log "
+                                f"({self.log_dir / (name + '.log')}) ends with:\n{self.log(name)}")
+
+    def stop(self, name: str, timeout: float = 20.0) -> Optional[int]:
+        p = self.procs.get(name)
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return p.returncode
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+class _Clock:
+    """Follows the plant's /clock from this process (progress of the lockstep run)."""
+
+    def __init__(self, domain: int):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        from rosgraph_msgs.msg import Clock
+
+        self.ctx = rclpy.context.Context()
+        rclpy.init(context=self.ctx, domain_id=domain)
+        self.node = rclpy.create_node(f"diffsim_loop_{random.randint(0, 1 << 30)}", context=self.ctx)
+        self.t = -1.0
+        self.node.create_subscription(Clock, "/clock", self._on, 10)
+        self.ex = SingleThreadedExecutor(context=self.ctx)
+        self.ex.add_node(self.node)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+        self.thread.start()
+
+    def _on(self, msg) -> None:
+        self.t = max(self.t, msg.clock.sec + 1e-9 * msg.clock.nanosec)
+
+    def _spin(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.ex.spin_once(timeout_sec=0.05)
+            except Exception:  # noqa: BLE001 - the context is shut down at close()
+                return
+
+    def close(self) -> None:
+        import rclpy
+
+        self.done.set()
+        self.thread.join(timeout=2)
+        self.ex.shutdown()
+        self.node.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+
+
+def recorded_types(floating_base: bool) -> List[str]:
+    """'topic:type' of everything the loop records (doc/interfaces.md)."""
+    common = ["/diffsim/command:std_msgs/msg/Float64MultiArray", "/diffsim/metadata:std_msgs/msg/String",
+              "/diagnostics:diagnostic_msgs/msg/DiagnosticArray", "/clock:rosgraph_msgs/msg/Clock"]
+    if floating_base:
+        return common + ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu",
+                         "/cmd_ctbr:geometry_msgs/msg/TwistStamped", "/diffsim/predicted_state:nav_msgs/msg/Odometry"]
+    return common + ["/joint_states:sensor_msgs/msg/JointState",
+                     "/position_controller/commands:std_msgs/msg/Float64MultiArray",
+                     "/diffsim/predicted_state:sensor_msgs/msg/JointState"]
+
+
+def bag_counts(bag: Path) -> Dict[str, int]:
+    """Messages per topic in a rosbag2 directory."""
+    from rosbags.highlevel import AnyReader
+
+    counts: Dict[str, int] = {}
+    with AnyReader([bag]) as reader:
+        for conn in reader.connections:
+            counts[conn.topic] = counts.get(conn.topic, 0) + conn.msgcount
+    return counts
+
+
+def train_policy(config: str, out: Path, threads: int, iterations: Optional[int] = None) -> Path:
+    """``diffsim-ros train`` in this process; returns the checkpoint folder."""
+    from . import cli
+
+    argv = ["train", "--config", config, "--out", str(out), "--threads", str(threads)]
+    if iterations is not None:
+        argv += ["--iterations", str(iterations)]
+    rc = cli.main(argv)
+    if rc != 0:
+        raise LoopError(f"training with {config} failed (exit status {rc})")
+    return out
+
+
+def _hover_result(data, task, target) -> Dict[str, Any]:
+    """The task's own tolerance on the stand-in's recorded trajectory, after the settling time."""
+    import numpy as np
+
+    t = (data.t_state - data.t_state[0]) * 1e-9
+    pos = data.q[:, 0:3]
+    # World-frame velocity from the body-frame twist (Odometry's convention).
+    from .plant import quat_to_matrix
+    vw = np.einsum("nij,nj->ni", np.stack([quat_to_matrix(qq) for qq in data.q[:, 3:7]]), data.v[:, 0:3])
+    dist = np.linalg.norm(pos - target, axis=1)
+    speed = np.linalg.norm(vw, axis=1)
+    settle = task.settle_steps * task.dt
+    after = t >= settle
+    ok = (dist < task.success_distance) & (speed < task.success_speed)
+    return {"settle_time_s": settle, "final_distance_m": float(dist[-1]), "final_speed_m_s": float(speed[-1]),
+            "max_distance_after_settling_m": float(dist[after].max()) if after.any() else float("nan"),
+            "fraction_within_tolerance_after_settling": float(ok[after].mean()) if after.any() else float("nan"),
+            "success": bool(after.any() and ok[after].all()),
+            "tolerance": {"distance_m": task.success_distance, "speed_m_s": task.success_speed}}
+
+
+def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
+             perturbation: Optional[Dict[str, Any]] = None, start: Optional[Sequence[float]] = None,
+             threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
+             timeout: float = 600.0, log=print) -> Dict[str, Any]:
+    """Train (or take ``checkpoint``), deploy on the MuJoCo stand-in, record, analyse.
+
+    Returns a summary dict (also written to ``out/summary.json``)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out_dir = Path(out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = out_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    bag = out_dir / "bag"
+    if bag.exists():
+        raise LoopError(f"{bag} already exists: choose another --out (a recorded bag is never overwritten)")
+    perturbation = dict(DEFAULT_PERTURBATION if perturbation is None else perturbation)
+    config = str(Path(config).resolve())
+
+    t0 = time.perf_counter()
+    if checkpoint is None:
+        log(f"[loop] 1/4 training a policy with {config}")
+        ckpt = train_policy(config, out_dir / "policy", threads, iterations)
+    else:
+        ckpt = Path(checkpoint).resolve()
+        log(f"[loop] 1/4 using the checkpoint {ckpt}")
+    t_train = time.perf_counter() - t0
+
+    from .learning.deploy import PolicyRunner
+
+    runner = PolicyRunner(str(ckpt))
+    task, dt = runner.task, runner.dt
+    if start is None and runner.model.floating_base and hasattr(task, "start_radius"):
+        # A start inside the training distribution, off the goal: the policy has to fly there.
+        r = float(getattr(task, "start_radius", 0.3))
+        start = [0.6 * r, -0.5 * r, 1.0 - 0.5 * r]
+    domain = random.randint(101, 232) if domain is None else int(domain)
+    log(f"[loop] 2/4 deploying on the MuJoCo stand-in (ROS_DOMAIN_ID={domain}, perturbation "
+        f"{json.dumps(perturbation)}), recording to {bag}")
+    procs = _Processes(logs, domain)
+    clock = None
+    interrupted = False
+    t1 = time.perf_counter()
+    try:
+        # Types given up front: the recorder subscribes at once instead of discovering the
+        # publishers, so the first states are not lost to discovery.
+        procs.start("recorder", "trajectory_recorder", {"output_dir": str(bag), "drain_s": 1.0,
+                                                        "types": json.dumps(recorded_types(runner.model.floating_base))})
+        plant = {"config": config, "mode": "lockstep"}
+        plant.update({f"perturbation.{k}": v for k, v in perturbation.items()})
+        if start is not None:
+            plant["initial_positions"] = [float(x) for x in start]
+        procs.start("plant", "mujoco_plant", plant)
+        procs.start("controller", "policy_controller", {
+            "checkpoint": str(ckpt), "config": config, "lockstep": True, "state_timeout_s": 5.0,
+            # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
+            "wait_for_subscribers": 2, "wait_for_recorders": 1,
+            "stats_file": str(logs / "controller_stats.json")})
+        clock = _Clock(domain)
+        end = time.monotonic() + timeout
+        shown = -1
+        while clock.t < duration:
+            procs.check_alive("the loop ran")
+            if time.monotonic() > end:
+                raise LoopError(f"the loop did not reach {duration} s of simulated time within {timeout} s "
+                                f"(reached {max(clock.t, 0):.2f} s); see the logs in {logs}")
+            if int(clock.t) > shown:
+                shown = int(clock.t)
+                if clock.t >= 0:
+                    log(f"[loop]     simulated time {clock.t:.2f} s")
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        interrupted = True
+        log("[loop] interrupted: stopping the nodes and closing the bag")
+    finally:
+        if clock is not None:
+            clock.close()
+        # Producers first, then the recorder, which drains what is queued and closes the bag.
+        rc_ctrl = procs.stop("controller")
+        rc_plant = procs.stop("plant")
+        time.sleep(0.5)
+        rc_rec = procs.stop("recorder", timeout=60.0)
+        procs.kill_all()
+    t_deploy = time.perf_counter() - t1
+    if interrupted:
+        raise KeyboardInterrupt
+    for name, rc in (("policy_controller", rc_ctrl), ("mujoco_plant", rc_plant), ("trajectory_recorder", rc_rec)):
+        if rc not in (0, None, -signal.SIGINT):
+            raise LoopError(f"{name} ended with status {rc}; see {logs}")
+
+    log(f"[loop] 3/4 analysing {bag}")
+    from . import analysis
+
+    data = analysis.read_bag(str(bag))
+    metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
+    summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
+                               "simulated_s": data.duration_s, "wall_s": {"train": t_train, "deploy": t_deploy}}
+    stats_file = logs / "controller_stats.json"
+    if stats_file.exists():
+        stats = json.loads(stats_file.read_text())
+        summary["controller"] = {k: stats[k] for k in ("published", "states_rejected", "safe_commands")
+                                 if k in stats}
+        counts = bag_counts(bag)
+        summary["bag_counts"] = counts
+        # Nothing the controller published may be missing from the bag.
+        summary["lost"] = {t: n - counts.get(t, 0) for t, n in stats.get("published", {}).items()
+                           if counts.get(t, 0) != n}
+    if data.kind == "quadrotor" and hasattr(task, "success_distance"):
+        target = runner.target_tensor(None)[0].numpy()
+        summary["task"] = dict(_hover_result(data, task, target), target=target.tolist())
+    summary["velocity_error"] = {
+        k: {"rmse": v["rmse"], "per_dof_rmse": {d: s["rmse"] for d, s in v["per_dof"].items()}}
+        for k, v in metrics["prediction"]["by_horizon"].items()}
+    summary["online_prediction"] = metrics.get("online_prediction")
+    summary["analysis_files"] = metrics.get("files", {})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    log("[loop] 4/4 sim-vs-real summary")
+    for line in format_summary(summary, metrics):
+        log(line)
+    return summary
+
+
+def format_summary(summary: Dict[str, Any], metrics: Dict[str, Any]) -> List[str]:
+    lines = [f"  bag: {summary['bag']} ({summary['simulated_s']:.2f} s simulated, "
+             f"{metrics['alignment']['states']} states, {metrics['alignment']['commands']} commands)"]
+    c = summary.get("controller")
+    if c:
+        pub = ", ".join(f"{t} {n}" for t, n in c.get("published", {}).items())
+        lines.append(f"  controller published: {pub}; states rejected {c.get('states_rejected', 0)}, "
+                     f"safe commands {c.get('safe_commands', 0)}")
+        lost = summary.get("lost")
+        lines.append("  bag: every published message recorded" if not lost else f"  bag: MISSING messages {lost}")
+    t = summary.get("task")
+    if t:
+        lines.append(f"  hover on the stand-in: final distance {t['final_distance_m'] * 100:.1f} cm, final speed "
+                     f"{t['final_speed_m_s']:.3f} m/s; after {t['settle_time_s']:.1f} s within "
+                     f"{t['tolerance']['distance_m'] * 100:.0f} cm and {t['tolerance']['speed_m_s']} m/s on "
+                     f"{t['fraction_within_tolerance_after_settling'] * 100:.0f} % of the steps -> "
+                     f"{'SUCCESS' if t['success'] else 'not within tolerance'}")
+    lines.append(f"  perturbation of the stand-in: {json.dumps(summary['perturbation'])}")
+    lines.append("  velocity error, simulator replay from recorded states vs the stand-in (RMSE):")
+    for k, v in summary["velocity_error"].items():
+        dofs = "  ".join(f"{d} {r:.4f}" for d, r in v["per_dof_rmse"].items())
+        lines.append(f"    {k:>3} step(s) ahead: all {v['rmse']:.4f}   {dofs}")
+    files = summary.get("analysis_files", {})
+    if files:
+        lines.append("  report: " + files.get("report", ""))
+    return lines

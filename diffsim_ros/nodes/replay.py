@@ -1,0 +1,193 @@
+"""replay: play a bag's recorded and simulated velocities onto topics for PlotJuggler or Foxglove.
+
+    ros2 run diffsim_ros replay --ros-args -p bag:=runs/arm_bag -p rate:=0.5 -p horizon:=5
+
+Reads the bag with the analysis layer (``diffsim_ros.analysis``, no ROS install needed
+for the bag itself), replays its commands through the simulator from every recorded
+state ``horizon`` control steps ahead (``source: simulator``) or takes the controller's
+own predictions from ``/diffsim/predicted_state`` (``source: bag``), then publishes, in
+the bag's time at ``rate`` times real time:
+
+- ``actual_topic``    (default /replay/actual_velocity): the recorded velocity;
+- ``predicted_topic`` (default /replay/predicted_velocity): the prediction made for the
+  same instant;
+- ``error_topic``     (default /replay/velocity_error): predicted minus recorded.
+
+Arms publish sensor_msgs/JointState (``velocity`` by joint name, ``position`` the
+recorded positions on the actual topic); quadrotors geometry_msgs/TwistStamped (body
+frame, as nav_msgs/Odometry's twist). Header stamps are the bag's stamps (or the wall
+clock with ``use_bag_stamps: false``). A bag that cannot be used stops the node at start
+with ``replay: error: ...`` naming the problem (exit status 2).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from . import common
+
+PARAMETERS = [
+    ("bag", "", "rosbag2 directory to play (MCAP or sqlite3; layout of doc/interfaces.md). Required."),
+    ("config", "", "training file (config/*.yaml) giving the robot and simulator; empty: the bag's "
+                   "/diffsim/metadata"),
+    ("source", "simulator", "where predictions come from: 'simulator' (the recorded commands replayed from each "
+                            "recorded state, 'horizon' steps ahead) or 'bag' (/diffsim/predicted_state)"),
+    ("horizon", 1, "prediction horizon in control steps (source 'simulator'), >= 1"),
+    ("rate", 1.0, "playback speed as a multiple of real time (1.0: real time; 0.5: half speed), > 0"),
+    ("loop", False, "start again from the beginning at the end of the bag"),
+    ("exit_at_end", True, "shut the node down after the last sample (ignored with loop)"),
+    ("start_delay", 0.5, "seconds to wait before the first sample, so subscribers can connect, >= 0"),
+    ("use_bag_stamps", True, "header stamps from the bag (true) or the wall clock at publication (false)"),
+    ("actual_topic", "/replay/actual_velocity", "topic of the recorded velocity"),
+    ("predicted_topic", "/replay/predicted_velocity", "topic of the predicted velocity"),
+    ("error_topic", "/replay/velocity_error", "topic of the velocity error (predicted - recorded)"),
+    ("state_topic", "", "state topic in the bag; empty: /joint_states, else /odom"),
+    ("command_topic", "", "command topic in the bag; empty: /diffsim/command, else the interface topics"),
+]
+
+
+class Playback:
+    """The samples to publish, without ROS: times (ns, bag clock), recorded and predicted
+    velocities (NaN where no prediction exists for that instant)."""
+
+    def __init__(self, bag: str, config: str = "", source: str = "simulator", horizon: int = 1,
+                 state_topic: str = "", command_topic: str = ""):
+        import torch
+
+        from ..analysis import AnalysisError, Replay, read_bag, sim_setup
+
+        if source not in ("simulator", "bag"):
+            raise AnalysisError(f"parameter 'source' must be 'simulator' or 'bag', got {source!r}")
+        if int(horizon) < 1:
+            raise AnalysisError(f"parameter 'horizon' must be >= 1, got {horizon}")
+        torch.set_num_threads(1)
+        data = read_bag(bag, state_topic=state_topic or None, command_topic=command_topic or None)
+        self.kind = data.kind
+        self.t = data.t_state
+        self.positions = data.q
+        if source == "bag":
+            if data.pred_t is None:
+                raise AnalysisError(f"{bag}: source 'bag' needs /diffsim/predicted_state, which the bag lacks")
+            self.names = data.joint_names if data.kind == "arm" else []
+            if data.kind == "arm":
+                missing = [j for j in self.names if j not in data.pred_joint_names]
+                if missing:
+                    raise AnalysisError(f"{bag}: /diffsim/predicted_state lacks joint(s) {missing}")
+                pv = data.pred_v[:, [data.pred_joint_names.index(j) for j in self.names]]
+            else:
+                pv = data.pred_v
+            self.actual = data.v
+            self.predicted = np.full_like(self.actual, np.nan)
+            j = np.clip(np.searchsorted(self.t, data.pred_t), 0, len(self.t) - 1)
+            ok = self.t[j] == data.pred_t
+            self.predicted[j[ok]] = pv[ok]
+        else:
+            rp = Replay(data, sim_setup(data, config or None))
+            pred = rp.predict([int(horizon)])[int(horizon)]
+            self.names = rp.dof_names if data.kind == "arm" else []
+            self.actual = rp.v.cpu().numpy()
+            if data.kind == "arm":
+                self.positions = rp.q.cpu().numpy()
+            self.predicted = np.full_like(self.actual, np.nan)
+            idx = np.searchsorted(self.t, pred.t)
+            self.predicted[idx] = pred.v_pred.cpu().numpy()
+        self.count = len(self.t)
+
+
+def make_node_class():
+    from rclpy.node import Node
+
+    class ReplayNode(Node):
+        """Publishes a :class:`Playback` on a wall timer at ``rate`` times real time."""
+
+        def __init__(self, **kw):
+            super().__init__("replay", **kw)
+            p = common.declare_all(self, PARAMETERS)
+            self.p = p
+            if not p["bag"]:
+                raise common.StartupError("parameter 'bag' is required (-p bag:=PATH)")
+            if not p["rate"] > 0:
+                raise common.StartupError(f"parameter 'rate' must be > 0, got {p['rate']}")
+            if p["start_delay"] < 0:
+                raise common.StartupError(f"parameter 'start_delay' must be >= 0, got {p['start_delay']}")
+            from ..analysis import AnalysisError
+            from ..physics import ConfigError
+
+            try:
+                self.play = Playback(p["bag"], p["config"], p["source"], p["horizon"], p["state_topic"],
+                                     p["command_topic"])
+            except (AnalysisError, ConfigError) as e:
+                raise common.StartupError(str(e)) from None
+            if self.play.kind == "arm":
+                from sensor_msgs.msg import JointState as Msg
+            else:
+                from geometry_msgs.msg import TwistStamped as Msg
+            self._Msg = Msg
+            qos = common.state_qos(100)
+            self.pubs = {k: self.create_publisher(Msg, p[f"{k}_topic"], qos) for k in ("actual", "predicted", "error")}
+            self.index = 0
+            self.published = 0
+            self.done = False
+            self._t0_wall = time.monotonic() + float(p["start_delay"])
+            period = float(np.median(np.diff(self.play.t))) * 1e-9 / p["rate"] if self.play.count > 1 else 0.01
+            self.timer = self.create_timer(min(max(period, 1e-3), 0.02), self._tick)
+            self.get_logger().info(
+                f"playing {self.play.count} samples of {p['bag']} ({self.play.kind}, predictions from "
+                f"{p['source']}{'' if p['source'] == 'bag' else ', %d step(s) ahead' % p['horizon']}) at "
+                f"{p['rate']:g}x real time on {p['actual_topic']}, {p['predicted_topic']}, {p['error_topic']}")
+
+        def _msg(self, t_ns: int, v: np.ndarray, q: Optional[np.ndarray] = None):
+            m = self._Msg()
+            m.header.stamp = common.stamp_from_ns(t_ns) if self.p["use_bag_stamps"] else self.get_clock().now().to_msg()
+            if self.play.kind == "arm":
+                m.header.frame_id = ""
+                m.name = list(self.play.names)
+                m.velocity = [float(x) for x in v]
+                m.position = [] if q is None else [float(x) for x in q]
+            else:
+                m.header.frame_id = "base_link"
+                lin, ang = m.twist.linear, m.twist.angular
+                lin.x, lin.y, lin.z, ang.x, ang.y, ang.z = (float(x) for x in v)
+            return m
+
+        def _tick(self):
+            if self.done:
+                return
+            pl = self.play
+            now = time.monotonic()
+            # Publish every sample whose time (bag clock / rate, from the start) has come.
+            due_ns = (now - self._t0_wall) * self.p["rate"] * 1e9 + pl.t[0]
+            while self.index < pl.count and pl.t[self.index] <= due_ns:
+                i = self.index
+                self.pubs["actual"].publish(self._msg(pl.t[i], pl.actual[i], pl.positions[i] if pl.kind == "arm"
+                                                      else None))
+                if np.isfinite(pl.predicted[i]).all():
+                    self.pubs["predicted"].publish(self._msg(pl.t[i], pl.predicted[i]))
+                    self.pubs["error"].publish(self._msg(pl.t[i], pl.predicted[i] - pl.actual[i]))
+                self.index += 1
+                self.published += 1
+            if self.index >= pl.count:
+                if self.p["loop"]:
+                    self.index = 0
+                    self._t0_wall = time.monotonic()
+                else:
+                    self.done = True
+                    self.get_logger().info(f"end of the bag: {self.published} samples published")
+                    if self.p["exit_at_end"]:
+                        import rclpy
+
+                        rclpy.try_shutdown(context=self.context)
+
+    return ReplayNode
+
+
+def main(args: Optional[List[str]] = None) -> int:
+    cls = make_node_class()
+    return common.run_node(cls, args=args if args is not None else sys.argv, name="replay")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
