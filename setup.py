@@ -15,6 +15,11 @@ setup(
         (os.path.join("share", package_name, "launch"), glob("launch/*.py")),
         (os.path.join("share", package_name, "config"), glob("config/*.yaml")),
         (os.path.join("share", package_name, "urdf"), glob("urdf/*.urdf") + glob("urdf/*.xacro")),
+        (os.path.join("share", package_name, "doc"), glob("doc/*.md")),
+    ] + [
+        # Pretrained checkpoints, one folder each (policy.pt + policy.json + training log).
+        (os.path.join("share", package_name, d), [f for f in glob(os.path.join(d, "*")) if os.path.isfile(f)])
+        for d in sorted(glob("policies/*")) if os.path.isdir(d)
     ],
     install_requires=["setuptools"],
     zip_safe=True,

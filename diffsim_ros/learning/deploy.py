@@ -1,0 +1,391 @@
+"""Running a trained checkpoint on measured robot states, without ROS.
+
+    runner = PolicyRunner("policies/hover")                 # refuses another robot (urdf=...)
+    out = runner.quadrotor(position, orientation_xyzw, body_linear_velocity, body_angular_velocity)
+    out.command        # (n,) float64 numpy, the simulator's interface (runner.command_names / units), clamped
+    out.predicted      # physics.State one control step later (one Simulator.step, no grad)
+
+    out = PolicyRunner("policies/reach_arm").arm(names, positions, velocities, target=(0.3, 0.1, 0.4))
+
+The runner rebuilds everything the policy was trained with from the checkpoint's
+metadata alone: the model (the URDF it names, or the one given, checked by
+sha256), the simulator (``simulator``), the task (``config.task`` when the
+training config was stored, else ``command.task_parameters``). The observation
+is the task's own ``observe`` and the command the task's own ``command``, so the
+deployed policy sees exactly what it saw in training.
+
+Safety: every command is clamped to the limits of the robot the checkpoint was
+made for (URDF effort, position range and velocity limits of the actuated
+joints; rotor thrust in [0, max] per rotor, or collective thrust in
+[0, n max] for CTBR, body rates within the task's ``max_rate``). Position
+commands are not rate-limited: an absolute-position policy is trained to jump
+its targets across the range, and the PD actuator and the URDF effort limit
+bound what that does.
+
+The simulator's internal actuator state (rotor speeds, lagged torque, command
+delay line) is not measured on a robot; the runner carries it from one
+prediction to the next (an open-loop estimate), starting from the simulator's
+``initial_state`` (hover speed / zero) and after :meth:`PolicyRunner.reset`.
+
+No rclpy here: nodes convert messages to the plain arrays these methods take.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .. import physics
+from ..physics import SimConfig, Simulator, State
+from ..tasks import make_task
+from ..tasks.base import TaskState
+from .checkpoint import CheckpointError, load_checkpoint, load_metadata
+
+__all__ = ["PolicyRunner", "Decision", "StateError", "ARM", "QUADROTOR"]
+
+ARM, QUADROTOR = "arm", "quadrotor"
+
+
+class StateError(ValueError):
+    """A measured state the policy cannot use (missing joint, NaN/Inf, zero quaternion, ...)."""
+
+
+@dataclass
+class Decision:
+    """One policy step: ``command`` (simulator interface, clamped, float64 numpy), ``action``
+    (the raw policy output in [-1, 1]), ``clamped`` (True if a limit changed the command),
+    ``state`` (the simulator state it was computed from) and ``predicted`` (one step later),
+    or None when the runner was asked not to predict."""
+    command: np.ndarray
+    action: np.ndarray
+    clamped: bool
+    state: State
+    predicted: Optional[State]
+
+
+def _finite_floats(x: Any) -> Any:
+    """Undo json_safe's non-finite strings inside simulator parameters."""
+    if isinstance(x, str) and x in ("inf", "-inf", "nan"):
+        return float(x)
+    if isinstance(x, dict):
+        return {k: _finite_floats(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite_floats(v) for v in x]
+    return x
+
+
+def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """The ``task:`` mapping of the training config, or one rebuilt from the command's task parameters."""
+    cfg = meta.get("config")
+    if isinstance(cfg, dict):
+        # Either the whole training file's parameters ({..., task: {...}}) or {file, task}.
+        spec = cfg.get("task")
+        if isinstance(spec, dict) and "type" in spec:
+            return dict(spec)
+    # Older/other writers: rebuild from what command_mapping stored. Success tolerances keep their
+    # defaults then (they only matter to the success metric, not to the command).
+    params = dict(meta["command"].get("task_parameters") or {})
+    task = meta["task"]
+    if task.startswith("quadrotor"):
+        spec = {"type": "quadrotor", "mode": params.get("mode", task.split("_", 1)[-1]),
+                "horizon": int(meta["horizon"])}
+        for k in ("thrust_range", "max_rate"):
+            if k in params:
+                spec[k] = params[k]
+        return spec
+    if task == "reach":
+        if "ee_link" not in params:
+            raise CheckpointError(f"{where}: cannot rebuild the reach task: neither 'config.task' nor "
+                                  "'command.task_parameters.ee_link' is present")
+        spec = {"type": "reach", "ee_link": params["ee_link"], "horizon": int(meta["horizon"])}
+        for k in ("command_mode", "delta_scale"):
+            if k in params:
+                spec[k] = params[k]
+        return spec
+    raise CheckpointError(f"{where}: cannot rebuild task '{task}' for deployment without 'config.task' in the "
+                          "metadata (the runner deploys reach and quadrotor tasks)")
+
+
+def _resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
+    """The URDF the checkpoint names: its recorded path, else the file of that name in this package."""
+    src = str(meta["robot"].get("urdf") or "")
+    if src and os.path.isfile(src):
+        return src
+    from ..config import package_share
+
+    share = package_share()
+    if src and share is not None:
+        cand = share / "urdf" / Path(src).name
+        if cand.is_file():
+            return str(cand)
+    raise CheckpointError(f"{where}: the URDF it was trained on ('{src}') is not on this machine; pass the "
+                          "robot's URDF (a path or the robot_description XML)")
+
+
+class PolicyRunner:
+    """A checkpoint ready to turn measured states into commands (batch of one).
+
+    checkpoint: folder (or its policy.json / policy.pt).
+    urdf: the robot being controlled (path, .xacro path or XML string, e.g. robot_description);
+        default: the URDF the checkpoint names. A URDF for another robot, with other joints or
+        the same joints in another order, or any other difference (sha256) is refused with a
+        :class:`CheckpointError`.
+    dtype: of the simulator used for observation and prediction (float64 default; float32 works).
+    """
+
+    def __init__(self, checkpoint: Union[str, os.PathLike], urdf: Optional[str] = None,
+                 dtype: torch.dtype = torch.float64):
+        where = os.fspath(checkpoint)
+        meta = load_metadata(checkpoint)                  # validated; raises CheckpointError
+        source = urdf if urdf is not None else _resolve_urdf_source(meta, where)
+        try:
+            model = physics.load_urdf(source, floating_base=bool(meta["robot"]["floating_base"]), dtype=dtype)
+        except physics.UrdfError as e:
+            robot = meta["robot"]
+            base = "floating" if robot["floating_base"] else "fixed"
+            raise CheckpointError(f"{where}: the checkpoint is for robot '{robot['name']}' ({base} base, joints "
+                                  f"{', '.join(robot['joint_names']) or 'none'}); the URDF given cannot be loaded as "
+                                  f"that robot: {e}") from None
+        # load_checkpoint refuses another robot: other joints, their order, floating base, URDF sha256.
+        self.policy, self.meta = load_checkpoint(checkpoint, model=model)
+        try:
+            sim_cfg = SimConfig.from_dict(_finite_floats(dict(meta["simulator"])), "simulator")
+            spec = _task_spec(meta, where)
+            self.task = make_task(model, sim_cfg, spec, "config.task")
+        except physics.ConfigError as e:
+            raise CheckpointError(f"{where}: cannot rebuild the simulator/task from its metadata: {e}") from None
+        self.model = model
+        self.checkpoint = Path(os.fspath(checkpoint))
+        self.sim: Simulator = self.task.sim
+        self.dtype = dtype
+        self.kind = QUADROTOR if model.floating_base else ARM
+        cmd = self.meta["command"]
+        self.interface: str = cmd["interface"]
+        self.command_names = list(cmd["names"])
+        self.command_units = list(cmd["units"])
+        self.actuated_joints = list(self.sim.actuated_joints)
+        self.joint_names = list(model.joint_names)
+        self.dt = float(self.meta["dt"])
+        if list(self.meta["robot"]["actuated_joints"]) != self.actuated_joints:
+            raise CheckpointError(f"{where}: 'robot.actuated_joints' {self.meta['robot']['actuated_joints']} does "
+                                  f"not match the simulator's actuated joints {self.actuated_joints}")
+        if self.sim.action_dim != int(self.meta["action"]["dim"]):
+            raise CheckpointError(f"{where}: the '{self.interface}' interface takes {self.sim.action_dim} commands, "
+                                  f"the policy gives {self.meta['action']['dim']}")
+        self._low, self._high = self._limits()
+        self.home = getattr(self.task, "home", None)
+        self.mode = getattr(self.task, "mode", None)
+        self._name_cache: Tuple[Tuple[str, ...], Optional[np.ndarray]] = ((), None)
+        self._carry: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)
+
+    # ------------------------------------------------------------------ limits
+    def _limits(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-command bounds from the URDF (and the rotor layout); +-inf where there is none."""
+        m, sim, dt = self.model, self.sim, self.dtype
+        inf = float("inf")
+        if self.interface in ("position", "velocity", "effort"):
+            idx = sim.act_index
+            if self.interface == "position":
+                lo, hi = m.lower[idx].clone(), m.upper[idx].clone()
+            elif self.interface == "velocity":
+                hi = m.velocity_limit[idx].clone()
+                lo = -hi
+            else:
+                hi = m.effort_limit[idx].clone()
+                lo = -hi
+            # A URDF limit of 0 (or missing) means "none given" for velocity/effort; keep it unbounded.
+            if self.interface != "position":
+                none = ~(hi > 0)
+                hi = torch.where(none, torch.full_like(hi, inf), hi)
+                lo = torch.where(none, torch.full_like(lo, -inf), lo)
+            return lo.to(dt), hi.to(dt)
+        rot = sim.rotors
+        if self.interface == "rotor_thrust":
+            n = rot.n
+            return (torch.zeros(n, dtype=dt), torch.full((n,), rot.cfg.max_thrust, dtype=dt))
+        # CTBR: collective thrust within what the rotors can give; rates within the task's range.
+        rate = float(getattr(self.task, "max_rate", inf))
+        lo = torch.tensor([0.0, -rate, -rate, -rate], dtype=dt)
+        hi = torch.tensor([rot.n * rot.cfg.max_thrust, rate, rate, rate], dtype=dt)
+        return lo, hi
+
+    @property
+    def command_low(self) -> np.ndarray:
+        return self._low.numpy().copy()
+
+    @property
+    def command_high(self) -> np.ndarray:
+        return self._high.numpy().copy()
+
+    def clamp(self, command) -> Tuple[np.ndarray, bool]:
+        """``command`` clamped to the robot's limits (float64 numpy) and whether anything changed."""
+        c = np.asarray(command, dtype=np.float64)
+        out = np.minimum(np.maximum(c, self._low.numpy()), self._high.numpy())
+        return out, bool(np.any(out != c))
+
+    # ------------------------------------------------------------------ safe commands
+    def hover_thrust(self) -> float:
+        return float(self.model.mass.sum()) * -float(self.sim.model.gravity[2])
+
+    # ------------------------------------------------------------------ measured state -> simulator state
+    def joint_index(self, names: Sequence[str]) -> np.ndarray:
+        """For each model joint, its index in ``names`` (a message's name list); cached for the
+        last list seen. A model joint missing from ``names`` is a :class:`StateError`."""
+        key = tuple(names)
+        if key == self._name_cache[0] and self._name_cache[1] is not None:
+            return self._name_cache[1]
+        pos = {n: i for i, n in enumerate(key)}
+        if len(pos) != len(key):
+            dup = sorted({n for n in key if key.count(n) > 1})
+            raise StateError(f"joint names repeat: {', '.join(dup)}")
+        missing = [j for j in self.joint_names if j not in pos]
+        if missing:
+            raise StateError(f"joint(s) {', '.join(missing)} of robot '{self.model.name}' missing from the state "
+                             f"(got: {', '.join(key) or 'none'})")
+        idx = np.array([pos[j] for j in self.joint_names], dtype=np.int64)
+        self._name_cache = (key, idx)
+        return idx
+
+    def arm_state(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float]) -> State:
+        """Simulator state from a joint state matched by name (any order, extra joints ignored)."""
+        if self.kind != ARM:
+            raise StateError(f"robot '{self.model.name}' has a floating base: use quadrotor(), not arm()")
+        if len(positions) != len(names):
+            raise StateError(f"{len(names)} joint names but {len(positions)} positions")
+        if len(velocities) != len(names):
+            raise StateError(f"{len(names)} joint names but {len(velocities)} velocities (velocity is required)")
+        idx = self.joint_index(names)
+        p = np.asarray(positions, dtype=np.float64)[idx]
+        v = np.asarray(velocities, dtype=np.float64)[idx]
+        for what, x in (("position", p), ("velocity", v)):
+            bad = ~np.isfinite(x)
+            if bad.any():
+                j = [self.joint_names[i] for i in np.nonzero(bad)[0]]
+                raise StateError(f"non-finite joint {what} of {', '.join(j)}")
+        q = torch.from_numpy(p).to(self.dtype).unsqueeze(0)
+        vv = torch.from_numpy(v).to(self.dtype).unsqueeze(0)
+        return self._with_carry(q, vv)
+
+    def quadrotor_state(self, position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> State:
+        """Simulator state from odometry: world position, orientation (x y z w), body-frame linear and
+        angular velocity (nav_msgs/Odometry's twist is in the child, i.e. body, frame)."""
+        if self.kind != QUADROTOR:
+            raise StateError(f"robot '{self.model.name}' has a fixed base: use arm(), not quadrotor()")
+        # One array and one finiteness check on the fast path; the slow path names the field.
+        try:
+            x = np.concatenate([np.asarray(position, dtype=np.float64).reshape(-1),
+                                np.asarray(orientation_xyzw, dtype=np.float64).reshape(-1),
+                                np.asarray(linear_velocity_body, dtype=np.float64).reshape(-1),
+                                np.asarray(angular_velocity_body, dtype=np.float64).reshape(-1)])
+        except (TypeError, ValueError) as e:
+            raise StateError(f"odometry is not numeric: {e}") from None
+        if x.shape != (13,) or not np.isfinite(x).all():
+            parts = (("position", position, 3), ("orientation", orientation_xyzw, 4),
+                     ("linear velocity", linear_velocity_body, 3), ("angular velocity", angular_velocity_body, 3))
+            for what, val, n in parts:
+                a = np.asarray(val, dtype=np.float64).reshape(-1)
+                if a.shape != (n,):
+                    raise StateError(f"{what} needs {n} numbers, got {a.shape[0]}")
+                if not np.all(np.isfinite(a)):
+                    raise StateError(f"non-finite {what}: {a.tolist()}")
+        norm = float(np.linalg.norm(x[3:7]))
+        if not norm > 1e-6:
+            raise StateError(f"orientation quaternion has norm {norm:g} (expected a unit quaternion x y z w)")
+        x[3:7] /= norm
+        nj = self.model.nq - 7
+        if nj:
+            q = np.concatenate((x[0:7], np.zeros(nj)))
+            v = np.concatenate((x[7:13], np.zeros(nj)))
+        else:
+            q, v = x[0:7], x[7:13]
+        return self._with_carry(torch.from_numpy(q).to(self.dtype).unsqueeze(0),
+                                torch.from_numpy(v).to(self.dtype).unsqueeze(0))
+
+    def _with_carry(self, q: torch.Tensor, v: torch.Tensor) -> State:
+        """A simulator state at the measured q, v with the carried (else initial) actuator state."""
+        act, delay = self._carry
+        has_act = self.sim.rotors is not None or self.sim.config.actuator_lag > 0
+        has_delay = self.sim.config.command_delay > 0
+        if (act is not None or not has_act) and (delay is not None or not has_delay):
+            # Fast path (every call after the first): no initial_state() needed.
+            return State(q=q, v=v, actuator=act, delay=delay, t=torch.zeros(1, dtype=self.dtype))
+        st = self.sim.initial_state(q, v)
+        if act is not None:
+            st.actuator = act
+        if delay is not None:
+            st.delay = delay
+        return st
+
+    def reset(self) -> None:
+        """Forget the carried actuator state (rotor speeds, lag, delay line): next call starts afresh."""
+        self._carry = (None, None)
+
+    # ------------------------------------------------------------------ target
+    def target_tensor(self, target=None) -> torch.Tensor:
+        """(1, 3) goal: reach: a point (required); hover/waypoint: a point (default: the task's home);
+        velocity mode: a world velocity (default zero)."""
+        if target is None:
+            if self.kind == QUADROTOR:
+                if self.mode == "velocity":
+                    return torch.zeros(1, 3, dtype=self.dtype)
+                return self.home.to(self.dtype).reshape(1, 3)
+            raise StateError("a reach policy needs a target point (x, y, z) in m")
+        t = torch.as_tensor(np.asarray(target, dtype=np.float64).reshape(-1), dtype=self.dtype)
+        if t.shape != (3,):
+            raise StateError(f"target needs 3 numbers, got {t.numel()}")
+        if not bool(torch.isfinite(t).all()):
+            raise StateError(f"non-finite target {t.tolist()}")
+        return t.reshape(1, 3)
+
+    # ------------------------------------------------------------------ the step
+    def decide(self, state: State, target=None, predict: bool = True) -> Decision:
+        """Command (and prediction) for a simulator state of batch 1."""
+        tgt = target if isinstance(target, torch.Tensor) and target.shape == (1, 3) else self.target_tensor(target)
+        with torch.inference_mode():
+            ts = TaskState(state, tgt)
+            obs = self.task.observe(ts)
+            action = self.policy(obs.to(torch.float32)).to(self.dtype)
+            action = torch.clamp(action, -1.0, 1.0)        # Task.step clamps as well
+            raw = self.task.command(action, ts)[0]
+            cmd, clamped = self.clamp(raw.to(torch.float64).numpy())
+            predicted = None
+            if predict:
+                predicted = self.predict(state, cmd)
+        return Decision(cmd, action[0].to(torch.float64).numpy().copy(), clamped, state, predicted)
+
+    def predict(self, state: State, command) -> State:
+        """One Simulator.step from ``state`` with ``command`` (no grad); carries the actuator state on."""
+        with torch.inference_mode():
+            c = torch.as_tensor(np.asarray(command, dtype=np.float64), dtype=self.dtype).reshape(1, -1)
+            nxt = self.sim.step(state, c)
+        self._carry = (nxt.actuator, nxt.delay)
+        return nxt
+
+    def arm(self, names, positions, velocities, target=None, predict: bool = True) -> Decision:
+        return self.decide(self.arm_state(names, positions, velocities), target, predict)
+
+    def quadrotor(self, position, orientation_xyzw, linear_velocity_body, angular_velocity_body, target=None,
+                  predict: bool = True) -> Decision:
+        return self.decide(self.quadrotor_state(position, orientation_xyzw, linear_velocity_body,
+                                                angular_velocity_body), target, predict)
+
+    # ------------------------------------------------------------------ helpers for nodes / analysis
+    def joint_positions(self, state: State) -> np.ndarray:
+        """Actuated joint positions of a (batch-1) state, in ``actuated_joints`` order."""
+        return self.sim.joint_positions(state.q)[0, self.sim.act_index].to(torch.float64).numpy()
+
+    def joint_velocities(self, state: State) -> np.ndarray:
+        return self.sim.joint_velocities(state.v)[0, self.sim.act_index].to(torch.float64).numpy()
+
+    def success_metric_state(self, state: State, target=None) -> TaskState:
+        """A TaskState for the task's own metrics (distance, speed) at ``state``."""
+        return TaskState(state, self.target_tensor(target))
+
+    def describe(self) -> str:
+        return (f"task {self.meta['task']} on robot '{self.model.name}' ({self.kind}), interface "
+                f"{self.interface} [{', '.join(f'{n} ({u})' for n, u in zip(self.command_names, self.command_units))}]"
+                f", dt {self.dt:g} s")

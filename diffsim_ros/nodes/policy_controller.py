@@ -1,0 +1,817 @@
+"""policy_controller: runs a trained checkpoint on a robot through ROS 2.
+
+    ros2 run diffsim_ros policy_controller --ros-args -p checkpoint:=policies/hover
+    ros2 run diffsim_ros policy_controller --ros-args -p checkpoint:=policies/reach_arm \
+        -p target:="[0.25, 0.1, 0.35]" -p interface:=joint_trajectory
+
+A thin adapter over :class:`diffsim_ros.learning.deploy.PolicyRunner`: messages in
+(``/joint_states`` matched by joint name, or ``/odom`` [+ ``/imu``]), commands out
+on the selected interface (doc/interfaces.md), plus the bookkeeping topics the
+recorder and the analysis rely on: ``/diffsim/command``, ``/diffsim/predicted_state``,
+latched ``/diffsim/metadata`` and ``/diagnostics``.
+
+Timing: ``lockstep: false`` runs the policy on a wall timer at ``rate_hz`` on the
+latest state; ``lockstep: true`` computes exactly one command per received state
+(deterministic runs against mujoco_plant's lockstep mode). The command is published
+before the prediction is computed, so the simulator step (milliseconds at batch 1)
+never delays it; ``predict_every`` thins predictions out at high rates.
+
+Safety (the node never crashes on a message; it rejects it, counts it, and falls
+back to the safe command):
+
+- every command is clamped to the URDF limits of the checkpoint's robot;
+- watchdog: when the latest state is older than ``state_timeout_s`` (receive time,
+  steady clock) or the latest message held NaN/Inf, the safe command is sent:
+  arms: hold the last valid measured position (position / joint_trajectory
+  interfaces) or zero (effort, velocity); quadrotors: ``safe_thrust`` N collective
+  with zero body rates (0 = motors off);
+- ``~/emergency_stop`` (std_srvs/SetBool): true latches the safe command until a
+  call with false;
+- a checkpoint for another robot (``urdf``, ``config`` or ``robot_description_topic``)
+  is refused at start: the node prints the reason and exits with status 2.
+
+A message that names too few joints is rejected but does not trip the safe
+command by itself (robots often publish a gripper's joint state separately); the
+watchdog trips once no complete state has arrived for ``state_timeout_s``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+NODE_NAME = "policy_controller"
+
+ARM_INTERFACES = ("forward_command", "joint_trajectory")
+QUAD_INTERFACES = ("ctbr", "rotor_thrust", "cmd_vel_legacy", "actuator_msgs")
+
+#: name -> (default, description). Every parameter the node reads is declared from this table.
+PARAMETERS: Dict[str, Any] = {
+    "checkpoint": ("policies/hover", "checkpoint folder (policy.pt + policy.json): absolute, relative to the working "
+                                     "directory, or to the diffsim_ros share folder"),
+    "urdf": ("", "URDF file of the robot being controlled; the checkpoint is refused if it was made for another "
+                 "robot or URDF (empty: the 'config' file's urdf, else the URDF the checkpoint names)"),
+    "config": ("", "ROS parameter file (config/*.yaml) naming the robot ('urdf', 'floating_base'); used when "
+                   "'urdf' is empty"),
+    "robot_description_topic": ("", "take the robot's URDF from this latched std_msgs/String topic (e.g. "
+                                    "/robot_description) instead of a file; empty: do not wait for it"),
+    "robot_description_timeout_s": (10.0, "s, how long to wait for robot_description_topic at start"),
+    "dtype": ("float64", "float64 or float32: precision of the observation and the prediction"),
+    "interface": ("auto", "command interface: arms forward_command | joint_trajectory; quadrotors ctbr | "
+                          "rotor_thrust | cmd_vel_legacy (Crazyswarm2, untested here) | actuator_msgs (if "
+                          "importable, untested here); auto: forward_command for arms, the checkpoint's own "
+                          "(ctbr or rotor_thrust) for quadrotors"),
+    "controller": ("", "forward_command_controller name: commands go to /<controller>/commands (empty: "
+                       "position_controller, velocity_controller or effort_controller per the checkpoint)"),
+    "controller_joints": ([], "joint order of the forward_command_controller's 'joints' parameter (empty: the "
+                               "checkpoint's actuated joints in their order)"),
+    "trajectory_topic": ("/joint_trajectory_controller/joint_trajectory",
+                         "trajectory_msgs/JointTrajectory topic (interface joint_trajectory)"),
+    "ctbr_topic": ("/cmd_ctbr", "geometry_msgs/TwistStamped: linear.z collective thrust N, angular body rates rad/s"),
+    "rotor_thrust_topic": ("/cmd_rotor_thrust", "std_msgs/Float64MultiArray: per-rotor thrust N, rotor_links order"),
+    "cmd_vel_legacy_topic": ("/cmd_vel_legacy", "geometry_msgs/Twist in Crazyswarm2's cmd_vel_legacy convention"),
+    "actuator_msgs_topic": ("/command/motor_speed", "actuator_msgs/Actuators topic (interface actuator_msgs)"),
+    "legacy_attitude_time_s": (0.1, "s, cmd_vel_legacy: roll/pitch setpoint = current angle + body rate * this"),
+    "joint_states_topic": ("/joint_states", "sensor_msgs/JointState input (arms), matched by joint name"),
+    "odom_topic": ("/odom", "nav_msgs/Odometry input (quadrotors): pose in world, twist in the body frame"),
+    "imu_topic": ("/imu", "sensor_msgs/Imu input (quadrotors): checked for NaN/Inf; see imu_angular_velocity"),
+    "imu_angular_velocity": (False, "bool: take the body rates from the latest /imu instead of /odom's twist"),
+    "state_reliability": ("reliable", "QoS reliability of the state subscriptions: reliable or best_effort"),
+    "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
+                      "m/s; empty: the task's default (hover: its home point; reach has none)"),
+    "target_topic": ("/diffsim/target", "geometry_msgs/PointStamped that replaces the goal at run time"),
+    "rate_hz": (0.0, "Hz, control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep"),
+    "lockstep": (False, "bool: one command per received state instead of a timer"),
+    "state_timeout_s": (0.1, "s, watchdog: a state older than this (receive time) triggers the safe command"),
+    "watchdog_hz": (20.0, "Hz, how often the watchdog checks the state age in lockstep mode"),
+    "safe_mode": ("auto", "arms: hold (last valid measured position), zero (zero effort/velocity) or auto "
+                          "(hold for position and joint_trajectory, zero for effort and velocity)"),
+    "safe_thrust": (0.0, "N, quadrotors: collective thrust of the safe command (body rates zero); 0: motors off"),
+    "wait_for_subscribers": (0, "answer no state until the command topic has at least this many matched "
+                                "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)"),
+    "wait_for_recorders": (0, "answer no state until /diffsim/command, /diffsim/predicted_state and /diagnostics "
+                              "each have at least this many matched subscribers (recorders), so that nothing "
+                              "published is lost to discovery"),
+    "predict_every": (1, "publish /diffsim/predicted_state every this many commands (0: never)"),
+    "command_topic": ("/diffsim/command", "std_msgs/Float64MultiArray: the command in the simulator's interface"),
+    "predicted_state_topic": ("/diffsim/predicted_state", "JointState (arms) or Odometry (quadrotors), one step on"),
+    "metadata_topic": ("/diffsim/metadata", "std_msgs/String, transient local: checkpoint metadata JSON"),
+    "diagnostics_topic": ("/diagnostics", "diagnostic_msgs/DiagnosticArray"),
+    "diagnostics_period_s": (1.0, "s, diagnostics period"),
+    "stats_file": ("", "write the node's counters as JSON here at shutdown (empty: no file)"),
+    "frame_id": ("world", "frame of the predicted odometry (quadrotors)"),
+    "child_frame_id": ("base_link", "child frame of the predicted odometry (quadrotors)"),
+}
+#: Element type of the list parameters (an empty default cannot say it).
+ARRAY_TYPES = {"controller_joints": "string", "target": "double"}
+
+
+try:
+    from .common import StartupError as _CommonStartupError
+except ImportError:  # pragma: no cover - common.py is part of the package
+    _CommonStartupError = RuntimeError
+
+
+class StartupError(_CommonStartupError):
+    """A configuration the node refuses to run with (bad parameter, checkpoint for another robot)."""
+
+
+def stamp_ns(stamp) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def ns_to_stamp(ns: int, stamp_cls):
+    s = stamp_cls()
+    s.sec, s.nanosec = int(ns // 1_000_000_000), int(ns % 1_000_000_000)
+    return s
+
+
+def resolve_checkpoint(path: str) -> Path:
+    p = Path(os.path.expanduser(path))
+    if p.is_absolute() or p.exists():
+        return p
+    from ..config import package_share
+
+    share = package_share()
+    if share is not None and (share / p).exists():
+        return share / p
+    return p
+
+
+def quat_to_rpy(x: float, y: float, z: float, w: float):
+    """Roll, pitch, yaw (rad, ZYX) of a unit quaternion."""
+    roll = math.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
+    pitch = math.asin(max(-1.0, min(1.0, 2 * (w * y - z * x))))
+    yaw = math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    return roll, pitch, yaw
+
+
+def percentile(values, q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def _import_ros():
+    import rclpy
+    from rclpy.node import Node
+
+    return rclpy, Node
+
+
+def make_node_class():
+    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    rclpy, Node = _import_ros()
+    import torch
+    from builtin_interfaces.msg import Duration, Time
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from geometry_msgs.msg import PointStamped, Twist, TwistStamped
+    from nav_msgs.msg import Odometry
+    from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.exceptions import ParameterUninitializedException
+    from rclpy.parameter import Parameter
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from sensor_msgs.msg import Imu, JointState
+    from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
+    from std_srvs.srv import SetBool
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+    from ..learning.checkpoint import CheckpointError
+    from ..learning.deploy import PolicyRunner, StateError
+    from . import common
+
+    class PolicyController(Node):
+        def __init__(self, **kw):
+            super().__init__(NODE_NAME, **kw)
+            self._declare()
+            p = self._p
+            torch.set_num_threads(1)        # batch-1 inference: a second thread only adds contention
+            self.lock = threading.Lock()
+            # ---------------------------------------------------------- policy
+            ckpt = resolve_checkpoint(p("checkpoint"))
+            dtype = {"float64": torch.float64, "float32": torch.float32}.get(p("dtype"))
+            if dtype is None:
+                raise StartupError(f"parameter 'dtype' must be float64 or float32, got {p('dtype')!r}")
+            urdf = self._robot_urdf()
+            try:
+                self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype)
+            except CheckpointError as e:
+                raise StartupError(f"refusing checkpoint {ckpt}: {e}") from None
+            r = self.runner
+            self.kind = r.kind
+            self.dt = r.dt
+            # ---------------------------------------------------------- interface
+            iface = p("interface")
+            if iface == "auto":
+                iface = "forward_command" if r.kind == "arm" else r.interface
+            allowed = ARM_INTERFACES if r.kind == "arm" else QUAD_INTERFACES
+            if iface not in allowed:
+                raise StartupError(f"parameter 'interface': '{iface}' is not an interface for a {r.kind} "
+                                   f"(one of: {', '.join(allowed)}, auto)")
+            if r.kind == "arm" and iface == "joint_trajectory" and r.interface != "position":
+                raise StartupError(f"interface joint_trajectory needs a position checkpoint; this one commands "
+                                   f"'{r.interface}' (use forward_command)")
+            if r.kind == "quadrotor" and r.interface == "rotor_thrust" and iface in ("ctbr", "cmd_vel_legacy"):
+                raise StartupError(f"the checkpoint commands per-rotor thrust; interface '{iface}' needs a CTBR "
+                                   "checkpoint (use rotor_thrust)")
+            self.iface = iface
+            self.controller = p("controller") or f"{r.interface}_controller"
+            cj = [j for j in p("controller_joints") if j]
+            if cj:
+                if sorted(cj) != sorted(r.actuated_joints):
+                    raise StartupError(f"parameter 'controller_joints' {cj} must name exactly the checkpoint's "
+                                       f"actuated joints {r.actuated_joints}")
+                self.out_index = np.array([r.actuated_joints.index(j) for j in cj])
+            else:
+                self.out_index = np.arange(len(r.actuated_joints))
+            self.controller_joints = cj or list(r.actuated_joints)
+            if iface == "actuator_msgs":
+                try:
+                    from actuator_msgs.msg import Actuators  # noqa: F401  (only where installed)
+                except ImportError:
+                    raise StartupError("interface actuator_msgs: the actuator_msgs package is not importable "
+                                       "here (install ros-<distro>-actuator-msgs)") from None
+            # ---------------------------------------------------------- target
+            tgt = list(p("target"))
+            self.target = None
+            if len(tgt) == 3:
+                self.target = r.target_tensor(tgt)
+            elif tgt:
+                raise StartupError(f"parameter 'target' needs 3 numbers (or none), got {tgt}")
+            if self.target is None and r.kind == "arm":
+                raise StartupError("parameter 'target' is required for a reach policy: [x, y, z] in m, world frame")
+            # ---------------------------------------------------------- timing and safety
+            self.lockstep = bool(p("lockstep"))
+            rate = float(p("rate_hz")) or 1.0 / self.dt
+            if not rate > 0:
+                raise StartupError(f"parameter 'rate_hz' must be > 0, got {rate}")
+            if not self.lockstep and abs(rate * self.dt - 1.0) > 1e-6:
+                self.get_logger().warning(f"rate_hz {rate:g} differs from the policy's training rate "
+                                          f"{1 / self.dt:g} Hz (dt {self.dt:g} s)")
+            self.rate = rate
+            self.timeout_ns = int(float(p("state_timeout_s")) * 1e9)
+            mode = p("safe_mode")
+            if mode not in ("auto", "hold", "zero"):
+                raise StartupError(f"parameter 'safe_mode' must be auto, hold or zero, got {mode!r}")
+            if mode == "auto":
+                mode = "hold" if (r.kind == "arm" and r.interface == "position") else "zero"
+            if r.kind == "arm" and mode == "hold" and r.interface != "position":
+                raise StartupError(f"safe_mode hold needs a position interface; this checkpoint commands "
+                                   f"'{r.interface}'")
+            self.safe_mode = mode if r.kind == "arm" else "thrust"
+            self.safe_thrust = float(p("safe_thrust"))
+            self.predict_every = int(p("predict_every"))
+            self.legacy_tau = float(p("legacy_attitude_time_s"))
+            self.imu_rates = bool(p("imu_angular_velocity"))
+            # ---------------------------------------------------------- state
+            self.latest = None               # (receive steady ns, stamp ns, simulator State)
+            self.latest_bad = False          # the latest message held NaN/Inf
+            self.hold_q: Optional[np.ndarray] = None
+            self.imu_w: Optional[np.ndarray] = None
+            self.estop = False
+            self.last_safe_reason = ""
+            self.last_answered: Optional[int] = None
+            self._last_predicted: Optional[int] = None
+            self.wait_subs, self.wait_recs = int(p("wait_for_subscribers")), int(p("wait_for_recorders"))
+            self._gate_open = self.wait_subs <= 0 and self.wait_recs <= 0
+            self.counts = {k: 0 for k in ("states_received", "states_repeated", "states_rejected", "imu_received",
+                                          "imu_rejected", "commands_sent", "policy_commands", "safe_commands", "commands_clamped",
+                                          "predictions_sent", "diagnostics_sent", "metadata_sent",
+                                          "missed_deadlines", "errors")}
+            self.last_reject = ""
+            self.compute_ms: deque = deque(maxlen=5000)
+            self.period_ms: deque = deque(maxlen=5000)
+            self._last_tick = None
+            # ---------------------------------------------------------- ROS interfaces
+            # doc/interfaces.md QoS: publishers of recorded topics keep a deep reliable history (a
+            # recorder stall must not drop samples); the metadata is latched.
+            default = common.state_qos()
+            rel = p("state_reliability")
+            if rel not in ("reliable", "best_effort"):
+                raise StartupError(f"parameter 'state_reliability' must be reliable or best_effort, got {rel!r}")
+            state_qos = common.state_qos(10)
+            if rel == "best_effort":
+                state_qos.reliability = ReliabilityPolicy.BEST_EFFORT
+            latched = common.latched_qos()
+            if r.kind == "arm":
+                self.create_subscription(JointState, p("joint_states_topic"), self._on_joint_state, state_qos)
+            else:
+                self.create_subscription(Odometry, p("odom_topic"), self._on_odom, state_qos)
+                self.create_subscription(Imu, p("imu_topic"), self._on_imu, state_qos)
+            self.create_subscription(PointStamped, p("target_topic"), self._on_target, default)
+            if iface == "forward_command":
+                self.out_topic = f"/{self.controller.strip('/')}/commands"
+                self.pub_out = self.create_publisher(Float64MultiArray, self.out_topic, default)
+            elif iface == "joint_trajectory":
+                self.out_topic = p("trajectory_topic")
+                self.pub_out = self.create_publisher(JointTrajectory, self.out_topic, default)
+            elif iface == "ctbr":
+                self.out_topic = p("ctbr_topic")
+                self.pub_out = self.create_publisher(TwistStamped, self.out_topic, default)
+            elif iface == "rotor_thrust":
+                self.out_topic = p("rotor_thrust_topic")
+                self.pub_out = self.create_publisher(Float64MultiArray, self.out_topic, default)
+            elif iface == "cmd_vel_legacy":
+                self.out_topic = p("cmd_vel_legacy_topic")
+                self.pub_out = self.create_publisher(Twist, self.out_topic, default)
+            else:
+                from actuator_msgs.msg import Actuators
+                self.out_topic = p("actuator_msgs_topic")
+                self.pub_out = self.create_publisher(Actuators, self.out_topic, default)
+            self.pub_cmd = self.create_publisher(Float64MultiArray, p("command_topic"), default)
+            self.pub_pred = self.create_publisher(JointState if r.kind == "arm" else Odometry,
+                                                  p("predicted_state_topic"), default)
+            self.pub_meta = self.create_publisher(String, p("metadata_topic"), latched)
+            self.pub_diag = self.create_publisher(DiagnosticArray, p("diagnostics_topic"), default)
+            self.create_service(SetBool, "~/emergency_stop", self._on_estop)
+            if self.lockstep:
+                self.timer = self.create_timer(1.0 / max(float(p("watchdog_hz")), 1e-3), self._watchdog_tick)
+            else:
+                self.timer = self.create_timer(1.0 / rate, self._control_tick)
+            self.create_timer(float(p("diagnostics_period_s")), self._publish_diagnostics)
+            self._publish_metadata()
+            self.get_logger().info(
+                f"{r.describe()}; publishing {iface} on {self.out_topic}; "
+                f"{'lockstep' if self.lockstep else f'{rate:g} Hz'}; safe command: {self._safe_description()}")
+
+        # -------------------------------------------------------------- parameters
+        def _declare(self):
+            for name, (default, desc) in PARAMETERS.items():
+                d = ParameterDescriptor(description=desc)
+                if isinstance(default, list) and not default:
+                    # An empty list has no element type: declare the type; unset reads back as [].
+                    kind = {"string": Parameter.Type.STRING_ARRAY, "double": Parameter.Type.DOUBLE_ARRAY}[
+                        ARRAY_TYPES[name]]
+                    self.declare_parameter(name, kind, d)
+                else:
+                    self.declare_parameter(name, default, d)
+
+        def _p(self, name):
+            try:
+                val = self.get_parameter(name).value
+            except ParameterUninitializedException:     # a list parameter left unset
+                return []
+            if val is None:                    # array parameters without a value
+                return []
+            if isinstance(val, (list, tuple)) or hasattr(val, "tolist"):
+                return list(val)
+            return val
+
+        def _robot_urdf(self) -> Optional[str]:
+            p = self._p
+            topic = p("robot_description_topic")
+            if topic:
+                return self._wait_robot_description(topic, float(p("robot_description_timeout_s")))
+            if p("urdf"):
+                path = Path(p("urdf"))
+                if not path.is_file():
+                    raise StartupError(f"parameter 'urdf': no such file {path}")
+                return str(path)
+            if p("config"):
+                from .. import config as cfgmod
+                try:
+                    params = cfgmod.load_yaml(p("config"))
+                    return str(cfgmod.resolve_urdf(params, p("config")))
+                except cfgmod.ConfigError as e:
+                    raise StartupError(f"parameter 'config': {e}") from None
+            return None
+
+        def _wait_robot_description(self, topic: str, timeout: float) -> str:
+            got: List[str] = []
+            qos = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+            sub = self.create_subscription(String, topic, lambda m: got.append(m.data), qos)
+            end = time.monotonic() + timeout
+            while not got and time.monotonic() < end:
+                rclpy.spin_once(self, timeout_sec=0.1)
+            self.destroy_subscription(sub)
+            if not got:
+                raise StartupError(f"no URDF on {topic} within {timeout:g} s (robot_description_topic)")
+            return got[-1]
+
+        # -------------------------------------------------------------- inputs
+        def _reject(self, what: str, reason: str, bad_value: bool):
+            self.counts["states_rejected" if what != "imu" else "imu_rejected"] += 1
+            self.last_reject = f"{what}: {reason}"
+            if bad_value:
+                self.latest_bad = True
+            self.get_logger().warning(f"rejected {what} message: {reason}", throttle_duration_sec=1.0)
+
+        def _accept(self, stamp: int, state):
+            self.latest = (time.monotonic_ns(), stamp, state)
+            self.latest_bad = False
+            if self.kind == "arm":
+                self.hold_q = self.runner.joint_positions(state)
+
+        def _ready(self) -> bool:
+            """The gates of wait_for_subscribers / wait_for_recorders (checked until they open once)."""
+            if self._gate_open:
+                return True
+            if self.pub_out.get_subscription_count() < self.wait_subs:
+                return False
+            if any(pub.get_subscription_count() < self.wait_recs for pub in (self.pub_cmd, self.pub_pred,
+                                                                             self.pub_diag)):
+                return False
+            self._gate_open = True
+            self.get_logger().info("subscribers matched: answering states")
+            return True
+
+        def _answer_lockstep(self, stamp: int) -> bool:
+            """doc/interfaces.md: a lockstep plant republishes its initial state until the first
+            command; answering each copy would put two commands in flight, so a state with the
+            stamp of the one answered last is taken (it refreshes the watchdog) but not answered."""
+            if stamp == self.last_answered:
+                self.counts["states_repeated"] += 1
+                return False
+            if not self._ready():
+                return False
+            self.last_answered = stamp
+            return True
+
+        def _on_joint_state(self, msg):
+            with self.lock:
+                self.counts["states_received"] += 1
+                try:
+                    st = self.runner.arm_state(list(msg.name), list(msg.position), list(msg.velocity))
+                except StateError as e:
+                    # Non-finite values mean the sensor is broken: safe command. Missing joints may be another
+                    # publisher's partial message: reject it and let the watchdog judge the age.
+                    self._reject("joint_states", str(e), bad_value="non-finite" in str(e))
+                    if self.lockstep and self.latest_bad:
+                        self._send_safe("non-finite state")
+                    return
+                except Exception as e:  # noqa: BLE001 - never crash on a message
+                    self._reject("joint_states", f"{type(e).__name__}: {e}", bad_value=True)
+                    return
+                stamp = stamp_ns(msg.header.stamp)
+                self._accept(stamp, st)
+                if self.lockstep and self._answer_lockstep(stamp):
+                    self._step()
+
+        def _on_odom(self, msg):
+            with self.lock:
+                self.counts["states_received"] += 1
+                try:
+                    pp, o, tw = msg.pose.pose.position, msg.pose.pose.orientation, msg.twist.twist
+                    w = [tw.angular.x, tw.angular.y, tw.angular.z]
+                    if self.imu_rates and self.imu_w is not None:
+                        w = self.imu_w
+                    st = self.runner.quadrotor_state([pp.x, pp.y, pp.z], [o.x, o.y, o.z, o.w],
+                                                     [tw.linear.x, tw.linear.y, tw.linear.z], w)
+                except StateError as e:
+                    self._reject("odom", str(e), bad_value=True)
+                    if self.lockstep:
+                        self._send_safe("bad state")
+                    return
+                except Exception as e:  # noqa: BLE001
+                    self._reject("odom", f"{type(e).__name__}: {e}", bad_value=True)
+                    return
+                stamp = stamp_ns(msg.header.stamp)
+                self._accept(stamp, st)
+                if self.lockstep and self._answer_lockstep(stamp):
+                    self._step()
+
+        def _on_imu(self, msg):
+            with self.lock:
+                self.counts["imu_received"] += 1
+                try:
+                    w = np.array([msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z])
+                    o = np.array([msg.orientation.x, msg.orientation.y, msg.orientation.z, msg.orientation.w])
+                    a = np.array([msg.linear_acceleration.x, msg.linear_acceleration.y, msg.linear_acceleration.z])
+                    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(o)) and np.all(np.isfinite(a))):
+                        self._reject("imu", "non-finite IMU reading", bad_value=True)
+                        return
+                    self.imu_w = w
+                except Exception as e:  # noqa: BLE001
+                    self._reject("imu", f"{type(e).__name__}: {e}", bad_value=False)
+
+        def _on_target(self, msg):
+            with self.lock:
+                try:
+                    self.target = self.runner.target_tensor([msg.point.x, msg.point.y, msg.point.z])
+                    self.get_logger().info(f"new target {self.target[0].tolist()}")
+                except StateError as e:
+                    self.get_logger().warning(f"rejected target: {e}")
+
+        def _on_estop(self, req, resp):
+            with self.lock:
+                self.estop = bool(req.data)
+                resp.success = True
+                resp.message = ("emergency stop engaged: safe command latched until released"
+                                if self.estop else "emergency stop released")
+                self.get_logger().warning(resp.message)
+                # At once on a timer loop; in lockstep the next state gets it (an extra command would
+                # put a second one in flight in the plant's loop).
+                if self.estop and not self.lockstep:
+                    self._send_safe("emergency stop")
+            return resp
+
+        # -------------------------------------------------------------- the loop
+        def _stale(self) -> Optional[str]:
+            if self.estop:
+                return "emergency stop"
+            if self.latest_bad:
+                return "latest state held NaN/Inf or was unreadable"
+            if self.latest is None:
+                return "no state received yet"
+            age = time.monotonic_ns() - self.latest[0]
+            if age > self.timeout_ns:
+                return f"state is {age / 1e9:.3f} s old (timeout {self.timeout_ns / 1e9:g} s)"
+            return None
+
+        def _control_tick(self):
+            with self.lock:
+                now = time.monotonic()
+                if self._last_tick is not None:
+                    period = (now - self._last_tick) * 1e3
+                    self.period_ms.append(period)
+                    if period > 1.5e3 / self.rate:
+                        self.counts["missed_deadlines"] += 1
+                self._last_tick = now
+                if self._ready():
+                    self._step()
+
+        def _watchdog_tick(self):
+            with self.lock:
+                reason = self._stale()
+                if reason is not None and reason != "no state received yet" and self._ready():
+                    self._send_safe(reason)
+
+        def _step(self):
+            try:
+                reason = self._stale()
+                if reason is not None:
+                    if reason != "no state received yet":
+                        self._send_safe(reason)
+                    return
+                t0 = time.perf_counter()
+                _, stamp, state = self.latest
+                # One prediction per state: a timer faster than the state rate recomputes the command
+                # from the same state, whose prediction is already out.
+                predict = (self.predict_every > 0 and stamp != self._last_predicted
+                           and self.counts["policy_commands"] % self.predict_every == 0)
+                d = self.runner.decide(state, self.target, predict=False)
+                self._publish(d.command, stamp, state)
+                self.counts["policy_commands"] += 1
+                self.counts["commands_clamped"] += int(d.clamped)
+                self.compute_ms.append((time.perf_counter() - t0) * 1e3)
+                if self.lockstep and (time.perf_counter() - t0) > self.dt:
+                    self.counts["missed_deadlines"] += 1
+                if self.last_safe_reason:
+                    self.get_logger().info(f"policy resumed (was safe: {self.last_safe_reason})")
+                    self.last_safe_reason = ""
+                if predict:
+                    # After the command went out: the simulator step must not delay it.
+                    self._last_predicted = stamp
+                    pred = self.runner.predict(state, d.command)
+                    self._publish_prediction(pred, stamp + int(round(self.dt * 1e9)))
+            except Exception as e:  # noqa: BLE001 - a failing step must not take the node down
+                self.counts["errors"] += 1
+                self.last_reject = f"step: {type(e).__name__}: {e}"
+                self.get_logger().error(f"policy step failed ({type(e).__name__}: {e}); sending the safe command",
+                                        throttle_duration_sec=1.0)
+                self._send_safe(f"error: {e}")
+
+        # -------------------------------------------------------------- safe command
+        def safe_command(self) -> Optional[np.ndarray]:
+            """The safe command in the simulator's interface (None: nothing safe to send yet)."""
+            r = self.runner
+            if r.kind == "arm":
+                if self.safe_mode == "hold":
+                    return None if self.hold_q is None else r.clamp(self.hold_q)[0]
+                return np.zeros(len(r.actuated_joints))
+            if r.interface == "ctbr":
+                return r.clamp([self.safe_thrust, 0.0, 0.0, 0.0])[0]
+            n = len(r.command_names)
+            return r.clamp([self.safe_thrust / n] * n)[0]
+
+        def _safe_description(self) -> str:
+            if self.kind == "arm":
+                return "hold the last measured position" if self.safe_mode == "hold" else f"zero {self.runner.interface}"
+            return f"{self.safe_thrust:g} N collective thrust, zero body rates"
+
+        def _send_safe(self, reason: str):
+            try:
+                cmd = self.safe_command()
+                if reason != self.last_safe_reason:
+                    self.get_logger().warning(f"safe command ({self._safe_description()}): {reason}")
+                    self.last_safe_reason = reason
+                if cmd is None:
+                    return
+                stamp = self.latest[1] if self.latest is not None else 0
+                state = self.latest[2] if self.latest is not None else None
+                self._publish(cmd, stamp, state)
+                self.counts["safe_commands"] += 1
+            except Exception as e:  # noqa: BLE001
+                self.counts["errors"] += 1
+                self.get_logger().error(f"could not send the safe command: {type(e).__name__}: {e}",
+                                        throttle_duration_sec=1.0)
+
+        # -------------------------------------------------------------- outputs
+        def _publish(self, cmd: np.ndarray, stamp: int, state):
+            """Send ``cmd`` (simulator interface, clamped) on the selected interface and on /diffsim/command."""
+            r = self.runner
+            cmd = np.asarray(cmd, dtype=np.float64)
+            now_stamp = self.get_clock().now().to_msg()
+            if self.iface == "forward_command":
+                m = Float64MultiArray()
+                m.data = cmd[self.out_index].tolist()
+                self.pub_out.publish(m)
+            elif self.iface == "joint_trajectory":
+                m = JointTrajectory()
+                m.joint_names = list(self.controller_joints)
+                pt = JointTrajectoryPoint()
+                pt.positions = cmd[self.out_index].tolist()
+                pt.velocities = [0.0] * len(cmd)
+                sec = int(self.dt)
+                pt.time_from_start = Duration(sec=sec, nanosec=int(round((self.dt - sec) * 1e9)))
+                m.points = [pt]             # header.stamp zero: "start now" for joint_trajectory_controller
+                self.pub_out.publish(m)
+            elif self.iface == "ctbr":
+                m = TwistStamped()
+                m.header.stamp = ns_to_stamp(stamp, Time) if stamp else now_stamp
+                m.header.frame_id = "base_link"
+                m.twist.linear.z = float(cmd[0])
+                m.twist.angular.x, m.twist.angular.y, m.twist.angular.z = (float(x) for x in cmd[1:4])
+                self.pub_out.publish(m)
+            else:
+                thrust = self._rotor_thrusts(cmd, state)
+                if self.iface == "rotor_thrust":
+                    m = Float64MultiArray()
+                    m.data = thrust.tolist()
+                elif self.iface == "cmd_vel_legacy":
+                    m = self._legacy(cmd, state)
+                else:
+                    from actuator_msgs.msg import Actuators
+                    m = Actuators()
+                    m.header.stamp = now_stamp
+                    rc = r.sim.rotors.cfg
+                    m.velocity = [float(math.sqrt(max(t, 0.0) / rc.thrust_coefficient)) for t in thrust]
+                    m.normalized = [float(t / rc.max_thrust) for t in thrust]
+                self.pub_out.publish(m)
+            c = Float64MultiArray()
+            dim = MultiArrayDimension()
+            dim.label, dim.size, dim.stride = str(int(stamp)), len(cmd), len(cmd)
+            c.layout.dim = [dim]
+            c.data = cmd.tolist()
+            self.pub_cmd.publish(c)
+            self.counts["commands_sent"] += 1
+
+        def _rotor_thrusts(self, cmd: np.ndarray, state) -> np.ndarray:
+            r = self.runner
+            if r.interface == "rotor_thrust":
+                return cmd
+            rot = r.sim.rotors
+            w = torch.zeros(1, 3, dtype=r.dtype) if state is None else state.v[:, 3:6]
+            with torch.inference_mode():
+                t = rot.ctbr_thrusts(torch.as_tensor(cmd, dtype=r.dtype).reshape(1, -1), w)[0]
+            return np.clip(t.to(torch.float64).numpy(), 0.0, rot.cfg.max_thrust)
+
+        def _legacy(self, cmd: np.ndarray, state):
+            """Crazyswarm2 cmd_vel_legacy: roll/pitch setpoints (deg), yaw rate (deg/s), thrust PWM 0..65535.
+            Body rates become attitude setpoints one ``legacy_attitude_time_s`` ahead (untested here)."""
+            roll = pitch = 0.0
+            if state is not None:
+                x, y, z, w = state.q[0, 3:7].tolist()
+                roll, pitch, _ = quat_to_rpy(x, y, z, w)
+            m = Twist()
+            m.linear.y = math.degrees(roll + float(cmd[1]) * self.legacy_tau)
+            m.linear.x = math.degrees(pitch + float(cmd[2]) * self.legacy_tau)
+            m.angular.z = math.degrees(float(cmd[3]))
+            m.linear.z = float(np.clip(cmd[0] / float(self.runner.command_high[0]), 0.0, 1.0) * 65535.0)
+            return m
+
+        def _publish_prediction(self, pred, stamp: int):
+            r = self.runner
+            if r.kind == "arm":
+                m = JointState()
+                m.header.stamp = ns_to_stamp(stamp, Time)
+                m.name = list(r.joint_names)
+                m.position = pred.q[0].to(torch.float64).tolist()
+                m.velocity = pred.v[0].to(torch.float64).tolist()
+            else:
+                m = Odometry()
+                m.header.stamp = ns_to_stamp(stamp, Time)
+                m.header.frame_id = self._p("frame_id")
+                m.child_frame_id = self._p("child_frame_id")
+                q, v = pred.q[0].to(torch.float64).tolist(), pred.v[0].to(torch.float64).tolist()
+                pp, o = m.pose.pose.position, m.pose.pose.orientation
+                pp.x, pp.y, pp.z = q[0:3]
+                o.x, o.y, o.z, o.w = q[3:7]
+                tw = m.twist.twist
+                tw.linear.x, tw.linear.y, tw.linear.z = v[0:3]
+                tw.angular.x, tw.angular.y, tw.angular.z = v[3:6]
+            self.pub_pred.publish(m)
+            self.counts["predictions_sent"] += 1
+
+        def _publish_metadata(self):
+            r = self.runner
+            doc = {"checkpoint": r.meta, "config": r.meta.get("config"), "interface": self.iface,
+                   "controller": self.controller if self.iface == "forward_command" else None,
+                   "command_topic": self.out_topic, "controller_joints": self.controller_joints,
+                   "lockstep": self.lockstep, "rate_hz": None if self.lockstep else self.rate,
+                   "safe_command": self._safe_description(), "node": self.get_fully_qualified_name()}
+            from ..learning.checkpoint import json_safe
+            m = String()
+            m.data = json.dumps(json_safe(doc), allow_nan=False)
+            self.pub_meta.publish(m)
+            self.counts["metadata_sent"] += 1
+
+        def diagnostics_values(self) -> Dict[str, str]:
+            stale = self._stale()
+            vals = {"watchdog": "ok" if stale is None else stale,
+                    "emergency_stop": str(self.estop).lower(),
+                    "interface": self.iface, "command_topic": self.out_topic,
+                    "mode": "lockstep" if self.lockstep else f"{self.rate:g} Hz",
+                    "last_rejection": self.last_reject or "none",
+                    "compute_ms_p50": f"{percentile(self.compute_ms, 50):.3f}",
+                    "compute_ms_p99": f"{percentile(self.compute_ms, 99):.3f}",
+                    "period_ms_p50": f"{percentile(self.period_ms, 50):.3f}",
+                    "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"}
+            vals.update({k: str(v) for k, v in self.counts.items()})
+            return vals
+
+        def _publish_diagnostics(self):
+            with self.lock:
+                if not self._ready():        # wait_for_recorders: nothing published before they listen
+                    return
+                try:
+                    st = DiagnosticStatus()
+                    st.name = f"{NODE_NAME}: {self.get_fully_qualified_name()}"
+                    st.hardware_id = self.runner.model.name
+                    stale = self._stale()
+                    if self.estop:
+                        st.level, st.message = DiagnosticStatus.ERROR, "emergency stop latched"
+                    elif stale is not None:
+                        st.level, st.message = DiagnosticStatus.WARN, f"safe command: {stale}"
+                    else:
+                        st.level, st.message = DiagnosticStatus.OK, "running the policy"
+                    self.counts["diagnostics_sent"] += 1
+                    st.values = [KeyValue(key=k, value=v) for k, v in self.diagnostics_values().items()]
+                    arr = DiagnosticArray()
+                    arr.header.stamp = self.get_clock().now().to_msg()
+                    arr.status = [st]
+                    self.pub_diag.publish(arr)
+                except Exception as e:  # noqa: BLE001
+                    self.get_logger().error(f"diagnostics failed: {e}", throttle_duration_sec=5.0)
+
+        def close(self):
+            """Called once by run_node at shutdown (SIGINT/SIGTERM): the counters to stderr and stats_file."""
+            self.timer.cancel()
+            # Reliable subscribers (a recorder) get every message published before the process exits.
+            from rclpy.duration import Duration as _Duration
+            for pub in (self.pub_out, self.pub_cmd, self.pub_pred, self.pub_meta, self.pub_diag):
+                try:
+                    pub.wait_for_all_acked(_Duration(seconds=1.0))
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+            self.finish()
+
+        def finish(self):
+            """Counters to the log (and stats_file) at shutdown."""
+            stats = dict(self.counts)
+            # Messages published per topic, for comparison with a recorder's bag.
+            stats["published"] = {self.out_topic: self.counts["commands_sent"],
+                                  self._p("command_topic"): self.counts["commands_sent"],
+                                  self._p("predicted_state_topic"): self.counts["predictions_sent"],
+                                  self._p("metadata_topic"): self.counts["metadata_sent"],
+                                  self._p("diagnostics_topic"): self.counts["diagnostics_sent"]}
+            for q in (50, 99):
+                val = percentile(self.compute_ms, q)
+                stats[f"compute_ms_p{q}"] = None if math.isnan(val) else round(val, 4)
+            path = self._p("stats_file")
+            if path:
+                try:
+                    Path(path).write_text(json.dumps(stats, indent=1))
+                except OSError as e:
+                    print(f"{NODE_NAME}: cannot write stats_file {path}: {e}", file=sys.stderr)
+            print(f"{NODE_NAME}: published " + json.dumps(stats), file=sys.stderr, flush=True)
+
+    return PolicyController
+
+
+def main(argv=None) -> int:
+    """Console script: runs until SIGINT/SIGTERM (exit 0); a refused checkpoint or a bad
+    parameter prints ``policy_controller: error: ...`` and exits 2."""
+    from .common import run_node
+
+    def factory():
+        try:
+            return make_node_class()()
+        except StartupError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. a parameter of the wrong type: say so, exit 2
+            raise StartupError(f"{type(e).__name__}: {e}") from None
+
+    return run_node(factory, argv, NODE_NAME)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""policy_controller over real rclpy/DDS, in one process on an isolated ROS_DOMAIN_ID.
+
+A test node plays the robot (publishes /joint_states or /odom, listens to the
+commands); each command is compared with an independent PolicyRunner on the
+same checkpoint, each prediction with Simulator.step. Fault behaviour: NaN
+state, stale state, missing and reordered joints, emergency stop, refusal of a
+checkpoint for another robot (the console script exits non-zero with the reason).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
+
+from conftest import REPO_ROOT  # noqa: E402
+from test_deploy import make_checkpoint  # noqa: E402
+
+from diffsim_ros import physics  # noqa: E402
+from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
+from diffsim_ros.nodes import policy_controller as pc  # noqa: E402
+
+torch.set_num_threads(1)
+DOMAIN = random.randint(1, 100)   # ROS 2 advises 0..101 (higher ids can clash with ephemeral ports)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    make_checkpoint("hover", d / "hover")
+    make_checkpoint("reach_arm", d / "reach")
+    return d
+
+
+@pytest.fixture(scope="module")
+def ros():
+    ctx = rclpy.context.Context()
+    rclpy.init(context=ctx, domain_id=DOMAIN)
+    yield ctx
+    rclpy.shutdown(context=ctx)
+
+
+class Harness:
+    """The controller node plus a 'robot' node in one executor."""
+
+    def __init__(self, ctx, params):
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.parameter import Parameter
+
+        cls = pc.make_node_class()
+        overrides = [Parameter(k, value=v) for k, v in params.items()]
+        self.ctrl = cls(context=ctx, parameter_overrides=overrides)
+        self.robot = rclpy.create_node(f"fake_robot_{random.randint(0, 1 << 30)}", context=ctx)
+        self.ex = SingleThreadedExecutor(context=ctx)
+        self.ex.add_node(self.ctrl)
+        self.ex.add_node(self.robot)
+        self.got = {}
+
+    def listen(self, msg_type, topic, qos=10):
+        self.got[topic] = []
+        self.robot.create_subscription(msg_type, topic, lambda m: self.got[topic].append(m), qos)
+
+    def spin_until(self, cond, timeout=5.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.ex.spin_once(timeout_sec=0.01)
+            if cond():
+                return True
+        return False
+
+    def wait_matched(self, pub, timeout=5.0):
+        assert self.spin_until(lambda: pub.get_subscription_count() > 0, timeout), "no subscriber matched"
+
+    def close(self):
+        self.ex.shutdown()
+        self.ctrl.destroy_node()
+        self.robot.destroy_node()
+
+
+def joint_state(names, q, v, stamp_ns=1_000_000_000):
+    from sensor_msgs.msg import JointState
+
+    m = JointState()
+    m.header.stamp.sec, m.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    m.name, m.position, m.velocity = list(names), [float(x) for x in q], [float(x) for x in v]
+    return m
+
+
+def test_every_parameter_has_default_and_description(ros, ckpts):
+    h = Harness(ros, {"checkpoint": str(ckpts / "hover")})
+    try:
+        names = set(pc.PARAMETERS)
+        declared = {n for n in h.ctrl._parameters if n not in ("use_sim_time", "start_type_description_service")}
+        assert declared == names
+        for n in names:
+            d = h.ctrl.describe_parameter(n)
+            assert d.description.strip(), n
+    finally:
+        h.close()
+
+
+def test_arm_lockstep_command_prediction_and_reordering(ros, ckpts):
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray, String
+    from rclpy.qos import DurabilityPolicy, QoSProfile
+
+    target = [0.2, 0.1, 0.35]
+    # A long state timeout: the watchdog (tested below) stays out of this test's way.
+    h = Harness(ros, {"checkpoint": str(ckpts / "reach"), "lockstep": True, "target": target,
+                      "state_timeout_s": 60.0})
+    try:
+        ref = PolicyRunner(ckpts / "reach")
+        h.listen(Float64MultiArray, "/position_controller/commands")
+        h.listen(Float64MultiArray, "/diffsim/command")
+        h.listen(JointState, "/diffsim/predicted_state")
+        h.listen(String, "/diffsim/metadata", QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+        h.wait_matched(pub)
+        names = ref.joint_names
+        q, v = np.array([0.3, -0.4, 0.5, 0.1]), np.array([0.1, 0.0, -0.2, 0.05])
+        pub.publish(joint_state(names, q, v, 2_500_000_000))
+        assert h.spin_until(lambda: len(h.got["/diffsim/predicted_state"]) == 1)
+        want = ref.arm(names, q, v, target=target)
+        sent = np.array(h.got["/position_controller/commands"][0].data)
+        np.testing.assert_allclose(sent, want.command, rtol=0, atol=1e-12)
+        cmd = h.got["/diffsim/command"][0]
+        assert cmd.layout.dim[0].label == "2500000000"
+        np.testing.assert_allclose(cmd.data, want.command, rtol=0, atol=1e-12)
+        pred = h.got["/diffsim/predicted_state"][0]
+        assert pred.header.stamp.sec == 2 and pred.header.stamp.nanosec == 520_000_000   # + dt 0.02 s
+        sim = physics.Simulator(ref.model, ref.task.sim_config)
+        s1 = sim.step(sim.initial_state(torch.tensor(q[None]), torch.tensor(v[None])), torch.tensor(want.command[None]))
+        np.testing.assert_allclose(pred.velocity, s1.v[0].numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(pred.position, s1.q[0].numpy(), rtol=0, atol=1e-12)
+        assert h.spin_until(lambda: len(h.got["/diffsim/metadata"]) >= 1)
+        meta = json.loads(h.got["/diffsim/metadata"][0].data)
+        assert meta["checkpoint"]["robot"]["name"] == "diffsim_arm" and meta["interface"] == "forward_command"
+        # Reordered names plus an extra joint: the same command (the controller's runner carries no
+        # arm actuator state, so the second call is comparable).
+        perm = [2, 0, 3, 1]
+        pub.publish(joint_state([names[i] for i in perm] + ["finger"], list(q[perm]) + [0.0],
+                                list(v[perm]) + [0.0], 2_520_000_000))
+        assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == 2)
+        np.testing.assert_array_equal(h.got["/position_controller/commands"][1].data, sent)
+        # The same stamp again (a lockstep plant republishing its state): taken, not answered.
+        pub.publish(joint_state(names, q, v, 2_520_000_000))
+        assert h.spin_until(lambda: h.ctrl.counts["states_repeated"] == 1)
+        h.spin_until(lambda: False, 0.1)
+        assert len(h.got["/position_controller/commands"]) == 2
+        # Missing joint: rejected, no command.
+        pub.publish(joint_state(names[:3], q[:3], v[:3]))
+        assert h.spin_until(lambda: h.ctrl.counts["states_rejected"] == 1)
+        h.spin_until(lambda: False, 0.2)
+        assert len(h.got["/position_controller/commands"]) == 2
+        assert "missing" in h.ctrl.last_reject and names[3] in h.ctrl.last_reject
+        # NaN: rejected and the safe command (hold the last valid measured position) goes out at once.
+        pub.publish(joint_state(names, [0.0, float("nan"), 0.0, 0.0], v))
+        assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == 3)
+        np.testing.assert_allclose(h.got["/position_controller/commands"][2].data, q[perm][np.argsort(perm)])
+        assert h.ctrl.counts["safe_commands"] >= 1 and h.ctrl.counts["states_rejected"] == 2
+    finally:
+        h.close()
+
+
+def test_stale_state_and_estop_latch(ros, ckpts):
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
+    from std_srvs.srv import SetBool
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+
+    target = [0.2, 0.1, 0.35]
+    h = Harness(ros, {"checkpoint": str(ckpts / "reach"), "rate_hz": 50.0, "state_timeout_s": 0.15,
+                      "target": target, "diagnostics_period_s": 0.2, "predict_every": 0})
+    try:
+        ref = PolicyRunner(ckpts / "reach")
+        h.listen(Float64MultiArray, "/position_controller/commands")
+        h.listen(DiagnosticArray, "/diagnostics")
+        pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+        h.wait_matched(pub)
+        names, q, v = ref.joint_names, np.array([0.3, -0.4, 0.5, 0.1]), np.zeros(4)
+        want = ref.arm(names, q, v, target=target, predict=False).command
+        pub.publish(joint_state(names, q, v))
+        assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) >= 3)
+        np.testing.assert_allclose(h.got["/position_controller/commands"][0].data, want, atol=1e-12)
+        # No more states: after state_timeout_s the timer sends the hold command.
+        assert h.spin_until(lambda: h.ctrl.counts["safe_commands"] >= 2, 2.0)
+        n_policy = h.ctrl.counts["policy_commands"]
+        got = h.got["/position_controller/commands"]
+        assert h.spin_until(lambda: len(got) >= n_policy + 2, 2.0)
+        np.testing.assert_allclose(got[n_policy].data, q)
+        np.testing.assert_allclose(got[-1].data, q)
+        assert h.spin_until(lambda: any(s.level == DiagnosticStatus.WARN and "old" in s.message
+                                        for a in h.got["/diagnostics"] for s in a.status), 2.0)
+        # Emergency stop: fresh states keep producing the safe command until released.
+        cli = h.robot.create_client(SetBool, "/policy_controller/emergency_stop")
+        assert h.spin_until(cli.service_is_ready, 5.0)
+        fut = cli.call_async(SetBool.Request(data=True))
+        assert h.spin_until(fut.done) and fut.result().success
+        n0 = h.ctrl.counts["policy_commands"]
+        for _ in range(5):
+            pub.publish(joint_state(names, q + 0.1, v))
+            h.spin_until(lambda: False, 0.05)
+        h.spin_until(lambda: False, 0.1)
+        assert h.ctrl.counts["policy_commands"] == n0
+        last = np.array(h.got["/position_controller/commands"][-1].data)
+        np.testing.assert_allclose(last, q + 0.1)           # hold the latest valid measurement
+        assert "emergency stop" in h.ctrl.diagnostics_values()["watchdog"]
+        fut = cli.call_async(SetBool.Request(data=False))
+        assert h.spin_until(fut.done) and fut.result().success
+        pub.publish(joint_state(names, q, v))
+        assert h.spin_until(lambda: h.ctrl.counts["policy_commands"] > n0, 2.0)
+    finally:
+        h.close()
+
+
+def test_arm_joint_trajectory_interface(ros, ckpts):
+    from sensor_msgs.msg import JointState
+    from trajectory_msgs.msg import JointTrajectory
+
+    target = [0.2, 0.1, 0.35]
+    h = Harness(ros, {"checkpoint": str(ckpts / "reach"), "lockstep": True, "target": target,
+                      "interface": "joint_trajectory", "state_timeout_s": 60.0, "predict_every": 0})
+    try:
+        ref = PolicyRunner(ckpts / "reach")
+        h.listen(JointTrajectory, "/joint_trajectory_controller/joint_trajectory")
+        pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+        h.wait_matched(pub)
+        q, v = np.array([0.3, -0.4, 0.5, 0.1]), np.zeros(4)
+        pub.publish(joint_state(ref.joint_names, q, v))
+        assert h.spin_until(lambda: len(h.got["/joint_trajectory_controller/joint_trajectory"]) == 1)
+        m = h.got["/joint_trajectory_controller/joint_trajectory"][0]
+        assert list(m.joint_names) == ref.actuated_joints and len(m.points) == 1
+        want = ref.arm(ref.joint_names, q, v, target=target, predict=False).command
+        np.testing.assert_allclose(m.points[0].positions, want, atol=1e-12)
+        tfs = m.points[0].time_from_start
+        assert tfs.sec + tfs.nanosec * 1e-9 == pytest.approx(ref.dt)
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("interface", ["ctbr", "rotor_thrust", "cmd_vel_legacy"])
+def test_quadrotor_interfaces(ros, ckpts, interface):
+    from geometry_msgs.msg import Twist, TwistStamped
+    from nav_msgs.msg import Odometry
+    from std_msgs.msg import Float64MultiArray
+
+    h = Harness(ros, {"checkpoint": str(ckpts / "hover"), "lockstep": True, "interface": interface,
+                      "safe_thrust": 2.0, "state_timeout_s": 60.0})
+    try:
+        ref = PolicyRunner(ckpts / "hover")
+        topic, kind = {"ctbr": ("/cmd_ctbr", TwistStamped), "rotor_thrust": ("/cmd_rotor_thrust", Float64MultiArray),
+                       "cmd_vel_legacy": ("/cmd_vel_legacy", Twist)}[interface]
+        h.listen(kind, topic)
+        h.listen(Float64MultiArray, "/diffsim/command")
+        h.listen(Odometry, "/diffsim/predicted_state")
+        pub = h.robot.create_publisher(Odometry, "/odom", 10)
+        h.wait_matched(pub)
+        m = Odometry()
+        m.header.stamp.sec = 3
+        p, quat, vl, w = [0.1, -0.2, 0.9], [0.0, 0.0, 0.0, 1.0], [0.2, 0.0, -0.1], [0.1, 0.3, 0.0]
+        m.pose.pose.position.x, m.pose.pose.position.y, m.pose.pose.position.z = p
+        m.pose.pose.orientation.w = 1.0
+        m.twist.twist.linear.x, m.twist.twist.linear.z = 0.2, -0.1
+        m.twist.twist.angular.x, m.twist.twist.angular.y = 0.1, 0.3
+        pub.publish(m)
+        assert h.spin_until(lambda: len(h.got["/diffsim/predicted_state"]) == 1)
+        want = ref.quadrotor(p, quat, vl, w)
+        np.testing.assert_allclose(h.got["/diffsim/command"][0].data, want.command, atol=1e-12)
+        out = h.got[topic][0]
+        if interface == "ctbr":
+            np.testing.assert_allclose([out.twist.linear.z, out.twist.angular.x, out.twist.angular.y,
+                                        out.twist.angular.z], want.command, atol=1e-12)
+            assert out.twist.linear.x == 0.0 and out.twist.linear.y == 0.0
+        elif interface == "rotor_thrust":
+            rot = ref.sim.rotors
+            t = rot.ctbr_thrusts(torch.tensor(want.command[None]), torch.tensor([w], dtype=torch.float64))[0].numpy()
+            np.testing.assert_allclose(out.data, np.clip(t, 0, rot.cfg.max_thrust), atol=1e-12)
+        else:
+            assert 0 <= out.linear.z <= 65535 and abs(out.angular.z - np.degrees(want.command[3])) < 1e-9
+        pred = h.got["/diffsim/predicted_state"][0]
+        np.testing.assert_allclose([pred.twist.twist.linear.x, pred.twist.twist.linear.y, pred.twist.twist.linear.z],
+                                   want.predicted.v[0, 0:3].numpy(), atol=1e-12)
+        # NaN odometry: safe command (safe_thrust collective, zero rates) at once.
+        m.twist.twist.angular.z = float("inf")
+        pub.publish(m)
+        assert h.spin_until(lambda: len(h.got["/diffsim/command"]) == 2)
+        expect = [2.0, 0, 0, 0] if interface != "rotor_thrust" else [2.0, 0, 0, 0]
+        np.testing.assert_allclose(h.got["/diffsim/command"][1].data, expect)
+    finally:
+        h.close()
+
+
+def _run_script(args, timeout=60):
+    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN + 1))
+    exe = Path(sys.executable).with_name("policy_controller")
+    return subprocess.run([str(exe), "--ros-args", *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_refuses_checkpoint_for_another_robot(ckpts):
+    res = _run_script(["-p", f"checkpoint:={ckpts / 'hover'}", "-p",
+                       f"urdf:={REPO_ROOT / 'urdf' / 'diffsim_arm.urdf'}"])
+    assert res.returncode == 2, res.stderr
+    assert "refusing checkpoint" in res.stderr and "made for robot 'diffsim_quadrotor' with other joints" in res.stderr
+    res = _run_script(["-p", f"checkpoint:={ckpts / 'reach'}"])      # no target for a reach policy
+    assert res.returncode == 2 and "parameter 'target' is required" in res.stderr
