@@ -377,28 +377,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     errors = _input_errors()
     try:
         params, task, model = _load_training_setup(args)
-        from diffsim_ros import config
-        from diffsim_ros.learning.apg import TrainConfig, train
-        from diffsim_ros.learning.checkpoint import save_checkpoint, training_summary
+        from diffsim_ros.training import train_from_params
 
-        training = config.section(params, "training", args.config)
-        for key, val in (("iterations", args.iterations), ("num_envs", args.num_envs), ("seed", args.seed)):
-            if val is not None:
-                training[key] = val
-        try:
-            cfg = TrainConfig.from_dict(training, "training")
-        except config.ConfigError as exc:
-            raise config.ConfigError(f"{args.config}: {exc}") from None
         before = _prepare_out(args.out)
         t0 = time.perf_counter()
-        result = train(task, cfg, out_dir=args.out, progress=not args.no_progress)
+        overrides = {"iterations": args.iterations, "num_envs": args.num_envs, "seed": args.seed}
+        task, result, _ = train_from_params(params, args.config, args.out, overrides,
+                                            progress=not args.no_progress, task=task)
         wall = time.perf_counter() - t0
-        extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
-                 "config": {"file": os.path.abspath(args.config), "task": params.get("task")}}
-        save_checkpoint(result.policy, task, args.out, extra=extra)
     except errors as exc:
         raise CliError(_describe(exc, args.config)) from None
-    _summary("train", task, model, result, cfg, args.out, _written(args.out, before), wall)
+    _summary("train", task, model, result, None, args.out, _written(args.out, before), wall)
     return 0
 
 

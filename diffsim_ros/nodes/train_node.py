@@ -62,27 +62,7 @@ def resolve_path(path: str) -> Path:
     return p
 
 
-def train_from_params(params: Dict[str, Any], source: str, out: Path, overrides: Dict[str, Any], callback=None):
-    """``diffsim-ros train``'s steps on an already-read parameter mapping: (task, result, files)."""
-    from .. import config
-    from ..learning.apg import TrainConfig, train
-    from ..learning.checkpoint import json_safe, save_checkpoint, training_summary
-
-    config.check_keys(params, config.TRAINING_FILE_KEYS, source)
-    task, model = config.build_task(params, source)
-    training = config.section(params, "training", source)
-    training.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        cfg = TrainConfig.from_dict(training, "training")
-    except config.ConfigError as e:
-        raise config.ConfigError(f"{source}: {e}") from None
-    out.mkdir(parents=True, exist_ok=True)
-    result = train(task, cfg, out_dir=out, progress=False, callback=callback)
-    # As the CLI, plus the whole training parameter set so a controller can rebuild the task exactly.
-    extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
-             "config": json_safe(params), "config_file": os.path.abspath(source)}
-    files = save_checkpoint(result.policy, task, out, extra=extra)
-    return task, result, files
+from ..training import train_from_params  # noqa: E402  (the CLI's training path, shared)
 
 
 def main(argv=None) -> int:
