@@ -58,3 +58,23 @@ def project_urdfs() -> Dict[str, Path]:
 import torch as _torch  # noqa: E402
 
 _torch.set_num_threads(1)
+
+
+def console_script(name: str) -> str:
+    """The console script ``name`` installed next to this interpreter (the venv), else on PATH."""
+    import shutil
+
+    cand = Path(sys.executable).parent / name
+    return str(cand) if cand.exists() else (shutil.which(name) or name)
+
+
+def ros_context(domain: int):
+    """A generator for a module fixture: an rclpy context of its own on ``domain``, shut down after."""
+    import rclpy
+
+    ctx = rclpy.context.Context()
+    rclpy.init(context=ctx, domain_id=domain)
+    try:
+        yield ctx
+    finally:
+        rclpy.shutdown(context=ctx)

@@ -22,7 +22,7 @@ import torch
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 
-from conftest import REPO_ROOT  # noqa: E402
+from conftest import REPO_ROOT, ros_context  # noqa: E402
 from test_deploy import make_checkpoint  # noqa: E402
 
 from diffsim_ros import physics  # noqa: E402
@@ -43,10 +43,7 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ros():
-    ctx = rclpy.context.Context()
-    rclpy.init(context=ctx, domain_id=DOMAIN)
-    yield ctx
-    rclpy.shutdown(context=ctx)
+    yield from ros_context(DOMAIN)
 
 
 class Harness:

@@ -24,7 +24,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'mujoco')")
 
-from conftest import REPO_ROOT  # noqa: E402
+from conftest import REPO_ROOT, console_script, ros_context  # noqa: E402
 
 from diffsim_ros import config  # noqa: E402
 from diffsim_ros.plant import MujocoPlant  # noqa: E402
@@ -32,20 +32,11 @@ from diffsim_ros.plant import MujocoPlant  # noqa: E402
 DOMAIN = random.randint(101, 200)
 
 
-def _script(name: str) -> str:
-    import shutil
-    import sys
-
-    cand = Path(sys.executable).parent / name
-    return str(cand) if cand.exists() else (shutil.which(name) or name)
 
 
 @pytest.fixture(scope="module")
 def ros():
-    ctx = rclpy.context.Context()
-    rclpy.init(context=ctx, domain_id=DOMAIN)
-    yield ctx
-    rclpy.shutdown(context=ctx)
+    yield from ros_context(DOMAIN)
 
 
 def _ns(stamp) -> int:
@@ -72,7 +63,7 @@ def test_quadrotor_lockstep_process_one_state_per_command(ros, tmp_path):
 
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1")
     log = open(tmp_path / "plant.log", "w")
-    proc = subprocess.Popen([_script("mujoco_plant"), "--ros-args", "--params-file", str(REPO_ROOT / "config/hover.yaml"),
+    proc = subprocess.Popen([console_script("mujoco_plant"), "--ros-args", "--params-file", str(REPO_ROOT / "config/hover.yaml"),
                              "-p", "mode:=lockstep", "-p", "initial_positions:=[0.0, 0.0, 1.0]",
                              "-p", "lockstep_republish_s:=0.2"], env=env, stdout=log, stderr=subprocess.STDOUT)
     node = rclpy.create_node("plant_tester", context=ros)

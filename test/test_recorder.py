@@ -23,29 +23,23 @@ pytest.importorskip("rosbags", reason="the recorder writes with the rosbags libr
 from diffsim_ros.nodes.common import StartupError, latched_qos  # noqa: E402
 from diffsim_ros.nodes.trajectory_recorder import prepare_output  # noqa: E402
 
+from conftest import console_script, ros_context  # noqa: E402
+
 DOMAIN = random.randint(101, 200)
 RATE_HZ = 500.0
 COUNT = 1000          # 2 s at 500 Hz
 
 
-def _script(name: str) -> str:
-    import shutil
-
-    cand = Path(sys.executable).parent / name
-    return str(cand) if cand.exists() else (shutil.which(name) or name)
 
 
 @pytest.fixture(scope="module")
 def ros():
-    ctx = rclpy.context.Context()
-    rclpy.init(context=ctx, domain_id=DOMAIN)
-    yield ctx
-    rclpy.shutdown(context=ctx)
+    yield from ros_context(DOMAIN)
 
 
 def _start_recorder(out: Path, log: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([_script("trajectory_recorder"), "--ros-args", "-p", f"output_dir:={out}", *extra],
+    return subprocess.Popen([console_script("trajectory_recorder"), "--ros-args", "-p", f"output_dir:={out}", *extra],
                             env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
@@ -152,7 +146,7 @@ def test_recorder_refuses_to_overwrite(tmp_path):
     existing.mkdir()
     (existing / "metadata.yaml").write_text("rosbag2_bagfile_information: {}\n")
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN))
-    r = subprocess.run([_script("trajectory_recorder"), "--ros-args", "-p", f"output_dir:={existing}"],
+    r = subprocess.run([console_script("trajectory_recorder"), "--ros-args", "-p", f"output_dir:={existing}"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert "output_dir" in r.stderr and "exists already" in r.stderr and "overwrite:=true" in r.stderr
