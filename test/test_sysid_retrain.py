@@ -1,8 +1,8 @@
 """Closing the loop: a hover policy retrained on the calibrated parameters flies the perturbed
 MuJoCo quadrotor better than one trained on the nominal parameters.
 
-Slow (two short trainings, a few minutes on a shared 2-core machine): runs only with
-DIFFSIM_SLOW_TESTS=1. Steps: record the perturbed stand-in (mass +20 %, drag x2), calibrate
+Slow (two short trainings, about two minutes on one core), and part of the suite: it is the
+proof that calibration pays off. Steps: record the perturbed stand-in (mass +20 %, drag x2), calibrate
 mass_scale and drag_scale on the bag, write calibrated.yaml; train the same small policy
 (same seed, same settings) on config/hover.yaml and on calibrated.yaml; fly both on the
 perturbed stand-in through PolicyRunner (the deployment path of policy_controller) from the
@@ -10,14 +10,10 @@ same starts; compare the mean distance to the hover point over the second half o
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
-
-pytestmark = pytest.mark.skipif(not os.environ.get("DIFFSIM_SLOW_TESTS"),
-                                reason="slow (two trainings); set DIFFSIM_SLOW_TESTS=1 to run")
 
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
