@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sample efficiency: gradients through the simulator against PPO, in the same run.
 
-    python bench/sample_efficiency.py [--quick] [--tasks reach,hover,locomotion]
-                                      [--budget STEPS] [--out results.json] [--curves DIR]
+    python bench/sample_efficiency.py [--quick] [--tasks reach,hover,locomotion] [--methods gradient,ppo]
+                                      [--budget STEPS] [--config NAME=PATH] [--out results.json] [--curves DIR]
+    python bench/sample_efficiency.py --merge a.json b.json ...   # one table from runs made separately
 
 For each task, the gradient trainer (``learning.apg.train``) and the PPO baseline
 (``learning.ppo.train_ppo``, Stable-Baselines3) train on the same task instance
@@ -17,12 +18,19 @@ different seed from the one training stops on), and the ratios PPO / gradient.
 Tasks and hyper-parameters come from the training files config/reach_arm.yaml
 (the project's arm), config/hover.yaml (quadrotor hover) and config/locomotion.yaml
 (the quadruped): their ``simulator``, ``task``, ``training`` (TrainConfig) and
-``ppo`` (PPOConfig) sections. Where a file is missing the defaults written in this
-script are used. Both methods get the same budget of environment steps
-(``--budget``; the gradient trainer's iterations are cut to fit it) and stop at
-success; PPO is evaluated every ``--ppo-eval-every`` steps (its figure is the first
-evaluation that passes, so it is an upper bound within that resolution), the
-gradient trainer every ``training.eval_every`` iterations.
+``ppo`` (PPOConfig) sections; the PPO settings are documented there. Where a file
+is missing the defaults written in this script are used.
+
+Budgets: PPO runs up to ``--budget`` environment steps (default: the file's
+``ppo.total_timesteps``); the gradient trainer runs up to its file's
+``training.iterations`` (its learning-rate schedule is laid over them), cut to
+``--budget`` if that is smaller. Both stop at success. PPO is evaluated every
+``--ppo-eval-every`` steps (its figure is the first evaluation that passes, an
+upper bound within that resolution), the gradient trainer every
+``training.eval_every`` iterations. When PPO does not reach the threshold within
+its budget the table says ``> budget`` and the ratio is a lower bound: the
+budget over the gradient trainer's steps (its wall time over the gradient
+trainer's time for the clock).
 
 An environment step is one control step of one environment (summed over the
 batch), for both methods. Wall-clock includes evaluation. One torch thread
@@ -86,7 +94,9 @@ FALLBACK: Dict[str, Dict[str, Any]] = {
 }
 
 
-def load_params(name: str):
+def load_params(name: str, override: Optional[str] = None):
+    if override is not None:         # --config NAME=PATH: another training file for this task
+        return config.load_yaml(override), override
     path = CONFIG_DIR / FILES[name]
     if path.is_file():
         return config.load_yaml(path), str(path.relative_to(REPO_ROOT))
@@ -111,15 +121,20 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
     task = build_task(params, source)
     if method == "gradient":
         cfg = apg.TrainConfig.from_dict(dict(params.get("training") or {}))
-        iters = max(1, budget // (cfg.num_envs * task.horizon))
+        per_iteration = cfg.num_envs * task.horizon
+        iters = cfg.iterations if budget is None else max(1, min(cfg.iterations, budget // per_iteration))
         cfg = dataclasses.replace(cfg, iterations=iters, stop_at_success=True, seed=seed)
-        eval_every = f"{cfg.eval_every} it = {cfg.eval_every * cfg.num_envs * task.horizon} steps"
+        eval_every = f"{cfg.eval_every} it = {cfg.eval_every * per_iteration} steps"
+        method_budget = iters * per_iteration
         train = apg.train
     else:
         cfg = PPOConfig.from_dict(dict(params.get("ppo") or {}))
-        cfg = dataclasses.replace(cfg, total_timesteps=budget, stop_at_success=True, seed=seed,
-                                  eval_every_steps=ppo_eval_every)
+        if budget is not None:
+            cfg = dataclasses.replace(cfg, total_timesteps=budget)
+        cfg = dataclasses.replace(cfg, stop_at_success=True, seed=seed, eval_every_steps=ppo_eval_every)
         eval_every = f"{cfg.eval_every_steps} steps"
+        # PPO collects whole rollouts: the budget rounded up to one.
+        method_budget = math.ceil(cfg.total_timesteps / cfg.rollout_steps) * cfg.rollout_steps
         train = train_ppo
     out_dir = curves / f"{name}_{method}" if curves is not None else None
     t0 = time.perf_counter()
@@ -128,7 +143,7 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
     final = apg.evaluate(task, res.policy, FINAL_EPISODES, seed=FINAL_SEED)
     last = res.history[-1] if res.history else {}
     return {"task": name, "task_name": task.name, "method": method, "config_source": source,
-            "success_threshold": task.success_threshold, "horizon": task.horizon, "budget": budget,
+            "success_threshold": task.success_threshold, "horizon": task.horizon, "budget": method_budget,
             "solved_env_steps": res.solved_env_steps, "solved_time": res.solved_time,
             "final_success": final, "final_episodes": FINAL_EPISODES,
             "last_eval_success": next((h["eval_success"] for h in reversed(res.history)
@@ -138,7 +153,8 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
 
 
 def ratio_row(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
-    """PPO / gradient for steps and time; '>=' when PPO did not reach success within its budget."""
+    """PPO / gradient for steps and time; '>' (a lower bound) when PPO did not reach success
+    within its budget: its budget (and the wall time it spent) over the gradient trainer's."""
     out = {"task": g["task"], "steps_ratio": None, "time_ratio": None, "bound": None}
     if g["solved_env_steps"] is None:
         out["bound"] = "gradient trainer did not reach success"
@@ -150,7 +166,7 @@ def ratio_row(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
     else:
         out["steps_ratio"] = p["env_steps"] / g["solved_env_steps"]
         out["time_ratio"] = p["wall_time"] / g["solved_time"]
-        out["bound"] = ">="
+        out["bound"] = ">"
     return out
 
 
@@ -162,63 +178,20 @@ def fmt_f(x, spec=".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small budget (200k steps) and coarse PPO evaluation")
-    parser.add_argument("--tasks", default="reach,hover,locomotion",
-                        help=f"comma-separated, of {', '.join(FILES)} (default: all)")
-    parser.add_argument("--budget", type=int, default=None,
-                        help="environment steps per method and task (default 2,000,000; 200,000 with --quick)")
-    parser.add_argument("--ppo-eval-every", type=int, default=None,
-                        help="PPO evaluation period, environment steps (default 20,000; 50,000 with --quick)")
-    parser.add_argument("--methods", default="gradient,ppo", help="comma-separated, of gradient, ppo")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="write the rows as JSON here")
-    parser.add_argument("--curves", default=None, help="folder for each run's training.csv and learning_curve.png")
-    parser.add_argument("--progress", action="store_true", help="tqdm progress bars")
-    args = parser.parse_args(argv)
-
-    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    bad = [t for t in names if t not in FILES]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if bad or not names or any(m not in ("gradient", "ppo") for m in methods):
-        parser.error(f"--tasks takes {', '.join(FILES)}; --methods takes gradient, ppo")
-    budget = args.budget or (200_000 if args.quick else 2_000_000)
-    ppo_eval = args.ppo_eval_every or (50_000 if args.quick else 20_000)
-    curves = Path(args.curves) if args.curves else None
-
-    torch.set_num_threads(1)
-    import stable_baselines3
-    print(f"# sample efficiency: gradient through the simulator vs PPO (stable-baselines3 "
-          f"{stable_baselines3.__version__}), torch {torch.__version__}, 1 thread, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
-    print(f"# budget {budget:,} environment steps per method and task; PPO evaluated every {ppo_eval:,} steps; "
-          f"final success on {FINAL_EPISODES} fresh episodes")
-    rows: List[Dict[str, Any]] = []
-    ratios: List[Dict[str, Any]] = []
-    for name in names:
-        params, source = load_params(name)
-        done = {}
-        for method in methods:
-            r = run_method(method, name, params, source, budget, args.seed, ppo_eval, curves, args.progress)
-            done[method] = r
-            rows.append(r)
-            print(f"  {name:<10} {method:<8} solved at {fmt_int(r['solved_env_steps'])} steps / "
-                  f"{fmt_f(r['solved_time'])} s; final success {r['final_success']:.2f}; "
-                  f"{r['env_steps']:,} steps in {r['wall_time']:.1f} s ({r['config_source']})", flush=True)
-        if "gradient" in done and "ppo" in done:
-            ratios.append(ratio_row(done["gradient"], done["ppo"]))
-
+def print_table(rows: List[Dict[str, Any]], ratios: List[Dict[str, Any]]) -> None:
     head = (f"{'task':<11}{'method':<10}{'steps to success':>18}{'time to success':>17}"
-            f"{'final success / threshold':>27}{'steps run':>12}{'time run':>10}")
+            f"{'final success / threshold':>27}{'budget':>12}{'steps run':>12}{'time run':>10}")
     print()
     print(head)
     print("-" * len(head))
     for r in rows:
         fin = f"{r['final_success']:.2f} / {r['success_threshold']:.2f}"
-        print(f"{r['task']:<11}{r['method']:<10}{fmt_int(r['solved_env_steps']):>18}"
-              f"{(fmt_f(r['solved_time']) + ' s') if r['solved_time'] is not None else 'not reached':>17}"
-              f"{fin:>27}{r['env_steps']:>12,}{r['wall_time']:>9.0f}s")
+        if r["solved_env_steps"] is not None:
+            steps, clock = fmt_int(r["solved_env_steps"]), fmt_f(r["solved_time"]) + " s"
+        else:        # not reached within the budget: say so, with the budget and the time spent
+            steps, clock = "> " + fmt_int(r["budget"]), "> " + fmt_f(r["wall_time"], ".0f") + " s"
+        print(f"{r['task']:<11}{r['method']:<10}{steps:>18}{clock:>17}"
+              f"{fin:>27}{r['budget']:>12,}{r['env_steps']:>12,}{r['wall_time']:>9.0f}s")
     if ratios:
         print()
         print(f"{'task':<11}{'PPO / gradient: env steps':>27}{'wall-clock':>12}")
@@ -226,11 +199,110 @@ def main(argv=None) -> int:
             if q["steps_ratio"] is None:
                 print(f"{q['task']:<11}{q['bound']:>39}")
                 continue
-            b = ">= " if q["bound"] == ">=" else ""
+            b = "> " if q["bound"] == ">" else ""
             print(f"{q['task']:<11}{b + format(q['steps_ratio'], '.1f') + 'x':>27}"
                   f"{b + format(q['time_ratio'], '.1f') + 'x':>12}")
-        print("(>= : PPO did not reach the threshold within the budget; the ratio is its budget over the "
-              "gradient trainer's steps)")
+        print("(> : PPO did not reach the threshold within its budget; the ratio is a lower bound, its budget "
+              "(wall time spent) over the gradient trainer's steps (time) to success)")
+
+
+def merge(paths: List[str], out: Optional[str]) -> int:
+    """The table and ratios from the JSON files of earlier runs (one row per task and method; a
+    later file's row replaces an earlier one's). The rows are printed as measured, nothing is added."""
+    rows: Dict[tuple, Dict[str, Any]] = {}
+    for p in paths:
+        try:
+            with open(p) as f:
+                data = json.load(f)
+            found = data["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {p}: not a results file of this script ({exc})", file=sys.stderr)
+            return 2
+        for r in found:
+            rows[(r["task"], r["method"])] = r
+        print(f"# {p}: {', '.join(r['task'] + '/' + r['method'] for r in found)} "
+              f"(stable-baselines3 {data.get('stable_baselines3')}, torch {data.get('torch')})")
+    ordered = [rows[k] for k in sorted(rows, key=lambda k: (list(FILES).index(k[0]) if k[0] in FILES else 99,
+                                                            k[1] != "gradient"))]
+    ratios = [ratio_row(rows[(t, "gradient")], rows[(t, "ppo")]) for t in dict.fromkeys(r["task"] for r in ordered)
+              if (t, "gradient") in rows and (t, "ppo") in rows]
+    print_table(ordered, ratios)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"merged_from": paths, "rows": ordered, "ratios": ratios}, f, indent=2, default=str)
+        print(f"wrote {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="small budget (200k steps) and coarse PPO evaluation: a smoke run, not a result")
+    parser.add_argument("--tasks", default="reach,hover,locomotion",
+                        help=f"comma-separated, of {', '.join(FILES)} (default: all)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="environment-step budget per method and task (default: each file's "
+                             "ppo.total_timesteps for PPO and training.iterations for the gradient trainer; "
+                             "200,000 with --quick)")
+    parser.add_argument("--ppo-eval-every", type=int, default=None,
+                        help="PPO evaluation period, environment steps (default 25,600; 51,200 with --quick)")
+    parser.add_argument("--methods", default="gradient,ppo", help="comma-separated, of gradient, ppo")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--curves", default=None, help="folder for each run's training.csv and learning_curve.png")
+    parser.add_argument("--progress", action="store_true", help="tqdm progress bars")
+    parser.add_argument("--config", action="append", default=[], metavar="NAME=PATH",
+                        help="use another training file for task NAME (repeatable), e.g. reach=my_reach.yaml")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="run nothing: print the table and ratios from the --out files of earlier runs of "
+                             "this script (e.g. the two methods run as separate processes)")
+    args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    bad = [t for t in names if t not in FILES]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if bad or not names or any(m not in ("gradient", "ppo") for m in methods):
+        parser.error(f"--tasks takes {', '.join(FILES)}; --methods takes gradient, ppo")
+    overrides = {}
+    for item in args.config:
+        name, sep, path = item.partition("=")
+        if not sep or name not in FILES or not os.path.isfile(path):
+            parser.error(f"--config takes NAME=PATH with NAME one of {', '.join(FILES)} and an existing file, "
+                         f"got {item!r}")
+        overrides[name] = path
+    if args.budget is not None and args.budget < 1:
+        parser.error(f"--budget must be at least 1, got {args.budget}")
+    budget = args.budget or (200_000 if args.quick else None)
+    ppo_eval = args.ppo_eval_every or (51_200 if args.quick else 25_600)
+    curves = Path(args.curves) if args.curves else None
+
+    torch.set_num_threads(1)
+    import stable_baselines3
+    print(f"# sample efficiency: gradient through the simulator vs PPO (stable-baselines3 "
+          f"{stable_baselines3.__version__}), torch {torch.__version__}, 1 thread, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    print(f"# budget: {'each file' + chr(39) + 's' if budget is None else f'{budget:,} environment steps'}; "
+          f"PPO evaluated every {ppo_eval:,} steps; final success on {FINAL_EPISODES} fresh episodes")
+    rows: List[Dict[str, Any]] = []
+    ratios: List[Dict[str, Any]] = []
+    for name in names:
+        params, source = load_params(name, overrides.get(name))
+        done = {}
+        for method in methods:
+            r = run_method(method, name, params, source, budget, args.seed, ppo_eval, curves, args.progress)
+            done[method] = r
+            rows.append(r)
+            print(f"  {name:<10} {method:<8} solved at {fmt_int(r['solved_env_steps'])} steps / "
+                  f"{fmt_f(r['solved_time'])} s; final success {r['final_success']:.2f}; "
+                  f"{r['env_steps']:,} of {r['budget']:,} steps in {r['wall_time']:.1f} s "
+                  f"({r['config_source']})", flush=True)
+        if "gradient" in done and "ppo" in done:
+            ratios.append(ratio_row(done["gradient"], done["ppo"]))
+
+    print_table(rows, ratios)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:

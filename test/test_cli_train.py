@@ -22,6 +22,7 @@ from diffsim_ros.learning.checkpoint import CheckpointError, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING_FILES = ["reach_arm", "reach_panda", "hover", "waypoint", "velocity", "locomotion"]
+# Every training file states at least these PPO settings (files used by the benchmark state more).
 PPO_KEYS = {"total_timesteps", "num_envs", "n_steps", "batch_size", "learning_rate", "seed"}
 
 
@@ -54,7 +55,7 @@ def test_training_file_loads_and_builds_its_task(name):
     assert set(params) == set(config.TRAINING_FILE_KEYS)
     assert model.dtype == torch.float32 and params["dtype"] == "float32"
     TrainConfig.from_dict(params["training"])
-    assert set(params["ppo"]) == PPO_KEYS
+    assert PPO_KEYS <= set(params["ppo"])
     try:
         from diffsim_ros.learning.ppo import PPOConfig
     except ImportError:

@@ -120,3 +120,55 @@ def test_train_config_rejects_unknown_keys():
         TrainConfig.from_dict({"randomize_mass": [1.2, 0.8]})
     with pytest.raises(physics.ConfigError, match="unknown key 'task.ee_lnk'"):
         make_task(_reach_task().model, physics.SimConfig(actuator="position"), {"type": "reach", "ee_lnk": "x"})
+
+
+def test_cosine_learning_rate_schedule():
+    """The cosine schedule starts at learning_rate, ends at final_learning_rate and falls in between;
+    'constant' keeps the step; an unknown schedule or a non-positive rate is refused by name."""
+    cfg = TrainConfig.from_dict({"iterations": 11, "learning_rate": 1e-2, "lr_schedule": "cosine",
+                                 "final_learning_rate": 1e-4})
+    lrs = [cfg.learning_rate_at(i) for i in range(cfg.iterations)]
+    assert lrs[0] == pytest.approx(1e-2) and lrs[-1] == pytest.approx(1e-4)
+    assert lrs[5] == pytest.approx(0.5 * (1e-2 + 1e-4))           # half-way down the half cosine
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    assert TrainConfig(iterations=11).learning_rate_at(7) == TrainConfig().learning_rate
+    with pytest.raises(physics.ConfigError, match="training.lr_schedule"):
+        TrainConfig.from_dict({"lr_schedule": "step"})
+    with pytest.raises(physics.ConfigError, match="training.lr_schedule"):
+        TrainConfig.from_dict({"lr_schedule": 3})
+    with pytest.raises(physics.ConfigError, match="training.final_learning_rate"):
+        TrainConfig.from_dict({"final_learning_rate": 0.0})
+
+
+def test_scheduled_step_size_reaches_the_optimiser(monkeypatch):
+    """train() hands each iteration's scheduled step size to Adam."""
+    seen = []
+    real_step = torch.optim.Adam.step
+
+    def spy(self, *a, **k):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **k)
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    task = _hover_task(horizon=4)
+    cfg = TrainConfig(iterations=3, num_envs=2, window=4, learning_rate=1e-2, lr_schedule="cosine",
+                      final_learning_rate=1e-3, eval_every=1000, stop_at_success=False)
+    train(task, cfg, progress=False)
+    assert seen == pytest.approx([cfg.learning_rate_at(i) for i in range(3)])
+
+
+def test_quadrotor_distance_loss():
+    """position_loss: distance is the distance (not its square) plus speed_weight x speed;
+    an unknown kind is refused with the accepted ones."""
+    task = _hover_task(horizon=4)
+    sq = QuadrotorTask(task.model, task.sim_config, mode="hover", position_loss="squared", rate_weight=0.0)
+    di = QuadrotorTask(task.model, task.sim_config, mode="hover", position_loss="distance", rate_weight=0.0,
+                       speed_weight=0.5)
+    ts = sq.reset(3, torch.Generator().manual_seed(0))
+    err = torch.linalg.vector_norm(ts.sim.q[:, :3] - ts.target, dim=-1)
+    speed = torch.linalg.vector_norm(sq.world_velocity(ts), dim=-1)
+    a = torch.zeros(3, 4)
+    torch.testing.assert_close(sq.step_loss(ts, a), err ** 2 + 0.1 * speed ** 2)
+    # (within the 1e-2 m smoothing that keeps the gradient finite at zero distance)
+    torch.testing.assert_close(di.step_loss(ts, a), err + 0.5 * speed, atol=1e-2, rtol=0)
+    with pytest.raises(ValueError, match="position_loss must be 'squared' or 'distance'"):
+        QuadrotorTask(task.model, task.sim_config, position_loss="huber")

@@ -48,7 +48,10 @@ class PPOConfig:
     ent_coef: entropy bonus [0.0]
     clip_range: PPO ratio clip [0.2]
     max_grad_norm: gradient-norm clip of the update [0.5]
-    log_std_init: initial log standard deviation of the Gaussian policy [0.0]
+    log_std_init: initial log standard deviation of the Gaussian policy [-0.5]; SB3's 0 (std 1)
+        sends a third of the samples past the [-1, 1] action box even with the mean at its
+        centre (more once the mean moves off it), where they are clipped and their exploration
+        is lost; exp(-0.5) = 0.61 sends about 10 %
     hidden: hidden layer sizes of actor and critic (tanh) [(64, 64)]
     normalize_obs: normalise observations with running statistics (VecNormalize) [True]
     normalize_reward: scale rewards by the running return deviation (VecNormalize) [True]
@@ -69,7 +72,7 @@ class PPOConfig:
     ent_coef: float = 0.0
     clip_range: float = 0.2
     max_grad_norm: float = 0.5
-    log_std_init: float = 0.0
+    log_std_init: float = -0.5
     hidden: Tuple[int, ...] = (64, 64)
     normalize_obs: bool = True
     normalize_reward: bool = True
