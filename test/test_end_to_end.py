@@ -266,10 +266,11 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
         # The recorder must be listening before anything is published.
         s.wait(lambda: s.node.count_subscribers("/odom") >= 2 and s.node.count_subscribers("/diffsim/command") >= 2,
                60, "the recorder's subscriptions")
-        cfg = runner.meta.get("config", {}).get("file") or str(REPO_ROOT / "config" / "hover.yaml")
-        plant_params = {"config": cfg, "mode": "lockstep", "initial_positions": json.dumps(start)}
-        if runner.meta.get("config", {}).get("file") is None:
-            plant_params.update({"simulator.dt": dt, "simulator.substeps": runner.sim.config.substeps})
+        # The robot's own file (the checkpoint may have been made in another checkout), at the
+        # checkpoint's control step.
+        plant_params = {"config": str(REPO_ROOT / "config" / "hover.yaml"), "mode": "lockstep",
+                        "initial_positions": json.dumps(start),
+                        "simulator.dt": dt, "simulator.substeps": runner.sim.config.substeps}
         s.start("plant", "mujoco_plant", plant_params)
         # Until its first command the lockstep plant republishes its initial state (every 0.5 s): wait for
         # two of them here, so that this observer and the recorder have matched the plant before the
@@ -402,7 +403,7 @@ def arm_run(tmp_path_factory):
         s.start("recorder", "trajectory_recorder", {"output_dir": str(bag), "types": json.dumps(ARM_TYPES)})
         s.wait(lambda: s.node.count_subscribers("/joint_states") >= 2 and
                s.node.count_subscribers("/position_controller/commands") >= 2, 60, "the recorder's subscriptions")
-        cfg = (runner.meta.get("config") or {}).get("file") or str(REPO_ROOT / "config" / "reach_arm.yaml")
+        cfg = str(REPO_ROOT / "config" / "reach_arm.yaml")
         s.start("plant", "mujoco_plant", {"config": cfg, "mode": "lockstep", "initial_positions": json.dumps(q0),
                                           "controller_joints": json.dumps(order)})
         s.wait(lambda: len(s.messages("/joint_states")) >= 2, 60, "the plant's initial state")

@@ -64,7 +64,15 @@ def params_from_metadata(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
             sim["rotors"] = rot
         if not isinstance(robot.get("urdf"), str):
             raise AnalysisError(f"{where}: metadata field 'checkpoint.robot.urdf' is missing")
-        return {"urdf": robot["urdf"], "floating_base": bool(robot.get("floating_base", False)), "simulator": sim}
+        from ..learning.checkpoint import CheckpointError
+        from ..learning.deploy import _resolve_urdf_source
+
+        try:
+            # The recorded path, else the file of that name in this package (checkpoints made elsewhere).
+            urdf = _resolve_urdf_source(ck, where)
+        except CheckpointError as exc:
+            raise AnalysisError(f"{exc}; or pass --config YAML") from None
+        return {"urdf": urdf, "floating_base": bool(robot.get("floating_base", False)), "simulator": sim}
     raise AnalysisError(f"{where}: metadata has neither 'config' (with 'urdf') nor 'checkpoint' (with 'robot' "
                         f"and 'simulator'); pass --config YAML")
 
