@@ -229,7 +229,7 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
     from .learning.deploy import PolicyRunner
 
     runner = PolicyRunner(str(ckpt))
-    task, dt = runner.task, runner.dt
+    task = runner.task
     if start is None and runner.model.floating_base and hasattr(task, "start_radius"):
         # A start inside the training distribution, off the goal: the policy has to fly there.
         r = float(getattr(task, "start_radius", 0.3))

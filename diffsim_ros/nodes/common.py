@@ -42,11 +42,13 @@ imports where ROS is absent (the pure helpers then still work).
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -420,3 +422,17 @@ def run_node(factory: Callable[[], Any], args: Optional[List[str]] = None, name:
         if rclpy.ok():
             rclpy.try_shutdown()
     return status
+
+
+def resolve_path(path: str) -> Path:
+    """A file parameter: absolute, relative to the working directory, or to the diffsim_ros
+    share folder (config/..., policies/...); returned unchanged when none exists."""
+    p = Path(os.path.expanduser(path))
+    if p.is_absolute() or p.exists():
+        return p
+    from ..config import package_share
+
+    share = package_share()
+    if share is not None and (share / p).exists():
+        return share / p
+    return p

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -134,16 +133,7 @@ def ns_to_stamp(ns: int, stamp_cls):
     return s
 
 
-def resolve_checkpoint(path: str) -> Path:
-    p = Path(os.path.expanduser(path))
-    if p.is_absolute() or p.exists():
-        return p
-    from ..config import package_share
-
-    share = package_share()
-    if share is not None and (share / p).exists():
-        return share / p
-    return p
+from .common import resolve_path as resolve_checkpoint  # noqa: E402
 
 
 def quat_to_rpy(x: float, y: float, z: float, w: float):

@@ -20,7 +20,6 @@ for any other robot.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -50,16 +49,7 @@ class StartupError(RuntimeError):
     """Bad input: the node prints it and exits 2."""
 
 
-def resolve_path(path: str) -> Path:
-    p = Path(os.path.expanduser(path))
-    if p.is_absolute() or p.exists():
-        return p
-    from ..config import package_share
-
-    share = package_share()
-    if share is not None and (share / p).exists():
-        return share / p
-    return p
+from .common import resolve_path  # noqa: E402
 
 
 from ..training import train_from_params  # noqa: E402  (the CLI's training path, shared)
