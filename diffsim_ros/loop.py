@@ -104,7 +104,7 @@ class _Processes:
 class _Clock:
     """Follows the plant's /clock from this process (progress of the lockstep run)."""
 
-    def __init__(self, domain: int):
+    def __init__(self, domain: int, state_topic: str = "", state_type=None):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rosgraph_msgs.msg import Clock
@@ -113,7 +113,10 @@ class _Clock:
         rclpy.init(context=self.ctx, domain_id=domain)
         self.node = rclpy.create_node(f"diffsim_loop_{random.randint(0, 1 << 30)}", context=self.ctx)
         self.t = -1.0
+        self.states = 0
         self.node.create_subscription(Clock, "/clock", self._on, 10)
+        if state_topic:
+            self.node.create_subscription(state_type, state_topic, self._on_state, 10)
         self.ex = SingleThreadedExecutor(context=self.ctx)
         self.ex.add_node(self.node)
         self.done = threading.Event()
@@ -122,6 +125,9 @@ class _Clock:
 
     def _on(self, msg) -> None:
         self.t = max(self.t, msg.clock.sec + 1e-9 * msg.clock.nanosec)
+
+    def _on_state(self, msg) -> None:
+        self.states += 1
 
     def _spin(self) -> None:
         while not self.done.is_set():
@@ -251,13 +257,27 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
         if start is not None:
             plant["initial_positions"] = [float(x) for x in start]
         procs.start("plant", "mujoco_plant", plant)
+        if runner.model.floating_base:
+            from nav_msgs.msg import Odometry as state_type
+            state_topic = "/odom"
+        else:
+            from sensor_msgs.msg import JointState as state_type
+            state_topic = "/joint_states"
+        clock = _Clock(domain, state_topic, state_type)
+        # Until its first command the lockstep plant republishes its initial state every second.
+        # Two of them seen here mean the plant's publishers are discovered, so the recorder
+        # (subscribed since its start) does not miss the first states once the controller runs.
+        end = time.monotonic() + timeout
+        while clock.states < 2:
+            procs.check_alive("waiting for the stand-in's first states")
+            if time.monotonic() > end:
+                raise LoopError(f"no state from mujoco_plant on {state_topic} within {timeout} s; see {logs}")
+            time.sleep(0.05)
         procs.start("controller", "policy_controller", {
             "checkpoint": str(ckpt), "config": config, "lockstep": True, "state_timeout_s": 5.0,
             # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
             "wait_for_subscribers": 2, "wait_for_recorders": 1,
             "stats_file": str(logs / "controller_stats.json")})
-        clock = _Clock(domain)
-        end = time.monotonic() + timeout
         shown = -1
         while clock.t < duration:
             procs.check_alive("the loop ran")
@@ -294,7 +314,8 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
     data = analysis.read_bag(str(bag))
     metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
     summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
-                               "simulated_s": data.duration_s, "wall_s": {"train": t_train, "deploy": t_deploy}}
+                               "simulated_s": data.duration_s, "states_recorded": int(len(data.t_state)),
+                               "wall_s": {"train": t_train, "deploy": t_deploy}}
     stats_file = logs / "controller_stats.json"
     if stats_file.exists():
         stats = json.loads(stats_file.read_text())

@@ -25,6 +25,8 @@ def test_loop_on_the_perturbed_stand_in(tmp_path):
     assert summary["task"]["success"], summary["task"]
     assert summary["lost"] == {}
     assert summary["controller"]["published"]["/cmd_ctbr"] == summary["bag_counts"]["/cmd_ctbr"] > 100
+    # Lockstep: one state per command, from t = 0 on (distinct stamps; none lost to discovery).
+    assert summary["states_recorded"] >= summary["controller"]["published"]["/cmd_ctbr"]
     # The simulator believes the nominal mass: in one 20 ms step at hover thrust m g, the heavier
     # robot falls behind the prediction by g (1 - 1/1.1) dt in vertical speed (body z ~ world z at hover).
     dt, g = 0.02, 9.81
