@@ -144,6 +144,64 @@ def test_quadrotor_lockstep_process_one_state_per_command(ros, tmp_path):
     assert rc == 0, text
 
 
+def test_quadrotor_realtime_process_steps_on_its_own_timer(ros, tmp_path):
+    """Realtime mode: states come without any command (the hold command, hover thrust, keeps the
+    accelerometer at about g); a zero-thrust command makes the quadrotor fall, and the
+    accelerometer then reads the body drag alone."""
+    from geometry_msgs.msg import TwistStamped
+    from nav_msgs.msg import Odometry
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import Imu
+
+    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "plant.log", "w")
+    proc = subprocess.Popen([console_script("mujoco_plant"), "--ros-args", "--params-file",
+                             str(REPO_ROOT / "config/hover.yaml"), "-p", "mode:=realtime",
+                             "-p", "initial_positions:=[0.0, 0.0, 5.0]"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    node = rclpy.create_node("plant_realtime_tester", context=ros)
+    ex = SingleThreadedExecutor(context=ros)
+    ex.add_node(node)
+    odom, imu = [], []
+    node.create_subscription(Odometry, "/odom", odom.append, 100)
+    node.create_subscription(Imu, "/imu", imu.append, 100)
+    pub = node.create_publisher(TwistStamped, "/cmd_ctbr", 10)
+    try:
+        assert _spin_until(ex, lambda: len(imu) >= 20 and pub.get_subscription_count() > 0, 40), \
+            open(tmp_path / "plant.log").read()
+        stamps = [_ns(m.header.stamp) for m in odom]
+        assert all(b > a for a, b in zip(stamps, stamps[1:])), "simulated time must advance on its own"
+        hover_f = imu[-1].linear_acceleration.z
+        assert abs(hover_f - 9.81) < 0.2, hover_f
+        z0 = odom[-1].pose.pose.position.z
+        n = len(imu)
+        pub.publish(TwistStamped())                       # 0 N, zero rates: motors off
+        # The motors spin down within a few time constants (0.02 s); 30 states later it falls freely.
+        assert _spin_until(ex, lambda: len(imu) >= n + 30, 40)
+        # In free fall the accelerometer reads only the body drag: (D1 v + D2 v |v|) / m per body axis,
+        # with the config's coefficients and the velocity of the state published with it.
+        params = config.load_yaml(REPO_ROOT / "config/hover.yaml")
+        rot = params["simulator"]["rotors"]
+        mass = float(MujocoPlant(params).physics_model.mass.sum())
+        by_stamp = {_ns(m.header.stamp): m for m in odom}
+        last = next(m for m in reversed(imu) if _ns(m.header.stamp) in by_stamp)
+        tw = by_stamp[_ns(last.header.stamp)].twist.twist.linear
+        v = np.array([tw.x, tw.y, tw.z])
+        drag = -(np.array(rot["drag_linear"]) * v + np.array(rot["drag_quadratic"]) * v * np.abs(v)) / mass
+        f = np.array([last.linear_acceleration.x, last.linear_acceleration.y, last.linear_acceleration.z])
+        assert np.linalg.norm(v) > 1.0, v                  # it is falling
+        np.testing.assert_allclose(f, drag, atol=0.05)
+        assert odom[-1].pose.pose.position.z < z0 - 0.05
+        assert proc.poll() is None
+    finally:
+        node.destroy_node()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def test_arm_node_maps_commands_by_joint_name(ros):
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.parameter import Parameter
