@@ -309,3 +309,25 @@ def test_refuses_checkpoint_for_another_robot(ckpts):
     assert "refusing checkpoint" in res.stderr and "made for robot 'diffsim_quadrotor' with other joints" in res.stderr
     res = _run_script(["-p", f"checkpoint:={ckpts / 'reach'}"])      # no target for a reach policy
     assert res.returncode == 2 and "parameter 'target' is required" in res.stderr
+
+
+def test_px4_rates_setpoint_is_the_ctbr_command_in_frd():
+    # FLU (REP-103) to PX4's FRD body frame is a rotation by pi about x: diag(1, -1, -1).
+    R = np.diag([1.0, -1.0, -1.0])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        cmd = np.concatenate(([rng.uniform(0, 40)], rng.uniform(-3, 3, 3)))
+        roll, pitch, yaw, thrust_body = pc.px4_rates_setpoint(cmd, 32.0)
+        np.testing.assert_allclose([roll, pitch, yaw], R @ cmd[1:4], atol=1e-12)
+        # Thrust pushes along body +z (FLU), i.e. -z in FRD, as a fraction of the maximum.
+        np.testing.assert_allclose(thrust_body, R @ [0.0, 0.0, min(cmd[0] / 32.0, 1.0)], atol=1e-12)
+
+
+def test_px4_interface_needs_px4_msgs(ckpts):
+    try:
+        import px4_msgs  # noqa: F401
+    except ImportError:
+        res = _run_script(["-p", f"checkpoint:={ckpts / 'hover'}", "-p", "interface:=px4_rates"])
+        assert res.returncode == 2 and "px4_msgs package is not importable" in res.stderr, res.stderr
+    else:
+        pytest.skip("px4_msgs is installed: the refusal does not apply")

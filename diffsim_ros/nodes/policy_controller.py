@@ -50,7 +50,7 @@ import numpy as np
 NODE_NAME = "policy_controller"
 
 ARM_INTERFACES = ("forward_command", "joint_trajectory")
-QUAD_INTERFACES = ("ctbr", "rotor_thrust", "cmd_vel_legacy", "actuator_msgs")
+QUAD_INTERFACES = ("ctbr", "rotor_thrust", "cmd_vel_legacy", "actuator_msgs", "px4_rates")
 
 #: name -> (default, description). Every parameter the node reads is declared from this table.
 PARAMETERS: Dict[str, Any] = {
@@ -78,6 +78,10 @@ PARAMETERS: Dict[str, Any] = {
     "rotor_thrust_topic": ("/cmd_rotor_thrust", "std_msgs/Float64MultiArray: per-rotor thrust N, rotor_links order"),
     "cmd_vel_legacy_topic": ("/cmd_vel_legacy", "geometry_msgs/Twist in Crazyswarm2's cmd_vel_legacy convention"),
     "actuator_msgs_topic": ("/command/motor_speed", "actuator_msgs/Actuators topic (interface actuator_msgs)"),
+    "px4_rates_topic": ("/fmu/in/vehicle_rates_setpoint", "px4_msgs/VehicleRatesSetpoint topic (interface "
+                                                          "px4_rates: PX4 offboard body rates and thrust, FRD)"),
+    "px4_offboard_topic": ("/fmu/in/offboard_control_mode", "px4_msgs/OffboardControlMode topic, published with "
+                                                            "each setpoint (body_rate true) to keep offboard alive"),
     "legacy_attitude_time_s": (0.1, "s, cmd_vel_legacy: roll/pitch setpoint = current angle + body rate * this"),
     "joint_states_topic": ("/joint_states", "sensor_msgs/JointState input (arms), matched by joint name"),
     "odom_topic": ("/odom", "nav_msgs/Odometry input (quadrotors): pose in world, twist in the body frame"),
@@ -134,6 +138,14 @@ def ns_to_stamp(ns: int, stamp_cls):
 
 
 from .common import resolve_path as resolve_checkpoint  # noqa: E402
+
+
+def px4_rates_setpoint(cmd, max_total_thrust: float):
+    """A CTBR command [collective thrust N, p q r rad/s in the body frame FLU (REP-103)] as PX4's
+    VehicleRatesSetpoint fields: body rates in FRD (x forward, y right, z down: q and r change
+    sign) and thrust_body normalised by the total maximum thrust, along -z of FRD."""
+    t = float(np.clip(cmd[0] / max_total_thrust, 0.0, 1.0))
+    return float(cmd[1]), -float(cmd[2]), -float(cmd[3]), [0.0, 0.0, -t]
 
 
 def quat_to_rpy(x: float, y: float, z: float, w: float):
@@ -229,6 +241,12 @@ def make_node_class():
                 except ImportError:
                     raise StartupError("interface actuator_msgs: the actuator_msgs package is not importable "
                                        "here (install ros-<distro>-actuator-msgs)") from None
+            if iface == "px4_rates":
+                try:
+                    from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint  # noqa: F401
+                except ImportError:
+                    raise StartupError("interface px4_rates: the px4_msgs package is not importable here "
+                                       "(build PX4/px4_msgs matching the autopilot's firmware)") from None
             # ---------------------------------------------------------- target
             tgt = list(p("target"))
             self.target = None
@@ -312,6 +330,16 @@ def make_node_class():
             elif iface == "cmd_vel_legacy":
                 self.out_topic = p("cmd_vel_legacy_topic")
                 self.pub_out = self.create_publisher(Twist, self.out_topic, default)
+            elif iface == "px4_rates":
+                from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint
+                from rclpy.qos import HistoryPolicy
+                # The QoS PX4's uXRCE-DDS bridge expects on /fmu/in/* topics.
+                px4_qos = QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST,
+                                     reliability=ReliabilityPolicy.BEST_EFFORT,
+                                     durability=DurabilityPolicy.TRANSIENT_LOCAL)
+                self.out_topic = p("px4_rates_topic")
+                self.pub_out = self.create_publisher(VehicleRatesSetpoint, self.out_topic, px4_qos)
+                self.pub_offboard = self.create_publisher(OffboardControlMode, p("px4_offboard_topic"), px4_qos)
             else:
                 from actuator_msgs.msg import Actuators
                 self.out_topic = p("actuator_msgs_topic")
@@ -638,6 +666,8 @@ def make_node_class():
                     m.data = thrust.tolist()
                 elif self.iface == "cmd_vel_legacy":
                     m = self._legacy(cmd, state)
+                elif self.iface == "px4_rates":
+                    m = self._px4(cmd)
                 else:
                     from actuator_msgs.msg import Actuators
                     m = Actuators()
@@ -663,6 +693,27 @@ def make_node_class():
             with torch.inference_mode():
                 t = rot.ctbr_thrusts(torch.as_tensor(cmd, dtype=r.dtype).reshape(1, -1), w)[0]
             return np.clip(t.to(torch.float64).numpy(), 0.0, rot.cfg.max_thrust)
+
+        def _px4(self, cmd: np.ndarray):
+            """VehicleRatesSetpoint (and its OffboardControlMode) for a CTBR command."""
+            from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint
+
+            rc = self.runner.sim.rotors.cfg
+            roll, pitch, yaw, thrust_body = px4_rates_setpoint(cmd, rc.max_thrust * len(rc.directions))
+            t_us = int(self.get_clock().now().nanoseconds // 1000)
+            mode = OffboardControlMode()
+            mode.timestamp = t_us
+            for field in ("position", "velocity", "acceleration", "attitude", "thrust_and_torque",
+                          "direct_actuator"):
+                if hasattr(mode, field):
+                    setattr(mode, field, False)
+            mode.body_rate = True
+            self.pub_offboard.publish(mode)
+            m = VehicleRatesSetpoint()
+            m.timestamp = t_us
+            m.roll, m.pitch, m.yaw = roll, pitch, yaw
+            m.thrust_body = thrust_body
+            return m
 
         def _legacy(self, cmd: np.ndarray, state):
             """Crazyswarm2 cmd_vel_legacy: roll/pitch setpoints (deg), yaw rate (deg/s), thrust PWM 0..65535.
