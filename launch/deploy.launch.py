@@ -52,6 +52,21 @@ ARGUMENTS = [
 ]
 
 
+def gazebo_description(robot: str, urdf_rel: str) -> str:
+    """The robot_description Gazebo spawns: for the arm, its xacro with the <ros2_control> tag and
+    the gz_ros2_control plugin (controllers from config/controller_arm_gazebo.yaml); the same
+    physics as the plain URDF the policy was trained on."""
+    if robot == "arm":
+        import xacro
+
+        doc = xacro.process_file(_share("urdf/diffsim_arm.urdf.xacro"),
+                                 mappings={"ros2_control": "true",
+                                           "controllers": _share("config/controller_arm_gazebo.yaml")})
+        return doc.toxml()
+    with open(_share(urdf_rel)) as f:
+        return f.read()
+
+
 def _share(rel: str) -> str:
     from ament_index_python.packages import get_package_share_directory
 
@@ -95,8 +110,7 @@ def _setup(context, *args, **kwargs):
         actions.append(Node(package=PACKAGE, executable="mujoco_plant", name="mujoco_plant", output="screen",
                             parameters=[{"config": config, "mode": "lockstep" if lockstep else "realtime"}]))
     elif target == "gazebo":
-        with open(_share(urdf_rel)) as f:
-            description = f.read()
+        description = gazebo_description(robot, urdf_rel)
         actions.append(Node(package="robot_state_publisher", executable="robot_state_publisher", output="screen",
                             parameters=[{"robot_description": description, "use_sim_time": True}]))
         gz_launch = os.path.join(FindPackageShare("ros_gz_sim").perform(context), "launch", "gz_sim.launch.py")
