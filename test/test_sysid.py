@@ -111,3 +111,31 @@ def test_sysid_finds_latency_and_motor_lag_by_search(tmp_path, perturbation, nam
     for name, value in truth.items():
         assert r.fitted[name][0] == pytest.approx(value, rel=0.05), (name, r.fitted)
     assert r.heldout["before"]["rmse"] > 5 * r.heldout["after"]["rmse"]
+
+
+def test_sysid_recovers_a_thrust_model_error_and_writes_it(tmp_path, capsys):
+    """Motors 15 % weaker than the model the flight controller's mixer commands with
+    (rotors.thrust_scale 0.85 on the stand-in only; the bag's metadata keeps the nominal file):
+    sysid finds the factor, and calibrated.yaml carries it as rotors.thrust_scale, so the
+    simulator it describes predicts the robot far better."""
+    import copy
+
+    from diffsim_ros.analysis.record import exciter, make_plant, record_bag, standard_params
+
+    params = standard_params("quadrotor")
+    real = copy.deepcopy(params)
+    real["simulator"]["rotors"]["thrust_scale"] = 0.85
+    bag = tmp_path / "bag"
+    record_bag(bag, make_plant(real, None), exciter(params, 3), 300, params, predictions=False)
+    out = tmp_path / "cal"
+    rc = cli.main(["sysid", str(bag), "--params", "thrust_scale", "--out", str(out), "--window", "3",
+                   "--max-starts", "64", "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads((out / "sysid.json").read_text())
+    assert report["fitted"]["thrust_scale"][0] == pytest.approx(0.85, rel=0.05)
+    assert report["heldout"]["before"]["rmse"] > 5 * report["heldout"]["after"]["rmse"]
+    cal = config.load_yaml(out / "calibrated.yaml")
+    assert cal["simulator"]["rotors"]["thrust_scale"] == pytest.approx(0.85, rel=0.05)
+    before = analyze(bag, horizons=(5,), plots=False)
+    after = analyze(bag, config_path=str(out / "calibrated.yaml"), horizons=(5,), plots=False)
+    assert before["prediction"]["by_horizon"]["5"]["rmse"] > 5 * after["prediction"]["by_horizon"]["5"]["rmse"]

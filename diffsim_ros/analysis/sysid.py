@@ -327,6 +327,9 @@ def calibrated_params(setup: SimSetup, result: SysIdResult, urdf_path: Optional[
             rot["drag_quadratic"] = [float(x) for x in dq]
         if "motor_time_constant" in f:
             rot["motor_time_constant"] = float(f["motor_time_constant"][0])
+        if "thrust_scale" in f:
+            # The motors' real thrust against the mixer's model (the mixer keeps the nominal one).
+            rot["thrust_scale"] = float(f["thrust_scale"][0]) * float(setup.sim_config.rotors.thrust_scale)
         s_inertia = _base_inertia_scale(f)
         if setup.sim_config.actuator == "ctbr" and s_inertia != 1.0:
             # The on-board rate loop computes torques from the nominal inertia; on a body s times
@@ -366,9 +369,6 @@ def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "
         files["urdf"] = str(urdf_path)
     params = calibrated_params(setup, result, urdf_path)
     notes = []
-    if "thrust_scale" in result.fitted:
-        notes.append("thrust_scale has no simulator parameter (the thrust coefficient is shared by the motor "
-                     "model and the mixer, so it cancels); it is reported only")
     if setup.sim_config.gravity_compensation and any(n in result.fitted for n in ("mass_scale", "link_mass_scale")):
         notes.append("masses are written into the calibrated URDF, so the simulator's gravity compensation uses "
                      "them too, while the robot's controller compensates with the nominal model; the simulator has "

@@ -54,6 +54,10 @@ class RotorConfig:
     drag_linear: body-frame linear drag per axis, N s/m.       default (0.1, 0.1, 0.15)
     drag_quadratic: body-frame quadratic drag per axis, N s^2/m^2. default (0.02, 0.02, 0.04)
     rate_gain: CTBR inner-loop proportional gain on the body-rate error, 1/s. default (20, 20, 8)
+    thrust_scale: factor on the thrust and yaw torque the rotors really produce at a given speed,
+        relative to thrust_coefficient/torque_coefficient, which the mixer and the CTBR loop use
+        to command speeds: a flight controller whose motor model is off by this factor
+        (system identification writes it), dimensionless.   default 1.0
     """
     rotor_links: Tuple[str, ...] = ()
     positions: Tuple[Tuple[float, float, float], ...] = ()
@@ -65,6 +69,7 @@ class RotorConfig:
     drag_linear: Tuple[float, float, float] = (0.1, 0.1, 0.15)
     drag_quadratic: Tuple[float, float, float] = (0.02, 0.02, 0.04)
     rate_gain: Tuple[float, float, float] = (20.0, 20.0, 8.0)
+    thrust_scale: float = 1.0
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "rotors") -> "RotorConfig":
@@ -78,7 +83,8 @@ class RotorConfig:
         for k in ("rotor_links", "positions", "directions"):
             if k in kw and not isinstance(kw[k], (list, tuple)):
                 raise ConfigError(f"'{where}.{k}' must be a list, got {kw[k]!r}")
-        for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed"):
+        for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed",
+                  "thrust_scale"):
             if k in kw and (isinstance(kw[k], bool) or not isinstance(kw[k], (int, float))):
                 raise ConfigError(f"'{where}.{k}' must be a number, got {kw[k]!r}")
         try:
@@ -88,7 +94,8 @@ class RotorConfig:
                 kw["positions"] = tuple(_vec3(f"{where}.positions", p, allow_scalar=False) for p in kw["positions"])
             if "directions" in kw:
                 kw["directions"] = tuple(float(x) for x in kw["directions"])
-            for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed"):
+            for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed",
+                      "thrust_scale"):
                 if k in kw:
                     kw[k] = float(kw[k])
         except (TypeError, ValueError) as e:
@@ -110,7 +117,7 @@ class RotorConfig:
             raise ConfigError(f"'{where}.directions' has {len(self.directions)} entries for {n} rotors")
         if any(d not in (-1.0, 1.0) for d in self.directions):
             raise ConfigError(f"'{where}.directions' entries must be +1 or -1, got {self.directions}")
-        for k in ("thrust_coefficient", "max_rotor_speed"):
+        for k in ("thrust_coefficient", "max_rotor_speed", "thrust_scale"):
             if not getattr(self, k) > 0:
                 raise ConfigError(f"'{where}.{k}' must be > 0, got {getattr(self, k)}")
         for k in ("torque_coefficient", "motor_time_constant"):
@@ -186,7 +193,7 @@ class Rotors:
 
     def wrench(self, speed: torch.Tensor) -> torch.Tensor:
         """Body-frame wrench [F; M] (..., 6) about the body origin from rotor speeds (..., n)."""
-        thrust = self.cfg.thrust_coefficient * speed ** 2
+        thrust = (self.cfg.thrust_scale * self.cfg.thrust_coefficient) * speed ** 2
         fz = thrust.sum(-1)
         mx = (thrust * self.positions[:, 1]).sum(-1)
         my = -(thrust * self.positions[:, 0]).sum(-1)

@@ -34,6 +34,7 @@ class FlightController:
         self.directions = np.asarray(cfg.directions, dtype=np.float64)
         self.n = self.positions.shape[0]
         self.kf, self.km = cfg.thrust_coefficient, cfg.torque_coefficient
+        self.cfg_thrust_scale = float(cfg.thrust_scale)
         x, y = self.positions[:, 0], self.positions[:, 1]
         # [F_z; M_x; M_y; M_z] = allocation @ thrusts (thrust along body z at each hub).
         self.allocation = np.stack((np.ones_like(x), y, -x, self.directions * (self.km / self.kf)))
@@ -85,11 +86,12 @@ class FlightController:
 
     def rotor_thrusts(self, speed: np.ndarray) -> np.ndarray:
         """Thrust of each rotor (N) at rotor speeds ``speed`` (rad/s)."""
-        return self.kf * speed ** 2
+        # thrust_scale: the motors' real thrust against the model the mixer commands with.
+        return self.cfg_thrust_scale * self.kf * speed ** 2
 
     def rotor_torques(self, speed: np.ndarray) -> np.ndarray:
         """Reaction yaw torque of each rotor on the body about body +z, N m."""
-        return self.directions * self.km * speed ** 2
+        return self.cfg_thrust_scale * self.directions * self.km * speed ** 2
 
     def drag_force(self, v_com_body: np.ndarray, scale: float = 1.0) -> np.ndarray:
         """Body-frame drag force (N) at the centre of mass moving at ``v_com_body`` (m/s, body
