@@ -377,19 +377,23 @@ def error_stats(v_pred: torch.Tensor, v_true: torch.Tensor, names: Sequence[str]
     return {"count": int(e.shape[0]), "rmse": float(np.sqrt((e ** 2).mean())), "per_dof": per}
 
 
+def recorded_predictions(data: BagData, names: Sequence[str]) -> np.ndarray:
+    """The velocities of /diffsim/predicted_state, arms in the joint order ``names``."""
+    if data.kind != "arm":
+        return data.pred_v
+    missing = [j for j in names if j not in data.pred_joint_names]
+    if missing:
+        raise AnalysisError(f"{data.path}: /diffsim/predicted_state lacks joint(s) {missing}")
+    return data.pred_v[:, [data.pred_joint_names.index(j) for j in names]]
+
+
 def online_prediction_stats(rp: Replay) -> Optional[Dict[str, Any]]:
     """Error of the controller's own predictions (/diffsim/predicted_state) against the states
     recorded at the stamps they were made for."""
     d = rp.data
     if d.pred_t is None or len(d.pred_t) == 0:
         return None
-    if d.kind == "arm":
-        missing = [j for j in rp.dof_names if j not in d.pred_joint_names]
-        if missing:
-            raise AnalysisError(f"{d.path}: /diffsim/predicted_state lacks joint(s) {missing}")
-        pv = d.pred_v[:, [d.pred_joint_names.index(j) for j in rp.dof_names]]
-    else:
-        pv = d.pred_v
+    pv = recorded_predictions(d, rp.dof_names)
     j = np.clip(np.searchsorted(rp.t_state, d.pred_t), 0, len(rp.t_state) - 1)
     ok = rp.t_state[j] == d.pred_t
     if not ok.any():

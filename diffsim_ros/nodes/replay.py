@@ -58,6 +58,7 @@ class Playback:
         import torch
 
         from ..analysis import AnalysisError, Replay, read_bag, sim_setup
+        from ..analysis.predict import recorded_predictions
 
         if source not in ("simulator", "bag"):
             raise AnalysisError(f"parameter 'source' must be 'simulator' or 'bag', got {source!r}")
@@ -72,13 +73,7 @@ class Playback:
             if data.pred_t is None:
                 raise AnalysisError(f"{bag}: source 'bag' needs /diffsim/predicted_state, which the bag lacks")
             self.names = data.joint_names if data.kind == "arm" else []
-            if data.kind == "arm":
-                missing = [j for j in self.names if j not in data.pred_joint_names]
-                if missing:
-                    raise AnalysisError(f"{bag}: /diffsim/predicted_state lacks joint(s) {missing}")
-                pv = data.pred_v[:, [data.pred_joint_names.index(j) for j in self.names]]
-            else:
-                pv = data.pred_v
+            pv = recorded_predictions(data, self.names)
             self.actual = data.v
             self.predicted = np.full_like(self.actual, np.nan)
             j = np.clip(np.searchsorted(self.t, data.pred_t), 0, len(self.t) - 1)
