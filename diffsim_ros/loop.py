@@ -42,10 +42,12 @@ class LoopError(RuntimeError):
     """A step of the loop that failed; the message names the step and its log."""
 
 
-def _script(name: str) -> str:
-    """The console script ``name`` next to this interpreter (a venv), else on PATH."""
+def console_script(name: str) -> str:
+    """The console script ``name`` installed next to this interpreter (a venv), else on PATH."""
+    import shutil
+
     here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else name
+    return str(here) if here.exists() else (shutil.which(name) or name)
 
 
 class _Processes:
@@ -56,7 +58,7 @@ class _Processes:
         self.procs: Dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, script: str, params: Dict[str, Any]) -> None:
-        args = [_script(script), "--ros-args"]
+        args = [console_script(script), "--ros-args"]
         for key, val in params.items():
             if isinstance(val, bool):
                 val = "true" if val else "false"

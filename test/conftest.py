@@ -61,11 +61,10 @@ _torch.set_num_threads(1)
 
 
 def console_script(name: str) -> str:
-    """The console script ``name`` installed next to this interpreter (the venv), else on PATH."""
-    import shutil
+    """The console script ``name`` next to this interpreter, else on PATH (the loop's lookup)."""
+    from diffsim_ros.loop import console_script as lookup
 
-    cand = Path(sys.executable).parent / name
-    return str(cand) if cand.exists() else (shutil.which(name) or name)
+    return lookup(name)
 
 
 def ros_context(domain: int):
