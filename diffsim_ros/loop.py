@@ -187,6 +187,7 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
 def _hover_result(data, task, target) -> Dict[str, Any]:
     """The task's own tolerance on the stand-in's recorded trajectory, after the settling time."""
     import numpy as np
+    import torch
 
     t = (data.t_state - data.t_state[0]) * 1e-9
     pos = data.q[:, 0:3]
@@ -197,7 +198,7 @@ def _hover_result(data, task, target) -> Dict[str, Any]:
     speed = np.linalg.norm(vw, axis=1)
     settle = task.settle_steps * task.dt
     after = t >= settle
-    ok = (dist < task.success_distance) & (speed < task.success_speed)
+    ok = task.within_tolerance(torch.as_tensor(pos), torch.as_tensor(vw), torch.as_tensor(target)).numpy()
     return {"settle_time_s": settle, "final_distance_m": float(dist[-1]), "final_speed_m_s": float(speed[-1]),
             "max_distance_after_settling_m": float(dist[after].max()) if after.any() else float("nan"),
             "fraction_within_tolerance_after_settling": float(ok[after].mean()) if after.any() else float("nan"),

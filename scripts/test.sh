@@ -2,14 +2,24 @@
 # Run the test suite: bootstrap the local .venv (pinned versions; a no-op when
 # nothing changed), then pytest over test/. Extra arguments go to pytest, e.g.
 #   scripts/test.sh -k urdf -x
+#   scripts/test.sh test/test_plant.py::test_arm_matches_simulator   # only that file or test
+# When an argument names a test file or folder (test/..., *.py), pytest runs only that.
 # Exit status is pytest's; "no tests collected" (pytest's 5) is a failure too.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 "$ROOT/scripts/bootstrap.sh"
+targets=(test)
+for arg in "$@"; do
+    path="${arg%%::*}"
+    if [[ "$path" == test || "$path" == test/* || "$path" == *.py ]] && [ -e "$path" ]; then
+        targets=()
+        break
+    fi
+done
 rc=0
-"$VENV/bin/python" -m pytest test -q "$@" || rc=$?
+"$VENV/bin/python" -m pytest ${targets[@]+"${targets[@]}"} -q "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests: treating this as a failure" >&2
 fi

@@ -23,7 +23,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -37,13 +36,12 @@ rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client l
 pytest.importorskip("mujoco", reason="mujoco not installed (the stand-in robot)")
 pytest.importorskip("rosbags", reason="rosbags not installed (bag writing/reading)")
 
-from conftest import REPO_ROOT  # noqa: E402
+from conftest import REPO_ROOT, console_script  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 from diffsim_ros.physics import State  # noqa: E402
 from diffsim_ros.tasks.base import TaskState  # noqa: E402
 
 torch.set_num_threads(1)
-BIN = Path(sys.executable).parent
 POLICIES = REPO_ROOT / "policies"
 
 QUAD_TYPES = ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu", "/cmd_ctbr:geometry_msgs/msg/TwistStamped",
@@ -125,7 +123,7 @@ class Session:
             return list(self.got[topic])
 
     def start(self, name, script, params):
-        args = [str(BIN / script), "--ros-args"]
+        args = [console_script(script), "--ros-args"]
         for k, v in params.items():
             args += ["-p", f"{k}:={v}"]
         log = open(self.tmp / f"{name}.log", "w")

@@ -117,12 +117,19 @@ class QuadrotorTask(Task):
             loss = loss + self.tilt_weight * (1.0 - R[:, 2, 2])
         return loss
 
-    def _ok(self, ts: TaskState) -> torch.Tensor:
-        vw = self.world_velocity(ts)
+    def within_tolerance(self, position: torch.Tensor, world_velocity: torch.Tensor,
+                         target: torch.Tensor) -> torch.Tensor:
+        """Per-sample tolerance of one step (positions and world-frame velocities, (..., 3)):
+        hover and waypoint, within ``success_distance`` of the target and slower than
+        ``success_speed``; velocity tracking, within ``success_speed`` of the commanded velocity.
+        Also used on recorded trajectories (the main job's stand-in flight)."""
         if self.mode == "velocity":
-            return torch.linalg.vector_norm(vw - ts.target, dim=-1) < self.success_speed
-        dist = torch.linalg.vector_norm(ts.sim.q[:, 0:3] - ts.target, dim=-1)
-        return (dist < self.success_distance) & (torch.linalg.vector_norm(vw, dim=-1) < self.success_speed)
+            return torch.linalg.vector_norm(world_velocity - target, dim=-1) < self.success_speed
+        dist = torch.linalg.vector_norm(position - target, dim=-1)
+        return (dist < self.success_distance) & (torch.linalg.vector_norm(world_velocity, dim=-1) < self.success_speed)
+
+    def _ok(self, ts: TaskState) -> torch.Tensor:
+        return self.within_tolerance(ts.sim.q[:, 0:3], self.world_velocity(ts), ts.target)
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
         if ts.step > self.settle_steps:
