@@ -15,9 +15,9 @@ import csv
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -45,7 +45,9 @@ class TrainConfig:
     grad_clip: maximum gradient norm [1.0]
     hidden: hidden layer sizes of the policy [(64, 64)]
     normalize_obs: running observation normalisation [True]
-    critic: bootstrap each window's loss-to-go with a learned value (SHAC) [False]
+    critic: bootstrap each window's loss-to-go with a learned value (SHAC); the value
+        sees the normalised observation and the fraction of the episode elapsed, since
+        a finite episode's loss-to-go depends on the time left [False]
     gamma: discount of the critic's loss-to-go [0.99]
     critic_learning_rate, critic_updates: critic fitting per window [1e-3, 8]
     randomize_mass: (low, high) scale on every link mass, drawn per iteration, or () [()]
@@ -169,7 +171,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate)
     critic = critic_opt = None
     if cfg.critic:
-        critic = ValueNet(task.obs_dim, cfg.hidden).to(dtype=dtype, device=device)
+        critic = ValueNet(task.obs_dim + 1, cfg.hidden).to(dtype=dtype, device=device)
         critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_learning_rate)
     nominal_sim = task.sim
     history: List[Dict[str, float]] = []
@@ -203,13 +205,13 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                     step_loss = task.step_loss(ts, action)
                     loss = loss + (cfg.gamma ** k if critic is not None else 1.0) * step_loss
                     if critic is not None:
-                        obs_list.append(obs.detach())
+                        obs_list.append((obs.detach(), ts.step - 1))
                         loss_list.append(step_loss.detach())
                 env_steps += cfg.num_envs * k_end
                 total_loss += float(loss.detach().mean())
                 if critic is not None and ts.step < task.horizon:
-                    obs_end = task.observe(ts)
-                    loss = loss + (cfg.gamma ** k_end) * critic(policy.norm(obs_end) if cfg.normalize_obs else obs_end)
+                    loss = loss + (cfg.gamma ** k_end) * critic(_critic_input(policy, cfg, task, task.observe(ts),
+                                                                              ts.step))
                 objective = loss.mean() / task.horizon
                 opt.zero_grad()
                 objective.backward()
@@ -244,17 +246,23 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     return TrainResult(policy, history, solved_steps, solved_time)
 
 
+def _critic_input(policy, cfg, task, obs, step):
+    """The value's input: the policy's normalised observation and the elapsed fraction of the episode."""
+    x = policy.norm(obs) if cfg.normalize_obs else obs
+    return torch.cat((x, torch.full_like(x[..., :1], step / task.horizon)), -1)
+
+
 def _fit_critic(critic, opt, policy, cfg, obs_list, loss_list, task, ts):
-    """Regress V(obs_t) on the discounted loss-to-go inside the window, bootstrapped at its end."""
+    """Regress V(obs_t, t) on the discounted loss-to-go inside the window, bootstrapped at its end."""
     with torch.no_grad():
-        norm = policy.norm if cfg.normalize_obs else (lambda x: x)
-        boot = critic(norm(task.observe(ts))) if ts.step < task.horizon else torch.zeros_like(loss_list[-1])
+        boot = (critic(_critic_input(policy, cfg, task, task.observe(ts), ts.step)) if ts.step < task.horizon
+                else torch.zeros_like(loss_list[-1]))
         targets, g = [], boot
         for lk in reversed(loss_list):
             g = lk + cfg.gamma * g
             targets.append(g)
         targets.reverse()
-        X = norm(torch.stack(obs_list)).reshape(-1, obs_list[0].shape[-1])
+        X = torch.stack([_critic_input(policy, cfg, task, o, t) for o, t in obs_list]).reshape(-1, task.obs_dim + 1)
         Y = torch.stack(targets).reshape(-1)
     for _ in range(cfg.critic_updates):
         opt.zero_grad()
