@@ -32,13 +32,13 @@ def _episode_loss(task, policy, batch=16, seed=7):
     return total / task.horizon, ts
 
 
-def _hover_task(horizon=50, settle_time=0.6, start_radius=0.2):
+def _hover_task(horizon=50, settle_time=0.6, start_radius=0.2, mode="hover", **kw):
     m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_quadrotor.urdf"), floating_base=True,
                           dtype=torch.float32)
     sc = config.simulator_config(config.load_yaml(REPO_ROOT / "config" / "diffsim_quadrotor.yaml"))
     sc = dataclasses.replace(sc, dt=0.02, substeps=4, ground=False)
-    return QuadrotorTask(m, sc, mode="hover", horizon=horizon, settle_time=settle_time, start_radius=start_radius,
-                         start_speed=0.1)
+    return QuadrotorTask(m, sc, mode=mode, horizon=horizon, settle_time=settle_time, start_radius=start_radius,
+                         start_speed=0.1, **kw)
 
 
 def _reach_task(horizon=30):
@@ -59,8 +59,10 @@ def _locomotion_task(horizon=20, **task):
 @pytest.mark.parametrize("make,iterations,lr", [
     (_reach_task, 6, 1e-2),
     (_hover_task, 4, 3e-3),
+    (lambda: _hover_task(mode="waypoint"), 4, 3e-3),
+    (lambda: _hover_task(mode="velocity"), 4, 3e-3),
     (_locomotion_task, 4, 3e-3),
-], ids=["reach", "hover", "locomotion"])
+], ids=["reach", "hover", "waypoint", "velocity", "locomotion"])
 def test_task_loss_goes_down(make, iterations, lr):
     task = make()
     cfg = TrainConfig(iterations=iterations, num_envs=16, window=task.horizon, learning_rate=lr, eval_every=1000,
@@ -92,6 +94,19 @@ def test_short_hover_run_reaches_success(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "training.csv")))
     assert len(rows) == len(res.history) and float(rows[-1]["eval_success"]) >= task.success_threshold
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+
+
+def test_short_velocity_tracking_run_reaches_success():
+    """Velocity tracking ("Back to Newton's Laws": the loss is the gap between commanded and
+    simulated velocity), small instance: commands within 0.5 m/s per axis, 1 s episodes judged
+    over their last 0.2 s, 16 environments. The task's own metric (velocity error below 0.2 m/s
+    on every step after settling) reaches the threshold on fresh episodes."""
+    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="velocity", max_speed_command=0.5)
+    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=1e-2, eval_every=2, eval_envs=32,
+                      stop_at_success=True, seed=1)
+    res = train(task, cfg, progress=False)
+    assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
+    assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
 
 
 def test_short_reach_run_reaches_success():
