@@ -16,8 +16,9 @@ wall-clock time to success, the final success rate (on 256 fresh episodes, a
 different seed from the one training stops on), and the ratios PPO / gradient.
 
 Tasks and hyper-parameters come from the training files config/reach_arm.yaml
-(the project's arm), config/hover.yaml (quadrotor hover) and config/locomotion.yaml
-(the quadruped): their ``simulator``, ``task``, ``training`` (TrainConfig) and
+(the project's arm), config/hover.yaml (quadrotor hover), config/velocity.yaml and
+config/waypoint.yaml (velocity tracking and waypoints, ``--tasks velocity,waypoint``)
+and config/locomotion.yaml (the quadruped): their ``simulator``, ``task``, ``training`` (TrainConfig) and
 ``ppo`` (PPOConfig) sections; the PPO settings are documented there. Where a file
 is missing the defaults written in this script are used.
 
@@ -61,7 +62,8 @@ from diffsim_ros.learning.ppo import PPOConfig, train_ppo  # noqa: E402
 from diffsim_ros.tasks import make_task  # noqa: E402
 
 CONFIG_DIR = Path(REPO_ROOT) / "config"
-FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "locomotion": "locomotion.yaml"}
+FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "velocity": "velocity.yaml", "waypoint": "waypoint.yaml",
+         "locomotion": "locomotion.yaml"}
 FINAL_EPISODES = 256
 FINAL_SEED = 2024
 
@@ -100,6 +102,8 @@ def load_params(name: str, override: Optional[str] = None):
     path = CONFIG_DIR / FILES[name]
     if path.is_file():
         return config.load_yaml(path), str(path.relative_to(REPO_ROOT))
+    if name not in FALLBACK:
+        raise SystemExit(f"error: {path} is missing (the '{name}' task has no defaults in this script)")
     return FALLBACK[name], "defaults in bench/sample_efficiency.py"
 
 
