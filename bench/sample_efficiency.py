@@ -59,7 +59,6 @@ if REPO_ROOT not in sys.path:
 from diffsim_ros import config  # noqa: E402
 from diffsim_ros.learning import apg  # noqa: E402
 from diffsim_ros.learning.ppo import PPOConfig, train_ppo  # noqa: E402
-from diffsim_ros.tasks import make_task  # noqa: E402
 
 CONFIG_DIR = Path(REPO_ROOT) / "config"
 FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "velocity": "velocity.yaml", "waypoint": "waypoint.yaml",
@@ -107,22 +106,10 @@ def load_params(name: str, override: Optional[str] = None):
     return FALLBACK[name], "defaults in bench/sample_efficiency.py"
 
 
-def build_task(params: Dict[str, Any], source: str):
-    dtype = {"float32": torch.float32, "float64": torch.float64}[params.get("dtype", "float32")]
-    model = config.load_model(params, source, dtype=dtype)
-    return make_task(model, config.simulator_config(params, source), dict(params["task"]))
-
-
-def solved_from(history: List[Dict[str, float]], threshold: float):
-    for h in history:
-        if not math.isnan(h["eval_success"]) and h["eval_success"] >= threshold:
-            return h["env_steps"], h["wall_time"]
-    return None, None
-
-
 def run_method(method: str, name: str, params: Dict[str, Any], source: str, budget: int, seed: int,
                ppo_eval_every: int, curves: Optional[Path], progress: bool) -> Dict[str, Any]:
-    task = build_task(params, source)
+    # Training files name their dtype; one without it runs in float32 (this script's default).
+    task, _ = config.build_task(params, source, dtype=config.torch_dtype(params, source, default="float32"))
     if method == "gradient":
         cfg = apg.TrainConfig.from_dict(dict(params.get("training") or {}))
         per_iteration = cfg.num_envs * task.horizon

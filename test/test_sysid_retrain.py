@@ -10,7 +10,6 @@ same starts; compare the mean distance to the hover point over the second half o
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch

@@ -65,11 +65,11 @@ def params_from_metadata(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
         if not isinstance(robot.get("urdf"), str):
             raise AnalysisError(f"{where}: metadata field 'checkpoint.robot.urdf' is missing")
         from ..learning.checkpoint import CheckpointError
-        from ..learning.deploy import _resolve_urdf_source
+        from ..learning.deploy import resolve_urdf_source
 
         try:
             # The recorded path, else the file of that name in this package (checkpoints made elsewhere).
-            urdf = _resolve_urdf_source(ck, where)
+            urdf = resolve_urdf_source(ck, where)
         except CheckpointError as exc:
             raise AnalysisError(f"{exc}; or pass --config YAML") from None
         return {"urdf": urdf, "floating_base": bool(robot.get("floating_base", False)), "simulator": sim}

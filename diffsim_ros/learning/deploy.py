@@ -110,7 +110,7 @@ def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
                           "metadata (the runner deploys reach and quadrotor tasks)")
 
 
-def _resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
+def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
     """The URDF the checkpoint names: its recorded path, else the file of that name in this package."""
     src = str(meta["robot"].get("urdf") or "")
     if src and os.path.isfile(src):
@@ -141,7 +141,7 @@ class PolicyRunner:
                  dtype: torch.dtype = torch.float64):
         where = os.fspath(checkpoint)
         meta = load_metadata(checkpoint)                  # validated; raises CheckpointError
-        source = urdf if urdf is not None else _resolve_urdf_source(meta, where)
+        source = urdf if urdf is not None else resolve_urdf_source(meta, where)
         try:
             model = physics.load_urdf(source, floating_base=bool(meta["robot"]["floating_base"]), dtype=dtype)
         except physics.UrdfError as e:

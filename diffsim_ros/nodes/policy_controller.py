@@ -47,6 +47,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from .common import StartupError as _CommonStartupError
+from .common import resolve_path
+
 NODE_NAME = "policy_controller"
 
 ARM_INTERFACES = ("forward_command", "joint_trajectory")
@@ -117,12 +120,6 @@ PARAMETERS: Dict[str, Any] = {
 ARRAY_TYPES = {"controller_joints": "string", "target": "double"}
 
 
-try:
-    from .common import StartupError as _CommonStartupError
-except ImportError:  # pragma: no cover - common.py is part of the package
-    _CommonStartupError = RuntimeError
-
-
 class StartupError(_CommonStartupError):
     """A configuration the node refuses to run with (bad parameter, checkpoint for another robot)."""
 
@@ -135,9 +132,6 @@ def ns_to_stamp(ns: int, stamp_cls):
     s = stamp_cls()
     s.sec, s.nanosec = int(ns // 1_000_000_000), int(ns % 1_000_000_000)
     return s
-
-
-from .common import resolve_path as resolve_checkpoint  # noqa: E402
 
 
 def px4_rates_setpoint(cmd, max_total_thrust: float):
@@ -198,7 +192,7 @@ def make_node_class():
             torch.set_num_threads(1)        # batch-1 inference: a second thread only adds contention
             self.lock = threading.Lock()
             # ---------------------------------------------------------- policy
-            ckpt = resolve_checkpoint(p("checkpoint"))
+            ckpt = resolve_path(p("checkpoint"))
             dtype = {"float64": torch.float64, "float32": torch.float32}.get(p("dtype"))
             if dtype is None:
                 raise StartupError(f"parameter 'dtype' must be float64 or float32, got {p('dtype')!r}")

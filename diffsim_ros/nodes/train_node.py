@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+from ..training import train_from_params  # the CLI's training path, shared
+from .common import resolve_path
+
 NODE_NAME = "train_node"
 
 PARAMETERS: Dict[str, Any] = {
@@ -47,12 +50,6 @@ PARAMETERS: Dict[str, Any] = {
 
 class StartupError(RuntimeError):
     """Bad input: the node prints it and exits 2."""
-
-
-from .common import resolve_path  # noqa: E402
-
-
-from ..training import train_from_params  # noqa: E402  (the CLI's training path, shared)
 
 
 def main(argv=None) -> int:
