@@ -3,7 +3,7 @@
 Each task's loss goes down under the gradient trainer, judged on the same fixed
 set of evaluation episodes before and after training (not on the noisy
 training batches); a short run reaches the task's own success metric on a
-small hover, reach and locomotion instance; the trainer writes its CSV log and learning curve.
+small hover, velocity-tracking, reach and locomotion instance; the trainer writes its CSV log and learning curve.
 """
 from __future__ import annotations
 
@@ -56,6 +56,12 @@ def _locomotion_task(horizon=20, **task):
     return t
 
 
+def _untrained_policy(task, cfg):
+    """The network train(task, cfg) starts from: it seeds torch with cfg.seed before building it."""
+    torch.manual_seed(cfg.seed)
+    return MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(task.model.dtype)
+
+
 @pytest.mark.parametrize("make,iterations,lr", [
     (_reach_task, 6, 1e-2),
     (_hover_task, 4, 3e-3),
@@ -68,12 +74,8 @@ def test_task_loss_goes_down(make, iterations, lr):
     cfg = TrainConfig(iterations=iterations, num_envs=16, window=task.horizon, learning_rate=lr, eval_every=1000,
                       stop_at_success=False, seed=0)
     res = train(task, cfg, progress=False)
-    # train() seeds torch before building its policy: the same seed gives the untrained
-    # network it started from, compared with the trained one on the same episodes.
-    torch.manual_seed(cfg.seed)
-    before_policy = MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(
-        task.model.dtype)
-    before, _ = _episode_loss(task, before_policy)
+    # Compared with the untrained network it started from, on the same episodes.
+    before, _ = _episode_loss(task, _untrained_policy(task, cfg))
     after, _ = _episode_loss(task, res.policy)
     assert after < before, f"{task.name}: loss {before:.4f} -> {after:.4f}"
     assert len(res.history) == iterations
@@ -135,10 +137,7 @@ def test_short_locomotion_run_reaches_success():
     gen = torch.Generator().manual_seed(99)
     cfg = TrainConfig(iterations=6, num_envs=8, window=30, learning_rate=1e-2, hidden=(128, 128), eval_every=2,
                       eval_envs=16, stop_at_success=True, seed=0)
-    torch.manual_seed(cfg.seed)
-    untrained = MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(
-        task.model.dtype)
-    before = task.rollout_success(untrained, 32, torch.Generator().manual_seed(99))
+    before = task.rollout_success(_untrained_policy(task, cfg), 32, torch.Generator().manual_seed(99))
     res = train(task, cfg, progress=False)
     assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
     after = task.rollout_success(res.policy, 32, gen)
