@@ -294,6 +294,15 @@ class PinReference:
         pin.framesForwardKinematics(self.model, self.data, self.q_to_pin(q))
         return np.stack([self.data.oMf[i].homogeneous for i in self.frame_ids])
 
+    def link_jacobians(self, q):
+        """Linear part of every link's frame Jacobian in world-aligned axes at the link
+        origin (LOCAL_WORLD_ALIGNED), (n_links, 3, nv) with columns in our v order."""
+        qp = self.q_to_pin(q)
+        pin.computeJointJacobians(self.model, self.data, qp)
+        pin.framesForwardKinematics(self.model, self.data, qp)
+        return np.stack([pin.getFrameJacobian(self.model, self.data, i, pin.LOCAL_WORLD_ALIGNED)[0:3][:, self.v_index]
+                         for i in self.frame_ids])
+
     def rnea(self, q, v, a):
         return self.v_from_pin(pin.rnea(self.model, self.data, self.q_to_pin(q),
                                         self.v_to_pin(v), self.v_to_pin(a)))

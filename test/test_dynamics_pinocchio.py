@@ -6,7 +6,8 @@ functions and compared, state by state and mapped by joint/link name, with
 Pinocchio evaluated state by state:
 
 * float64: relative error |ours - pin| / max(|pin|, 1) <= 1e-9 for the pose
-  of every link (4x4, vs data.oMf), M(q) (vs pin.crba, symmetrised), rnea and aba;
+  of every link (4x4, vs data.oMf), the linear Jacobian of every link origin
+  (vs getFrameJacobian, LOCAL_WORLD_ALIGNED), M(q) (vs pin.crba, symmetrised), rnea and aba;
   our aba also equals M⁻¹(τ − rnea(q, v, 0)) built from our crba and rnea;
 * float32: the same comparisons to looser tolerances (FLOAT32_TOL below);
 * leading batch dimensions (4, 25, ·) and no batch dimension give the flat result;
@@ -115,6 +116,18 @@ def test_forward_kinematics(name):
     q, _, _, _ = ref.tensors()
     check(name, "forward_kinematics", physics.forward_kinematics(ref.model, q), ref.fk,
           FLOAT64_TOL, event_dims=2, labels=ref.model.link_names)
+
+
+@pytest.mark.parametrize("name", ROBOT_NAMES)
+def test_link_jacobian(name):
+    """Every link origin's world-frame Jacobian against Pinocchio's getFrameJacobian
+    (LOCAL_WORLD_ALIGNED, linear rows), on 20 of the random states."""
+    ref = reference(name)
+    q, _, _, _ = ref.tensors()
+    n = 20
+    want = ref.pin.batch(ref.pin.link_jacobians, ref.q[:n])                    # (n, links, 3, nv)
+    ours = torch.stack([physics.link_jacobian(ref.model, q[:n], li) for li in range(len(ref.model.link_names))], 1)
+    check(name, "link_jacobian", ours, want, FLOAT64_TOL, event_dims=2, labels=ref.model.link_names)
 
 
 @pytest.mark.parametrize("name", ROBOT_NAMES)

@@ -215,3 +215,24 @@ def test_quadrotor_distance_loss():
     torch.testing.assert_close(di.step_loss(ts, a), err + 0.5 * speed, atol=1e-2, rtol=0)
     with pytest.raises(ValueError, match="position_loss must be 'squared' or 'distance'"):
         QuadrotorTask(task.model, task.sim_config, position_loss="huber")
+
+
+def test_reach_jacobian_observation_is_the_descent_direction():
+    """jacobian_observation appends J(q)^T (target - ee) per actuated joint: the negative
+    gradient of half the squared end-effector error with respect to q, checked here against
+    autograd through forward kinematics; the observation names say what the entries are."""
+    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
+    plain = ReachTask(m, sc, ee_link="ee_link", horizon=10)
+    task = ReachTask(m, sc, ee_link="ee_link", horizon=10, jacobian_observation=True)
+    assert task.obs_dim == plain.obs_dim + 4 == len(task.observation_names())
+    assert task.observation_names()[-4:] == [f"jacobian_error/arm_joint{i}" for i in range(1, 5)]
+    ts = task.reset(6, torch.Generator().manual_seed(4))
+    q = ts.sim.q.clone().requires_grad_(True)
+    half_sq = 0.5 * ((task.ee_position(q) - ts.target) ** 2).sum()
+    (grad,) = torch.autograd.grad(half_sq, q)
+    obs = task.observe(ts)
+    torch.testing.assert_close(obs[:, -4:], -grad[:, task.sim.act_index], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(obs[:, :-4], plain.observe(ts))
+    with pytest.raises(ValueError, match="jacobian_observation must be true or false"):
+        ReachTask(m, sc, ee_link="ee_link", jacobian_observation="yes")

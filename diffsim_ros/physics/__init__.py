@@ -6,8 +6,10 @@
     M = physics.crba(model, q)
     qdd = physics.aba(model, q, v, tau)
     poses = physics.forward_kinematics(model, q)   # (..., len(model.link_names), 4, 4)
+    J = physics.link_jacobian(model, q, link)      # (..., 3, nv): a link origin's velocity is J @ v
 """
-from .algorithms import aba, body_placements, body_states, crba, forward_kinematics, joint_placements, rnea
+from .algorithms import (aba, body_placements, body_states, crba, forward_kinematics, joint_placements, link_jacobian,
+                         rnea)
 from .description import RobotDescription, UrdfError
 from .model import Collision, Model, build_model, load_urdf
 from .quadrotor import ConfigError, RotorConfig, Rotors
@@ -16,5 +18,6 @@ from .simulator import SimConfig, SimulationError, Simulator, State, Trajectory
 __all__ = [
     "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError", "Simulator", "State", "Trajectory",
     "Collision", "Model", "RobotDescription", "UrdfError",
-    "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements", "load_urdf", "rnea",
+    "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements",
+    "link_jacobian", "load_urdf", "rnea",
 ]

@@ -266,6 +266,25 @@ def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
     return _unflatten(T, batch)
 
 
+
+def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
+    """Jacobian of the origin of link ``link`` (index in ``model.link_names``) in the
+    world frame: its velocity is ``J @ v``. (..., 3, nv); the columns of dofs that
+    do not move the link are zero."""
+    batch, (qf,) = _flatten(model, q)
+    topo = _topo(model)
+    body = model.link_body[link]
+    B = qf.shape[-1]
+    if body < 0:                                   # fixed to the world
+        return _unflatten(torch.zeros(3, model.nv, B, dtype=qf.dtype, device=qf.device), batch)
+    Rw, pw = _body_placements(model, qf)
+    S = _motion_subspaces(model, Rw, pw)                                 # (nv, 6, B) at the world origin
+    p = pw[body] + _mv(Rw[body], model.link_p[link][:, None])            # (3, B)
+    # A dof's twist (v_O, w) at the world origin moves the point p at v_O + w x p.
+    lin = S[:, 0:3] + _cross(S[:, 3:6], p[None].expand_as(S[:, 3:6]))    # (nv, 3, B)
+    moves = topo.anc[body][topo.body_of_dof]                             # (nv,)
+    return _unflatten((lin * moves[:, None, None]).transpose(0, 1), batch)
+
 # ----------------------------------------------------------- world quantities
 def _spatial_inertia(mass: torch.Tensor, c: torch.Tensor, I_c: torch.Tensor) -> torch.Tensor:
     """(nb,), (nb, 3, B), (nb, 3, 3, B) -> (nb, 6, 6, B) about the origin of c's frame."""

@@ -4,7 +4,10 @@ Targets are the end-effector positions of random joint configurations inside
 the limits, so every target is reachable. The policy commands joint positions
 (PD in the simulator, as a ros2_control position interface): absolute targets
 spanning the joint range, or ``command_mode: delta`` targets offset from the
-current position by at most ``delta_scale`` rad; or efforts.
+current position by at most ``delta_scale`` rad; or efforts. The observation
+holds the joint positions and velocities, the end-effector error and the target,
+and with ``jacobian_observation`` also J(q)^T (target - ee), the error mapped into
+joint space through the arm's own kinematics.
 
 Success (independent of training): at the end of the episode the end effector
 is within ``success_distance`` (2 cm) of the target and moves slower than
@@ -16,7 +19,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..physics import Model, SimConfig, forward_kinematics
+from ..physics import Model, SimConfig, forward_kinematics, link_jacobian
 from .base import Task, TaskState, uniform
 
 
@@ -26,7 +29,7 @@ class ReachTask(Task):
     def __init__(self, model: Model, sim_config: SimConfig, ee_link: str, horizon: int = 100,
                  target_margin: float = 0.15, success_distance: float = 0.02, success_speed: float = 0.05,
                  velocity_weight: float = 0.01, action_weight: float = 0.0, command_mode: str = "absolute",
-                 delta_scale: float = 0.3):
+                 delta_scale: float = 0.3, jacobian_observation: bool = False):
         if sim_config.actuator not in ("position", "effort"):
             raise ValueError(f"reach: actuator must be 'position' or 'effort', got '{sim_config.actuator}'")
         if model.floating_base:
@@ -35,6 +38,9 @@ class ReachTask(Task):
         if command_mode not in ("absolute", "delta"):
             raise ValueError(f"reach: command_mode must be 'absolute' or 'delta', got '{command_mode}'")
         self.command_mode, self.delta_scale = command_mode, delta_scale
+        if not isinstance(jacobian_observation, bool):
+            raise ValueError(f"reach: jacobian_observation must be true or false, got {jacobian_observation!r}")
+        self.jacobian_observation = jacobian_observation
         if ee_link not in model.link_names:
             raise ValueError(f"reach: ee_link '{ee_link}' is not a link of '{model.name}' "
                              f"(links: {', '.join(model.link_names)})")
@@ -54,13 +60,14 @@ class ReachTask(Task):
         self.q_low, self.q_high = lo, hi
         self.t_low, self.t_high = lo + target_margin * span, hi - target_margin * span
         self.q_mid, self.q_half = 0.5 * (lo + hi), 0.5 * span
-        self.obs_dim = 2 * self.n + 6
+        self.obs_dim = 2 * self.n + 6 + (self.n if jacobian_observation else 0)
         self.action_dim = self.n
 
     def observation_names(self) -> List[str]:
         names = self.sim.actuated_joints
         return ([f"q/{n}" for n in names] + [f"v/{n}" for n in names]
-                + [f"ee_error/{a}" for a in "xyz"] + [f"target/{a}" for a in "xyz"])
+                + [f"ee_error/{a}" for a in "xyz"] + [f"target/{a}" for a in "xyz"]
+                + ([f"jacobian_error/{n}" for n in names] if self.jacobian_observation else []))
 
     def action_names(self) -> List[str]:
         kind = "position" if self.sim_config.actuator == "position" else "effort"
@@ -86,7 +93,13 @@ class ReachTask(Task):
     def observe(self, ts: TaskState) -> torch.Tensor:
         q, v = self._joint(ts)
         ee = self.ee_position(ts.sim.q)
-        return torch.cat(((q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target), -1)
+        obs = [(q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target]
+        if self.jacobian_observation:
+            # J(q)^T (target - ee): the joint-space direction that closes the error (what a
+            # Jacobian-transpose controller commands), m^2 per joint, from the URDF's kinematics.
+            J = link_jacobian(self.model, ts.sim.q, self.ee_index)[..., self.sim.act_index]
+            obs.append(((ts.target - ee)[..., None] * J).sum(-2))
+        return torch.cat(obs, -1)
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
         if self.sim_config.actuator == "position":
