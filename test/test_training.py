@@ -112,15 +112,15 @@ def test_short_velocity_tracking_run_reaches_success():
 
 
 def test_short_reach_run_reaches_success():
-    """A small reach instance: config/reach_arm.yaml's arm and actuator (PD position targets with
-    gravity compensation), starts and targets drawn from the central 20 % of each joint range
-    (target_margin 0.4), 32 environments. It reaches the task's own threshold (end effector
+    """A small reach instance: config/reach_arm.yaml's arm, actuator (stiff PD position targets
+    moved by up to delta_scale from the measured position, gravity compensation) and
+    observation, with starts and targets drawn from the central 30 % of each joint range
+    (target_margin 0.35), 32 environments. It reaches the task's own threshold (end effector
     within 2 cm and slower than 5 cm/s at the end of the episode) on fresh evaluation episodes."""
-    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float32)
-    sc = config.simulator_config(config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml"))
-    task = ReachTask(m, sc, ee_link="ee_link", horizon=50, target_margin=0.4, velocity_weight=0.0,
-                     command_mode="absolute")
-    cfg = TrainConfig(iterations=45, num_envs=32, window=10, learning_rate=3e-3, lr_schedule="cosine",
+    params = config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml")
+    params["task"].update(target_margin=0.35)
+    task, _ = config.build_task(params, "reach_arm.yaml")
+    cfg = TrainConfig(iterations=40, num_envs=32, window=10, learning_rate=3e-3, lr_schedule="cosine",
                       final_learning_rate=1e-4, eval_every=5, eval_envs=64, stop_at_success=True, seed=0)
     res = train(task, cfg, progress=False)
     assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
@@ -236,3 +236,21 @@ def test_reach_jacobian_observation_is_the_descent_direction():
     torch.testing.assert_close(obs[:, :-4], plain.observe(ts))
     with pytest.raises(ValueError, match="jacobian_observation must be true or false"):
         ReachTask(m, sc, ee_link="ee_link", jacobian_observation="yes")
+
+
+def test_reach_speed_weight_adds_the_end_effector_speed():
+    """speed_weight adds (step/horizon) x speed_weight x the end effector's speed, |J(q) v|,
+    checked against the task's own finite-difference speed (the success metric's)."""
+    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
+    plain = ReachTask(m, sc, ee_link="ee_link", horizon=10, velocity_weight=0.0)
+    task = ReachTask(m, sc, ee_link="ee_link", horizon=10, velocity_weight=0.0, speed_weight=0.2)
+    ts = task.reset(5, torch.Generator().manual_seed(2))
+    ts.sim.v[:] = torch.randn(5, m.nv, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ts.step = 4
+    a = torch.zeros(5, 4, dtype=torch.float64)
+    extra = task.step_loss(ts, a) - plain.step_loss(ts, a)
+    torch.testing.assert_close(extra, 0.4 * 0.2 * task.ee_speed(ts), rtol=1e-4, atol=1e-6)
+    assert bool((extra > 0).all())
+    with pytest.raises(ValueError, match="speed_weight must be >= 0"):
+        ReachTask(m, sc, ee_link="ee_link", speed_weight=-1.0)

@@ -29,7 +29,7 @@ class ReachTask(Task):
     def __init__(self, model: Model, sim_config: SimConfig, ee_link: str, horizon: int = 100,
                  target_margin: float = 0.15, success_distance: float = 0.02, success_speed: float = 0.05,
                  velocity_weight: float = 0.01, action_weight: float = 0.0, command_mode: str = "absolute",
-                 delta_scale: float = 0.3, jacobian_observation: bool = False):
+                 delta_scale: float = 0.3, jacobian_observation: bool = False, speed_weight: float = 0.0):
         if sim_config.actuator not in ("position", "effort"):
             raise ValueError(f"reach: actuator must be 'position' or 'effort', got '{sim_config.actuator}'")
         if model.floating_base:
@@ -41,6 +41,9 @@ class ReachTask(Task):
         if not isinstance(jacobian_observation, bool):
             raise ValueError(f"reach: jacobian_observation must be true or false, got {jacobian_observation!r}")
         self.jacobian_observation = jacobian_observation
+        if speed_weight < 0:
+            raise ValueError(f"reach: speed_weight must be >= 0 s, got {speed_weight}")
+        self.speed_weight = speed_weight
         if ee_link not in model.link_names:
             raise ValueError(f"reach: ee_link '{ee_link}' is not a link of '{model.name}' "
                              f"(links: {', '.join(model.link_names)})")
@@ -117,7 +120,15 @@ class ReachTask(Task):
         _, v = self._joint(ts)
         # Later steps weigh more: the task is judged at the end of the episode.
         w = (ts.step / self.horizon)
-        return w * dist + self.velocity_weight * (v ** 2).sum(-1) + self.action_weight * (action ** 2).sum(-1)
+        loss = w * dist + self.velocity_weight * (v ** 2).sum(-1) + self.action_weight * (action ** 2).sum(-1)
+        if self.speed_weight:
+            # The end effector's speed |J(q) v| under the same weight: the success metric asks
+            # for the arm at rest, which a distance alone does not (a step-to-step chatter
+            # around the target costs almost no distance).
+            J = link_jacobian(self.model, ts.sim.q, self.ee_index)
+            speed = torch.sqrt(((J @ ts.sim.v[..., None])[..., 0] ** 2).sum(-1) + 1e-6)
+            loss = loss + w * self.speed_weight * speed
+        return loss
 
     def ee_speed(self, ts: TaskState) -> torch.Tensor:
         h = 1e-4
