@@ -381,7 +381,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         before = _prepare_out(args.out)
         t0 = time.perf_counter()
-        overrides = {"iterations": args.iterations, "num_envs": args.num_envs, "seed": args.seed}
+        overrides = {"iterations": args.iterations, "num_envs": args.num_envs, "seed": args.seed,
+                     "stop_at_success": False if args.keep_training else None}
         task, result, _ = train_from_params(params, args.config, args.out, overrides,
                                             progress=not args.no_progress, task=task)
         wall = time.perf_counter() - t0
@@ -453,6 +454,9 @@ def _add_train(sub) -> None:
                    help="policy updates (default: the file's training.iterations)")
     p.add_argument("--num-envs", type=int, default=None, metavar="N",
                    help="parallel episodes per iteration (default: the file's training.num_envs)")
+    p.add_argument("--keep-training", action="store_true",
+                   help="run all the iterations even after the success threshold is reached "
+                        "(default: the file's training.stop_at_success)")
     p.set_defaults(func=cmd_train)
 
 

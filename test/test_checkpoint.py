@@ -300,7 +300,7 @@ def test_missing_or_garbled_metadata(saved, tmp_path, damage, match):
     (lambda m: m["robot"]["actuated_joints"].append("elbow"), r"'robot\.actuated_joints'.*elbow"),
     (lambda m: m.__setitem__("format_version", 99), "format_version 99 is not supported"),
     (lambda m: m.__setitem__("format", "something_else"), "field 'format'"),
-    (lambda m: m["normalization"]["mean"].pop(), r"'normalization\.mean' has 13 entries"),
+    (lambda m: m["normalization"]["mean"].pop(), r"'normalization\.mean' has \d+ entries"),
     (lambda m: m["command"].pop("scale"), r"missing field 'command\.scale'"),
     (lambda m: m["command"].__setitem__("type", "spline"), r"'command\.type' must be one of affine, delta"),
     (lambda m: m["policy"].__setitem__("file", "../../etc/passwd"), r"'policy\.file' must be a file name"),
@@ -330,13 +330,15 @@ def test_declared_dimensions_must_match_the_module(saved, tmp_path):
 
     bad2 = copy_ckpt(out, tmp_path / "o")
 
+    extra_dim = json.loads((out / "policy.json").read_text())["observation"]["dim"] + 1
+
     def more_obs(m):
-        m["observation"]["dim"] = 15
+        m["observation"]["dim"] = extra_dim
         m["observation"]["names"].append("extra")
         for k in ("mean", "var"):
             m["normalization"][k].append(1.0)
     edit_json(bad2, more_obs)
-    with pytest.raises(CheckpointError, match=r"fails on a \(2, 15\) observation"):
+    with pytest.raises(CheckpointError, match=rf"fails on a \(2, {extra_dim}\) observation"):
         load_checkpoint(bad2)
 
 

@@ -73,7 +73,8 @@ def test_training_file_loads_and_builds_its_task(name):
 def test_training_file_values():
     """The values the tasks were specified with (the lead retunes the rest)."""
     arm = config.load_yaml(ROOT / "config" / "reach_arm.yaml")
-    assert arm["simulator"]["kp"] == [10.0, 15.0, 8.0, 3.0] and arm["simulator"]["ground"] is False
+    assert arm["simulator"]["kp"] == [30.0, 45.0, 24.0, 3.0] and arm["simulator"]["ground"] is False
+    assert arm["task"]["command_mode"] == "delta" and arm["task"]["jacobian_observation"] is True
     assert arm["task"] == {**arm["task"], "type": "reach", "ee_link": "ee_link", "horizon": 50}
     for mode in ("hover", "waypoint", "velocity"):
         p = config.load_yaml(ROOT / "config" / f"{mode}.yaml")
@@ -99,7 +100,7 @@ def test_train_writes_a_checkpoint(tmp_path):
     cfg = small_copy(tmp_path)
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "diffsim_ros.cli", "train", "--config", str(cfg), "--out", str(out),
-                           "--iterations", "2", "--num-envs", "4", "--no-progress"],
+                           "--iterations", "2", "--num-envs", "4", "--no-progress", "--keep-training"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("policy.pt", "policy.json", "training.csv", "learning_curve.png"):
@@ -113,6 +114,7 @@ def test_train_writes_a_checkpoint(tmp_path):
     policy, meta = load_checkpoint(out, model=model)
     assert meta["training"]["iterations"] == 2 and meta["training"]["env_steps"] == 64
     assert meta["training"]["config"]["num_envs"] == 4 and meta["training"]["method"] == "analytic_gradient"
+    assert meta["training"]["config"]["stop_at_success"] is False        # --keep-training
     assert meta["horizon"] == 8 and meta["config"]["task"]["type"] == "reach"
     assert policy(torch.zeros(3, meta["observation"]["dim"])).shape == (3, 4)
     quadruped = physics.load_urdf(str(ROOT / "urdf" / "diffsim_quadruped.urdf"), floating_base=True)
