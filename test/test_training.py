@@ -48,6 +48,14 @@ def _reach_task(horizon=30):
     return ReachTask(m, sc, ee_link="ee_link", horizon=horizon, velocity_weight=0.0, command_mode="delta")
 
 
+def _panda_task(horizon=20):
+    """config/reach_panda.yaml (example-robot-data's Panda, its gains and observation), shorter."""
+    params = config.load_yaml(REPO_ROOT / "config" / "reach_panda.yaml")
+    params["task"].update(horizon=horizon)
+    t, _ = config.build_task(params, "reach_panda.yaml")
+    return t
+
+
 def _locomotion_task(horizon=20, **task):
     """config/locomotion.yaml's quadruped, simulator and stance (actuated joints leg by leg), shorter."""
     params = config.load_yaml(REPO_ROOT / "config" / "locomotion.yaml")
@@ -64,11 +72,12 @@ def _untrained_policy(task, cfg):
 
 @pytest.mark.parametrize("make,iterations,lr", [
     (_reach_task, 6, 1e-2),
+    (_panda_task, 4, 3e-3),
     (_hover_task, 4, 3e-3),
     (lambda: _hover_task(mode="waypoint"), 4, 3e-3),
     (lambda: _hover_task(mode="velocity"), 4, 3e-3),
     (_locomotion_task, 4, 3e-3),
-], ids=["reach", "hover", "waypoint", "velocity", "locomotion"])
+], ids=["reach", "reach_panda", "hover", "waypoint", "velocity", "locomotion"])
 def test_task_loss_goes_down(make, iterations, lr):
     task = make()
     cfg = TrainConfig(iterations=iterations, num_envs=16, window=task.horizon, learning_rate=lr, eval_every=1000,
