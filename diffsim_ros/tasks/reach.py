@@ -15,7 +15,7 @@ is within ``success_distance`` (2 cm) of the target and moves slower than
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import torch
 
