@@ -124,14 +124,14 @@ def test_short_reach_run_reaches_success():
     """A small reach instance: config/reach_arm.yaml's arm, actuator (stiff PD position targets
     moved by up to delta_scale from the measured position, gravity compensation), observation
     and loss, with starts and targets drawn from the central 30 % of each joint range
-    (target_margin 0.35), 32 environments, 40 iterations (the cosine step size settles
+    (target_margin 0.35), 32 environments, 50 iterations (the cosine step size settles
     at the end). The trainer's evaluation reaches the task's threshold (end effector within
     2 cm and slower than 5 cm/s at the end of the episode), and the final policy holds it
     on fresh episodes the trainer never saw."""
     params = config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml")
     params["task"].update(target_margin=0.35)
     task, _ = config.build_task(params, "reach_arm.yaml")
-    cfg = TrainConfig(iterations=40, num_envs=32, window=10, learning_rate=3e-3, lr_schedule="cosine",
+    cfg = TrainConfig(iterations=50, num_envs=32, window=10, learning_rate=3e-3, lr_schedule="cosine",
                       final_learning_rate=1e-4, eval_every=5, eval_envs=64, stop_at_success=False, seed=0)
     assert task.rollout_success(_untrained_policy(task, cfg), 64, torch.Generator().manual_seed(99)) < 0.1
     res = train(task, cfg, progress=False)
