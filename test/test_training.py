@@ -3,7 +3,7 @@
 Each task's loss goes down under the gradient trainer, judged on the same fixed
 set of evaluation episodes before and after training (not on the noisy
 training batches); a short run reaches the task's own success metric on a
-small hover, velocity-tracking, reach and locomotion instance; the trainer writes its CSV log and learning curve.
+small hover, waypoint, velocity-tracking, reach and locomotion instance; the trainer writes its CSV log and learning curve.
 """
 from __future__ import annotations
 
@@ -105,6 +105,21 @@ def test_short_hover_run_reaches_success(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "training.csv")))
     assert len(rows) == len(res.history) and float(rows[-1]["eval_success"]) >= task.success_threshold
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+
+
+def test_short_waypoint_run_reaches_success():
+    """Waypoints, small instance: a waypoint within 15 cm per axis of (0, 0, 1) m from a
+    start within 10 cm, 1 s episodes judged over their last 0.2 s, the distance loss with
+    its speed term, 16 environments, a cosine step size. The task's own metric (every step
+    after settling within 10 cm of the waypoint and slower than 0.2 m/s) reaches the
+    threshold, and holds on fresh episodes."""
+    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="waypoint", waypoint_radius=0.15,
+                       position_loss="distance")
+    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=5e-3, lr_schedule="cosine",
+                      final_learning_rate=3e-4, eval_every=2, eval_envs=32, stop_at_success=True, seed=1)
+    res = train(task, cfg, progress=False)
+    assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
+    assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
 
 
 def test_short_velocity_tracking_run_reaches_success():
