@@ -266,7 +266,6 @@ def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
     return _unflatten(T, batch)
 
 
-
 def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
     """Jacobian of the origin of link ``link`` (index in ``model.link_names``) in the
     world frame: its velocity is ``J @ v``. (..., 3, nv); the columns of dofs that
@@ -284,6 +283,7 @@ def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
     lin = S[:, 0:3] + _cross(S[:, 3:6], p[None].expand_as(S[:, 3:6]))    # (nv, 3, B)
     moves = topo.anc[body][topo.body_of_dof]                             # (nv,)
     return _unflatten((lin * moves[:, None, None]).transpose(0, 1), batch)
+
 
 # ----------------------------------------------------------- world quantities
 def _spatial_inertia(mass: torch.Tensor, c: torch.Tensor, I_c: torch.Tensor) -> torch.Tensor:
