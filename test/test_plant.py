@@ -26,6 +26,7 @@ pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'muj
 
 from diffsim_ros import config, physics  # noqa: E402
 from diffsim_ros.physics import ConfigError  # noqa: E402
+from diffsim_ros.analysis.record import ARM_RECORDING_GAINS  # noqa: E402
 from diffsim_ros.plant import MujocoPlant, Perturbation  # noqa: E402
 
 ARM_YAML = REPO_ROOT / "config" / "reach_arm.yaml"
@@ -90,7 +91,7 @@ def test_arm_with_joint_friction_converges_to_simulator():
     for soft PD gains (kp 10/15/8/3, kd 1/1.5/0.5/0.1), set here; the file's stiffer servo
     converges the same way, more slowly (1.7e-2, 5.7e-3, 3.9e-3, and 2.7e-3 at 40 substeps)."""
     cmds = ARM_COMMANDS[:10]
-    soft = dict(kp=[10.0, 15.0, 8.0, 3.0], kd=[1.0, 1.5, 0.5, 0.1])
+    soft = dict(kp=list(ARM_RECORDING_GAINS[0]), kd=list(ARM_RECORDING_GAINS[1]))    # the soft servo
     coarse, _, _, _ = _compare(_params(ARM_YAML, **soft), ARM_Q0, cmds)
     fine, _, _, _ = _compare(_params(ARM_YAML, substeps=20, **soft), ARM_Q0, cmds)
     assert fine.max() < 2.5e-3, f"at 1 ms substeps plant and simulator differ by {fine.max():.2e} rad"
