@@ -4,6 +4,8 @@
 #   scripts/test.sh -k urdf -x
 #   scripts/test.sh test/test_plant.py::test_arm_matches_simulator   # only that file or test
 # When an argument names a test file or folder (test/..., *.py), pytest runs only that.
+# The tests run in DIFFSIM_TEST_WORKERS pytest-xdist worker processes (default 2, one per
+# core of the CI machine; 0 runs them in this process, as plain pytest does).
 # Exit status is pytest's; "no tests collected" (pytest's 5) is a failure too.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,8 +20,9 @@ for arg in "$@"; do
         break
     fi
 done
+workers="${DIFFSIM_TEST_WORKERS:-2}"
 rc=0
-"$VENV/bin/python" -m pytest ${targets[@]+"${targets[@]}"} -q "$@" || rc=$?
+"$VENV/bin/python" -m pytest -n "$workers" --dist worksteal ${targets[@]+"${targets[@]}"} -q "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests: treating this as a failure" >&2
 fi

@@ -5,6 +5,8 @@ wrap them and skip with a stated reason when something is not installed.
 """
 from __future__ import annotations
 
+import os
+import random
 import sys
 from pathlib import Path
 from typing import Dict, Optional
@@ -77,3 +79,19 @@ def ros_context(domain: int):
         yield ctx
     finally:
         rclpy.shutdown(context=ctx)
+
+
+def ros_domain(span: int = 1) -> int:
+    """A random ROS_DOMAIN_ID d with d .. d + span - 1 used by this pytest process alone.
+
+    The suite runs in pytest-xdist workers (scripts/test.sh): each worker draws from its
+    own slice of 1..200, so tests running at the same time never share a DDS domain;
+    within one worker the tests run one after another.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    size = 200 // count
+    if size < span:
+        raise RuntimeError(f"{count} pytest workers leave {size} ROS domains each, fewer than the {span} asked for")
+    lo = 1 + (int(worker) if worker.isdigit() else 0) * size
+    return random.randint(lo, lo + size - span)

@@ -22,7 +22,7 @@ import torch
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 
-from conftest import REPO_ROOT, ros_context  # noqa: E402
+from conftest import REPO_ROOT, ros_context, ros_domain  # noqa: E402
 from test_deploy import make_checkpoint  # noqa: E402
 
 from diffsim_ros import physics  # noqa: E402
@@ -30,7 +30,7 @@ from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 from diffsim_ros.nodes import policy_controller as pc  # noqa: E402
 
 torch.set_num_threads(1)
-DOMAIN = random.randint(1, 100)   # ROS 2 advises 0..101 (higher ids can clash with ephemeral ports)
+DOMAIN = ros_domain(2)
 
 
 @pytest.fixture(scope="module")

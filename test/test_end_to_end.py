@@ -36,7 +36,7 @@ rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client l
 pytest.importorskip("mujoco", reason="mujoco not installed (the stand-in robot)")
 pytest.importorskip("rosbags", reason="rosbags not installed (bag writing/reading)")
 
-from conftest import REPO_ROOT, console_script  # noqa: E402
+from conftest import REPO_ROOT, console_script, ros_domain  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 from diffsim_ros.physics import State  # noqa: E402
 from diffsim_ros.tasks.base import TaskState  # noqa: E402
@@ -80,7 +80,7 @@ class Session:
     """Processes on one isolated domain plus an observer node (this process) on all topics."""
 
     def __init__(self, tmp: Path, types):
-        self.domain = random.randint(1, 100)
+        self.domain = ros_domain()
         self.tmp = tmp
         self.procs = {}
         self.logs = {}

@@ -11,7 +11,7 @@ pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)"
 pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package 'mujoco')")
 pytest.importorskip("rosbags", reason="bags are written and read with rosbags")
 
-from conftest import REPO_ROOT  # noqa: E402
+from conftest import REPO_ROOT, ros_domain  # noqa: E402
 
 from diffsim_ros import cli  # noqa: E402
 from diffsim_ros.loop import LoopError, run_loop  # noqa: E402
@@ -20,7 +20,7 @@ from diffsim_ros.loop import LoopError, run_loop  # noqa: E402
 def test_loop_on_the_perturbed_stand_in(tmp_path):
     out = tmp_path / "loop"
     summary = run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(out), checkpoint=str(REPO_ROOT / "policies" / "hover"),
-                       duration=2.5, perturbation={"mass_scale": 1.1}, log=lambda *_: None)
+                       duration=2.5, perturbation={"mass_scale": 1.1}, log=lambda *_: None, domain=ros_domain())
     # The hover holds on a 10 % heavier quadrotor, and nothing the controller published is missing.
     assert summary["task"]["success"], summary["task"]
     assert summary["lost"] == {}

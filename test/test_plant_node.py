@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import time
@@ -24,12 +23,12 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'mujoco')")
 
-from conftest import REPO_ROOT, console_script, ros_context  # noqa: E402
+from conftest import REPO_ROOT, console_script, ros_context, ros_domain  # noqa: E402
 
 from diffsim_ros import config  # noqa: E402
 from diffsim_ros.plant import MujocoPlant  # noqa: E402
 
-DOMAIN = random.randint(101, 200)
+DOMAIN = ros_domain()
 
 
 

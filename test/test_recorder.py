@@ -8,7 +8,6 @@ index), with the latched /diffsim/metadata published before the recorder started
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,9 +22,9 @@ pytest.importorskip("rosbags", reason="the recorder writes with the rosbags libr
 from diffsim_ros.nodes.common import StartupError, latched_qos  # noqa: E402
 from diffsim_ros.nodes.trajectory_recorder import prepare_output  # noqa: E402
 
-from conftest import console_script, ros_context  # noqa: E402
+from conftest import console_script, ros_context, ros_domain  # noqa: E402
 
-DOMAIN = random.randint(101, 200)
+DOMAIN = ros_domain()
 RATE_HZ = 500.0
 COUNT = 1000          # 2 s at 500 Hz
 

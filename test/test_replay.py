@@ -16,11 +16,12 @@ pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 rclpy = pytest.importorskip("rclpy")
 
+from conftest import ros_domain  # noqa: E402
 from diffsim_ros.analysis import Replay, read_bag, sim_setup  # noqa: E402
 from diffsim_ros.analysis.record import PERTURBATIONS, record_standard  # noqa: E402
 from diffsim_ros.nodes import replay  # noqa: E402
 
-DOMAIN = random.randint(1, 100)   # ROS 2 advises 0..101
+DOMAIN = ros_domain(3)
 EXE = Path(sys.executable).with_name("replay")
 
 

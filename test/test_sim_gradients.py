@@ -213,22 +213,30 @@ def test_no_nan_gradients_in_10000_random_contact_states():
     v[:500] = 0.0
     qj[500:1000] = torch.where(torch.rand(500, model.nj) < 0.5, lo, hi)
     quat[:1000] = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=F64)
-    q = torch.cat((pos, quat, qj), -1).requires_grad_(True)
-    v.requires_grad_(True)
-    action.requires_grad_(True)
-    with torch.no_grad():
-        _, gap, _ = sim.contact_forces(q, v)
-    in_contact = (gap < 0).any(-1).float().mean()
-    assert in_contact > 0.5, f"only {in_contact:.0%} of the states touch the ground"
-    s = sim.step(sim.initial_state(q, v), action)
+    q_all = torch.cat((pos, quat, qj), -1)
     wq = torch.randn(model.nq, dtype=F64)
     wv = torch.randn(model.nv, dtype=F64)
-    loss = (s.q * wq).sum() + 1e-3 * (s.v * wv).sum()
-    gq, gv, ga = torch.autograd.grad(loss, (q, v, action))
-    for name, g in (("q", gq), ("v", gv), ("action", ga)):
-        bad = ~torch.isfinite(g).all(-1)
-        assert not bad.any(), f"non-finite d loss / d {name} in {int(bad.sum())} states, first {int(bad.nonzero()[0])}"
-    assert gq.abs().sum() > 0 and gv.abs().sum() > 0 and ga.abs().sum() > 0
+    touching, nonzero = 0, torch.zeros(3, dtype=torch.bool)
+    # In chunks of 1000: the same states, a tenth of the peak memory (the per-contact-point
+    # Jacobians of 10 000 states at once take several GB and run slower than the chunks).
+    for start in range(0, B, 1000):
+        rows = slice(start, start + 1000)
+        q = q_all[rows].clone().requires_grad_(True)
+        vc = v[rows].clone().requires_grad_(True)
+        ac = action[rows].clone().requires_grad_(True)
+        with torch.no_grad():
+            _, gap, _ = sim.contact_forces(q, vc)
+        touching += int((gap < 0).any(-1).sum())
+        s = sim.step(sim.initial_state(q, vc), ac)
+        loss = (s.q * wq).sum() + 1e-3 * (s.v * wv).sum()
+        grads = torch.autograd.grad(loss, (q, vc, ac))
+        for i, (name, g) in enumerate(zip(("q", "v", "action"), grads)):
+            bad = ~torch.isfinite(g).all(-1)
+            assert not bad.any(), (f"non-finite d loss / d {name} in {int(bad.sum())} states, "
+                                   f"first {start + int(bad.nonzero()[0])}")
+            nonzero[i] |= bool(g.abs().sum() > 0)
+    assert touching > 0.5 * B, f"only {touching / B:.0%} of the states touch the ground"
+    assert nonzero.all(), nonzero
 
 
 # ------------------------------------------------------------------------ (d) model parameters
@@ -384,3 +392,30 @@ def test_rollout_gradients_rk4_substeps_floating_base_contact():
     out = torch.cat((s.q, s.v), -1) @ torch.randn(model.nq + model.nv, dtype=F64)
     ad, fd = jacobians(out[:, None], v0)
     assert_jacobian_close(ad, fd, what="RK4 ball: d w.(q, v)(T) / d v0")
+
+
+def test_gradients_after_a_first_call_under_inference_mode():
+    """The kinematic topology is cached per process. A first call under torch.inference_mode
+    (as the deployed policy runs) must not leave inference tensors in that cache: a later
+    step with gradients (training in the same process) back-propagates, and its
+    gradient w.r.t. the initial velocity matches central differences."""
+    from diffsim_ros.physics import algorithms
+
+    algorithms._topology.cache_clear()
+    model = physics.load_urdf(str(REPO / "urdf" / "diffsim_arm.urdf"), dtype=F64)
+    sim = Simulator(model, SimConfig(dt=1e-3, ground=False))
+    q0 = torch.tensor([0.3, -0.4, 0.6, 0.2], dtype=F64)
+    tau = torch.tensor([1.0, 2.0, -1.0, 0.1], dtype=F64)
+    with torch.inference_mode():
+        sim.step(sim.initial_state(q0, torch.zeros(4, dtype=F64)), tau)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=F64)
+
+    def loss(v0):
+        return (sim.step(sim.initial_state(q0, v0), tau).v * w).sum()
+
+    v0 = torch.tensor([0.5, -1.0, 0.3, 2.0], dtype=F64, requires_grad=True)
+    (g,) = torch.autograd.grad(loss(v0), v0)
+    eps = 1e-6
+    fd = torch.stack([(loss(v0.detach() + eps * e) - loss(v0.detach() - eps * e)) / (2 * eps)
+                      for e in torch.eye(4, dtype=F64)])
+    torch.testing.assert_close(g, fd, rtol=1e-6, atol=1e-9)

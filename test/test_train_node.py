@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import random
 import subprocess
 import sys
 import time
@@ -16,11 +15,11 @@ import yaml
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 
-from conftest import REPO_ROOT  # noqa: E402
+from conftest import REPO_ROOT, ros_domain  # noqa: E402
 from diffsim_ros import config  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 
-DOMAIN = random.randint(1, 60)     # ROS 2 advises 0..101
+DOMAIN = ros_domain(2)
 EXE = Path(sys.executable).with_name("train_node")
 
 
@@ -104,9 +103,9 @@ def _spin(node, ctx, seconds):
 def test_train_node_bad_config_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("/**:\n  ros__parameters:\n    urdf: urdf/diffsim_quadrotor.urdf\n    tsk: {}\n")
-    proc = _start(["-p", f"config:={bad}", "-p", f"out:={tmp_path / 'o'}"], DOMAIN + 40)
+    proc = _start(["-p", f"config:={bad}", "-p", f"out:={tmp_path / 'o'}"], DOMAIN + 1)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "unknown key 'tsk'" in err, err
-    proc = _start(["-p", f"config:={tmp_path / 'missing.yaml'}"], DOMAIN + 40)
+    proc = _start(["-p", f"config:={tmp_path / 'missing.yaml'}"], DOMAIN + 1)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "no such file" in err, err

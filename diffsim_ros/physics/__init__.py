@@ -7,9 +7,10 @@
     qdd = physics.aba(model, q, v, tau)
     poses = physics.forward_kinematics(model, q)   # (..., len(model.link_names), 4, 4)
     J = physics.link_jacobian(model, q, link)      # (..., 3, nv): a link origin's velocity is J @ v
+    p, J = physics.link_kinematics(model, q, link) # its position (..., 3) and J from one pass
 """
 from .algorithms import (aba, body_placements, body_states, crba, forward_kinematics, joint_placements, link_jacobian,
-                         rnea)
+                         link_kinematics, rnea)
 from .description import RobotDescription, UrdfError
 from .model import Collision, Model, build_model, load_urdf
 from .quadrotor import ConfigError, RotorConfig, Rotors
@@ -19,5 +20,5 @@ __all__ = [
     "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError", "Simulator", "State", "Trajectory",
     "Collision", "Model", "RobotDescription", "UrdfError",
     "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements",
-    "link_jacobian", "load_urdf", "rnea",
+    "link_jacobian", "link_kinematics", "load_urdf", "rnea",
 ]

@@ -50,6 +50,13 @@ class _Topology(NamedTuple):
 @functools.lru_cache(maxsize=128)
 def _topology(parent: Tuple[int, ...], joint_type: Tuple[str, ...], q_start: Tuple[int, ...],
               link_body: Tuple[int, ...], dtype: torch.dtype, device: str) -> _Topology:
+    # Cached for the process: never made of inference tensors, whatever mode the first
+    # caller runs in (a policy deployed under torch.inference_mode, then trained on).
+    with torch.inference_mode(False):
+        return _make_topology(parent, joint_type, q_start, link_body, dtype, device)
+
+
+def _make_topology(parent, joint_type, q_start, link_body, dtype, device) -> _Topology:
     nb = len(parent)
     anc = torch.zeros(nb, nb, dtype=dtype)
     for i in range(nb):
@@ -266,23 +273,32 @@ def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
     return _unflatten(T, batch)
 
 
-def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
-    """Jacobian of the origin of link ``link`` (index in ``model.link_names``) in the
-    world frame: its velocity is ``J @ v``. (..., 3, nv); the columns of dofs that
-    do not move the link are zero."""
+def link_kinematics(model: Model, q: torch.Tensor, link: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """World position of the origin of link ``link`` (index in ``model.link_names``)
+    and its Jacobian, from one pass over the body placements: (..., 3), (..., 3, nv).
+    The origin's velocity is ``J @ v``; the columns of dofs that do not move the link
+    are zero."""
     batch, (qf,) = _flatten(model, q)
     topo = _topo(model)
     body = model.link_body[link]
     B = qf.shape[-1]
     if body < 0:                                   # fixed to the world
-        return _unflatten(torch.zeros(3, model.nv, B, dtype=qf.dtype, device=qf.device), batch)
+        p = model.link_p[link][:, None].expand(3, B)
+        return _unflatten(p, batch), _unflatten(torch.zeros(3, model.nv, B, dtype=qf.dtype, device=qf.device), batch)
     Rw, pw = _body_placements(model, qf)
     S = _motion_subspaces(model, Rw, pw)                                 # (nv, 6, B) at the world origin
     p = pw[body] + _mv(Rw[body], model.link_p[link][:, None])            # (3, B)
     # A dof's twist (v_O, w) at the world origin moves the point p at v_O + w x p.
     lin = S[:, 0:3] + _cross(S[:, 3:6], p[None].expand_as(S[:, 3:6]))    # (nv, 3, B)
     moves = topo.anc[body][topo.body_of_dof]                             # (nv,)
-    return _unflatten((lin * moves[:, None, None]).transpose(0, 1), batch)
+    return _unflatten(p, batch), _unflatten((lin * moves[:, None, None]).transpose(0, 1), batch)
+
+
+def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
+    """Jacobian of the origin of link ``link`` (index in ``model.link_names``) in the
+    world frame: its velocity is ``J @ v``. (..., 3, nv); the columns of dofs that
+    do not move the link are zero. ``link_kinematics`` gives the position with it."""
+    return link_kinematics(model, q, link)[1]
 
 
 # ----------------------------------------------------------- world quantities

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from ..physics import Model, SimConfig, forward_kinematics, link_jacobian
+from ..physics import Model, SimConfig, forward_kinematics, link_kinematics
 from .base import Task, TaskState, uniform
 
 
@@ -79,6 +79,18 @@ class ReachTask(Task):
     def ee_position(self, q: torch.Tensor) -> torch.Tensor:
         return forward_kinematics(self.model, q)[..., self.ee_index, 0:3, 3]
 
+    def _ee_kinematics(self, q: torch.Tensor):
+        """End-effector position and Jacobian at q, from one kinematics pass. A rollout asks
+        for them twice per state (the loss after a step, then the next observation), so the
+        last answer is kept for the same tensor q in the same grad mode."""
+        key = (q, torch.is_grad_enabled())
+        cached = getattr(self, "_ee_cache", None)
+        if cached is not None and cached[0][0] is q and cached[0][1] == key[1]:
+            return cached[1]
+        out = link_kinematics(self.model, q, self.ee_index)
+        self._ee_cache = (key, out)
+        return out
+
     def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
         m = self.model
         kw = dict(generator=generator, dtype=m.dtype, device=m.device)
@@ -95,13 +107,15 @@ class ReachTask(Task):
 
     def observe(self, ts: TaskState) -> torch.Tensor:
         q, v = self._joint(ts)
-        ee = self.ee_position(ts.sim.q)
+        if self.jacobian_observation:
+            ee, J = self._ee_kinematics(ts.sim.q)
+        else:
+            ee = self.ee_position(ts.sim.q)
         obs = [(q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target]
         if self.jacobian_observation:
             # J(q)^T (target - ee): the joint-space direction that closes the error (what a
             # Jacobian-transpose controller commands), m^2 per joint, from the URDF's kinematics.
-            J = link_jacobian(self.model, ts.sim.q, self.ee_index)[..., self.sim.act_index]
-            obs.append(((ts.target - ee)[..., None] * J).sum(-2))
+            obs.append(((ts.target - ee)[..., None] * J[..., self.sim.act_index]).sum(-2))
         return torch.cat(obs, -1)
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
@@ -115,7 +129,11 @@ class ReachTask(Task):
         return lim * action
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
-        err = self.ee_position(ts.sim.q) - ts.target
+        if self.speed_weight:
+            ee, J = self._ee_kinematics(ts.sim.q)
+        else:
+            ee = self.ee_position(ts.sim.q)
+        err = ee - ts.target
         dist = torch.sqrt((err ** 2).sum(-1) + 1e-6)
         _, v = self._joint(ts)
         # Later steps weigh more: the task is judged at the end of the episode.
@@ -125,7 +143,6 @@ class ReachTask(Task):
             # The end effector's speed |J(q) v| under the same weight: the success metric asks
             # for the arm at rest, which a distance alone does not (a step-to-step chatter
             # around the target costs almost no distance).
-            J = link_jacobian(self.model, ts.sim.q, self.ee_index)
             speed = torch.sqrt(((J @ ts.sim.v[..., None])[..., 0] ** 2).sum(-1) + 1e-6)
             loss = loss + w * self.speed_weight * speed
         return loss
