@@ -447,7 +447,7 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
         raise AnalysisError(f"{path}: no overlap in time between '{command_topic}' and '{state_topic}': states "
                             f"span [{lo:.3f}, {hi:.3f}] s, commands "
                             + (f"[{stamp_of.min() * 1e-9:.3f}, {stamp_of.max() * 1e-9:.3f}] s"
-                               if source != "receive" else f"arrive before the first state"))
+                               if source != "receive" else "arrive before the first state"))
     if (~valid).any():
         warnings.append(f"'{command_topic}': {int((~valid).sum())} command(s) precede the first state; ignored")
     cmd, idx = cmd[valid], idx[valid]

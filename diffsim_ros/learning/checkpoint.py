@@ -232,7 +232,7 @@ def command_mapping(task) -> Dict[str, Any]:
     if delta:
         out: Dict[str, Any] = {
             "type": "delta", "interface": interface, "names": names, "units": units,
-            "formula": f"command[i] = clamp(q[i] + scale[i] * clamp(action[i], -1, 1), low[i], high[i]), "
+            "formula": "command[i] = clamp(q[i] + scale[i] * clamp(action[i], -1, 1), low[i], high[i]), "
                        "q[i]: the measured position of joint names[i]",
             "scale": json_safe(scale), "low": json_safe(low), "high": json_safe(high)}
     else:

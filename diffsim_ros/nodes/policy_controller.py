@@ -229,15 +229,21 @@ def make_node_class():
             else:
                 self.out_index = np.arange(len(r.actuated_joints))
             self.controller_joints = cj or list(r.actuated_joints)
+            # Message packages that only some installs have: imported here, so a missing one
+            # stops the node at start with the reason; their classes are kept for the publishers.
+            self._iface_msgs = {}
             if iface == "actuator_msgs":
                 try:
-                    from actuator_msgs.msg import Actuators  # noqa: F401  (only where installed)
+                    from actuator_msgs.msg import Actuators
+                    self._iface_msgs["Actuators"] = Actuators
                 except ImportError:
                     raise StartupError("interface actuator_msgs: the actuator_msgs package is not importable "
                                        "here (install ros-<distro>-actuator-msgs)") from None
             if iface == "px4_rates":
                 try:
-                    from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint  # noqa: F401
+                    from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint
+                    self._iface_msgs.update(OffboardControlMode=OffboardControlMode,
+                                            VehicleRatesSetpoint=VehicleRatesSetpoint)
                 except ImportError:
                     raise StartupError("interface px4_rates: the px4_msgs package is not importable here "
                                        "(build PX4/px4_msgs matching the autopilot's firmware)") from None
@@ -325,19 +331,18 @@ def make_node_class():
                 self.out_topic = p("cmd_vel_legacy_topic")
                 self.pub_out = self.create_publisher(Twist, self.out_topic, default)
             elif iface == "px4_rates":
-                from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint
                 from rclpy.qos import HistoryPolicy
                 # The QoS PX4's uXRCE-DDS bridge expects on /fmu/in/* topics.
                 px4_qos = QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST,
                                      reliability=ReliabilityPolicy.BEST_EFFORT,
                                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
                 self.out_topic = p("px4_rates_topic")
-                self.pub_out = self.create_publisher(VehicleRatesSetpoint, self.out_topic, px4_qos)
-                self.pub_offboard = self.create_publisher(OffboardControlMode, p("px4_offboard_topic"), px4_qos)
+                self.pub_out = self.create_publisher(self._iface_msgs["VehicleRatesSetpoint"], self.out_topic, px4_qos)
+                self.pub_offboard = self.create_publisher(self._iface_msgs["OffboardControlMode"],
+                                                          p("px4_offboard_topic"), px4_qos)
             else:
-                from actuator_msgs.msg import Actuators
                 self.out_topic = p("actuator_msgs_topic")
-                self.pub_out = self.create_publisher(Actuators, self.out_topic, default)
+                self.pub_out = self.create_publisher(self._iface_msgs["Actuators"], self.out_topic, default)
             self.pub_cmd = self.create_publisher(Float64MultiArray, p("command_topic"), default)
             self.pub_pred = self.create_publisher(JointState if r.kind == "arm" else Odometry,
                                                   p("predicted_state_topic"), default)
@@ -663,8 +668,7 @@ def make_node_class():
                 elif self.iface == "px4_rates":
                     m = self._px4(cmd)
                 else:
-                    from actuator_msgs.msg import Actuators
-                    m = Actuators()
+                    m = self._iface_msgs["Actuators"]()
                     m.header.stamp = now_stamp
                     rc = r.sim.rotors.cfg
                     m.velocity = [float(math.sqrt(max(t, 0.0) / rc.thrust_coefficient)) for t in thrust]
@@ -690,12 +694,10 @@ def make_node_class():
 
         def _px4(self, cmd: np.ndarray):
             """VehicleRatesSetpoint (and its OffboardControlMode) for a CTBR command."""
-            from px4_msgs.msg import OffboardControlMode, VehicleRatesSetpoint
-
             rc = self.runner.sim.rotors.cfg
             roll, pitch, yaw, thrust_body = px4_rates_setpoint(cmd, rc.max_thrust * len(rc.directions))
             t_us = int(self.get_clock().now().nanoseconds // 1000)
-            mode = OffboardControlMode()
+            mode = self._iface_msgs["OffboardControlMode"]()
             mode.timestamp = t_us
             for field in ("position", "velocity", "acceleration", "attitude", "thrust_and_torque",
                           "direct_actuator"):
@@ -703,7 +705,7 @@ def make_node_class():
                     setattr(mode, field, False)
             mode.body_rate = True
             self.pub_offboard.publish(mode)
-            m = VehicleRatesSetpoint()
+            m = self._iface_msgs["VehicleRatesSetpoint"]()
             m.timestamp = t_us
             m.roll, m.pitch, m.yaw = roll, pitch, yaw
             m.thrust_body = thrust_body

@@ -26,7 +26,7 @@ environment and the quantity.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch

@@ -9,7 +9,6 @@ and to the ROS controller.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
