@@ -361,3 +361,17 @@ def test_paths_accepted(saved):
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(out / "nope")
     assert issubclass(CheckpointError, ValueError)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "policies").iterdir() if (p / "policy.json").is_file()))
+def test_shipped_policy_succeeds_on_fresh_episodes(name):
+    """Each pretrained policy in policies/<name> loads against config/<name>.yaml's robot
+    (its URDF hash and joints match) and meets the task's own success metric on 128
+    episodes that training never saw (at least 0.8; their 256-episode figures are in
+    policies/README.md). Fails when a change to the simulator or the task breaks them."""
+    from diffsim_ros.learning import apg
+
+    params, task, model = config.load_training_file(REPO / "config" / f"{name}.yaml")
+    policy, meta = load_checkpoint(REPO / "policies" / name, model=model)
+    assert meta["task"] == task.name and meta["horizon"] == task.horizon
+    assert apg.evaluate(task, policy, 128, seed=11) >= 0.8

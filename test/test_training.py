@@ -143,15 +143,21 @@ def test_short_reach_run_reaches_success():
     at the end). The trainer's evaluation reaches the task's threshold (end effector within
     2 cm and slower than 5 cm/s at the end of the episode), and the final policy holds it
     on fresh episodes the trainer never saw."""
-    params = config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml")
-    params["task"].update(target_margin=0.35)
-    task, _ = config.build_task(params, "reach_arm.yaml")
-    cfg = TrainConfig(iterations=50, num_envs=32, window=10, learning_rate=3e-3, lr_schedule="cosine",
-                      final_learning_rate=1e-4, eval_every=5, eval_envs=64, stop_at_success=False, seed=0)
+    _short_reach_run("reach_arm.yaml", dict(target_margin=0.35), num_envs=32, iterations=50, stop_at_success=False)
+
+
+def _short_reach_run(config_name, task_updates, **training):
+    """Train on config/<config_name> with task_updates: the untrained policy fails, the
+    trainer's evaluation reaches the task's threshold, and fresh episodes of the task's own
+    success metric (independent of the trainer's evaluation) hold at least 0.8."""
+    params = config.load_yaml(REPO_ROOT / "config" / config_name)
+    params["task"].update(task_updates)
+    task, _ = config.build_task(params, config_name)
+    cfg = TrainConfig(window=10, learning_rate=3e-3, lr_schedule="cosine", final_learning_rate=1e-4, eval_every=5,
+                      eval_envs=64, seed=0, **training)
     assert task.rollout_success(_untrained_policy(task, cfg), 64, torch.Generator().manual_seed(99)) < 0.1
     res = train(task, cfg, progress=False)
     assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
-    # Independent of the trainer's own evaluation: fresh episodes of the task's success metric.
     assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
 
 
@@ -162,15 +168,8 @@ def test_short_panda_reach_run_reaches_success():
     episodes, 16 environments. The untrained policy fails; the trainer's evaluation reaches
     the task's threshold (tool centre point within 2 cm and slower than 5 cm/s at the end of
     the episode), and the policy holds it on fresh episodes the trainer never saw."""
-    params = config.load_yaml(REPO_ROOT / "config" / "reach_panda.yaml")
-    params["task"].update(target_margin=0.4, horizon=50)
-    task, _ = config.build_task(params, "reach_panda.yaml")
-    cfg = TrainConfig(iterations=40, num_envs=16, window=10, learning_rate=3e-3, lr_schedule="cosine",
-                      final_learning_rate=1e-4, eval_every=5, eval_envs=64, stop_at_success=True, seed=0)
-    assert task.rollout_success(_untrained_policy(task, cfg), 64, torch.Generator().manual_seed(99)) < 0.1
-    res = train(task, cfg, progress=False)
-    assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
-    assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
+    _short_reach_run("reach_panda.yaml", dict(target_margin=0.4, horizon=50), num_envs=16, iterations=40,
+                     stop_at_success=True)
 
 
 def test_short_locomotion_run_reaches_success():
