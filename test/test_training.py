@@ -298,3 +298,21 @@ def test_reach_speed_weight_adds_the_end_effector_speed():
     assert bool((extra > 0).all())
     with pytest.raises(ValueError, match="speed_weight must be >= 0"):
         ReachTask(m, sc, ee_link="ee_link", speed_weight=-1.0)
+
+
+def test_reach_kinematics_cache_follows_the_state():
+    """ReachTask shares one kinematics pass between the loss and the next observation. The
+    shared answer must be the one of the q it is asked about: after an in-place change of q
+    the observation's Jacobian term equals a fresh computation from forward kinematics."""
+    params = config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml")
+    task, _ = config.build_task(params, "reach_arm.yaml")
+    ts = task.reset(4, torch.Generator().manual_seed(0))
+    before = task.observe(ts)
+    with torch.no_grad():
+        ts.sim.q.add_(0.3)
+    after = task.observe(ts)
+    idx = task.sim.act_index
+    J = physics.link_jacobian(task.model, ts.sim.q, task.ee_index)[..., idx]
+    err = ts.target - task.ee_position(ts.sim.q)
+    torch.testing.assert_close(after[:, -task.n:], (err[..., None] * J).sum(-2))
+    assert not torch.allclose(before[:, -task.n:], after[:, -task.n:])

@@ -82,10 +82,10 @@ class ReachTask(Task):
     def _ee_kinematics(self, q: torch.Tensor):
         """End-effector position and Jacobian at q, from one kinematics pass. A rollout asks
         for them twice per state (the loss after a step, then the next observation), so the
-        last answer is kept for the same tensor q in the same grad mode."""
-        key = (q, torch.is_grad_enabled())
+        last answer is kept for the same tensor q, unchanged in place, in the same grad mode."""
+        key = (q, q._version, torch.is_grad_enabled())
         cached = getattr(self, "_ee_cache", None)
-        if cached is not None and cached[0][0] is q and cached[0][1] == key[1]:
+        if cached is not None and cached[0][0] is q and cached[0][1:] == key[1:]:
             return cached[1]
         out = link_kinematics(self.model, q, self.ee_index)
         self._ee_cache = (key, out)
