@@ -3,7 +3,8 @@
 Each task's loss goes down under the gradient trainer, judged on the same fixed
 set of evaluation episodes before and after training (not on the noisy
 training batches); a short run reaches the task's own success metric on a
-small hover, waypoint, velocity-tracking, reach and locomotion instance; the trainer writes its CSV log and learning curve.
+small hover, waypoint, velocity-tracking, arm and Panda reach and locomotion instance;
+the trainer writes its CSV log and learning curve.
 """
 from __future__ import annotations
 
@@ -48,20 +49,22 @@ def _reach_task(horizon=30):
     return ReachTask(m, sc, ee_link="ee_link", horizon=horizon, velocity_weight=0.0, command_mode="delta")
 
 
+def _file_task(config_name, **task):
+    """The task of config/<config_name>, with the keys in ``task`` of its task section replaced."""
+    params = config.load_yaml(REPO_ROOT / "config" / config_name)
+    params["task"].update(task)
+    t, _ = config.build_task(params, config_name)
+    return t
+
+
 def _panda_task(horizon=20):
     """config/reach_panda.yaml (example-robot-data's Panda, its gains and observation), shorter."""
-    params = config.load_yaml(REPO_ROOT / "config" / "reach_panda.yaml")
-    params["task"].update(horizon=horizon)
-    t, _ = config.build_task(params, "reach_panda.yaml")
-    return t
+    return _file_task("reach_panda.yaml", horizon=horizon)
 
 
 def _locomotion_task(horizon=20, **task):
     """config/locomotion.yaml's quadruped, simulator and stance (actuated joints leg by leg), shorter."""
-    params = config.load_yaml(REPO_ROOT / "config" / "locomotion.yaml")
-    params["task"].update(horizon=horizon, **task)
-    t, _ = config.build_task(params, "locomotion.yaml")
-    return t
+    return _file_task("locomotion.yaml", horizon=horizon, **task)
 
 
 def _untrained_policy(task, cfg):
@@ -150,9 +153,7 @@ def _short_reach_run(config_name, task_updates, **training):
     """Train on config/<config_name> with task_updates: the untrained policy fails, the
     trainer's evaluation reaches the task's threshold, and fresh episodes of the task's own
     success metric (independent of the trainer's evaluation) hold at least 0.8."""
-    params = config.load_yaml(REPO_ROOT / "config" / config_name)
-    params["task"].update(task_updates)
-    task, _ = config.build_task(params, config_name)
+    task = _file_task(config_name, **task_updates)
     cfg = TrainConfig(window=10, learning_rate=3e-3, lr_schedule="cosine", final_learning_rate=1e-4, eval_every=5,
                       eval_envs=64, seed=0, **training)
     assert task.rollout_success(_untrained_policy(task, cfg), 64, torch.Generator().manual_seed(99)) < 0.1
@@ -304,8 +305,7 @@ def test_reach_kinematics_cache_follows_the_state():
     """ReachTask shares one kinematics pass between the loss and the next observation. The
     shared answer must be the one of the q it is asked about: after an in-place change of q
     the observation's Jacobian term equals a fresh computation from forward kinematics."""
-    params = config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml")
-    task, _ = config.build_task(params, "reach_arm.yaml")
+    task = _file_task("reach_arm.yaml")
     ts = task.reset(4, torch.Generator().manual_seed(0))
     before = task.observe(ts)
     with torch.no_grad():

@@ -108,15 +108,13 @@ class ReachTask(Task):
     def observe(self, ts: TaskState) -> torch.Tensor:
         q, v = self._joint(ts)
         if self.jacobian_observation:
-            ee, J = self._ee_kinematics(ts.sim.q)
-        else:
-            ee = self.ee_position(ts.sim.q)
-        obs = [(q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target]
-        if self.jacobian_observation:
             # J(q)^T (target - ee): the joint-space direction that closes the error (what a
             # Jacobian-transpose controller commands), m^2 per joint, from the URDF's kinematics.
-            obs.append(((ts.target - ee)[..., None] * J[..., self.sim.act_index]).sum(-2))
-        return torch.cat(obs, -1)
+            ee, J = self._ee_kinematics(ts.sim.q)
+            extra = [((ts.target - ee)[..., None] * J[..., self.sim.act_index]).sum(-2)]
+        else:
+            ee, extra = self.ee_position(ts.sim.q), []
+        return torch.cat([(q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target] + extra, -1)
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
         if self.sim_config.actuator == "position":
