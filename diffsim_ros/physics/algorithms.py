@@ -88,9 +88,14 @@ def _topo(model: Model) -> _Topology:
 
 
 # ------------------------------------------------ batch-last small linear algebra
+SMALL_BATCH = 32     # below this many environments, prefer fewer, larger ops
 # A vector is (..., 3, B) or (..., 6, B); a matrix (..., n, m, B). Model constants
 # broadcast with a trailing dimension of 1.
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if max(a.shape[-1], b.shape[-1]) < SMALL_BATCH:
+        # One kernel: at a small batch the step is bound by per-op overhead.
+        return torch.linalg.cross(a, b, dim=-2)
+    # Written out: over long batch rows this beats the strided kernel several times.
     ax, ay, az = a.unbind(-2)
     bx, by, bz = b.unbind(-2)
     return torch.stack((ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx), -2)
@@ -381,30 +386,58 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     topo = _topo(model)
     S, I, o, _, _ = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], model.nb)            # joint twists (nb, 6, B)
-    aJ = _body_sum(topo, S * af[:, None], model.nb)
     vel = _tree_sum(topo.anc, vJ)                              # body twists
+    fe = None if f_ext is None else _shift_wrench(_batch_last(f_ext, batch, qf.shape[-1]), o)
+    tau = joint_forces(model, S, I, vJ, vel, af, fe)
+    return _unflatten(tau, batch)
+
+
+def joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor, vJ: torch.Tensor, vel: torch.Tensor,
+                 af: Optional[torch.Tensor] = None, f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """RNEA on batch-last kinematics (all at the point o, world axes): motion subspaces
+    S (nv, 6, B), inertias I (nb, 6, 6, B), joint and body twists vJ, vel (nb, 6, B),
+    accelerations af (nv, B) (None: zero) and external wrenches f_ext (nb, 6, B) about o.
+    Returns tau (nv, B); with af None it is the bias ``b(q, v) - J^T f_ext``."""
+    topo = _topo(model)
     # a_i = a_parent + S_i qdd_i + v_i x S_i qd_i (the last term is dS_i/dt qd_i in the world frame).
-    acc = _tree_sum(topo.anc, aJ + _cross_motion(vel, vJ)) + _gravity_acc(model)
+    c = _cross_motion(vel, vJ)
+    if af is not None:
+        c = c + _body_sum(topo, S * af[:, None], model.nb)
+    acc = _tree_sum(topo.anc, c) + _gravity_acc(model)
     f = _mv(I, acc) + _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
-        f = f - _shift_wrench(_batch_last(f_ext, batch, qf.shape[-1]), o)
+        f = f - f_ext
     F = _tree_sum(topo.anc, f, subtree=True)                   # wrench transmitted by each joint
-    tau = (S * F[topo.body_of_dof]).sum(1)
-    return _unflatten(tau, batch)
+    return (S * F[topo.body_of_dof]).sum(1)
+
+
+def gravity_joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
+    """The joint forces that hold the bodies against gravity at rest, ``rnea(q, 0, 0)``, on
+    batch-last S (nv, 6, B) and inertias I (nb, 6, 6, B) at o: (nv, B)."""
+    topo = _topo(model)
+    f = _mv(I, _gravity_acc(model))
+    F = _tree_sum(topo.anc, f, subtree=True)
+    return (S * F[topo.body_of_dof]).sum(1)
 
 
 # ----------------------------------------------------------------- mass matrix
 def crba(model: Model, q: torch.Tensor) -> torch.Tensor:
     """Composite-rigid-body algorithm: the joint-space mass matrix M(q), (..., nv, nv)."""
     batch, (qf,) = _flatten(model, q)
+    S, I, _, _, _ = _world_quantities(model, qf)
+    return _unflatten(joint_space_inertia(model, S, I), batch)
+
+
+def joint_space_inertia(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
+    """CRBA on batch-last quantities at o: S (nv, 6, B), body inertias I (nb, 6, 6, B)
+    -> M (nv, nv, B). Any symmetric per-body 6x6 blocks (a contact's friction damping,
+    say) map to joint space the same way."""
     topo = _topo(model)
-    S, I, o, _, _ = _world_quantities(model, qf)
     Ic = _tree_sum(topo.anc, I, subtree=True)                  # composite inertias
     F = _mv(Ic[topo.body_of_dof], S)                           # (nv, 6, B)
     G = (F[:, None] * S[None]).sum(2)                          # G[d, e] = S_e . Ic_{body(d)} S_d
     L = G * topo.dof_anc[..., None]
-    M = L + L.transpose(0, 1) + G * topo.dof_same[..., None]
-    return _unflatten(M, batch)
+    return L + L.transpose(0, 1) + G * topo.dof_same[..., None]
 
 
 # ------------------------------------------------------------ forward dynamics
@@ -488,6 +521,21 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
             qdd.append(x[None])
         acc.append(ai)
     return torch.cat(qdd, 0)
+
+
+def solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Solve A x = b for symmetric positive-definite A (n, n, B), b (n, B) -> x (n, B).
+
+    A few environments: one batched Cholesky factorisation (few large ops: the step
+    is bound by per-op overhead there). Many: Gauss-Jordan over the batch-last layout,
+    whose elementwise kernels beat batched LAPACK calls on thousands of tiny systems."""
+    if A.shape[-1] <= CHOLESKY_MAX_BATCH:
+        L = torch.linalg.cholesky_ex(A.permute(2, 0, 1))[0]   # no raise: a NaN state is the NaN guard's to name
+        return torch.cholesky_solve(b.T[..., None], L)[..., 0].T
+    return _solve_spd(A, b)
+
+
+CHOLESKY_MAX_BATCH = 64
 
 
 def _solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

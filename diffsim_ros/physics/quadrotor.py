@@ -12,10 +12,13 @@ opposite.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
 from typing import Tuple
 
 import torch
+
+from .spatial import cross
 
 
 
@@ -138,7 +141,13 @@ class RotorConfig:
 
 
 class Rotors:
-    """A :class:`RotorConfig` resolved against a model: tensors ready for the step."""
+    """A :class:`RotorConfig` resolved against a model: the tensors of the step.
+
+    Immutable by convention: ``rotors.replace(drag_linear=d, thrust_scale=s)`` gives a
+    copy (tensors that require grad make the step differentiable in them). The rate
+    loop's inertia (``inertia``, ``com``, ``mass``) is the controller's: the model's
+    at construction, kept when the physics model is calibrated.
+    """
 
     def __init__(self, cfg: RotorConfig, model):
         if not model.floating_base:
@@ -167,9 +176,25 @@ class Rotors:
         self.drag_linear = torch.tensor(cfg.drag_linear, dtype=dt, device=dev)
         self.drag_quadratic = torch.tensor(cfg.drag_quadratic, dtype=dt, device=dev)
         self.rate_gain = torch.tensor(cfg.rate_gain, dtype=dt, device=dev)
+        self.thrust_scale = torch.tensor(cfg.thrust_scale, dtype=dt, device=dev)
+        self.motor_time_constant = torch.tensor(cfg.motor_time_constant, dtype=dt, device=dev)
+        # The rotor-speed lag as a state: decided by the configuration, so a calibration
+        # may start the time constant anywhere (even at 0) and move it by gradient.
+        self.has_motor_lag = cfg.motor_time_constant > 0
         self.inertia = model.inertia[0]
         self.com = model.com[0]
         self.mass = model.mass[0]
+        # Per-rotor moment arms of the body wrench [F_z, M_x, M_y, M_z] of unit thrusts.
+        self._arms = self.allocation.T.contiguous()
+
+    def replace(self, **changes) -> "Rotors":
+        """A copy with some tensors replaced (e.g. ``drag_linear`` requiring grad)."""
+        unknown = [k for k in changes if k not in self.__dict__ or k.startswith("_")]
+        if unknown:
+            raise AttributeError(f"Rotors has no parameter {', '.join(unknown)}")
+        new = copy.copy(self)
+        new.__dict__.update(changes)
+        return new
 
     @property
     def n(self) -> int:
@@ -193,13 +218,10 @@ class Rotors:
 
     def wrench(self, speed: torch.Tensor) -> torch.Tensor:
         """Body-frame wrench [F; M] (..., 6) about the body origin from rotor speeds (..., n)."""
-        thrust = (self.cfg.thrust_scale * self.cfg.thrust_coefficient) * speed ** 2
-        fz = thrust.sum(-1)
-        mx = (thrust * self.positions[:, 1]).sum(-1)
-        my = -(thrust * self.positions[:, 0]).sum(-1)
-        mz = (thrust * self.directions).sum(-1) * (self.cfg.torque_coefficient / self.cfg.thrust_coefficient)
-        z = torch.zeros_like(fz)
-        return torch.stack((z, z, fz, mx, my, mz), -1)
+        thrust = (self.thrust_scale * self.cfg.thrust_coefficient) * speed ** 2
+        fm = thrust @ self._arms                                   # (..., 4): F_z, M_x, M_y, M_z
+        z = torch.zeros_like(fm[..., 0:2])
+        return torch.cat((z, fm), -1)
 
     # ---------------------------------------------------------------- CTBR
     def ctbr_thrusts(self, command: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
@@ -210,7 +232,7 @@ class Rotors:
         alpha = self.rate_gain * rate_err
         J = self.inertia
         Jw = omega @ J.T
-        torque = alpha @ J.T + torch.linalg.cross(omega, Jw)
+        torque = alpha @ J.T + cross(omega, Jw)
         wrench = torch.cat((command[..., 0:1], torque), -1)
         return wrench @ self.allocation_pinv.T
 
@@ -222,7 +244,7 @@ class Rotors:
         mass in the body frame (low-speed regime, below about 7 m/s).
         """
         v_lin, w = v_body[..., 0:3], v_body[..., 3:6]
-        v_com = v_lin + torch.linalg.cross(w, self.com.expand_as(w))
+        v_com = v_lin + cross(w, self.com.expand_as(w))
         F = -(self.drag_linear * v_com + self.drag_quadratic * v_com.abs() * v_com)
-        M = torch.linalg.cross(self.com.expand_as(F), F)
+        M = cross(self.com.expand_as(F), F)
         return torch.cat((F, M), -1)

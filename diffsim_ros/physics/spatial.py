@@ -26,10 +26,8 @@ def skew(w: torch.Tensor) -> torch.Tensor:
 
 
 def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cross product of (..., 3) vectors, written out (faster than torch.linalg.cross on small dims)."""
-    ax, ay, az = a.unbind(-1)
-    bx, by, bz = b.unbind(-1)
-    return torch.stack((ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx), -1)
+    """Cross product of (..., 3) vectors (broadcast)."""
+    return torch.linalg.cross(a, b, dim=-1)
 
 
 def axis_angle_to_matrix(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
@@ -122,3 +120,33 @@ def homogeneous(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     bottom = torch.zeros(R.shape[:-2] + (1, 4), dtype=R.dtype, device=R.device)
     bottom[..., 0, 3] = 1.0
     return torch.cat((top, bottom), -2)
+
+
+def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Hamilton product of quaternions stored x, y, z, w."""
+    ax, ay, az, aw = a.unbind(-1)
+    bx, by, bz, bw = b.unbind(-1)
+    return torch.stack((
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+        aw * bw - ax * bx - ay * by - az * bz,
+    ), -1)
+
+
+def quat_rotate(quat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Rotate vectors x (..., 3) by unit quaternions (..., 4) stored x, y, z, w."""
+    u, w = quat[..., 0:3], quat[..., 3:4]
+    t = 2.0 * cross(u, x)
+    return x + w * t + cross(u, t)
+
+
+def quat_exp(phi: torch.Tensor) -> torch.Tensor:
+    """Unit quaternion (x, y, z, w) of the rotation vector ``phi`` (..., 3), smooth at zero."""
+    theta2 = (phi ** 2).sum(-1, keepdim=True)
+    theta = torch.sqrt(theta2 + 1e-24)
+    half = 0.5 * theta
+    # sin(theta/2)/theta with its Taylor series near zero (no 0/0 in value or gradient).
+    small = theta2 < 1e-8
+    k = torch.where(small, 0.5 - theta2 / 48.0, torch.sin(half) / torch.where(small, torch.ones_like(theta), theta))
+    return torch.cat((phi * k, torch.cos(half)), -1)

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..physics import Model, SimConfig
-from ..physics.simulator import _quat_rotate
+from ..physics.spatial import quat_rotate
 from ..physics.spatial import quat_to_matrix
 from .base import Task, TaskState, uniform
 
@@ -79,7 +79,7 @@ class LocomotionTask(Task):
     def forward_velocity(self, ts: TaskState) -> torch.Tensor:
         quat = ts.sim.q[:, 3:7]
         quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
-        return _quat_rotate(quat, ts.sim.v[:, 0:3])[:, 0]
+        return quat_rotate(quat, ts.sim.v[:, 0:3])[:, 0]
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
         loss = -self.forward_velocity(ts) + self.action_weight * (action ** 2).sum(-1)

@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 
 from ..physics import Model, SimConfig
-from ..physics.simulator import _quat_rotate
+from ..physics.spatial import quat_rotate
 from ..physics.spatial import quat_to_matrix
 from .base import Task, TaskState, uniform
 
@@ -66,7 +66,7 @@ class QuadrotorTask(Task):
     def world_velocity(self, ts: TaskState) -> torch.Tensor:
         q, v = ts.sim.q, ts.sim.v
         quat = q[:, 3:7] / torch.linalg.vector_norm(q[:, 3:7], dim=-1, keepdim=True)
-        return _quat_rotate(quat, v[:, 0:3])
+        return quat_rotate(quat, v[:, 0:3])
 
     def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
         m = self.model

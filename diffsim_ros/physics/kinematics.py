@@ -1,0 +1,97 @@
+"""The kinematics record: everything about the bodies' placements and motion that a
+step needs, computed once per (sub)step and shared by the stages, as Pinocchio's
+``Data`` after ``forwardKinematics``.
+
+Internally the batch is the last dimension (see :mod:`.algorithms`): ``R`` is
+(nb, 3, 3, B). Positions are relative to the point ``o`` (the floating base's
+position, or the world origin for a fixed base) and spatial quantities are in
+world-aligned axes at ``o``, so no precision is lost as a robot travels.
+
+    kin = kinematics(model, q, v)          # batch-first inputs (..., nq), (..., nv)
+    p, J = kin.link_kinematics(link)       # (..., 3), (..., 3, nv): world position and Jacobian
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from .algorithms import _body_placements, _body_sum, _cross, _flatten, _frame_origin, _motion_subspaces, _mm, _mv, \
+    _spatial_inertia, _topo, _tree_sum, _unflatten
+from .model import Model
+
+
+class Kinematics(NamedTuple):
+    """Batch-last kinematics of one state (B environments).
+
+    R (nb, 3, 3, B): body orientations in the world; p (nb, 3, B): body origins
+    relative to ``o`` (1, 3, B); S (nv, 6, B): every dof's motion subspace at ``o``;
+    vJ (nb, 6, B): the joints' twists; vel (nb, 6, B): the bodies' twists at ``o``
+    (``[velocity of the body point at o; angular velocity]``; zero without v);
+    batch: the leading batch shape of the inputs.
+    """
+    R: torch.Tensor
+    p: torch.Tensor
+    o: torch.Tensor
+    S: torch.Tensor
+    vJ: torch.Tensor
+    vel: torch.Tensor
+    batch: Tuple[int, ...]
+
+    # ------------------------------------------------------------ derived
+    def inertia(self, model: Model) -> torch.Tensor:
+        """Spatial inertia of every body (nb, 6, 6, B) in world axes about ``o``."""
+        c_w = self.p + _mv(self.R, model.com[..., None])
+        I_c = _mm(_mm(self.R, model.inertia[..., None]), self.R.transpose(1, 2))
+        return _spatial_inertia(model.mass, c_w, I_c)
+
+    def link_kinematics(self, model: Model, link: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """World position (..., 3) of the origin of link ``link`` (index in
+        ``model.link_names``) and its Jacobian (..., 3, nv): the origin moves at ``J @ v``."""
+        body = model.link_body[link]
+        B = self.R.shape[-1]
+        dt, dev = self.R.dtype, self.R.device
+        if body < 0:                                                    # fixed to the world
+            p = model.link_p[link][:, None].expand(3, B)
+            return _unflatten(p, self.batch), _unflatten(torch.zeros(3, model.nv, B, dtype=dt, device=dev),
+                                                         self.batch)
+        topo = _topo(model)
+        x = self.p[body] + _mv(self.R[body], model.link_p[link][:, None])   # (3, B) relative to o
+        # A dof's twist (v_o, w) at o moves the point x at v_o + w x x.
+        lin = self.S[:, 0:3] + _cross(self.S[:, 3:6], x[None].expand_as(self.S[:, 3:6]))
+        moves = topo.anc[body][topo.body_of_dof]
+        J = (lin * moves[:, None, None]).transpose(0, 1)
+        return _unflatten(x + self.o[0], self.batch), _unflatten(J, self.batch)
+
+    def link_position(self, model: Model, link: int) -> torch.Tensor:
+        """World position (..., 3) of the origin of link ``link``."""
+        body = model.link_body[link]
+        if body < 0:
+            return model.link_p[link].expand(self.batch + (3,))
+        x = self.p[body] + _mv(self.R[body], model.link_p[link][:, None]) + self.o[0]
+        return _unflatten(x, self.batch)
+
+
+def kinematics_record(model: Model, qf: torch.Tensor, vf: Optional[torch.Tensor] = None,
+                      batch: Tuple[int, ...] = ()) -> Kinematics:
+    """The record for batch-last q (nq, B) and v (nv, B) (v None: at rest)."""
+    topo = _topo(model)
+    R, p = _body_placements(model, qf, relative=True)
+    o = _frame_origin(model, qf)
+    S = _motion_subspaces(model, R, p)
+    if vf is None:
+        vJ = torch.zeros(model.nb, 6, qf.shape[-1], dtype=qf.dtype, device=qf.device)
+        vel = vJ
+    else:
+        vJ = _body_sum(topo, S * vf[:, None], model.nb)
+        vel = _tree_sum(topo.anc, vJ)
+    return Kinematics(R=R, p=p, o=o, S=S, vJ=vJ, vel=vel, batch=tuple(batch))
+
+
+def kinematics(model: Model, q: torch.Tensor, v: Optional[torch.Tensor] = None) -> Kinematics:
+    """The kinematics record of q (..., nq) and, optionally, v (..., nv)."""
+    if v is None:
+        batch, (qf,) = _flatten(model, q)
+        return kinematics_record(model, qf, None, batch)
+    batch, (qf, vf) = _flatten(model, q, v)
+    return kinematics_record(model, qf, vf, batch)

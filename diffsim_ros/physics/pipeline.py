@@ -1,0 +1,173 @@
+"""The pure simulation step: ``step(sys, state, action) -> (state, data)``.
+
+One pipeline per substep, as MuJoCo's: kinematics (the record, once) -> actuation ->
+passive forces -> contact -> aerodynamics -> acceleration -> integration. Every stage
+is a function of the frozen :class:`~diffsim_ros.physics.system.System` and tensors,
+so the step is differentiable in the state, the action and every tensor of the system,
+has no side effects, and leaves host synchronisation (the NaN guard) to the caller:
+
+    sys = build_system(model, SimConfig(dt=2e-3))
+    state, data = step(sys, state, action)
+    check_finite(state, action=action, qdd=data.qdd)     # optional, one host sync
+
+``Data`` is the record of the last substep: its kinematics (at the substep's start),
+the accelerations and the contact quantities.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from .algorithms import _mm, _cross, gravity_joint_forces
+from .kinematics import Kinematics, kinematics_record
+from .stages.acceleration import acceleration
+from .stages.actuation import actuation
+from .stages.aerodynamics import aerodynamics
+from .stages.contact import Contact, contact
+from .stages.integration import qdot, rk4_combine, semi_implicit_euler
+from .stages.passive import passive
+from .state import SimulationError, State
+from .system import ContactSet, System
+
+
+@dataclass
+class Data:
+    """What the last substep computed: qdd (..., nv) the accelerations; kin the kinematics
+    record (batch-last, at the substep's start); contact the wrenches per body (nb, 6, B)
+    about kin.o and the evaluated points' gaps and normal forces (see
+    :class:`~diffsim_ros.physics.stages.contact.Contact`)."""
+    qdd: torch.Tensor
+    kin: Kinematics
+    contact: Contact
+    contact_set: ContactSet
+
+    def contact_normal_force(self) -> torch.Tensor:
+        """Every contact point's ground normal force (..., P), N (0 where none can touch)."""
+        flat = self.contact.flat(self.contact_set, self.contact.normal, 0.0)
+        return flat.T.reshape(self.kin.batch + flat.shape[:1])
+
+
+class _Forces(NamedTuple):
+    tau: torch.Tensor                 # (B, nv) generalised forces but contact
+    act: Optional[torch.Tensor]       # new actuator state
+    contact: Contact
+    D: Optional[torch.Tensor]         # (B, nv) implicit damping diagonal
+    K: Optional[torch.Tensor]         # (B, nv) implicit stiffness diagonal
+
+
+def _pad(sys: System, x: torch.Tensor) -> torch.Tensor:
+    """Joint-part (B, nj) -> (B, nv) with zeros on a floating base."""
+    if not sys.nbase:
+        return x
+    return torch.cat((torch.zeros(x.shape[:-1] + (6,), dtype=x.dtype, device=x.device), x), -1)
+
+
+def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit: bool) -> _Forces:
+    cfg, m = sys.config, sys.model
+    nb = sys.nbase
+    gravity = None
+    if cfg.gravity_compensation and sys.rotors is None and m.nj:
+        # The controller's gravity torques: the nominal model's inertias on this record's
+        # placements (calibration changes inertial parameters, never the kinematic tree).
+        gravity = gravity_joint_forces(sys.nominal, kin.S, kin.inertia(sys.nominal)).T[:, nb:]
+    a = actuation(sys, q, v, command, act, h, gravity)
+    tau = aerodynamics(sys, v, a.speed) if a.tau is None else a.tau
+    D = K = None
+    if m.nj:
+        qj = q[:, 7:] if nb else q
+        pas = passive(sys, qj, v[:, nb:])
+        tau = tau + _pad(sys, pas.tau)
+        if implicit:
+            Dj, Kj = pas.D, pas.K
+            if a.kd is not None:
+                Dj = Dj.index_add(-1, sys.act_index, a.kd.expand(Dj.shape[:-1] + a.kd.shape[-1:]))
+            if a.kp is not None:
+                Kj = Kj.index_add(-1, sys.act_index, a.kp.expand(Kj.shape[:-1] + a.kp.shape[-1:]))
+            D, K = _pad(sys, Dj), _pad(sys, Kj)
+    implicit_friction = (implicit and cfg.ground and sys.contact.n > 0 and cfg.friction > 0)
+    return _Forces(tau, a.state, contact(sys, kin, implicit_friction), D, K)
+
+
+def _substep(sys: System, q, v, command, act, h: float):
+    """One substep on flat batch-first q (B, nq), v (B, nv): (q, v, actuator state, qdd, kin, contact)."""
+    cfg, m = sys.config, sys.model
+    fb = m.floating_base
+    kin = kinematics_record(m, q.T, v.T)
+    if cfg.integrator == "semi_implicit":
+        f = _forces(sys, kin, q, v, command, act, h, cfg.implicit_damping)
+        qdd = acceleration(sys, kin, f.tau.T, f.contact.wrench, h,
+                           None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
+                           f.contact.damping).T
+        q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
+        return q_new, v_new, f.act, qdd, kin, f.contact
+
+    # RK4: actuation (PD, rate loop, drag) is evaluated at every stage from the actuator
+    # state at the start of the substep.
+    def deriv(qs, vs, kin_s=None):
+        kin_s = kinematics_record(m, qs.T, vs.T) if kin_s is None else kin_s
+        f = _forces(sys, kin_s, qs, vs, command, act, h, False)
+        return (qdot(fb, qs, vs), acceleration(sys, kin_s, f.tau.T, f.contact.wrench).T), f
+
+    k1, f1 = deriv(q, v, kin)
+    k2, _ = deriv(q + 0.5 * h * k1[0], v + 0.5 * h * k1[1])
+    k3, _ = deriv(q + 0.5 * h * k2[0], v + 0.5 * h * k2[1])
+    k4, _ = deriv(q + h * k3[0], v + h * k3[1])
+    q_new, v_new = rk4_combine(fb, q, v, (k1, k2, k3, k4), h)
+    return q_new, v_new, f1.act, k1[1], kin, f1.contact
+
+
+def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
+    """Advance by ``sys.config.dt``: the new :class:`State` and the last substep's :class:`Data`.
+    Pure: the inputs are not changed; no host synchronisation."""
+    cfg, m = sys.config, sys.model
+    batch = state.q.shape[:-1]
+    na = sys.action_dim
+    action = torch.as_tensor(action, dtype=state.q.dtype, device=state.q.device)
+    if action.shape[-1] != na:
+        raise ValueError(f"action has last dimension {action.shape[-1]}, the '{cfg.actuator}' interface "
+                         f"of this simulator expects {na}")
+    action = action.expand(batch + (na,))
+    delay = state.delay
+    if cfg.command_delay > 0:
+        command = delay[..., 0, :]
+        delay = torch.cat((delay[..., 1:, :], action.unsqueeze(-2)), -2)
+    else:
+        command = action
+    h = cfg.dt / cfg.substeps
+    q, v = state.q.reshape(-1, m.nq), state.v.reshape(-1, m.nv)
+    B = q.shape[0]
+    command = command.reshape(B, na)
+    act = None if state.actuator is None else state.actuator.reshape(B, state.actuator.shape[-1])
+    for _ in range(cfg.substeps):
+        q, v, act, qdd, kin, con = _substep(sys, q, v, command, act, h)
+    kin = kin._replace(batch=tuple(batch))
+    new = State(q=q.reshape(batch + (m.nq,)), v=v.reshape(batch + (m.nv,)),
+                actuator=None if act is None else act.reshape(batch + act.shape[-1:]), delay=delay,
+                t=state.t + cfg.dt if state.t is not None else None)
+    return new, Data(qdd=qdd.reshape(batch + (m.nv,)), kin=kin, contact=con, contact_set=sys.contact)
+
+
+def check_finite(state: State, where: str = "result", **extra: Optional[torch.Tensor]) -> None:
+    """Raise :class:`SimulationError` naming the first environment and quantity that is not
+    finite. One host synchronisation when all is well (a sum of everything: any NaN or
+    infinity makes it non-finite)."""
+    items = [("action", extra.get("action")), ("qdd", extra.get("qdd")), ("q", state.q), ("v", state.v),
+             ("actuator state", state.actuator)]
+    items = [(n, x) for n, x in items if x is not None]
+    total = sum(x.detach().sum() for _, x in items)
+    if bool(torch.isfinite(total)):
+        return
+    bshape = state.q.shape[:-1]
+    for name, x in items:
+        ok = torch.isfinite(x).reshape(x.shape[:len(bshape)] + (-1,)).all(-1)
+        if not bool(ok.all()):
+            env = tuple(int(i) for i in torch.nonzero(~ok)[0].tolist())
+            cols = torch.nonzero(~torch.isfinite(x[env] if env else x)).flatten().tolist()
+            env_txt = "the (unbatched) state" if not env else f"environment {env if len(env) != 1 else env[0]}"
+            origin = " of the input state" if where == "input" and name != "action" else ""
+            raise SimulationError(
+                f"non-finite {name} in {env_txt}{origin} "
+                f"(entries {cols[:6]}) at t={float(state.t[env]) if state.t is not None else float('nan'):.4f} s; "
+                f"{int((~ok).sum())} of {ok.numel()} environments affected")

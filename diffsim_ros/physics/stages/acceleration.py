@@ -1,0 +1,42 @@
+"""Acceleration: the equations of motion M(q) qdd + b(q, v) = tau + J^T f from one
+kinematics record, solved as
+
+    (M + h (D + J^T C J) + h^2 K) qdd = tau - b + J^T f - h K v
+
+with D = -d tau/d qd and K = -d tau/d q of the stiff joint-space terms (damping, the
+friction slope, joint limits, PD gains: diagonal) and C the contact friction's damping:
+a linearly implicit Euler step (h = 0 gives the explicit accelerations). The bias b
+comes from one vectorised RNEA pass and M from the composite-rigid-body recursion over
+the same world-frame quantities, so one substep computes the placements once.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..algorithms import joint_forces, joint_space_inertia, solve_spd
+from ..kinematics import Kinematics
+from ..system import System
+
+
+def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optional[torch.Tensor] = None,
+                 h: float = 0.0, D: Optional[torch.Tensor] = None, K: Optional[torch.Tensor] = None,
+                 vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """qdd (nv, B) from batch-last tau (nv, B), body wrenches f_ext (nb, 6, B) about o, and,
+    for the implicit step, h, the diagonals D and K (nv, B), v (nv, B) and the friction
+    damping blocks (nb, 6, 6, B)."""
+    m = sys.model
+    I = kin.inertia(m)
+    rhs = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
+    A = joint_space_inertia(m, kin.S, I if damping is None else I + h * damping)
+    if D is not None or K is not None:
+        diag = 0.0
+        if D is not None:
+            diag = h * D
+        if K is not None:
+            diag = diag + (h * h) * K
+            rhs = rhs - h * K * vf
+        eye = torch.eye(m.nv, dtype=A.dtype, device=A.device)[:, :, None]
+        A = A + eye * diag[None]
+    return solve_spd(A, rhs)

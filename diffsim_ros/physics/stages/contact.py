@@ -1,0 +1,148 @@
+"""Contact: the seed paper's smooth penalty between the contact points and the ground
+plane (and between sphere points of different bodies), lambda_n = k max(0, -gap)^2 with
+damping, and regularised Coulomb friction F_t = -C v_t, C = mu lambda / sqrt(|v_t|^2 + eps^2).
+
+For the linearly implicit integrator the friction's damping C is also returned per
+body as a symmetric 6x6 block (world axes at o): a point x with tangential projector
+P contributes C [1; [x]x] P [1, -[x]x]; the acceleration stage maps the blocks to
+joint space with the composite-rigid-body recursion, as it does the inertias. That
+keeps static friction stable at large steps (MuJoCo's Euler integrator treats joint
+damping the same way), with no per-point Jacobian and no data-dependent selection.
+
+Batch-last layout (see :mod:`..kinematics`): points (P, 3, B), wrenches (nb, 6, B).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from ..algorithms import _cross, _mm, _mv, _skew
+from ..kinematics import Kinematics
+from ..system import System
+
+
+class Contact(NamedTuple):
+    wrench: torch.Tensor              # (nb, 6, B) per body, world axes about o
+    damping: Optional[torch.Tensor]   # (nb, 6, 6, B) friction damping blocks, or None
+    groups: Optional[torch.Tensor]    # (Gs,) long: the point groups evaluated (None: all)
+    gap: Optional[torch.Tensor]       # (Gs, S, B) m, negative in penetration (None: no group evaluated)
+    normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force
+
+    def flat(self, cs, x: Optional[torch.Tensor], fill: float) -> torch.Tensor:
+        """Grouped per-point values (Gs, S, B) -> flat (P, B) in collision order; points of
+        groups not evaluated get ``fill``."""
+        G, S = cs.group_valid.shape
+        B = self.wrench.shape[-1]
+        full = torch.full((G, S, B), fill, dtype=self.wrench.dtype, device=self.wrench.device)
+        if x is not None:
+            full = full.index_copy(0, self.groups, x) if self.groups is not None else x
+        return full.reshape(G * S, B)[cs.flat_index]
+
+
+def _near_groups(sys: System, kin: Kinematics) -> torch.Tensor:
+    """(G,) bool: groups whose bounding sphere reaches the ground in some environment."""
+    cs = sys.contact
+    gb = cs.group_body
+    c = _mv(kin.R[gb], cs.group_center[..., None]) + kin.p[gb] + kin.o              # (G, 3, B)
+    height = (c * sys.ground_normal[:, None]).sum(1) - sys.ground_height            # (G, B)
+    return (height < cs.group_reach[:, None]).any(-1)
+
+
+def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None) -> Contact:
+    """Contact wrenches from the kinematics record. ``select`` (default: on the CPU, outside
+    torch.compile): evaluate only the point groups whose bounding sphere reaches the ground
+    in some environment (exact: the others have no penetration, so no force and no
+    gradient), at the price of one host synchronisation."""
+    m, cfg, cs = sys.model, sys.config, sys.contact
+    R, o, tw = kin.R, kin.o, kin.vel
+    B = R.shape[-1]
+    dt, dev = R.dtype, R.device
+    wrench_b = torch.zeros(m.nb, 6, B, dtype=dt, device=dev)
+    pairs = cs.pairs.numel() > 0
+    if cs.n == 0 or not (cfg.ground or pairs):
+        return Contact(wrench_b, None, None, None, None)
+    if select is None:
+        select = dev.type == "cpu" and not torch.compiler.is_compiling()
+    groups = None
+    if select and cfg.ground and not pairs:
+        near = _near_groups(sys, kin)
+        if not bool(near.any()):
+            return Contact(wrench_b, None, near.nonzero()[:, 0], None, None)     # nothing can touch
+        if not bool(near.all()):
+            groups = near.nonzero()[:, 0]
+    pick = (lambda x: x) if groups is None else (lambda x: x.index_select(0, groups))
+    gb, local, radius, valid = pick(cs.group_body), pick(cs.group_local), pick(cs.group_radius), pick(cs.group_valid)
+    Gs, S = valid.shape
+    Rg, twg = R[gb], tw[gb]
+    # Points of each group at once: x[g, s] = R_g local[g, s] + p_g, as one batched product.
+    x = (local @ Rg.permute(0, 2, 1, 3).reshape(Gs, 3, 3 * B)).reshape(Gs, S, 3, B) + kin.p[gb][:, None]
+    n = sys.ground_normal[:, None]                                                  # (3, 1)
+    r = radius[..., None]                                                           # (Gs, S, 1)
+    F = torch.zeros_like(x)
+    xc, gap, lam, damping = x, None, None, None
+    if cfg.ground:
+        xc = x - r[..., None] * n                                                   # contact point on the surface
+        xd = twg[:, None, 0:3] + _cross(twg[:, None, 3:6], xc)                     # its velocity
+        gap = ((x + o) * n).sum(2) - sys.ground_height - r                          # (Gs, S, B)
+        vn = (xd * n).sum(2)
+        pen = torch.relu(-gap)
+        lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
+        vt = xd - vn[:, :, None] * n
+        slip = torch.sqrt((vt ** 2).sum(2) + cfg.friction_smoothing ** 2)
+        C = sys.friction * lam / slip                                               # (Gs, S, B)
+        F = lam[:, :, None] * n - C[:, :, None] * vt
+        if implicit_friction:
+            damping = _friction_blocks(m.nb, gb, C, xc, n)
+    wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
+    wrench_b = wrench_b.index_add(0, gb, wrench)
+    if pairs:
+        wrench_b = wrench_b + _self_collision(sys, kin, x, radius)
+    return Contact(wrench_b, damping, groups, gap, lam)
+
+
+def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """Penalty between sphere points of different bodies (every group evaluated)."""
+    cs, m = sys.contact, sys.model
+    G, S = radius.shape
+    B = x.shape[-1]
+    xf = x.reshape(G * S, 3, B)[cs.flat_index]                                      # (P, 3, B)
+    r = cs.radius[:, None]
+    tw = kin.vel[cs.body]
+    i, j = cs.pairs[:, 0], cs.pairs[:, 1]
+    d = xf[i] - xf[j]
+    dist = torch.sqrt((d ** 2).sum(1) + 1e-12)
+    nij = d / dist[:, None]
+    pen = torch.relu(r[i] + r[j] - dist)
+    xdc = tw[:, 0:3] + _cross(tw[:, 3:6], xf)                                       # sphere-centre velocities
+    vrel = ((xdc[i] - xdc[j]) * nij).sum(1)
+    lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vrel)
+    Fi = lam[:, None] * nij
+    xm = xf[j] + nij * r[j][..., None]
+    wi = torch.cat((Fi, _cross(xm, Fi)), 1)
+    per_point = torch.zeros(cs.n, 6, B, dtype=x.dtype, device=x.device).index_add(0, i, wi).index_add(0, j, -wi)
+    return torch.zeros(m.nb, 6, B, dtype=x.dtype, device=x.device).index_add(0, cs.body, per_point)
+
+
+def _friction_blocks(nb: int, gb: torch.Tensor, C: torch.Tensor, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Sum over each body's points of C [1; [x]x] P [1, -[x]x], P = 1 - n n^T: (nb, 6, 6, B).
+    C (Gs, S, B), x (Gs, S, 3, B) grouped by body ``gb``.
+
+    With m = x x n the blocks are C P, -P [C x]x, [C x]x P and
+    -C (x x^T - |x|^2 1 + m m^T); the moments C, C x, C (x x^T + m m^T) and C |x|^2 are
+    summed over each group's points first, so the cost is a few grouped products."""
+    B = C.shape[-1]
+    dt, dev = C.dtype, C.device
+    mm = _cross(x, n.expand_as(x))                                                  # (Gs, S, 3, B)
+    Cx = C[:, :, None] * x
+    Cm = C[:, :, None] * mm
+    outer = (Cx[:, :, :, None] * x[:, :, None] + Cm[:, :, :, None] * mm[:, :, None]).sum(1)   # (Gs, 3, 3, B)
+    moments = torch.cat((C.sum(1)[:, None], Cx.sum(1), outer.flatten(1, 2), (Cx * x).sum((1, 2))[:, None]), 1)
+    s = torch.zeros(nb, moments.shape[1], B, dtype=dt, device=dev).index_add(0, gb, moments)
+    c, cx, xxmm, xx = s[:, 0], s[:, 1:4], s[:, 4:13].unflatten(1, (3, 3)), s[:, 13]
+    eye = torch.eye(3, dtype=dt, device=dev)[None, :, :, None]
+    Pm = (eye - n[:, None] * n[None, :]).expand(nb, 3, 3, B)                        # tangential projector
+    X = _skew(cx)                                                                   # [sum C x]x
+    top = torch.cat((c[:, None, None] * Pm, -_mm(Pm, X)), 2)
+    bottom = torch.cat((_mm(X, Pm), -(xxmm - xx[:, None, None] * eye)), 2)
+    return torch.cat((top, bottom), 1)

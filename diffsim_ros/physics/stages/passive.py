@@ -1,0 +1,46 @@
+"""Passive joint forces: URDF damping, smoothed Coulomb friction and the joint limits
+as a smooth penalty, with their slopes for the linearly implicit solve."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..system import System
+
+
+class Passive(NamedTuple):
+    tau: torch.Tensor   # (B, nj) joint torques
+    D: torch.Tensor     # (B, nj) -d tau/d qd of each joint's own terms
+    K: torch.Tensor     # (B, nj) -d tau/d q
+
+
+def limit_penetration(sys: System, qj: torch.Tensor):
+    """How far each joint is past its upper and its lower limit (0 inside, or without a limit)."""
+    m = sys.model
+    pen_u = torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
+    pen_l = torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj)
+    return pen_u, pen_l
+
+
+def passive(sys: System, qj: torch.Tensor, vj: torch.Tensor) -> Passive:
+    """Joint positions qj (B, nj) and velocities vj (B, nj) -> torques and slopes."""
+    m, cfg = sys.model, sys.config
+    tau = torch.zeros_like(vj)
+    D = torch.zeros_like(vj)
+    K = torch.zeros_like(vj)
+    if cfg.joint_damping:
+        tau = tau - m.damping * vj
+        D = D + m.damping
+    if cfg.joint_friction:
+        eps = cfg.joint_friction_smoothing
+        th = torch.tanh(vj / eps)
+        tau = tau - m.friction * th
+        D = D + m.friction / eps * (1.0 - th * th)
+    if cfg.joint_limits:
+        pen_u, pen_l = limit_penetration(sys, qj)
+        pen = pen_u + pen_l
+        tau = tau - cfg.limit_stiffness * (pen_u ** 2 - pen_l ** 2) - cfg.limit_damping * pen * vj
+        D = D + cfg.limit_damping * pen
+        K = K + 2.0 * cfg.limit_stiffness * pen
+    return Passive(tau, D, K)
