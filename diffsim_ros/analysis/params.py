@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 
 from .. import physics
-from ..physics.algorithms import rnea
 from .errors import AnalysisError
 
 
@@ -116,32 +115,12 @@ def check_names(names: List[str], model: physics.Model, cfg: physics.SimConfig, 
             raise AnalysisError(f"{where}: '{a}' and '{b}' describe the same thing; choose one")
 
 
-class CalibratedSimulator(physics.Simulator):
-    """A simulator whose physics model differs from the controller's nominal one.
-
-    The actuation's gravity compensation uses ``nominal`` (the controller's model), the
-    dynamics ``self.model``: the command is shifted by the difference of the two gravity
-    torques, divided by the gain through which the command acts, which is exactly what
-    the saturated actuator sees.
-    """
-    nominal: Optional[physics.Model] = None
-
-    def _substep(self, q, v, command, act_state, h):
-        if self.nominal is not None and self.config.gravity_compensation and self.model.nj:
-            zero = torch.zeros_like(v)
-            # Gravity torques are linear in the link masses (centres of mass fixed, inertias do not
-            # enter at rest): g_nom - g_phys is one RNEA with the mass difference.
-            diff = self.model.replace(mass=self.nominal.mass - self.model.mass)
-            shift = rnea(diff, q, zero, zero)[..., self.nbase:][..., self.act_index]
-            gain = {"effort": None, "velocity": self.kd, "position": self.kp}.get(self.config.actuator)
-            command = command + (shift if gain is None else shift / gain)
-        return super()._substep(q, v, command, act_state, h)
-
-
 def build_simulator(model: physics.Model, cfg: physics.SimConfig, values: Dict[str, torch.Tensor]
                     ) -> physics.Simulator:
     """A simulator with the given parameter values (tensors, possibly requiring grad);
-    parameters not in ``values`` stay nominal."""
+    parameters not in ``values`` stay nominal. The system is built on the nominal model
+    (the controller's: gravity compensation, the CTBR rate loop) and its physics model
+    and rotor coefficients are then replaced (``System.replace``)."""
     dtype = model.dtype
     val = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else torch.as_tensor(v, dtype=dtype))
            for k, v in values.items()}
@@ -175,15 +154,10 @@ def build_simulator(model: physics.Model, cfg: physics.SimConfig, values: Dict[s
         friction = val["joint_friction"].reshape(-1)
     physical = model.replace(mass=mass, inertia=inertia, damping=damping, friction=friction)
 
-    # Built on the nominal model, so the rotors' rate loop keeps the nominal inertia ...
-    sim = CalibratedSimulator(model, cfg)
-    # ... then the dynamics switch to the physical model.
-    if any(k in val for k in ("mass_scale", "link_mass_scale", "inertia_scale")):
-        sim.nominal = sim.model
-    sim.model = physical.replace(gravity=sim.model.gravity)
-    rot = sim.rotors
+    sys = physics.build_system(model, cfg)
+    rot = sys.rotors
     if rot is not None:
-        dl, dq = rot.drag_linear, rot.drag_quadratic
+        dl, dq, ts = rot.drag_linear, rot.drag_quadratic, rot.thrust_scale
         if "drag_linear" in val:
             dl = val["drag_linear"].reshape(3)
         if "drag_quadratic" in val:
@@ -191,9 +165,7 @@ def build_simulator(model: physics.Model, cfg: physics.SimConfig, values: Dict[s
         if "drag_scale" in val:
             s = val["drag_scale"].reshape(())
             dl, dq = dl * s, dq * s
-        rot.drag_linear, rot.drag_quadratic = dl, dq
         if "thrust_scale" in val:
-            s = val["thrust_scale"].reshape(())
-            nominal_wrench = rot.wrench
-            rot.wrench = lambda speed, _w=nominal_wrench, _s=s: _w(speed) * _s
-    return sim
+            ts = ts * val["thrust_scale"].reshape(())
+        rot = rot.replace(drag_linear=dl, drag_quadratic=dq, thrust_scale=ts)
+    return physics.Simulator(sys.replace(model=physical.replace(gravity=sys.model.gravity), rotors=rot))

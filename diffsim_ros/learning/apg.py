@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import physics
 from ..physics import ConfigError, Simulator
 from ..tasks import Task
 from .policy import MLPPolicy, ValueNet
@@ -133,25 +134,36 @@ class TrainResult:
     solved_time: Optional[float]         # wall-clock seconds then
 
 
-def _randomized_sim(task: Task, cfg: TrainConfig, gen: torch.Generator) -> Simulator:
-    model, sc = task.model, task.sim_config
+def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) -> Simulator:
+    """The nominal simulator with randomised physics (``System.replace``): the link masses
+    (the controller's model, which gravity compensation and the rate loop use, stays
+    nominal, as on a robot), the actuator or motor lag, the body drag."""
+    sys = nominal.system
+    dt, dev = sys.model.dtype, sys.model.device
 
     def draw(r):
-        return float(r[0] + (r[1] - r[0]) * torch.rand((), generator=gen))
+        return torch.tensor(float(r[0] + (r[1] - r[0]) * torch.rand((), generator=gen)), dtype=dt, device=dev)
+    changes = {}
     if cfg.randomize_mass:
-        model = model.replace(mass=model.mass * draw(cfg.randomize_mass))
+        changes["model"] = sys.model.replace(mass=sys.model.mass * draw(cfg.randomize_mass))
+    rot = sys.rotors
     if cfg.randomize_actuator_lag:
-        if task.sim.rotors is not None:
-            sc = dataclasses.replace(sc, rotors=dataclasses.replace(
-                sc.rotors, motor_time_constant=draw(cfg.randomize_actuator_lag)))
+        lag = draw(cfg.randomize_actuator_lag)
+        if rot is not None and rot.has_motor_lag:
+            rot = rot.replace(motor_time_constant=lag)
+        elif rot is not None:     # no lag state in the nominal system: a system with one
+            sys = physics.build_system(sys.model, dataclasses.replace(sys.config, rotors=dataclasses.replace(
+                sys.config.rotors, motor_time_constant=float(lag))), nominal=sys.nominal)
+            rot = sys.rotors
+        elif sys.config.actuator_lag > 0:
+            changes["actuator_lag"] = lag
         else:
-            sc = dataclasses.replace(sc, actuator_lag=draw(cfg.randomize_actuator_lag))
-    if cfg.randomize_drag and sc.rotors is not None:
+            sys = physics.build_system(sys.model, dataclasses.replace(sys.config, actuator_lag=float(lag)),
+                                       nominal=sys.nominal)
+    if cfg.randomize_drag and rot is not None:
         s = draw(cfg.randomize_drag)
-        sc = dataclasses.replace(sc, rotors=dataclasses.replace(
-            sc.rotors, drag_linear=tuple(s * x for x in sc.rotors.drag_linear),
-            drag_quadratic=tuple(s * x for x in sc.rotors.drag_quadratic)))
-    return Simulator(model, sc)
+        rot = rot.replace(drag_linear=rot.drag_linear * s, drag_quadratic=rot.drag_quadratic * s)
+    return Simulator(sys.replace(rotors=rot, **changes))
 
 
 def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> float:
@@ -185,7 +197,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     try:
         for it in range(cfg.iterations):
             if cfg.randomize_mass or cfg.randomize_drag or cfg.randomize_actuator_lag:
-                task.sim = _randomized_sim(task, cfg, gen)
+                task.sim = _randomized_sim(nominal_sim, cfg, gen)
             lr = cfg.learning_rate_at(it)
             for group in opt.param_groups:
                 group["lr"] = lr

@@ -18,7 +18,7 @@ from typing import Tuple
 
 import torch
 
-from .spatial import cross
+from .spatial import fast_cross as cross
 
 
 

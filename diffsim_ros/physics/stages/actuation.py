@@ -73,13 +73,18 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
         return Actuation(None, new, speed, None, None)
     nb = sys.nbase
     idx = sys.act_index
-    qa, va = q[..., nb:][..., idx], v[..., nb:][..., idx]
+    qa, va = q[..., (7 if nb else 0):][..., idx], v[..., nb:][..., idx]   # q holds 7 base coordinates, v 6
     cmd = joint_command(sys, qa, va, command)
-    if cfg.gravity_compensation:
-        cmd = cmd + gravity[..., idx]
     slope = None
+    if cfg.gravity_compensation:
+        if cfg.effort_saturation:
+            # The implicit gains take the saturation's slope at the PD part alone (as the
+            # MuJoCo stand-in's implicit dof damping does), the torque saturates all of it.
+            slope = saturate(sys, cmd)[1]
+        cmd = cmd + gravity[..., idx]
     if cfg.effort_saturation:
-        cmd, slope = saturate(sys, cmd)
+        cmd, s = saturate(sys, cmd)
+        slope = s if slope is None else slope
     new = act_state
     if cfg.actuator_lag > 0:
         new = act_state + lag_factor(h, sys.actuator_lag) * (cmd - act_state)

@@ -7,7 +7,12 @@ from typing import Tuple
 
 import torch
 
-from ..spatial import cross, quat_exp, quat_mul, quat_rotate
+from ..spatial import fast_cross, quat_exp, quat_mul
+from ..spatial import quat_rotate as _quat_rotate
+
+
+def quat_rotate(quat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _quat_rotate(quat, x, fast_cross)
 
 
 def _normalised(quat: torch.Tensor) -> torch.Tensor:
@@ -45,7 +50,7 @@ def semi_implicit_euler(floating_base: bool, q: torch.Tensor, v: torch.Tensor, q
         return q + v_new * h, v_new
     quat = _normalised(q[..., 3:7])
     vl, w = v[..., 0:3], v[..., 3:6]
-    acc_world = quat_rotate(quat, qdd[..., 0:3] + cross(w, vl))          # classical acceleration
+    acc_world = quat_rotate(quat, qdd[..., 0:3] + fast_cross(w, vl))          # classical acceleration
     vw_new = quat_rotate(quat, vl) + h * acc_world
     w_new = w + h * qdd[..., 3:6]
     quat_new = _normalised(quat_mul(quat, quat_exp(w_new * h)))
