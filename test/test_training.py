@@ -142,11 +142,13 @@ def test_short_reach_run_reaches_success():
     """A small reach instance: config/reach_arm.yaml's arm, actuator (stiff PD position targets
     moved by up to delta_scale from the measured position, gravity compensation), observation
     and loss, with starts and targets drawn from the central 30 % of each joint range
-    (target_margin 0.35), 32 environments, 50 iterations (the cosine step size settles
-    at the end). The trainer's evaluation reaches the task's threshold (end effector within
-    2 cm and slower than 5 cm/s at the end of the episode), and the final policy holds it
-    on fresh episodes the trainer never saw."""
-    _short_reach_run("reach_arm.yaml", dict(target_margin=0.35), num_envs=32, iterations=50, stop_at_success=False)
+    (target_margin 0.35), 32 environments, at most 100 iterations of a cosine step size,
+    stopping at the first evaluation at the threshold. The trainer's evaluation reaches the
+    task's threshold (end effector within 2 cm and slower than 5 cm/s at the end of the
+    episode), and the policy holds it on fresh episodes the trainer never saw. (A fixed
+    50-iteration run ended at 0.80 or at 0.92 depending on float32 round-off alone: the
+    run is budgeted, not pinned to one rounding.)"""
+    _short_reach_run("reach_arm.yaml", dict(target_margin=0.35), num_envs=32, iterations=100, stop_at_success=True)
 
 
 def _short_reach_run(config_name, task_updates, **training):
@@ -180,7 +182,7 @@ def test_short_locomotion_run_reaches_success():
     own metric (mean forward speed above 0.1 m/s, never fallen) holds on fresh episodes."""
     task = _locomotion_task(horizon=30)
     gen = torch.Generator().manual_seed(99)
-    cfg = TrainConfig(iterations=6, num_envs=8, window=30, learning_rate=1e-2, hidden=(128, 128), eval_every=2,
+    cfg = TrainConfig(iterations=12, num_envs=8, window=30, learning_rate=1e-2, hidden=(128, 128), eval_every=2,
                       eval_envs=16, stop_at_success=True, seed=0)
     before = task.rollout_success(_untrained_policy(task, cfg), 32, torch.Generator().manual_seed(99))
     res = train(task, cfg, progress=False)
