@@ -92,7 +92,7 @@ SMALL_BATCH = 32     # below this many environments, prefer fewer, larger ops
 # A vector is (..., 3, B) or (..., 6, B); a matrix (..., n, m, B). Model constants
 # broadcast with a trailing dimension of 1.
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if max(a.shape[-1], b.shape[-1]) < SMALL_BATCH:
+    if max(a.shape[-1], b.shape[-1]) < SMALL_BATCH and not torch.compiler.is_compiling():
         # One kernel: at a small batch the step is bound by per-op overhead.
         return torch.linalg.cross(a, b, dim=-2)
     # Written out: over long batch rows this beats the strided kernel several times.
@@ -204,6 +204,8 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
     R, p = _joint_placements(model, q)
     if relative and model.joint_type[0] == "free":
         p = torch.cat((torch.zeros_like(p[0:1]), p[1:]), 0)
+    if q.shape[-1] < SMALL_BATCH and not torch.compiler.is_compiling():
+        return _chain_homogeneous(model, R, p)
     Rw: List[torch.Tensor] = []
     pw: List[torch.Tensor] = []
     for i, pi in enumerate(model.parent):
@@ -214,6 +216,20 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
             Rw.append(_mm(Rw[pi], R[i]))
             pw.append(pw[pi] + _mv(Rw[pi], p[i]))
     return torch.stack(Rw), torch.stack(pw)
+
+
+def _chain_homogeneous(model: Model, R: torch.Tensor, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same world poses for a few environments: one 4x4 product per body, batch first
+    (fewer, larger ops where per-op overhead dominates)."""
+    nb, B = R.shape[0], R.shape[-1]
+    X = torch.cat((torch.cat((R, p[:, :, None]), 2),
+                   torch.eye(4, dtype=R.dtype, device=R.device)[3:].reshape(1, 1, 4, 1).expand(nb, 1, 4, B)), 1)
+    X = X.permute(3, 0, 1, 2)                                  # (B, nb, 4, 4)
+    T: List[torch.Tensor] = []
+    for i, pi in enumerate(model.parent):
+        T.append(X[:, i] if pi < 0 else T[pi] @ X[:, i])
+    W = torch.stack(T, 1).permute(1, 2, 3, 0)                  # (nb, 4, 4, B)
+    return W[:, 0:3, 0:3], W[:, 0:3, 3]
 
 
 def joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -528,8 +544,9 @@ def solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     A few environments: one batched Cholesky factorisation (few large ops: the step
     is bound by per-op overhead there). Many: Gauss-Jordan over the batch-last layout,
-    whose elementwise kernels beat batched LAPACK calls on thousands of tiny systems."""
-    if A.shape[-1] <= CHOLESKY_MAX_BATCH:
+    whose elementwise kernels beat batched LAPACK calls on thousands of tiny systems (and
+    fuse into a few kernels under torch.compile)."""
+    if A.shape[-1] <= CHOLESKY_MAX_BATCH and not torch.compiler.is_compiling():
         L = torch.linalg.cholesky_ex(A.permute(2, 0, 1))[0]   # no raise: a NaN state is the NaN guard's to name
         return torch.cholesky_solve(b.T[..., None], L)[..., 0].T
     return _solve_spd(A, b)

@@ -47,19 +47,26 @@ from .system import System, build_system
 class Simulator:
     """Batched differentiable simulator over a :class:`Model` (or a ready :class:`System`)."""
 
-    def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None):
+    def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None, compile: bool = False):
+        """compile: step through :class:`~diffsim_ros.physics.compiled.CompiledStep` (torch.compile;
+        minutes the first time, then cached; ``last_data`` stays None)."""
         if isinstance(model, System):
             self.system = model
         else:
             self.system = build_system(model, config)
         self.last_data: Optional[Data] = None
+        self._compiled = None
+        if compile:
+            from .compiled import CompiledStep
+            self._compiled = CompiledStep(self.system)
 
     @classmethod
     def from_system(cls, sys: System) -> "Simulator":
         return cls(sys)
 
     def replace(self, **changes) -> "Simulator":
-        """A simulator over ``self.system.replace(**changes)`` (calibration, randomisation)."""
+        """A simulator over ``self.system.replace(**changes)`` (calibration, randomisation;
+        an eager one: a compiled step holds its system's tensors as constants)."""
         return Simulator(self.system.replace(**changes))
 
     # ------------------------------------------------------------ the system's fields
@@ -188,7 +195,9 @@ class Simulator:
     # ------------------------------------------------------------ public step
     def step(self, state: State, action: torch.Tensor) -> State:
         """Advance by ``config.dt``: returns a new :class:`State` (the input is not changed).
-        The last step's :class:`Data` is kept as ``last_data``."""
+        The last step's :class:`Data` is kept as ``last_data`` (eager steps only)."""
+        if self._compiled is not None:
+            return self._compiled(state, action)
         new, data = pure_step(self.system, state, action)
         self.last_data = data
         if self.config.nan_check:
