@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Steps per second of Simulator.step, beside MuJoCo stepping the same model in the same run.
 
-    python bench/step.py [--quick] [--seconds 0.25] [--batches 1,256,4096]
+    python bench/step.py [--quick] [--seconds 0.25] [--batches 1,256,4096] [--compile 1] [--mjx-python PY]
 
 Two models, each at batch 1, 256 and 4096:
 
@@ -91,9 +91,10 @@ def fmt(x: float) -> str:
 class Case:
     """One benchmarked model: our simulator, its start state and action, and the MuJoCo twin."""
 
-    def __init__(self, name, sim, q0, action, mj_model, mj_qpos, mj_qvel, mj_ctrl, note):
+    def __init__(self, name, sim, q0, action, mj_model, mj_qpos, mj_qvel, mj_ctrl, note, mjcf=None):
         self.name, self.sim, self.q0, self.action = name, sim, q0, action
         self.mj_model, self.mj_qpos, self.mj_qvel, self.mj_ctrl, self.note = mj_model, mj_qpos, mj_qvel, mj_ctrl, note
+        self.mjcf = mjcf          # the MuJoCo model as MJCF text (for the MJX peer)
 
 
 def steps_for(batch: int, forward: bool) -> int:
@@ -128,6 +129,70 @@ def bench_ours(case: Case, batch: int, seconds: float):
         (s.q.sum() + s.v.sum()).backward()
 
     return rate(forward, k_f * batch, seconds), rate(forward_backward, k_b * batch, seconds)
+
+
+def bench_compiled(case: Case, batch: int, seconds: float):
+    """fwd and fwd+bwd steps/s of the compiled step (physics.compiled.CompiledStep), and the
+    seconds its first forward and first forward+backward calls took (compilation)."""
+    from diffsim_ros.physics.compiled import CompiledStep
+
+    step = CompiledStep(case.sim.system)
+    state0 = case.sim.initial_state(case.q0.expand(batch, -1).clone())
+    action = case.action.expand(batch, -1).clone()
+    k_f, k_b = steps_for(batch, True), steps_for(batch, False)
+
+    def forward():
+        with torch.no_grad():
+            s = state0
+            for _ in range(k_f):
+                s = step(s, action)
+
+    def forward_backward():
+        s = state0.replace(q=state0.q.clone().requires_grad_(True), v=state0.v.clone().requires_grad_(True))
+        for _ in range(k_b):
+            s = step(s, action)
+        (s.q.sum() + s.v.sum()).backward()
+    t0 = time.perf_counter()
+    forward()
+    t_f = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    forward_backward()
+    t_b = time.perf_counter() - t0
+    return rate(forward, k_f * batch, seconds), rate(forward_backward, k_b * batch, seconds), t_f, t_b
+
+
+def mjx_python(choice):
+    """An interpreter that imports mujoco.mjx and jax: --mjx-python, $DIFFSIM_MJX_PYTHON, or this one."""
+    import subprocess
+
+    for py in [choice, os.environ.get("DIFFSIM_MJX_PYTHON"), sys.executable]:
+        if not py:
+            continue
+        ok = subprocess.run([py, "-c", "import jax, mujoco.mjx"], capture_output=True).returncode == 0
+        if ok:
+            return py
+    return None
+
+
+def bench_mjx(py: str, case: Case, batches, seconds: float):
+    """{batch: {"fwd", "grad"}} from bench/mjx_peer.py run by ``py`` on the case's MJCF."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        xml, st = os.path.join(tmp, "model.xml"), os.path.join(tmp, "state.json")
+        with open(xml, "w") as fh:
+            fh.write(case.mjcf)
+        with open(st, "w") as fh:
+            json.dump({"qpos": list(map(float, case.mj_qpos)), "qvel": list(map(float, case.mj_qvel)),
+                       "ctrl": list(map(float, case.mj_ctrl))}, fh)
+        out = subprocess.run([py, os.path.join(REPO_ROOT, "bench", "mjx_peer.py"), xml, st, "--batches",
+                              ",".join(map(str, batches)), "--seconds", str(seconds)],
+                             capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    if out.returncode != 0:
+        raise RuntimeError("bench/mjx_peer.py failed: " + out.stderr[-2000:])
+    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
 # ----------------------------------------------------------------------------- MuJoCo
@@ -266,7 +331,7 @@ def panda_case() -> Case:
     note = ("panda: nv = %d, %d collision boxes (%d contact points), start pose with the lowest corner 1 mm deep; "
             "MuJoCo finds %d contacts there" % (model.nv, n_boxes, sim.pt_body.numel(), d.ncon))
     return Case("panda + ground", sim, q.float(), torch.zeros(sim.action_dim), mm, qpos, np.zeros(mm.nv),
-                np.zeros(mm.nu), note)
+                np.zeros(mm.nu), note, mjcf=spec.to_xml())
 
 
 def quadrotor_case() -> Case:
@@ -320,7 +385,7 @@ def quadrotor_case() -> Case:
     ctrl = np.full(mm.nu, mg / rot.n)
     note = ("quadrotor: %d rotors, CTBR with motor lag and drag in ours (MuJoCo: 4 thrust motors at hover "
             "thrust, no drag); %d contact points, none touching at 1 m" % (rot.n, sim.pt_body.numel()))
-    return Case("quadrotor (CTBR)", sim, q0, action, mm, qpos, np.zeros(mm.nv), ctrl, note)
+    return Case("quadrotor (CTBR)", sim, q0, action, mm, qpos, np.zeros(mm.nv), ctrl, note, mjcf=xml)
 
 
 # ----------------------------------------------------------------------------- main
@@ -329,6 +394,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="short timing windows (0.05 s)")
     parser.add_argument("--seconds", type=float, default=None, help="length of one timing window (default 0.25 s)")
     parser.add_argument("--batches", default="1,256,4096", help="comma-separated batch sizes (default 1,256,4096)")
+    parser.add_argument("--compile", default="", metavar="BATCHES",
+                        help="also time the torch.compile'd step at these batch sizes (e.g. 1); the first "
+                             "compile of a model takes minutes, later ones come from the persistent cache")
+    parser.add_argument("--mjx-python", default=None,
+                        help="interpreter with mujoco.mjx and jax for the MJX peer (default: $DIFFSIM_MJX_PYTHON, "
+                             "else this one; the peer is skipped with a message when none has them)")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (0.05 if args.quick else 0.25)
     batches = [int(b) for b in args.batches.split(",")]
@@ -356,20 +427,46 @@ def main(argv=None) -> int:
     for case in cases:
         log("MuJoCo mjd_transitionFD (centred finite-difference step Jacobian), %s: %s states/s"
             % (case.name, fmt(fd_rates[case.name])))
+    mjx_py = mjx_python(args.mjx_python)
+    mjx = {}
+    if mjx_py is None:
+        log("MJX peer skipped: no interpreter with mujoco.mjx and jax (pip install mujoco-mjx jax into a venv "
+            "and pass --mjx-python or set DIFFSIM_MJX_PYTHON)")
+    else:
+        for case in cases:
+            mjx[case.name] = bench_mjx(mjx_py, case, batches, seconds)
+        log("MJX peer: %s (JAX on the CPU, float32, one XLA thread)" % mjx_py)
+    compile_batches = [int(b) for b in args.compile.split(",") if b]
     log("")
     header = ("| model | batch | ours fwd steps/s | ours fwd+bwd steps/s | MuJoCo steps/s | fwd / MuJoCo "
-              "| fwd+bwd / MuJoCo | fwd+bwd / MuJoCo FD Jacobian |")
+              "| fwd+bwd / MuJoCo | fwd+bwd / MuJoCo FD Jacobian | MJX fwd / grad steps/s | fwd / MJX | fwd+bwd / MJX grad |")
     log(header)
     log("|" + "|".join("---" for _ in range(header.count("|") - 1)) + "|")
+    compiled_rows = []
     for case in cases:
         for batch in batches:
             fwd, fwd_bwd = bench_ours(case, batch, seconds)
             run, k, _ = mj_rollout_fn(case, batch)
             mj = rate(run, k * batch, seconds)
-            log("| %s | %d | %s | %s | %s | %.3g | %.3g | %.3g |" % (
+            peer = mjx.get(case.name, {}).get(batch)
+            mjx_txt = ("%s / %s | %.3g | %.3g" % (fmt(peer["fwd"]), fmt(peer["grad"]), fwd / peer["fwd"],
+                                                  fwd_bwd / peer["grad"]) if peer else "- | - | -")
+            log("| %s | %d | %s | %s | %s | %.3g | %.3g | %.3g | %s |" % (
                 case.name, batch, fmt(fwd), fmt(fwd_bwd), fmt(mj), fwd / mj, fwd_bwd / mj,
-                fwd_bwd / fd_rates[case.name]))
+                fwd_bwd / fd_rates[case.name], mjx_txt))
             sys.stdout.flush()
+            if batch in compile_batches:
+                compiled_rows.append((case.name, batch, fwd, fwd_bwd, mj) + bench_compiled(case, batch, seconds))
+    if compiled_rows:
+        log("")
+        log("torch.compile'd step (physics.compiled.CompiledStep, Inductor with its C++ wrapper):")
+        log("| model | batch | compiled fwd steps/s | compiled fwd+bwd steps/s | per step fwd / fwd+bwd (ms) "
+            "| vs eager fwd / fwd+bwd | fwd / MuJoCo | first calls fwd / fwd+bwd (s) |")
+        log("|---|---|---|---|---|---|---|---|")
+        for name, batch, fwd, fwd_bwd, mj, cf, cb, tf, tb in compiled_rows:
+            log("| %s | %d | %s | %s | %.3f / %.3f | %.3gx / %.3gx | %.3g | %.0f / %.0f |" % (
+                name, batch, fmt(cf), fmt(cb), 1e3 * batch / cf, 1e3 * batch / cb, cf / fwd, cb / fwd_bwd, cf / mj,
+                tf, tb))
     log("")
     log("load average (1, 5, 15 min) at the end: %.2f %.2f %.2f on %s CPUs (other processes distort the figures)"
         % (os.getloadavg() + (os.cpu_count(),)))

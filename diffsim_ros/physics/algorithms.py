@@ -471,17 +471,10 @@ def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
 
 
 def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.Tensor,
-                   f_ext: Optional[torch.Tensor] = None, wrench_fn=None) -> torch.Tensor:
+                   f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
     """ABA on batch-last inputs q (nq, B), v (nv, B), tau (nv, B) -> qdd (nv, B).
 
     f_ext (nb, 6, B): world-origin wrenches, as in :func:`aba`.
-    wrench_fn(R, p, o, twist) -> (nb, 6, B): a callback that computes external
-        wrenches from the kinematics this function computes anyway (so a contact
-        model costs no second forward-kinematics pass). It receives body
-        orientations R (nb, 3, 3, B), body positions relative to the point o
-        (nb, 3, B), o itself (1, 3, B; the floating base's position or the world
-        origin) and body twists (nb, 6, B) in world axes at o; it returns
-        wrenches in world axes about o.
     """
     nb = model.nb
     topo = _topo(model)
@@ -493,8 +486,6 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
     pA = _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
         pA = pA - _shift_wrench(f_ext, o)
-    if wrench_fn is not None:
-        pA = pA - wrench_fn(Rw, pw, o, vel)
     pA = list(pA.unbind(0))
     IA = list(I.unbind(0))
     free = model.joint_type[0] == "free"
