@@ -76,18 +76,23 @@ def bench_inference(ckpt: Path, n: int = 400):
     from diffsim_ros.learning.deploy import PolicyRunner
 
     torch.set_num_threads(1)
-    r = PolicyRunner(ckpt)
     rows = []
-    for predict in (False, True):
-        times = []
-        for i in range(n if not predict else max(50, n // 8)):
-            x = 0.01 * (i % 10)
-            t0 = time.perf_counter()
-            r.quadrotor([x, 0.0, 1.0], [0, 0, 0, 1], [0.1, 0, 0], [0, 0.1, 0], predict=predict)
-            times.append((time.perf_counter() - t0) * 1e3)
-        times = times[5:]
-        rows.append(("PolicyRunner command" + (" + prediction" if predict else ""), _pct(times, 50),
-                     _pct(times, 99), len(times)))
+    for compiled in (False, True):
+        r = PolicyRunner(ckpt, compile_prediction=compiled)
+        for predict in ((False, True) if not compiled else (True,)):
+            if compiled:   # the first call compiles (or loads the persistent cache): not timed
+                t0 = time.perf_counter()
+                r.quadrotor([0.0, 0.0, 1.0], [0, 0, 0, 1], [0.1, 0, 0], [0, 0.1, 0], predict=True)
+                print("compiled prediction ready after %.1f s" % (time.perf_counter() - t0))
+            times = []
+            for i in range(n if not predict else max(50, n // 8)):
+                x = 0.01 * (i % 10)
+                t0 = time.perf_counter()
+                r.quadrotor([x, 0.0, 1.0], [0, 0, 0, 1], [0.1, 0, 0], [0, 0.1, 0], predict=predict)
+                times.append((time.perf_counter() - t0) * 1e3)
+            times = times[5:]
+            name = "PolicyRunner command" + (" + prediction" if predict else "") + (" (compiled step)" if compiled else "")
+            rows.append((name, _pct(times, 50), _pct(times, 99), len(times)))
     return rows
 
 

@@ -7,7 +7,8 @@ Run by bench/step.py in an interpreter that has ``mujoco.mjx`` and ``jax`` (the 
 does not depend on them); prints one JSON object: {"batch": {"fwd": steps/s, "grad": steps/s}}.
 fwd: ``jax.jit(jax.vmap(mjx.step))`` over the batch, K steps per call; grad: the gradient
 of the sum of the final qpos and qvel of a K-step rollout with respect to the initial
-qpos and qvel (``jax.grad`` through ``lax.scan``), the same loss as ours. float32 on the
+qpos and qvel (``jax.grad`` through ``lax.scan``, with one constraint-solver iteration:
+the only setting reverse mode passes in this MJX), the same loss as ours. float32 on the
 CPU, as JAX's default. Timing: best of 3 windows of >= --seconds after a compile call.
 """
 from __future__ import annotations
@@ -35,6 +36,10 @@ def main(argv=None) -> int:
     model = mujoco.MjModel.from_xml_path(args.xml)
     st = json.load(open(args.state))
     mx = mjx.put_model(model)
+    # Reverse mode cannot pass MJX's constraint-solver while_loop; one solver iteration is
+    # the setting under which jax.grad runs (MuJoCo issue #2259), so the gradient uses it.
+    model.opt.iterations = 1
+    mx_grad = mjx.put_model(model)
     d0 = mjx.make_data(mx)
     d0 = d0.replace(qpos=jnp.asarray(st["qpos"], jnp.float32), qvel=jnp.asarray(st["qvel"], jnp.float32),
                     ctrl=jnp.asarray(st["ctrl"], jnp.float32))
@@ -69,7 +74,7 @@ def main(argv=None) -> int:
             d = batched.replace(qpos=qpos, qvel=qvel)
 
             def body(d, _):
-                return jax.vmap(mjx.step, in_axes=(None, 0))(mx, d), None
+                return jax.vmap(mjx.step, in_axes=(None, 0))(mx_grad, d), None
             d = jax.lax.scan(body, d, None, length=kb)[0]
             return d.qpos.sum() + d.qvel.sum()
         grad = jax.jit(jax.grad(loss, argnums=(0, 1)))

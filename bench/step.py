@@ -168,7 +168,10 @@ def mjx_python(choice):
     for py in [choice, os.environ.get("DIFFSIM_MJX_PYTHON"), sys.executable]:
         if not py:
             continue
-        ok = subprocess.run([py, "-c", "import jax, mujoco.mjx"], capture_output=True).returncode == 0
+        try:
+            ok = subprocess.run([py, "-c", "import jax, mujoco.mjx"], capture_output=True).returncode == 0
+        except OSError:
+            ok = False
         if ok:
             return py
     return None
@@ -400,6 +403,9 @@ def main(argv=None) -> int:
     parser.add_argument("--mjx-python", default=None,
                         help="interpreter with mujoco.mjx and jax for the MJX peer (default: $DIFFSIM_MJX_PYTHON, "
                              "else this one; the peer is skipped with a message when none has them)")
+    parser.add_argument("--mjx-batches", default=None,
+                        help="batch sizes for the MJX peer (default: --batches; its CPU jit of a batch-4096 "
+                             "gradient takes many minutes)")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (0.05 if args.quick else 0.25)
     batches = [int(b) for b in args.batches.split(",")]
@@ -433,8 +439,9 @@ def main(argv=None) -> int:
         log("MJX peer skipped: no interpreter with mujoco.mjx and jax (pip install mujoco-mjx jax into a venv "
             "and pass --mjx-python or set DIFFSIM_MJX_PYTHON)")
     else:
+        mjx_batches = [int(b) for b in (args.mjx_batches or args.batches).split(",")]
         for case in cases:
-            mjx[case.name] = bench_mjx(mjx_py, case, batches, seconds)
+            mjx[case.name] = bench_mjx(mjx_py, case, mjx_batches, seconds)
         log("MJX peer: %s (JAX on the CPU, float32, one XLA thread)" % mjx_py)
     compile_batches = [int(b) for b in args.compile.split(",") if b]
     log("")

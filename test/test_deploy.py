@@ -233,3 +233,18 @@ def test_rebuilds_task_without_stored_config(hover_ckpt, tmp_path):
     a = PolicyRunner(hover_ckpt[0]).quadrotor([0.2, 0, 0.8], [0, 0, 0, 1], [0, 0.1, 0], [0, 0, 0], predict=False)
     b = PolicyRunner(d).quadrotor([0.2, 0, 0.8], [0, 0, 0, 1], [0, 0.1, 0], [0, 0, 0], predict=False)
     np.testing.assert_array_equal(a.command, b.command)
+
+
+def test_compiled_prediction_equals_eager_prediction(hover_ckpt):
+    """PolicyRunner(compile_prediction=True) predicts through the torch.compile'd step: the
+    same command, and the same next state as the eager runner to round-off, twice in a row
+    (the rotor speeds carried on)."""
+    d, _, _ = hover_ckpt
+    eager, compiled = PolicyRunner(d), PolicyRunner(d, compile_prediction=True)
+    p, quat, vl, w = [0.1, -0.2, 0.9], [0.05, 0.0, 0.0, 1.0], [0.2, 0.0, -0.1], [0.1, 0.3, 0.0]
+    for _ in range(2):
+        a, b = eager.quadrotor(p, quat, vl, w), compiled.quadrotor(p, quat, vl, w)
+        np.testing.assert_array_equal(a.command, b.command)
+        torch.testing.assert_close(b.predicted.q, a.predicted.q, rtol=0, atol=1e-12)
+        torch.testing.assert_close(b.predicted.v, a.predicted.v, rtol=0, atol=1e-10)
+        torch.testing.assert_close(b.predicted.actuator, a.predicted.actuator, rtol=1e-12, atol=1e-9)
