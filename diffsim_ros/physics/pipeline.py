@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .algorithms import _mm, _cross, gravity_joint_forces
+from .algorithms import gravity_joint_forces
 from .kinematics import Kinematics, kinematics_record
 from .stages.acceleration import acceleration
 from .stages.actuation import actuation

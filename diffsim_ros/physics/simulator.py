@@ -43,6 +43,10 @@ from .stages.integration import integrate as _integrate
 from .state import SimulationError, State, Trajectory  # noqa: F401  (re-exported)
 from .system import System, build_system
 
+# Also importable from here, as before the pipeline had modules of its own.
+__all__ = ["ACTUATORS", "INTEGRATORS", "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError",
+           "Simulator", "State", "Trajectory"]
+
 
 class Simulator:
     """Batched differentiable simulator over a :class:`Model` (or a ready :class:`System`)."""
