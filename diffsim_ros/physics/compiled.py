@@ -5,10 +5,11 @@
     sim = Simulator(model, config, compile=True)  # the same behind the usual wrapper
 
 At one environment the eager step is bound by per-operation overhead; the compiled step
-has no host synchronisation (the contact stage evaluates every point group under
-compilation instead of selecting the near ones), so Inductor fuses it into few kernels;
-with implicit joint terms one deliberate graph break separates the forces from the solve
-(see pipeline._substep). The system's tensors are constants of the graph: a changed
+is one graph (no host synchronisation: the contact stage evaluates every point group
+under compilation instead of selecting the near ones), which Inductor fuses into few
+kernels. (Contact sums reach the bodies through a one-hot product, not index_add: fused
+with the joint-space scatters, Inductor on the CPU miscompiled the latter; see
+stages/contact._to_bodies.) The system's tensors are constants of the graph: a changed
 parameter means a new ``CompiledStep`` (calibration and domain randomisation use the
 eager step). Compiling costs about two minutes for a nine-joint arm on a two-core machine
 the first time and ~10 s once the persistent cache holds it: ``TORCHINDUCTOR_CACHE_DIR``
@@ -51,7 +52,7 @@ class CompiledStep:
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
         # which at one environment halves what is left of the per-call overhead.
         options = {"cpp_wrapper": True} if cpp_wrapper and sys.model.device.type == "cpu" else {}
-        self._fn = torch.compile(flat, dynamic=False, options=options)
+        self._fn = torch.compile(flat, fullgraph=True, dynamic=False, options=options)
 
     def __call__(self, state: State, action) -> State:
         q = state.q

@@ -97,11 +97,6 @@ def _substep(sys: System, q, v, command, act, h: float):
     kin = kinematics_record(m, q.T, v.T)
     if cfg.integrator == "semi_implicit":
         f = _forces(sys, kin, q, v, command, act, h, cfg.implicit_damping)
-        if torch.compiler.is_compiling() and f.D is not None:
-            # Inductor (torch 2.13, CPU) miscompiles the joint-space forces and the implicit
-            # solve fused into one graph (each half alone is right; seen on the project's arm
-            # with PD and gravity compensation): two graphs here.
-            torch._dynamo.graph_break()
         qdd = acceleration(sys, kin, f.tau.T, f.contact.wrench, h,
                            None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
                            f.contact.damping).T

@@ -40,6 +40,14 @@ class Contact(NamedTuple):
         return full.reshape(G * S, B)[cs.flat_index]
 
 
+def _to_bodies(nb: int, gb: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Per-group (Gs, k, B) -> per-body (nb, k, B) sums, as one product with a one-hot matrix
+    (an index_add here, in one graph with the joint-space scatters, was miscompiled by
+    Inductor on the CPU, torch 2.13)."""
+    onehot = torch.nn.functional.one_hot(gb, nb).to(x.dtype)                        # (Gs, nb)
+    return (onehot.T @ x.reshape(x.shape[0], -1)).reshape((nb,) + x.shape[1:])
+
+
 def _near_groups(sys: System, kin: Kinematics) -> torch.Tensor:
     """(G,) bool: groups whose bounding sphere reaches the ground in some environment."""
     cs = sys.contact
@@ -95,7 +103,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         if implicit_friction:
             damping = _friction_blocks(m.nb, gb, C, xc, n)
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
-    wrench_b = wrench_b.index_add(0, gb, wrench)
+    wrench_b = _to_bodies(m.nb, gb, wrench)
     if pairs:
         wrench_b = wrench_b + _self_collision(sys, kin, x, radius)
     return Contact(wrench_b, damping, groups, gap, lam)
@@ -138,7 +146,7 @@ def _friction_blocks(nb: int, gb: torch.Tensor, C: torch.Tensor, x: torch.Tensor
     Cm = C[:, :, None] * mm
     outer = (Cx[:, :, :, None] * x[:, :, None] + Cm[:, :, :, None] * mm[:, :, None]).sum(1)   # (Gs, 3, 3, B)
     moments = torch.cat((C.sum(1)[:, None], Cx.sum(1), outer.flatten(1, 2), (Cx * x).sum((1, 2))[:, None]), 1)
-    s = torch.zeros(nb, moments.shape[1], B, dtype=dt, device=dev).index_add(0, gb, moments)
+    s = _to_bodies(nb, gb, moments)
     c, cx, xxmm, xx = s[:, 0], s[:, 1:4], s[:, 4:13].unflatten(1, (3, 3)), s[:, 13]
     eye = torch.eye(3, dtype=dt, device=dev)[None, :, :, None]
     Pm = (eye - n[:, None] * n[None, :]).expand(nb, 3, 3, B)                        # tangential projector
