@@ -23,8 +23,8 @@ from typing import Optional
 
 import torch
 
-from .pipeline import check_finite, step as pure_step
-from .state import SimulationError, State
+from .pipeline import batch_action, guard, step as pure_step
+from .state import State
 from .system import System
 
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "diffsim_ros", "torchinductor")
@@ -55,19 +55,9 @@ class CompiledStep:
         self._fn = torch.compile(flat, fullgraph=True, dynamic=False, options=options)
 
     def __call__(self, state: State, action) -> State:
-        q = state.q
-        action = torch.as_tensor(action, dtype=q.dtype, device=q.device)
-        na = self.system.action_dim
-        if action.shape[-1] != na:
-            raise ValueError(f"action has last dimension {action.shape[-1]}, the '{self.system.config.actuator}' "
-                             f"interface of this simulator expects {na}")
-        action = action.expand(q.shape[:-1] + (na,))
+        action = batch_action(self.system, state, action)
         nq, nv, act, delay, t, qdd = self._fn(state.q, state.v, state.actuator, state.delay, state.t, action)
         new = State(q=nq, v=nv, actuator=act, delay=delay, t=t)
         if self.nan_check:
-            try:
-                check_finite(new, action=action, qdd=qdd)
-            except SimulationError:
-                check_finite(state, where="input")
-                raise
+            guard(state, new, action, qdd)
         return new

@@ -8,7 +8,7 @@ position, or the world origin for a fixed base) and spatial quantities are in
 world-aligned axes at ``o``, so no precision is lost as a robot travels.
 
     kin = kinematics(model, q, v)          # batch-first inputs (..., nq), (..., nv)
-    p, J = kin.link_kinematics(link)       # (..., 3), (..., 3, nv): world position and Jacobian
+    I = kin.inertia(model)                 # (nb, 6, 6, B) spatial inertias at kin.o
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .algorithms import _body_placements, _body_sum, _cross, _flatten, _frame_origin, _motion_subspaces, _mm, _mv, \
-    _spatial_inertia, _topo, _tree_sum, _unflatten
+from .algorithms import _body_placements, _body_sum, _flatten, _frame_origin, _motion_subspaces, _mm, _mv, \
+    _spatial_inertia, _topo, _tree_sum
 from .model import Model
 
 
@@ -44,32 +44,6 @@ class Kinematics(NamedTuple):
         c_w = self.p + _mv(self.R, model.com[..., None])
         I_c = _mm(_mm(self.R, model.inertia[..., None]), self.R.transpose(1, 2))
         return _spatial_inertia(model.mass, c_w, I_c)
-
-    def link_kinematics(self, model: Model, link: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """World position (..., 3) of the origin of link ``link`` (index in
-        ``model.link_names``) and its Jacobian (..., 3, nv): the origin moves at ``J @ v``."""
-        body = model.link_body[link]
-        B = self.R.shape[-1]
-        dt, dev = self.R.dtype, self.R.device
-        if body < 0:                                                    # fixed to the world
-            p = model.link_p[link][:, None].expand(3, B)
-            return _unflatten(p, self.batch), _unflatten(torch.zeros(3, model.nv, B, dtype=dt, device=dev),
-                                                         self.batch)
-        topo = _topo(model)
-        x = self.p[body] + _mv(self.R[body], model.link_p[link][:, None])   # (3, B) relative to o
-        # A dof's twist (v_o, w) at o moves the point x at v_o + w x x.
-        lin = self.S[:, 0:3] + _cross(self.S[:, 3:6], x[None].expand_as(self.S[:, 3:6]))
-        moves = topo.anc[body][topo.body_of_dof]
-        J = (lin * moves[:, None, None]).transpose(0, 1)
-        return _unflatten(x + self.o[0], self.batch), _unflatten(J, self.batch)
-
-    def link_position(self, model: Model, link: int) -> torch.Tensor:
-        """World position (..., 3) of the origin of link ``link``."""
-        body = model.link_body[link]
-        if body < 0:
-            return model.link_p[link].expand(self.batch + (3,))
-        x = self.p[body] + _mv(self.R[body], model.link_p[link][:, None]) + self.o[0]
-        return _unflatten(x, self.batch)
 
 
 def kinematics_record(model: Model, qf: torch.Tensor, vf: Optional[torch.Tensor] = None,

@@ -4,7 +4,7 @@ One pipeline per substep, as MuJoCo's: kinematics (the record, once) -> actuatio
 passive forces -> contact -> aerodynamics -> acceleration -> integration. Every stage
 is a function of the frozen :class:`~diffsim_ros.physics.system.System` and tensors,
 so the step is differentiable in the state, the action and every tensor of the system,
-has no side effects, and leaves host synchronisation (the NaN guard) to the caller:
+has no side effects, and leaves the NaN guard (a host synchronisation) to the caller:
 
     sys = build_system(model, SimConfig(dt=2e-3))
     state, data = step(sys, state, action)
@@ -29,7 +29,7 @@ from .stages.contact import Contact, contact
 from .stages.integration import qdot, rk4_combine, semi_implicit_euler
 from .stages.passive import passive
 from .state import SimulationError, State
-from .system import ContactSet, System
+from .system import System
 
 
 @dataclass
@@ -37,16 +37,11 @@ class Data:
     """What the last substep computed: qdd (..., nv) the accelerations; kin the kinematics
     record (batch-last, at the substep's start); contact the wrenches per body (nb, 6, B)
     about kin.o and the evaluated points' gaps and normal forces (see
-    :class:`~diffsim_ros.physics.stages.contact.Contact`)."""
+    :class:`~diffsim_ros.physics.stages.contact.Contact`; ``Contact.flat`` lays them out
+    per point)."""
     qdd: torch.Tensor
     kin: Kinematics
     contact: Contact
-    contact_set: ContactSet
-
-    def contact_normal_force(self) -> torch.Tensor:
-        """Every contact point's ground normal force (..., P), N (0 where none can touch)."""
-        flat = self.contact.flat(self.contact_set, self.contact.normal, 0.0)
-        return flat.T.reshape(self.kin.batch + flat.shape[:1])
 
 
 class _Forces(NamedTuple):
@@ -120,15 +115,12 @@ def _substep(sys: System, q, v, command, act, h: float):
 
 def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
     """Advance by ``sys.config.dt``: the new :class:`State` and the last substep's :class:`Data`.
-    Pure: the inputs are not changed; no host synchronisation."""
+    Pure: the inputs are not changed. The only host synchronisation is the contact stage's
+    choice of point groups on the CPU in eager mode (none under torch.compile or on a GPU)."""
     cfg, m = sys.config, sys.model
     batch = state.q.shape[:-1]
     na = sys.action_dim
-    action = torch.as_tensor(action, dtype=state.q.dtype, device=state.q.device)
-    if action.shape[-1] != na:
-        raise ValueError(f"action has last dimension {action.shape[-1]}, the '{cfg.actuator}' interface "
-                         f"of this simulator expects {na}")
-    action = action.expand(batch + (na,))
+    action = batch_action(sys, state, action)
     delay = state.delay
     if cfg.command_delay > 0:
         command = delay[..., 0, :]
@@ -146,7 +138,29 @@ def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
     new = State(q=q.reshape(batch + (m.nq,)), v=v.reshape(batch + (m.nv,)),
                 actuator=None if act is None else act.reshape(batch + act.shape[-1:]), delay=delay,
                 t=state.t + cfg.dt if state.t is not None else None)
-    return new, Data(qdd=qdd.reshape(batch + (m.nv,)), kin=kin, contact=con, contact_set=sys.contact)
+    return new, Data(qdd=qdd.reshape(batch + (m.nv,)), kin=kin, contact=con)
+
+
+def batch_action(sys: System, state: State, action) -> torch.Tensor:
+    """The action as a tensor of the state's dtype and device, expanded to its batch; a wrong
+    last dimension is a ValueError naming the interface."""
+    q = state.q
+    action = torch.as_tensor(action, dtype=q.dtype, device=q.device)
+    na = sys.action_dim
+    if action.shape[-1] != na:
+        raise ValueError(f"action has last dimension {action.shape[-1]}, the '{sys.config.actuator}' interface "
+                         f"of this simulator expects {na}")
+    return action.expand(q.shape[:-1] + (na,))
+
+
+def guard(before: State, after: State, action: torch.Tensor, qdd: torch.Tensor) -> None:
+    """The NaN guard of a step: raise SimulationError for a non-finite result, naming the
+    input state instead when that was already bad."""
+    try:
+        check_finite(after, action=action, qdd=qdd)
+    except SimulationError:
+        check_finite(before, where="input")
+        raise
 
 
 def check_finite(state: State, where: str = "result", **extra: Optional[torch.Tensor]) -> None:

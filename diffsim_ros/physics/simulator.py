@@ -35,7 +35,7 @@ import torch
 from .algorithms import _cross
 from .kinematics import kinematics_record
 from .model import Model
-from .pipeline import Data, check_finite, step as pure_step
+from .pipeline import Data, batch_action, check_finite, guard, step as pure_step
 from .quadrotor import ConfigError, RotorConfig, Rotors  # noqa: F401  (re-exported)
 from .sim_config import ACTUATORS, INTEGRATORS, SimConfig  # noqa: F401  (re-exported)
 from .stages.contact import contact
@@ -63,10 +63,6 @@ class Simulator:
         if compile:
             from .compiled import CompiledStep
             self._compiled = CompiledStep(self.system)
-
-    @classmethod
-    def from_system(cls, sys: System) -> "Simulator":
-        return cls(sys)
 
     def replace(self, **changes) -> "Simulator":
         """A simulator over ``self.system.replace(**changes)`` (calibration, randomisation;
@@ -202,15 +198,11 @@ class Simulator:
         The last step's :class:`Data` is kept as ``last_data`` (eager steps only)."""
         if self._compiled is not None:
             return self._compiled(state, action)
+        action = batch_action(self.system, state, action)
         new, data = pure_step(self.system, state, action)
         self.last_data = data
         if self.config.nan_check:
-            action = torch.as_tensor(action, dtype=state.q.dtype, device=state.q.device)
-            try:
-                check_finite(new, action=action.expand(state.q.shape[:-1] + action.shape[-1:]), qdd=data.qdd)
-            except SimulationError:
-                check_finite(state, where="input")   # name the input when it was already bad
-                raise
+            guard(state, new, action, data.qdd)
         return new
 
     def check_finite(self, state: State, where: str = "result", **extra: torch.Tensor) -> None:
