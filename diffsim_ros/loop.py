@@ -278,6 +278,9 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
             time.sleep(0.05)
         procs.start("controller", "policy_controller", {
             "checkpoint": str(ckpt), "config": config, "lockstep": True, "state_timeout_s": 5.0,
+            # The plant stamps its states with simulated time and publishes it on /clock: the
+            # controller's stamp rule compares against that clock.
+            "use_sim_time": True,
             # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
             "wait_for_subscribers": 2, "wait_for_recorders": 1,
             "stats_file": str(logs / "controller_stats.json")})

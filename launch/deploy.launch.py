@@ -96,6 +96,9 @@ def _setup(context, *args, **kwargs):
         "interface": get("interface"),
         "rate_hz": float(get("rate_hz")),
         "lockstep": lockstep,
+        # The stand-in and Gazebo stamp states with simulated time (and publish /clock): the
+        # controller's stamp rule (max_stamp_skew_s) compares against that clock.
+        "use_sim_time": target in ("mujoco", "gazebo"),
     }
     point = [float(x) for x in get("target_point").strip("[] ").split(",") if x.strip()]
     if point:

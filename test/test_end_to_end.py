@@ -277,6 +277,7 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
         stats = tmp_path / "controller_stats.json"
         s.start("controller", "policy_controller", {
             "checkpoint": str(ckpt), "lockstep": "true", "state_timeout_s": 2.0, "watchdog_hz": 10.0,
+            "use_sim_time": "true",          # the plant's states carry simulated time (its /clock)
             # plant + recorder + this observer on /cmd_ctbr; recorder + observer on the bookkeeping topics
             "wait_for_subscribers": 3, "wait_for_recorders": 2,
             "stats_file": str(stats), "diagnostics_period_s": 0.5})
@@ -407,7 +408,7 @@ def arm_run(tmp_path_factory):
         s.wait(lambda: len(s.messages("/joint_states")) >= 2, 60, "the plant's initial state")
         stats = tmp / "controller_stats.json"
         # A long state timeout: on a loaded machine a lockstep cycle must not trip the watchdog here.
-        s.start("controller", "policy_controller", {"checkpoint": str(ckpt), "lockstep": "true",
+        s.start("controller", "policy_controller", {"checkpoint": str(ckpt), "lockstep": "true", "use_sim_time": "true",
                                                     "state_timeout_s": 10.0, "target": json.dumps(target),
                                                     "controller_joints": json.dumps(order),
                                                     "wait_for_subscribers": 3, "wait_for_recorders": 2,

@@ -16,23 +16,31 @@ latest state; ``lockstep: true`` computes exactly one command per received state
 before the prediction is computed, so the simulator step (milliseconds at batch 1)
 never delays it; ``predict_every`` thins predictions out at high rates.
 
-Safety (the node never crashes on a message; it rejects it, counts it, and falls
-back to the safe command):
+Safety: every rule lives in the ROS-free supervisor (diffsim_ros/control/supervisor.py);
+this node converts messages for it and publishes what it decides. In short:
 
-- every command is clamped to the URDF limits of the checkpoint's robot;
-- watchdog: when the latest state is older than ``state_timeout_s`` (receive time,
-  steady clock) or the latest message held NaN/Inf, the safe command is sent:
-  arms: hold the last valid measured position (position / joint_trajectory
-  interfaces) or zero (effort, velocity); quadrotors: ``safe_thrust`` N collective
-  with zero body rates (0 = motors off);
-- ``~/emergency_stop`` (std_srvs/SetBool): true latches the safe command until a
-  call with false;
+- a state is accepted only when it is plausible: finite, joint positions within the URDF
+  limits (+ ``position_margin``), speeds within bounds derived from the URDF velocity limits,
+  a base inside ``workspace_min``/``workspace_max``, a unit quaternion, the expected
+  ``frame_id``/``child_frame_id``, message arrays of consistent lengths, stamps that never go
+  backwards and lie within ``max_stamp_skew_s`` of the node's clock (set use_sim_time against
+  a simulator's /clock). The hold position is only ever taken from an accepted state;
+- a rejected state, a stale one (older than ``state_timeout_s``, steady clock), a bad IMU
+  reading or any exception in the control path (the policy, the prediction, publishing) latches
+  the safe command until ``recover_states`` consecutive new accepted states, or a call of
+  ``~/reset`` (std_srvs/Trigger; it also forgets the stamp history, e.g. after a simulator
+  restart). The diagnostics name the field and its value;
+- safe command: arms hold the last accepted position (position / joint_trajectory interfaces)
+  or command zero (effort, velocity); quadrotors ``safe_thrust`` N collective with zero body
+  rates (0 = motors off). Every command is clamped to the URDF limits of the checkpoint's robot;
+- ``~/emergency_stop`` (std_srvs/SetBool): true latches the safe command until a call with
+  false (releasing is an explicit operator action and clears the fault latch as ~/reset does);
 - a checkpoint for another robot (``urdf``, ``config`` or ``robot_description_topic``)
   is refused at start: the node prints the reason and exits with status 2.
 
-A message that names too few joints is rejected but does not trip the safe
-command by itself (robots often publish a gripper's joint state separately); the
-watchdog trips once no complete state has arrived for ``state_timeout_s``.
+A message that names too few joints is ignored but does not trip the safe command by itself
+(robots often publish a gripper's joint state separately); the watchdog trips once no
+complete state has arrived for ``state_timeout_s``.
 """
 from __future__ import annotations
 
@@ -47,6 +55,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ..control.supervisor import SupervisorConfig
 from .common import StartupError as _CommonStartupError
 from .common import resolve_path
 
@@ -96,11 +105,7 @@ PARAMETERS: Dict[str, Any] = {
     "target_topic": ("/diffsim/target", "geometry_msgs/PointStamped that replaces the goal at run time"),
     "rate_hz": (0.0, "Hz, control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep"),
     "lockstep": (False, "bool: one command per received state instead of a timer"),
-    "state_timeout_s": (0.1, "s, watchdog: a state older than this (receive time) triggers the safe command"),
     "watchdog_hz": (20.0, "Hz, how often the watchdog checks the state age in lockstep mode"),
-    "safe_mode": ("auto", "arms: hold (last valid measured position), zero (zero effort/velocity) or auto "
-                          "(hold for position and joint_trajectory, zero for effort and velocity)"),
-    "safe_thrust": (0.0, "N, quadrotors: collective thrust of the safe command (body rates zero); 0: motors off"),
     "wait_for_subscribers": (0, "answer no state until the command topic has at least this many matched "
                                 "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)"),
     "wait_for_recorders": (0, "answer no state until /diffsim/command, /diffsim/predicted_state and /diagnostics "
@@ -113,11 +118,44 @@ PARAMETERS: Dict[str, Any] = {
     "diagnostics_topic": ("/diagnostics", "diagnostic_msgs/DiagnosticArray"),
     "diagnostics_period_s": (1.0, "s, diagnostics period"),
     "stats_file": ("", "write the node's counters as JSON here at shutdown (empty: no file)"),
-    "frame_id": ("world", "frame of the predicted odometry (quadrotors)"),
-    "child_frame_id": ("base_link", "child frame of the predicted odometry (quadrotors)"),
 }
+_SUP = SupervisorConfig()
+#: The supervisor's settings (control/supervisor.py), read into SupervisorConfig; defaults from it.
+SUPERVISOR_PARAMETERS: Dict[str, Any] = {
+    "state_timeout_s": (_SUP.state_timeout_s, "s, watchdog: a state older than this (receive time, steady clock) "
+                                              "latches the safe command"),
+    "recover_states": (_SUP.recover_states, "after a fault (rejected state, stale state, exception in the control "
+                                            "path) the safe command is held until this many consecutive new "
+                                            "accepted states, or a ~/reset call"),
+    "position_margin": (_SUP.position_margin, "rad or m: a measured joint position further than this outside its "
+                                              "URDF limits is rejected"),
+    "velocity_limit_factor": (_SUP.velocity_limit_factor, "a measured joint speed above this multiple of its URDF "
+                                                          "velocity limit is rejected"),
+    "default_velocity_limit": (_SUP.default_velocity_limit, "rad/s or m/s, joint speed bound where the URDF gives "
+                                                            "no velocity limit"),
+    "workspace_min": (list(_SUP.workspace_min), "m, [x, y, z] lower corner of the box a measured base position "
+                                                "must lie in (floating base)"),
+    "workspace_max": (list(_SUP.workspace_max), "m, [x, y, z] upper corner of that box"),
+    "max_linear_speed": (_SUP.max_linear_speed, "m/s, bound of the measured base linear speed"),
+    "max_angular_speed": (_SUP.max_angular_speed, "rad/s, bound of the measured base angular speed (odometry, IMU)"),
+    "quaternion_tolerance": (_SUP.quaternion_tolerance, "largest accepted | |q| - 1 | of a measured orientation"),
+    "frame_id": (_SUP.frame_id, "world frame: the required header.frame_id of /odom and the frame of the "
+                                "predicted odometry (empty: accept any non-empty frame)"),
+    "child_frame_id": (_SUP.child_frame_id, "body frame: the required child_frame_id of /odom and of the predicted "
+                                            "odometry (empty: accept any non-empty frame)"),
+    "max_stamp_skew_s": (_SUP.max_stamp_skew_s, "s, a state whose header stamp is further than this from the node's "
+                                                "clock is rejected (0: not compared; stamps must never go backwards "
+                                                "either way). Against a simulator's time set use_sim_time"),
+    "safe_mode": (_SUP.safe_mode, "arms: hold (last accepted measured position), zero (zero effort/velocity) or "
+                                  "auto (hold for position and joint_trajectory, zero for effort and velocity)"),
+    "safe_thrust": (_SUP.safe_thrust, "N, quadrotors: collective thrust of the safe command (body rates zero); "
+                                      "0: motors off"),
+}
+PARAMETERS.update(SUPERVISOR_PARAMETERS)
+
 #: Element type of the list parameters (an empty default cannot say it).
-ARRAY_TYPES = {"controller_joints": "string", "target": "double"}
+ARRAY_TYPES = {"controller_joints": "string", "target": "double", "workspace_min": "double",
+               "workspace_max": "double"}
 
 
 class StartupError(_CommonStartupError):
@@ -132,22 +170,6 @@ def ns_to_stamp(ns: int, stamp_cls):
     s = stamp_cls()
     s.sec, s.nanosec = int(ns // 1_000_000_000), int(ns % 1_000_000_000)
     return s
-
-
-def px4_rates_setpoint(cmd, max_total_thrust: float):
-    """A CTBR command [collective thrust N, p q r rad/s in the body frame FLU (REP-103)] as PX4's
-    VehicleRatesSetpoint fields: body rates in FRD (x forward, y right, z down: q and r change
-    sign) and thrust_body normalised by the total maximum thrust, along -z of FRD."""
-    t = float(np.clip(cmd[0] / max_total_thrust, 0.0, 1.0))
-    return float(cmd[1]), -float(cmd[2]), -float(cmd[3]), [0.0, 0.0, -t]
-
-
-def quat_to_rpy(x: float, y: float, z: float, w: float):
-    """Roll, pitch, yaw (rad, ZYX) of a unit quaternion."""
-    roll = math.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
-    pitch = math.asin(max(-1.0, min(1.0, 2 * (w * y - z * x))))
-    yaw = math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-    return roll, pitch, yaw
 
 
 def percentile(values, q: float) -> float:
@@ -177,10 +199,14 @@ def make_node_class():
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Imu, JointState
     from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
-    from std_srvs.srv import SetBool
+    from rclpy.clock import Clock, ClockType
+    from std_srvs.srv import SetBool, Trigger
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
     from ..learning.checkpoint import CheckpointError
+    from ..control import (ImuIn, JointStateIn, OdometryIn, Supervisor, SupervisorConfig,
+                           SupervisorConfigError)
+    from ..control import outputs
     from ..learning.deploy import PolicyRunner, StateError
     from . import common
 
@@ -247,16 +273,7 @@ def make_node_class():
                 except ImportError:
                     raise StartupError("interface px4_rates: the px4_msgs package is not importable here "
                                        "(build PX4/px4_msgs matching the autopilot's firmware)") from None
-            # ---------------------------------------------------------- target
-            tgt = list(p("target"))
-            self.target = None
-            if len(tgt) == 3:
-                self.target = r.target_tensor(tgt)
-            elif tgt:
-                raise StartupError(f"parameter 'target' needs 3 numbers (or none), got {tgt}")
-            if self.target is None and r.kind == "arm":
-                raise StartupError("parameter 'target' is required for a reach policy: [x, y, z] in m, world frame")
-            # ---------------------------------------------------------- timing and safety
+            # ---------------------------------------------------------- timing
             self.lockstep = bool(p("lockstep"))
             rate = float(p("rate_hz")) or 1.0 / self.dt
             if not rate > 0:
@@ -265,36 +282,28 @@ def make_node_class():
                 self.get_logger().warning(f"rate_hz {rate:g} differs from the policy's training rate "
                                           f"{1 / self.dt:g} Hz (dt {self.dt:g} s)")
             self.rate = rate
-            self.timeout_ns = int(float(p("state_timeout_s")) * 1e9)
-            mode = p("safe_mode")
-            if mode not in ("auto", "hold", "zero"):
-                raise StartupError(f"parameter 'safe_mode' must be auto, hold or zero, got {mode!r}")
-            if mode == "auto":
-                mode = "hold" if (r.kind == "arm" and r.interface == "position") else "zero"
-            if r.kind == "arm" and mode == "hold" and r.interface != "position":
-                raise StartupError(f"safe_mode hold needs a position interface; this checkpoint commands "
-                                   f"'{r.interface}'")
-            self.safe_mode = mode if r.kind == "arm" else "thrust"
-            self.safe_thrust = float(p("safe_thrust"))
             self.predict_every = int(p("predict_every"))
             self.legacy_tau = float(p("legacy_attitude_time_s"))
-            self.imu_rates = bool(p("imu_angular_velocity"))
-            # ---------------------------------------------------------- state
-            self.latest = None               # (receive steady ns, stamp ns, simulator State)
-            self.latest_bad = False          # the latest message held NaN/Inf
-            self.hold_q: Optional[np.ndarray] = None
-            self.imu_w: Optional[np.ndarray] = None
-            self.estop = False
+            # ---------------------------------------------------------- the supervisor (control/supervisor.py)
+            try:
+                sup_cfg = SupervisorConfig.from_mapping({k: p(k) for k in SUPERVISOR_PARAMETERS})
+                self.sup = Supervisor(r, sup_cfg, imu_rates=bool(p("imu_angular_velocity")))
+            except (SupervisorConfigError, TypeError) as e:
+                raise StartupError(f"parameter {e}") from None
+            tgt = list(p("target"))
+            if len(tgt) == 3:
+                self.sup.set_target(tgt)
+            elif tgt:
+                raise StartupError(f"parameter 'target' needs 3 numbers (or none), got {tgt}")
+            if self.sup.target is None and r.kind == "arm":
+                raise StartupError("parameter 'target' is required for a reach policy: [x, y, z] in m, world frame")
             self.last_safe_reason = ""
             self.last_answered: Optional[int] = None
             self._last_predicted: Optional[int] = None
             self.wait_subs, self.wait_recs = int(p("wait_for_subscribers")), int(p("wait_for_recorders"))
             self._gate_open = self.wait_subs <= 0 and self.wait_recs <= 0
-            self.counts = {k: 0 for k in ("states_received", "states_repeated", "states_rejected", "imu_received",
-                                          "imu_rejected", "commands_sent", "policy_commands", "safe_commands", "commands_clamped",
-                                          "predictions_sent", "diagnostics_sent", "metadata_sent",
-                                          "missed_deadlines", "errors")}
-            self.last_reject = ""
+            self.node_counts = {k: 0 for k in ("commands_sent", "predictions_sent", "diagnostics_sent",
+                                               "metadata_sent", "missed_deadlines", "errors")}
             self.compute_ms: deque = deque(maxlen=5000)
             self.period_ms: deque = deque(maxlen=5000)
             self._last_tick = None
@@ -349,15 +358,20 @@ def make_node_class():
             self.pub_meta = self.create_publisher(String, p("metadata_topic"), latched)
             self.pub_diag = self.create_publisher(DiagnosticArray, p("diagnostics_topic"), default)
             self.create_service(SetBool, "~/emergency_stop", self._on_estop)
+            self.create_service(Trigger, "~/reset", self._on_reset)
             if self.lockstep:
-                self.timer = self.create_timer(1.0 / max(float(p("watchdog_hz")), 1e-3), self._watchdog_tick)
+                # The watchdog runs on the steady clock: under use_sim_time a stopped simulation
+                # stops the simulated clock, and that is when it is needed.
+                steady = Clock(clock_type=ClockType.STEADY_TIME)
+                self.timer = self.create_timer(1.0 / max(float(p("watchdog_hz")), 1e-3), self._watchdog_tick,
+                                               clock=steady)
             else:
                 self.timer = self.create_timer(1.0 / rate, self._control_tick)
             self.create_timer(float(p("diagnostics_period_s")), self._publish_diagnostics)
             self._publish_metadata()
             self.get_logger().info(
                 f"{r.describe()}; publishing {iface} on {self.out_topic}; "
-                f"{'lockstep' if self.lockstep else f'{rate:g} Hz'}; safe command: {self._safe_description()}")
+                f"{'lockstep' if self.lockstep else f'{rate:g} Hz'}; safe command: {self.sup.safe_description}")
 
         # -------------------------------------------------------------- parameters
         def _declare(self):
@@ -414,18 +428,9 @@ def make_node_class():
             return got[-1]
 
         # -------------------------------------------------------------- inputs
-        def _reject(self, what: str, reason: str, bad_value: bool):
-            self.counts["states_rejected" if what != "imu" else "imu_rejected"] += 1
-            self.last_reject = f"{what}: {reason}"
-            if bad_value:
-                self.latest_bad = True
-            self.get_logger().warning(f"rejected {what} message: {reason}", throttle_duration_sec=1.0)
-
-        def _accept(self, stamp: int, state):
-            self.latest = (time.monotonic_ns(), stamp, state)
-            self.latest_bad = False
-            if self.kind == "arm":
-                self.hold_q = self.runner.joint_positions(state)
+        def _clock_ns(self) -> Optional[int]:
+            """The node's clock for the stamp rule (simulated time under use_sim_time)."""
+            return int(self.get_clock().now().nanoseconds)
 
         def _ready(self) -> bool:
             """The gates of wait_for_subscribers / wait_for_recorders (checked until they open once)."""
@@ -440,109 +445,74 @@ def make_node_class():
             self.get_logger().info("subscribers matched: answering states")
             return True
 
-        def _answer_lockstep(self, stamp: int) -> bool:
-            """doc/interfaces.md: a lockstep plant republishes its initial state until the first
-            command; answering each copy would put two commands in flight, so a state with the
-            stamp of the one answered last is taken (it refreshes the watchdog) but not answered."""
-            if stamp == self.last_answered:
-                self.counts["states_repeated"] += 1
-                return False
-            if not self._ready():
-                return False
+        def _on_verdict(self, what: str, v, stamp: int):
+            """After the supervisor judged a state: log a rejection; in lockstep answer each new state
+            once (a fault with the safe command at once). doc/interfaces.md: a lockstep plant
+            republishes its initial state until the first command; answering each copy would put
+            two commands in flight, so a state with the stamp answered last is not answered."""
+            if not v.accepted:
+                self.get_logger().warning(f"rejected {what} message: {v.reason}", throttle_duration_sec=1.0)
+                if v.fault and self.lockstep and self._ready():
+                    self._step()
+                return
+            if not self.lockstep:
+                return
+            if stamp == self.last_answered or not self._ready():
+                return
             self.last_answered = stamp
-            return True
+            self._step()
 
         def _on_joint_state(self, msg):
             with self.lock:
-                self.counts["states_received"] += 1
-                try:
-                    st = self.runner.arm_state(list(msg.name), list(msg.position), list(msg.velocity))
-                except StateError as e:
-                    # Non-finite values mean the sensor is broken: safe command. Missing joints may be another
-                    # publisher's partial message: reject it and let the watchdog judge the age.
-                    self._reject("joint_states", str(e), bad_value="non-finite" in str(e))
-                    if self.lockstep and self.latest_bad:
-                        self._send_safe("non-finite state")
-                    return
-                except Exception as e:  # noqa: BLE001 - never crash on a message
-                    self._reject("joint_states", f"{type(e).__name__}: {e}", bad_value=True)
-                    return
                 stamp = stamp_ns(msg.header.stamp)
-                self._accept(stamp, st)
-                if self.lockstep and self._answer_lockstep(stamp):
-                    self._step()
+                js = JointStateIn(list(msg.name), list(msg.position), list(msg.velocity), list(msg.effort), stamp)
+                self._on_verdict("joint_states", self.sup.on_joint_state(js, time.monotonic_ns(),
+                                                                         self._clock_ns()), stamp)
 
         def _on_odom(self, msg):
             with self.lock:
-                self.counts["states_received"] += 1
-                try:
-                    pp, o, tw = msg.pose.pose.position, msg.pose.pose.orientation, msg.twist.twist
-                    w = [tw.angular.x, tw.angular.y, tw.angular.z]
-                    if self.imu_rates and self.imu_w is not None:
-                        w = self.imu_w
-                    st = self.runner.quadrotor_state([pp.x, pp.y, pp.z], [o.x, o.y, o.z, o.w],
-                                                     [tw.linear.x, tw.linear.y, tw.linear.z], w)
-                except StateError as e:
-                    self._reject("odom", str(e), bad_value=True)
-                    if self.lockstep:
-                        self._send_safe("bad state")
-                    return
-                except Exception as e:  # noqa: BLE001
-                    self._reject("odom", f"{type(e).__name__}: {e}", bad_value=True)
-                    return
+                pp, o, tw = msg.pose.pose.position, msg.pose.pose.orientation, msg.twist.twist
                 stamp = stamp_ns(msg.header.stamp)
-                self._accept(stamp, st)
-                if self.lockstep and self._answer_lockstep(stamp):
-                    self._step()
+                od = OdometryIn([pp.x, pp.y, pp.z], [o.x, o.y, o.z, o.w], [tw.linear.x, tw.linear.y, tw.linear.z],
+                                [tw.angular.x, tw.angular.y, tw.angular.z], stamp, msg.header.frame_id,
+                                msg.child_frame_id)
+                self._on_verdict("odom", self.sup.on_odometry(od, time.monotonic_ns(), self._clock_ns()), stamp)
 
         def _on_imu(self, msg):
             with self.lock:
-                self.counts["imu_received"] += 1
-                try:
-                    w = np.array([msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z])
-                    o = np.array([msg.orientation.x, msg.orientation.y, msg.orientation.z, msg.orientation.w])
-                    a = np.array([msg.linear_acceleration.x, msg.linear_acceleration.y, msg.linear_acceleration.z])
-                    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(o)) and np.all(np.isfinite(a))):
-                        self._reject("imu", "non-finite IMU reading", bad_value=True)
-                        return
-                    self.imu_w = w
-                except Exception as e:  # noqa: BLE001
-                    self._reject("imu", f"{type(e).__name__}: {e}", bad_value=False)
+                w, o, a = msg.angular_velocity, msg.orientation, msg.linear_acceleration
+                imu = ImuIn([w.x, w.y, w.z], [o.x, o.y, o.z, o.w], [a.x, a.y, a.z], stamp_ns(msg.header.stamp))
+                v = self.sup.on_imu(imu, time.monotonic_ns())
+                if not v.accepted:
+                    self.get_logger().warning(f"rejected imu message: {v.reason}", throttle_duration_sec=1.0)
 
         def _on_target(self, msg):
             with self.lock:
                 try:
-                    self.target = self.runner.target_tensor([msg.point.x, msg.point.y, msg.point.z])
-                    self.get_logger().info(f"new target {self.target[0].tolist()}")
+                    self.sup.set_target([msg.point.x, msg.point.y, msg.point.z])
+                    self.get_logger().info(f"new target {self.sup.target[0].tolist()}")
                 except StateError as e:
                     self.get_logger().warning(f"rejected target: {e}")
 
         def _on_estop(self, req, resp):
             with self.lock:
-                self.estop = bool(req.data)
+                resp.message = self.sup.on_estop(bool(req.data), time.monotonic_ns())
                 resp.success = True
-                resp.message = ("emergency stop engaged: safe command latched until released"
-                                if self.estop else "emergency stop released")
                 self.get_logger().warning(resp.message)
                 # At once on a timer loop; in lockstep the next state gets it (an extra command would
                 # put a second one in flight in the plant's loop).
-                if self.estop and not self.lockstep:
-                    self._send_safe("emergency stop")
+                if self.sup.estop and not self.lockstep:
+                    self._step()
+            return resp
+
+        def _on_reset(self, req, resp):
+            with self.lock:
+                resp.message = self.sup.reset(time.monotonic_ns())
+                resp.success = True
+                self.get_logger().warning(f"reset: {resp.message}")
             return resp
 
         # -------------------------------------------------------------- the loop
-        def _stale(self) -> Optional[str]:
-            if self.estop:
-                return "emergency stop"
-            if self.latest_bad:
-                return "latest state held NaN/Inf or was unreadable"
-            if self.latest is None:
-                return "no state received yet"
-            age = time.monotonic_ns() - self.latest[0]
-            if age > self.timeout_ns:
-                return f"state is {age / 1e9:.3f} s old (timeout {self.timeout_ns / 1e9:g} s)"
-            return None
-
         def _control_tick(self):
             with self.lock:
                 now = time.monotonic()
@@ -550,86 +520,75 @@ def make_node_class():
                     period = (now - self._last_tick) * 1e3
                     self.period_ms.append(period)
                     if period > 1.5e3 / self.rate:
-                        self.counts["missed_deadlines"] += 1
+                        self.node_counts["missed_deadlines"] += 1
                 self._last_tick = now
                 if self._ready():
                     self._step()
 
         def _watchdog_tick(self):
             with self.lock:
-                reason = self._stale()
+                reason = self.sup.blocked(time.monotonic_ns())
                 if reason is not None and reason != "no state received yet" and self._ready():
-                    self._send_safe(reason)
+                    self._step()
 
         def _step(self):
+            """One decision of the supervisor, sent; the prediction after the command went out (the
+            simulator step must not delay it). Any exception here latches the safe command."""
+            t0 = time.perf_counter()
             try:
-                reason = self._stale()
-                if reason is not None:
-                    if reason != "no state received yet":
-                        self._send_safe(reason)
+                tick = self.sup.tick(time.monotonic_ns())
+                if tick.command is None:
                     return
-                t0 = time.perf_counter()
-                _, stamp, state = self.latest
-                # One prediction per state: a timer faster than the state rate recomputes the command
-                # from the same state, whose prediction is already out.
-                predict = (self.predict_every > 0 and stamp != self._last_predicted
-                           and self.counts["policy_commands"] % self.predict_every == 0)
-                d = self.runner.decide(state, self.target, predict=False)
-                self._publish(d.command, stamp, state)
-                self.counts["policy_commands"] += 1
-                self.counts["commands_clamped"] += int(d.clamped)
-                self.compute_ms.append((time.perf_counter() - t0) * 1e3)
-                if self.lockstep and (time.perf_counter() - t0) > self.dt:
-                    self.counts["missed_deadlines"] += 1
-                if self.last_safe_reason:
-                    self.get_logger().info(f"policy resumed (was safe: {self.last_safe_reason})")
-                    self.last_safe_reason = ""
-                if predict:
-                    # After the command went out: the simulator step must not delay it.
-                    self._last_predicted = stamp
-                    pred = self.runner.predict(state, d.command)
-                    self._publish_prediction(pred, stamp + int(round(self.dt * 1e9)))
+                self._publish(tick.command, tick.stamp, tick.state)
             except Exception as e:  # noqa: BLE001 - a failing step must not take the node down
-                self.counts["errors"] += 1
-                self.last_reject = f"step: {type(e).__name__}: {e}"
-                self.get_logger().error(f"policy step failed ({type(e).__name__}: {e}); sending the safe command",
-                                        throttle_duration_sec=1.0)
-                self._send_safe(f"error: {e}")
+                self._control_fault(f"sending the command: {type(e).__name__}: {e}")
+                return
+            if not tick.policy:
+                if tick.reason != self.last_safe_reason:
+                    self.get_logger().warning(f"safe command ({self.sup.safe_description}): {tick.reason}")
+                    self.last_safe_reason = tick.reason
+                return
+            self.compute_ms.append((time.perf_counter() - t0) * 1e3)
+            if self.lockstep and (time.perf_counter() - t0) > self.dt:
+                self.node_counts["missed_deadlines"] += 1
+            if self.last_safe_reason:
+                self.get_logger().info(f"policy resumed (was safe: {self.last_safe_reason})")
+                self.last_safe_reason = ""
+            # One prediction per state: a timer faster than the state rate recomputes the command
+            # from the same state, whose prediction is already out.
+            n = self.sup.counts["policy_commands"]
+            if self.predict_every > 0 and tick.stamp != self._last_predicted and (n - 1) % self.predict_every == 0:
+                self._last_predicted = tick.stamp
+                try:
+                    pred = self.runner.predict(tick.state, tick.command)
+                    self._publish_prediction(pred, tick.stamp + int(round(self.dt * 1e9)))
+                except Exception as e:  # noqa: BLE001
+                    self._control_fault(f"prediction: {type(e).__name__}: {e}")
 
-        # -------------------------------------------------------------- safe command
-        def safe_command(self) -> Optional[np.ndarray]:
-            """The safe command in the simulator's interface (None: nothing safe to send yet)."""
-            r = self.runner
-            if r.kind == "arm":
-                if self.safe_mode == "hold":
-                    return None if self.hold_q is None else r.clamp(self.hold_q)[0]
-                return np.zeros(len(r.actuated_joints))
-            if r.interface == "ctbr":
-                return r.clamp([self.safe_thrust, 0.0, 0.0, 0.0])[0]
-            n = len(r.command_names)
-            return r.clamp([self.safe_thrust / n] * n)[0]
-
-        def _safe_description(self) -> str:
-            if self.kind == "arm":
-                return "hold the last measured position" if self.safe_mode == "hold" else f"zero {self.runner.interface}"
-            return f"{self.safe_thrust:g} N collective thrust, zero body rates"
-
-        def _send_safe(self, reason: str):
+        def _control_fault(self, reason: str):
+            """An exception in the control path: latched safe command, sent at once when possible."""
+            self.node_counts["errors"] += 1
+            self.sup.fault(reason, time.monotonic_ns())
+            self.get_logger().error(f"{reason}; safe command latched", throttle_duration_sec=1.0)
             try:
-                cmd = self.safe_command()
-                if reason != self.last_safe_reason:
-                    self.get_logger().warning(f"safe command ({self._safe_description()}): {reason}")
-                    self.last_safe_reason = reason
-                if cmd is None:
-                    return
-                stamp = self.latest[1] if self.latest is not None else 0
-                state = self.latest[2] if self.latest is not None else None
-                self._publish(cmd, stamp, state)
-                self.counts["safe_commands"] += 1
+                tick = self.sup.tick(time.monotonic_ns())
+                if tick.command is not None:
+                    self._publish(tick.command, tick.stamp, tick.state)
             except Exception as e:  # noqa: BLE001
-                self.counts["errors"] += 1
                 self.get_logger().error(f"could not send the safe command: {type(e).__name__}: {e}",
                                         throttle_duration_sec=1.0)
+
+        @property
+        def counts(self) -> Dict[str, int]:
+            """The supervisor's counters and the node's (errors summed)."""
+            out = dict(self.sup.counts)
+            for k, val in self.node_counts.items():
+                out[k] = out.get(k, 0) + val
+            return out
+
+        @property
+        def last_reject(self) -> str:
+            return self.sup.last_rejection
 
         # -------------------------------------------------------------- outputs
         def _publish(self, cmd: np.ndarray, stamp: int, state):
@@ -671,8 +630,7 @@ def make_node_class():
                     m = self._iface_msgs["Actuators"]()
                     m.header.stamp = now_stamp
                     rc = r.sim.rotors.cfg
-                    m.velocity = [float(math.sqrt(max(t, 0.0) / rc.thrust_coefficient)) for t in thrust]
-                    m.normalized = [float(t / rc.max_thrust) for t in thrust]
+                    m.velocity, m.normalized = outputs.rotor_speeds(thrust, rc.thrust_coefficient, rc.max_thrust)
                 self.pub_out.publish(m)
             c = Float64MultiArray()
             dim = MultiArrayDimension()
@@ -680,22 +638,18 @@ def make_node_class():
             c.layout.dim = [dim]
             c.data = cmd.tolist()
             self.pub_cmd.publish(c)
-            self.counts["commands_sent"] += 1
+            self.node_counts["commands_sent"] += 1
 
         def _rotor_thrusts(self, cmd: np.ndarray, state) -> np.ndarray:
-            r = self.runner
-            if r.interface == "rotor_thrust":
+            if self.runner.interface == "rotor_thrust":
                 return cmd
-            rot = r.sim.rotors
-            w = torch.zeros(1, 3, dtype=r.dtype) if state is None else state.v[:, 3:6]
-            with torch.inference_mode():
-                t = rot.ctbr_thrusts(torch.as_tensor(cmd, dtype=r.dtype).reshape(1, -1), w)[0]
-            return np.clip(t.to(torch.float64).numpy(), 0.0, rot.cfg.max_thrust)
+            w = [0.0, 0.0, 0.0] if state is None else state.v[0, 3:6].to(torch.float64).tolist()
+            return outputs.ctbr_rotor_thrusts(self.runner.sim.rotors, cmd, w)
 
         def _px4(self, cmd: np.ndarray):
             """VehicleRatesSetpoint (and its OffboardControlMode) for a CTBR command."""
             rc = self.runner.sim.rotors.cfg
-            roll, pitch, yaw, thrust_body = px4_rates_setpoint(cmd, rc.max_thrust * len(rc.directions))
+            roll, pitch, yaw, thrust_body = outputs.px4_rates_setpoint(cmd, rc.max_thrust * len(rc.directions))
             t_us = int(self.get_clock().now().nanoseconds // 1000)
             mode = self._iface_msgs["OffboardControlMode"]()
             mode.timestamp = t_us
@@ -712,17 +666,12 @@ def make_node_class():
             return m
 
         def _legacy(self, cmd: np.ndarray, state):
-            """Crazyswarm2 cmd_vel_legacy: roll/pitch setpoints (deg), yaw rate (deg/s), thrust PWM 0..65535.
-            Body rates become attitude setpoints one ``legacy_attitude_time_s`` ahead (untested here)."""
-            roll = pitch = 0.0
-            if state is not None:
-                x, y, z, w = state.q[0, 3:7].tolist()
-                roll, pitch, _ = quat_to_rpy(x, y, z, w)
+            """Crazyswarm2 cmd_vel_legacy (untested here): see control.outputs.cmd_vel_legacy."""
+            quat = (0.0, 0.0, 0.0, 1.0) if state is None else state.q[0, 3:7].to(torch.float64).tolist()
+            roll, pitch, yaw_rate, thrust = outputs.cmd_vel_legacy(cmd, quat, self.legacy_tau,
+                                                                   float(self.runner.command_high[0]))
             m = Twist()
-            m.linear.y = math.degrees(roll + float(cmd[1]) * self.legacy_tau)
-            m.linear.x = math.degrees(pitch + float(cmd[2]) * self.legacy_tau)
-            m.angular.z = math.degrees(float(cmd[3]))
-            m.linear.z = float(np.clip(cmd[0] / float(self.runner.command_high[0]), 0.0, 1.0) * 65535.0)
+            m.linear.y, m.linear.x, m.angular.z, m.linear.z = roll, pitch, yaw_rate, thrust
             return m
 
         def _publish_prediction(self, pred, stamp: int):
@@ -736,8 +685,8 @@ def make_node_class():
             else:
                 m = Odometry()
                 m.header.stamp = ns_to_stamp(stamp, Time)
-                m.header.frame_id = self._p("frame_id")
-                m.child_frame_id = self._p("child_frame_id")
+                m.header.frame_id = self._p("frame_id") or "world"
+                m.child_frame_id = self._p("child_frame_id") or "base_link"
                 q, v = pred.q[0].to(torch.float64).tolist(), pred.v[0].to(torch.float64).tolist()
                 pp, o = m.pose.pose.position, m.pose.pose.orientation
                 pp.x, pp.y, pp.z = q[0:3]
@@ -746,7 +695,7 @@ def make_node_class():
                 tw.linear.x, tw.linear.y, tw.linear.z = v[0:3]
                 tw.angular.x, tw.angular.y, tw.angular.z = v[3:6]
             self.pub_pred.publish(m)
-            self.counts["predictions_sent"] += 1
+            self.node_counts["predictions_sent"] += 1
 
         def _publish_metadata(self):
             r = self.runner
@@ -754,24 +703,21 @@ def make_node_class():
                    "controller": self.controller if self.iface == "forward_command" else None,
                    "command_topic": self.out_topic, "controller_joints": self.controller_joints,
                    "lockstep": self.lockstep, "rate_hz": None if self.lockstep else self.rate,
-                   "safe_command": self._safe_description(), "node": self.get_fully_qualified_name()}
+                   "safe_command": self.sup.safe_description, "node": self.get_fully_qualified_name()}
             from ..learning.checkpoint import json_safe
             m = String()
             m.data = json.dumps(json_safe(doc), allow_nan=False)
             self.pub_meta.publish(m)
-            self.counts["metadata_sent"] += 1
+            self.node_counts["metadata_sent"] += 1
 
         def diagnostics_values(self) -> Dict[str, str]:
-            stale = self._stale()
-            vals = {"watchdog": "ok" if stale is None else stale,
-                    "emergency_stop": str(self.estop).lower(),
-                    "interface": self.iface, "command_topic": self.out_topic,
+            vals = self.sup.status(time.monotonic_ns())
+            vals.update({"interface": self.iface, "command_topic": self.out_topic,
                     "mode": "lockstep" if self.lockstep else f"{self.rate:g} Hz",
-                    "last_rejection": self.last_reject or "none",
                     "compute_ms_p50": f"{percentile(self.compute_ms, 50):.3f}",
                     "compute_ms_p99": f"{percentile(self.compute_ms, 99):.3f}",
                     "period_ms_p50": f"{percentile(self.period_ms, 50):.3f}",
-                    "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"}
+                    "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"})
             vals.update({k: str(v) for k, v in self.counts.items()})
             return vals
 
@@ -783,14 +729,14 @@ def make_node_class():
                     st = DiagnosticStatus()
                     st.name = f"{NODE_NAME}: {self.get_fully_qualified_name()}"
                     st.hardware_id = self.runner.model.name
-                    stale = self._stale()
-                    if self.estop:
+                    blocked = self.sup.blocked(time.monotonic_ns())
+                    if self.sup.estop:
                         st.level, st.message = DiagnosticStatus.ERROR, "emergency stop latched"
-                    elif stale is not None:
-                        st.level, st.message = DiagnosticStatus.WARN, f"safe command: {stale}"
+                    elif blocked is not None:
+                        st.level, st.message = DiagnosticStatus.WARN, f"safe command: {blocked}"
                     else:
                         st.level, st.message = DiagnosticStatus.OK, "running the policy"
-                    self.counts["diagnostics_sent"] += 1
+                    self.node_counts["diagnostics_sent"] += 1
                     st.values = [KeyValue(key=k, value=v) for k, v in self.diagnostics_values().items()]
                     arr = DiagnosticArray()
                     arr.header.stamp = self.get_clock().now().to_msg()

@@ -1,0 +1,522 @@
+"""The safety supervisor: every rule between a measured state and a command, ROS-free.
+
+    sup = Supervisor(runner, SupervisorConfig(state_timeout_s=0.1))
+    v = sup.on_joint_state(JointStateIn(names, position, velocity, effort, stamp_ns), now_ns, clock_ns)
+    out = sup.tick(now_ns)        # Tick: command (or None), policy (bool), reason
+    sup.on_estop(True, now_ns); sup.reset(now_ns); sup.fault("prediction failed: ...", now_ns)
+
+One state machine. A measured state is *accepted* (it becomes the state the policy
+answers, and for arms the hold position) only after every plausibility rule passed:
+
+- shapes: each of position/velocity/effort is empty or as long as name (velocity is
+  required), no repeated names; odometry and IMU fields have their sizes;
+- values: finite; joint positions within the URDF limits widened by ``position_margin``;
+  joint speeds within ``velocity_limit_factor`` x the URDF velocity limit (or
+  ``default_velocity_limit`` where the URDF gives none); base position inside the
+  ``workspace_min``/``workspace_max`` box, linear and angular speeds within
+  ``max_linear_speed``/``max_angular_speed``, a unit quaternion (within
+  ``quaternion_tolerance``);
+- frames (odometry): ``header.frame_id`` and ``child_frame_id`` non-empty and equal to the
+  configured ones (an empty setting accepts any non-empty frame);
+- stamps: never backwards; within ``max_stamp_skew_s`` of the node's clock (when the caller
+  passes that clock; 0 turns the comparison off). An equal stamp is a re-publication of the
+  previous state: accepted, it refreshes the watchdog but does not count as a new state.
+
+A message that breaks a rule is a *fault*: it latches the safe command, and the
+diagnostics name the field and its value. So does any exception in the control path
+(the policy, a non-finite or wrongly sized command, a failed prediction reported through
+:meth:`fault`), a state older than ``state_timeout_s`` (watchdog), and a bad IMU reading.
+A latched safe command is held until ``recover_states`` consecutive new, accepted states
+have arrived after the last fault, or until :meth:`reset` (the node's ``~/reset`` service).
+The emergency stop latches the safe command until it is released; releasing it is an
+explicit operator action and clears the fault latch as :meth:`reset` does.
+
+A joint state that does not name every joint of the robot is not a fault (a gripper's
+joints often come from another publisher): it is ignored, and the watchdog judges the age
+of the last complete state.
+
+The safe command: arms hold the last *accepted* measured position (clamped to the URDF
+limits; position interfaces) or command zero (velocity and effort); quadrotors command
+``safe_thrust`` N collective with zero body rates (0: motors off). Every command the
+supervisor returns is finite and within the limits of the robot the checkpoint was made for.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Supervisor", "SupervisorConfig", "JointStateIn", "OdometryIn", "ImuIn", "Verdict", "Tick",
+           "SupervisorConfigError"]
+
+
+class SupervisorConfigError(ValueError):
+    """A supervisor setting out of its range (the message names the setting)."""
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """The supervisor's rules (units SI; see the module doc)."""
+    #: s, watchdog: a state older than this (receive time, steady clock) latches the safe command
+    state_timeout_s: float = 0.1
+    #: consecutive new accepted states after a fault before the policy resumes
+    recover_states: int = 10
+    #: rad or m, how far beyond its URDF limits a joint position may be measured
+    position_margin: float = 0.1
+    #: measured joint speed bound, as a multiple of the URDF velocity limit
+    velocity_limit_factor: float = 1.5
+    #: rad/s or m/s, joint speed bound where the URDF gives no velocity limit
+    default_velocity_limit: float = 20.0
+    #: m, lower corner of the box the base position must be inside (floating base)
+    workspace_min: Tuple[float, float, float] = (-100.0, -100.0, -5.0)
+    #: m, upper corner of that box
+    workspace_max: Tuple[float, float, float] = (100.0, 100.0, 200.0)
+    #: m/s, bound of the measured base linear speed
+    max_linear_speed: float = 30.0
+    #: rad/s, bound of the measured base angular speed (odometry and IMU)
+    max_angular_speed: float = 35.0
+    #: accepted | |q| - 1 | of the measured orientation quaternion
+    quaternion_tolerance: float = 0.01
+    #: required odometry header.frame_id (empty: any non-empty frame)
+    frame_id: str = "world"
+    #: required odometry child_frame_id (empty: any non-empty frame)
+    child_frame_id: str = "base_link"
+    #: s, largest accepted |header stamp - node clock| (0: stamps are not compared with the clock)
+    max_stamp_skew_s: float = 0.5
+    #: arms: hold, zero or auto (hold for a position interface, zero otherwise)
+    safe_mode: str = "auto"
+    #: N, quadrotors: collective thrust of the safe command (0: motors off)
+    safe_thrust: float = 0.0
+
+    def __post_init__(self):
+        pos = ("state_timeout_s", "velocity_limit_factor", "default_velocity_limit", "max_linear_speed",
+               "max_angular_speed", "quaternion_tolerance")
+        for name in pos:
+            val = getattr(self, name)
+            if not (isinstance(val, (int, float)) and math.isfinite(val) and val > 0):
+                raise SupervisorConfigError(f"'{name}' must be a finite number > 0, got {val!r}")
+        for name in ("position_margin", "max_stamp_skew_s", "safe_thrust"):
+            val = getattr(self, name)
+            if not (isinstance(val, (int, float)) and math.isfinite(val) and val >= 0):
+                raise SupervisorConfigError(f"'{name}' must be a finite number >= 0, got {val!r}")
+        if not (isinstance(self.recover_states, int) and self.recover_states >= 1):
+            raise SupervisorConfigError(f"'recover_states' must be an integer >= 1, got {self.recover_states!r}")
+        lo, hi = np.asarray(self.workspace_min, float), np.asarray(self.workspace_max, float)
+        if lo.shape != (3,) or hi.shape != (3,) or not (np.isfinite(lo).all() and np.isfinite(hi).all()) \
+                or not (lo < hi).all():
+            raise SupervisorConfigError(f"'workspace_min' {list(self.workspace_min)} and 'workspace_max' "
+                                        f"{list(self.workspace_max)} must be 3 finite numbers each, min < max")
+        if self.safe_mode not in ("auto", "hold", "zero"):
+            raise SupervisorConfigError(f"'safe_mode' must be auto, hold or zero, got {self.safe_mode!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "SupervisorConfig":
+        """From a mapping of setting names (e.g. the node's parameters); unknown names are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SupervisorConfigError(f"unknown supervisor setting(s) {', '.join(unknown)} "
+                                        f"(known: {', '.join(sorted(known))})")
+        kw = dict(values)
+        for k in ("workspace_min", "workspace_max"):
+            if k in kw:
+                kw[k] = tuple(float(x) for x in kw[k])
+        if "recover_states" in kw and isinstance(kw["recover_states"], float) and kw["recover_states"].is_integer():
+            kw["recover_states"] = int(kw["recover_states"])
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------------- inputs (plain records)
+@dataclass
+class JointStateIn:
+    """sensor_msgs/JointState as plain lists (stamp in ns)."""
+    names: Sequence[str]
+    position: Sequence[float]
+    velocity: Sequence[float]
+    effort: Sequence[float] = ()
+    stamp_ns: int = 0
+
+
+@dataclass
+class OdometryIn:
+    """nav_msgs/Odometry as plain lists: world position, orientation x y z w, body-frame twist."""
+    position: Sequence[float]
+    orientation: Sequence[float]
+    linear: Sequence[float]
+    angular: Sequence[float]
+    stamp_ns: int = 0
+    frame_id: str = ""
+    child_frame_id: str = ""
+
+
+@dataclass
+class ImuIn:
+    """sensor_msgs/Imu as plain lists."""
+    angular_velocity: Sequence[float]
+    orientation: Sequence[float] = (0.0, 0.0, 0.0, 1.0)
+    linear_acceleration: Sequence[float] = (0.0, 0.0, 0.0)
+    stamp_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of one message: ``accepted``; else ``reason`` and whether it was a ``fault``
+    (latched the safe command) or only ignored (a partial joint state). ``repeat``: an accepted
+    state with the stamp of the previous one (a re-publication, not a new state)."""
+    accepted: bool
+    reason: str = ""
+    fault: bool = False
+    repeat: bool = False
+
+
+@dataclass
+class Tick:
+    """One control decision: ``command`` (simulator interface, float64, finite, within limits; None
+    when nothing safe can be sent yet), ``policy`` (True: the policy's command), ``reason`` (why
+    the safe command, empty for the policy), the ``stamp`` and ``state`` it answers."""
+    command: Optional[np.ndarray]
+    policy: bool
+    reason: str
+    stamp: int = 0
+    state: Any = None
+    clamped: bool = False
+
+
+class _Rejected(Exception):
+    """Internal: a plausibility rule failed (message: the field and its value)."""
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _seq(x: Any, what: str) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise _Rejected(f"{what} is not numeric ({e})") from None
+    return a
+
+
+class Supervisor:
+    """The controller's safety state machine over a :class:`~diffsim_ros.learning.deploy.PolicyRunner`.
+
+    ``runner`` gives the robot (limits, joint names), turns accepted measurements into
+    simulator states and states into commands. ``policy`` (default ``runner.decide``) may be
+    replaced, e.g. by tests that make the policy misbehave.
+    """
+
+    def __init__(self, runner, config: Optional[SupervisorConfig] = None,
+                 policy: Optional[Callable[..., Any]] = None, imu_rates: bool = False):
+        self.runner = runner
+        self.imu_rates = bool(imu_rates)     # body rates from the latest accepted IMU reading
+        self.config = cfg = config or SupervisorConfig()
+        self.kind = runner.kind
+        self._policy = policy or (lambda state, target: runner.decide(state, target, predict=False))
+        mode = cfg.safe_mode
+        if self.kind == "arm":
+            if mode == "auto":
+                mode = "hold" if runner.interface == "position" else "zero"
+            if mode == "hold" and runner.interface != "position":
+                raise SupervisorConfigError(f"safe_mode hold needs a position interface; this checkpoint "
+                                            f"commands '{runner.interface}'")
+        else:
+            mode = "thrust"
+        self.safe_mode = mode
+        m = runner.model
+        nj = len(runner.joint_names)
+        lower = m.lower.detach().double().cpu().numpy().reshape(-1)[:nj]
+        upper = m.upper.detach().double().cpu().numpy().reshape(-1)[:nj]
+        vlim = m.velocity_limit.detach().double().cpu().numpy().reshape(-1)[:nj]
+        self.pos_low = lower - cfg.position_margin
+        self.pos_high = upper + cfg.position_margin
+        self.vel_bound = np.where(vlim > 0, vlim * cfg.velocity_limit_factor, cfg.default_velocity_limit)
+        self.cmd_low, self.cmd_high = runner.command_low, runner.command_high
+        self.n_cmd = len(self.cmd_low)
+        self.target = None
+        self.timeout_ns = int(cfg.state_timeout_s * 1e9)
+        # ------------------------------------------------------------ machine state
+        self.latest: Optional[Tuple[int, int, Any]] = None     # (receive ns, stamp ns, simulator State)
+        self.last_stamp: Optional[int] = None
+        self.hold_q: Optional[np.ndarray] = None
+        self.imu_w: Optional[np.ndarray] = None
+        self.estop = False
+        self.fault_reason: Optional[str] = None
+        self.good_since_fault = 0
+        self.last_rejection = ""
+        self.counts: Dict[str, int] = {k: 0 for k in (
+            "states_received", "states_accepted", "states_repeated", "states_rejected", "states_ignored",
+            "imu_received", "imu_rejected", "faults", "recoveries", "policy_commands", "safe_commands",
+            "commands_clamped", "errors")}
+
+    # ------------------------------------------------------------------ configuration
+    def set_target(self, target) -> None:
+        """The goal (see PolicyRunner.target_tensor); raises StateError for a bad one."""
+        self.target = self.runner.target_tensor(target)
+
+    @property
+    def safe_description(self) -> str:
+        if self.kind == "arm":
+            return "hold the last accepted position" if self.safe_mode == "hold" else f"zero {self.runner.interface}"
+        return f"{self.config.safe_thrust:g} N collective thrust, zero body rates"
+
+    # ------------------------------------------------------------------ faults and latching
+    def fault(self, reason: str, now_ns: Optional[int] = None) -> None:
+        """Latch the safe command for ``reason`` (a rejected message, an exception in the control
+        path): it holds until ``recover_states`` new accepted states or :meth:`reset`."""
+        self.counts["faults"] += 1
+        self.fault_reason = reason
+        self.good_since_fault = 0
+        self.last_rejection = reason
+
+    def reset(self, now_ns: Optional[int] = None) -> str:
+        """Clear the fault latch and the stamp history (after a robot or simulator restart whose
+        clock went back). Does not release the emergency stop."""
+        was = self.fault_reason
+        self.fault_reason = None
+        self.good_since_fault = 0
+        self.last_stamp = None
+        return f"fault latch cleared (was: {was})" if was else "no fault was latched"
+
+    def on_estop(self, engaged: bool, now_ns: Optional[int] = None) -> str:
+        self.estop = bool(engaged)
+        if self.estop:
+            return "emergency stop engaged: safe command latched until released"
+        self.fault_reason = None
+        self.good_since_fault = 0
+        return "emergency stop released"
+
+    def _reject(self, reason: str, counter: str = "states_rejected") -> Verdict:
+        self.counts[counter] += 1
+        self.fault(reason)
+        return Verdict(False, reason, fault=True)
+
+    def _stamp_rule(self, stamp: int, clock_ns: Optional[int], what: str) -> None:
+        if not isinstance(stamp, (int, np.integer)) or stamp < 0:
+            raise _Rejected(f"{what} header.stamp {stamp!r} is not a valid time")
+        if self.last_stamp is not None and stamp < self.last_stamp:
+            raise _Rejected(f"{what} header.stamp went backwards: {stamp / 1e9:.9f} s after "
+                            f"{self.last_stamp / 1e9:.9f} s")
+        skew = self.config.max_stamp_skew_s
+        if clock_ns is not None and skew > 0 and abs(stamp - clock_ns) > skew * 1e9:
+            raise _Rejected(f"{what} header.stamp {stamp / 1e9:.9f} s is {(stamp - clock_ns) / 1e9:+.3f} s from "
+                            f"the node's clock (max_stamp_skew_s {skew:g})")
+
+    def _accept(self, stamp: int, state, now_ns: int) -> Verdict:
+        repeat = self.last_stamp is not None and stamp == self.last_stamp
+        self.latest = (now_ns, stamp, state)
+        self.last_stamp = stamp
+        self.counts["states_repeated" if repeat else "states_accepted"] += 1
+        if self.kind == "arm":
+            self.hold_q = self.runner.joint_positions(state)
+        if self.fault_reason is not None and not repeat:
+            self.good_since_fault += 1
+            if self.good_since_fault >= self.config.recover_states:
+                self.fault_reason = None
+                self.good_since_fault = 0
+                self.counts["recoveries"] += 1
+        return Verdict(True, repeat=repeat)
+
+    # ------------------------------------------------------------------ inputs
+    def on_joint_state(self, js: JointStateIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
+        """A joint state (arms). ``now_ns``: receive time on a steady clock; ``clock_ns``: the node's
+        clock for the stamp rule (None: not compared)."""
+        self.counts["states_received"] += 1
+        if self.kind != "arm":
+            return self._reject("joint_states: this robot has a floating base (odometry expected)")
+        try:
+            names = [str(n) for n in js.names]
+            n = len(names)
+            pos, vel = _seq(js.position, "position"), _seq(js.velocity, "velocity")
+            eff = _seq(js.effort, "effort")
+            if pos.size != n:
+                raise _Rejected(f"{n} joint names but {pos.size} positions")
+            if vel.size != n:
+                raise _Rejected(f"{n} joint names but {vel.size} velocities (velocity is required)")
+            if eff.size not in (0, n):
+                raise _Rejected(f"{n} joint names but {eff.size} efforts (empty or one per name)")
+            if len(set(names)) != n:
+                dup = sorted({x for x in names if names.count(x) > 1})
+                raise _Rejected(f"joint names repeat: {', '.join(dup)}")
+            index = {x: i for i, x in enumerate(names)}
+            missing = [j for j in self.runner.joint_names if j not in index]
+            if missing:
+                self.counts["states_ignored"] += 1
+                reason = (f"joint_states: joint(s) {', '.join(missing)} missing (got: {', '.join(names) or 'none'}); "
+                          "ignored")
+                self.last_rejection = reason
+                return Verdict(False, reason)
+            idx = np.array([index[j] for j in self.runner.joint_names], dtype=np.int64)
+            p, v = pos[idx], vel[idx]
+            for what, x, unit in (("position", p, "rad"), ("velocity", v, "rad/s")):
+                bad = np.nonzero(~np.isfinite(x))[0]
+                if bad.size:
+                    j = bad[0]
+                    raise _Rejected(f"non-finite {what} {x[j]} of joint {self.runner.joint_names[j]}")
+            out = np.nonzero((p < self.pos_low) | (p > self.pos_high))[0]
+            if out.size:
+                j = out[0]
+                raise _Rejected(f"position of joint {self.runner.joint_names[j]} is {_fmt(p[j])}, outside its "
+                                f"limits [{_fmt(self.pos_low[j] + self.config.position_margin)}, "
+                                f"{_fmt(self.pos_high[j] - self.config.position_margin)}] by more than "
+                                f"position_margin {self.config.position_margin:g}")
+            fast = np.nonzero(np.abs(v) > self.vel_bound)[0]
+            if fast.size:
+                j = fast[0]
+                raise _Rejected(f"velocity of joint {self.runner.joint_names[j]} is {_fmt(v[j])}, beyond the bound "
+                                f"{_fmt(self.vel_bound[j])} (velocity_limit_factor x URDF limit)")
+            self._stamp_rule(js.stamp_ns, clock_ns, "joint_states")
+            state = self.runner.arm_state(self.runner.joint_names, p.tolist(), v.tolist())
+        except _Rejected as e:
+            return self._reject(f"joint_states: {e}")
+        except Exception as e:  # noqa: BLE001 - anything the rules missed is still a bad message
+            return self._reject(f"joint_states: {type(e).__name__}: {e}")
+        return self._accept(int(js.stamp_ns), state, now_ns)
+
+    def on_odometry(self, od: OdometryIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
+        """Odometry (floating base): pose in the world frame, twist in the body (child) frame."""
+        self.counts["states_received"] += 1
+        if self.kind == "arm":
+            return self._reject("odom: this robot has a fixed base (joint states expected)")
+        cfg = self.config
+        try:
+            parts = {}
+            for what, val, n in (("pose.position", od.position, 3), ("pose.orientation", od.orientation, 4),
+                                 ("twist.linear", od.linear, 3), ("twist.angular", od.angular, 3)):
+                a = _seq(val, what)
+                if a.size != n:
+                    raise _Rejected(f"{what} needs {n} numbers, got {a.size}")
+                if not np.isfinite(a).all():
+                    raise _Rejected(f"non-finite {what} {a.tolist()}")
+                parts[what] = a
+            for what, got, want in (("header.frame_id", od.frame_id, cfg.frame_id),
+                                    ("child_frame_id", od.child_frame_id, cfg.child_frame_id)):
+                if not got:
+                    raise _Rejected(f"empty {what} (expected '{want or 'a frame'}')")
+                if want and got != want:
+                    raise _Rejected(f"{what} is '{got}', expected '{want}'")
+            pos, quat = parts["pose.position"], parts["pose.orientation"]
+            lo, hi = np.asarray(cfg.workspace_min), np.asarray(cfg.workspace_max)
+            out = np.nonzero((pos < lo) | (pos > hi))[0]
+            if out.size:
+                k = out[0]
+                raise _Rejected(f"pose.position.{'xyz'[k]} is {_fmt(pos[k])} m, outside the workspace "
+                                f"[{_fmt(lo[k])}, {_fmt(hi[k])}]")
+            norm = float(np.linalg.norm(quat))
+            if abs(norm - 1.0) > cfg.quaternion_tolerance:
+                raise _Rejected(f"pose.orientation has norm {_fmt(norm)} (a unit quaternion x y z w expected, "
+                                f"quaternion_tolerance {cfg.quaternion_tolerance:g})")
+            for what, a, bound, unit in (("twist.linear", parts["twist.linear"], cfg.max_linear_speed, "m/s"),
+                                         ("twist.angular", parts["twist.angular"], cfg.max_angular_speed, "rad/s")):
+                s = float(np.linalg.norm(a))
+                if s > bound:
+                    raise _Rejected(f"{what} speed is {_fmt(s)} {unit}, beyond {_fmt(bound)}")
+            self._stamp_rule(od.stamp_ns, clock_ns, "odom")
+            w = self.imu_w if (self.imu_rates and self.imu_w is not None) else parts["twist.angular"]
+            state = self.runner.quadrotor_state(pos, quat, parts["twist.linear"], w)
+        except _Rejected as e:
+            return self._reject(f"odom: {e}")
+        except Exception as e:  # noqa: BLE001
+            return self._reject(f"odom: {type(e).__name__}: {e}")
+        return self._accept(int(od.stamp_ns), state, now_ns)
+
+    def on_imu(self, imu: ImuIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
+        """An IMU reading: a broken one (non-finite, impossible rate) is a fault like a bad state."""
+        self.counts["imu_received"] += 1
+        try:
+            w = _seq(imu.angular_velocity, "angular_velocity")
+            o = _seq(imu.orientation, "orientation")
+            a = _seq(imu.linear_acceleration, "linear_acceleration")
+            for what, x, n in (("angular_velocity", w, 3), ("orientation", o, 4), ("linear_acceleration", a, 3)):
+                if x.size != n:
+                    raise _Rejected(f"{what} needs {n} numbers, got {x.size}")
+                if not np.isfinite(x).all():
+                    raise _Rejected(f"non-finite {what} {x.tolist()}")
+            s = float(np.linalg.norm(w))
+            if s > self.config.max_angular_speed:
+                raise _Rejected(f"angular_velocity is {_fmt(s)} rad/s, beyond {_fmt(self.config.max_angular_speed)}")
+        except _Rejected as e:
+            return self._reject(f"imu: {e}", "imu_rejected")
+        self.imu_w = w
+        return Verdict(True)
+
+    # ------------------------------------------------------------------ the decision
+    def blocked(self, now_ns: int) -> Optional[str]:
+        """Why the policy may not run now (None: it may). A stale state becomes a latched fault."""
+        if self.estop:
+            return "emergency stop"
+        if self.fault_reason is not None:
+            return (f"latched after: {self.fault_reason} ({self.good_since_fault}/{self.config.recover_states} "
+                    "good states since)")
+        if self.latest is None:
+            return "no state received yet"
+        age = now_ns - self.latest[0]
+        if age > self.timeout_ns:
+            reason = f"watchdog: state is {age / 1e9:.3f} s old (state_timeout_s {self.config.state_timeout_s:g})"
+            self.fault(reason)
+            return reason
+        return None
+
+    def tick(self, now_ns: int) -> Tick:
+        """The command to send now: the policy's on the latest accepted state, or the safe one."""
+        reason = self.blocked(now_ns)
+        stamp, state = (self.latest[1], self.latest[2]) if self.latest is not None else (0, None)
+        if reason == "no state received yet":
+            return Tick(None, False, reason)          # nothing is sent before the first state
+        if reason is None:
+            try:
+                d = self._policy(state, self.target)
+                cmd = np.asarray(d.command, dtype=np.float64).reshape(-1)
+                if cmd.shape != (self.n_cmd,):
+                    raise ValueError(f"the policy gave {cmd.size} commands, the interface takes {self.n_cmd}")
+                if not np.isfinite(cmd).all():
+                    raise ValueError(f"the policy gave a non-finite command {cmd.tolist()}")
+                lim = np.minimum(np.maximum(cmd, self.cmd_low), self.cmd_high)
+                clamped = bool(getattr(d, "clamped", False)) or bool(np.any(lim != cmd))
+                self.counts["policy_commands"] += 1
+                self.counts["commands_clamped"] += int(clamped)
+                return Tick(lim, True, "", stamp, state, clamped)
+            except Exception as e:  # noqa: BLE001 - any failure of the control path latches
+                self.counts["errors"] += 1
+                reason = f"control path: {type(e).__name__}: {e}"
+                self.fault(reason)
+        cmd = self.safe_command()
+        if cmd is not None:
+            self.counts["safe_commands"] += 1
+        return Tick(cmd, False, reason, stamp, state)
+
+    def safe_command(self) -> Optional[np.ndarray]:
+        """The safe command (simulator interface, within limits); None: nothing safe to send yet
+        (hold mode before any state was accepted)."""
+        r = self.runner
+        if self.kind == "arm":
+            if self.safe_mode == "hold":
+                if self.hold_q is None:
+                    return None
+                c = self.hold_q
+            else:
+                c = np.zeros(self.n_cmd)
+        elif r.interface == "ctbr":
+            c = np.array([self.config.safe_thrust, 0.0, 0.0, 0.0])
+        else:
+            c = np.full(self.n_cmd, self.config.safe_thrust / self.n_cmd)
+        return np.minimum(np.maximum(np.asarray(c, dtype=np.float64), self.cmd_low), self.cmd_high)
+
+    def status(self, now_ns: int) -> Dict[str, str]:
+        """Diagnostics key/values: the watchdog/latch state, the last rejection, the counters."""
+        if self.estop:
+            state = "emergency stop"
+        elif self.fault_reason is not None:
+            state = (f"latched after: {self.fault_reason} ({self.good_since_fault}/{self.config.recover_states} "
+                     "good states since)")
+        elif self.latest is None:
+            state = "no state received yet"
+        else:
+            age = now_ns - self.latest[0]
+            state = "ok" if age <= self.timeout_ns else f"state is {age / 1e9:.3f} s old"
+        vals = {"watchdog": state, "emergency_stop": str(self.estop).lower(),
+                "last_rejection": self.last_rejection or "none", "safe_command": self.safe_description}
+        vals.update({k: str(v) for k, v in self.counts.items()})
+        return vals
