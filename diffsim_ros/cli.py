@@ -7,7 +7,8 @@ the command so that ``--help`` stays fast.
 
 Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
 through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline),
-``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag).
+``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag),
+``bag repair`` (rebuild the index of a bag whose recorder was killed).
 
 Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML, checkpoint or
 bag, bad option).
@@ -475,15 +476,25 @@ def _add_baseline(sub) -> None:
 # --------------------------------------------------------------------------- analyze / sysid
 
 
-def _analysis_call(fn, *args, **kw):
-    """Run an analysis function, turning its bad-input errors into CliError (exit 2)."""
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _analysis_call(fn, *args, where=None, **kw):
+    """Run an analysis function, turning its bad-input errors into CliError (exit 2, one line).
+    ``where`` (the bag): any other exception is reported naming it, never as a traceback."""
     from diffsim_ros.analysis import AnalysisError
 
     errors = (AnalysisError,) + _input_errors()
     try:
         return fn(*args, **kw)
     except errors as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(_one_line(exc)) from None
+    except Exception as exc:
+        if where is None:
+            raise
+        raise CliError(_one_line(f"{where}: {type(exc).__name__}: {exc} (unexpected: a damaged bag, or a bug to "
+                                 f"report)")) from None
 
 
 def _int_list(text: str, option: str) -> List[int]:
@@ -504,7 +515,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     from diffsim_ros.analysis import analyze
 
-    m = _analysis_call(analyze, args.bag, out_dir=args.out, config_path=args.config, horizons=horizons,
+    m = _analysis_call(analyze, args.bag, where=args.bag, out_dir=args.out, config_path=args.config, horizons=horizons,
                        max_starts=args.max_starts, plots=not args.no_plots, state_topic=args.state_topic,
                        command_topic=args.command_topic)
     byh = m["prediction"]["by_horizon"]
@@ -539,15 +550,15 @@ def cmd_sysid(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
 
-    data = _analysis_call(read_bag, args.bag, state_topic=args.state_topic, command_topic=args.command_topic)
-    setup = _analysis_call(sim_setup, data, args.config)
+    data = _analysis_call(read_bag, args.bag, where=args.bag, state_topic=args.state_topic, command_topic=args.command_topic)
+    setup = _analysis_call(sim_setup, data, args.config, where=args.bag)
 
     def progress(n, loss, vals):
         if not args.quiet:
             shown = "  ".join(f"{k}=[{', '.join(f'{x:.4g}' for x in v)}]" for k, v in vals.items())
             print(f"  eval {n:>3}  loss {loss:.5g}  {shown}", flush=True)
 
-    r = _analysis_call(calibrate, data, setup, names, window=args.window, fit_fraction=args.fit_fraction,
+    r = _analysis_call(calibrate, data, setup, names, where=args.bag, window=args.window, fit_fraction=args.fit_fraction,
                        max_starts=args.max_starts, max_iter=args.max_iter, progress=progress)
     files = _analysis_call(write_calibrated, r, setup, args.out, bag=str(args.bag))
     print(f"sysid: {args.bag} ({r.fit_starts} windows of {r.window} steps to fit, {r.heldout_starts} held out; "
@@ -617,7 +628,29 @@ def _add_sysid(sub) -> None:
     p.set_defaults(func=cmd_sysid)
 
 
-# --------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------- bag
+
+
+def cmd_bag_repair(args: argparse.Namespace) -> int:
+    from diffsim_ros.analysis.bagfile import repair
+
+    report = _analysis_call(repair, args.bag, where=args.bag)
+    print(report.summary())
+    return 0
+
+
+def _add_bag(sub) -> None:
+    p = sub.add_parser("bag", help="bag maintenance (repair)",
+                       description="Maintenance of rosbag2 bags (MCAP storage).")
+    bag_sub = p.add_subparsers(dest="bag_command", metavar="SUBCOMMAND", required=True)
+    r = bag_sub.add_parser(
+        "repair", help="rebuild the index, summary and metadata.yaml of a bag whose recorder was killed",
+        description="The equivalent of `ros2 bag reindex`: scan the MCAP file of BAG, keep every complete chunk "
+                    "whose CRC holds, write its summary, chunk index and footer, and rewrite metadata.yaml "
+                    "(topics, message counts, start, duration) from what the file holds. A complete file is left "
+                    "unchanged (metadata.yaml is still rewritten).")
+    r.add_argument("bag", metavar="BAG", help="rosbag2 directory (MCAP storage) or .mcap file")
+    r.set_defaults(func=cmd_bag_repair)
 
 
 # --------------------------------------------------------------------------- loop
@@ -698,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     _add_sysid(sub)
     _add_loop(sub)
+    _add_bag(sub)
     return parser
 
 

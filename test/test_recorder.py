@@ -157,3 +157,94 @@ def test_recorder_refuses_to_overwrite(tmp_path):
     with pytest.raises(StartupError, match="is not a bag"):
         prepare_output(other, overwrite=True)
     assert (other / "thesis.tex").exists()
+
+
+# ------------------------------------------------------------------------------ SIGKILL (issue 15)
+KILL_RATE_HZ = 300.0
+FLUSH_PERIOD_S = 1.0
+KILL_RUNS = 3
+
+
+def _recovered(bag: Path, topic: str):
+    """(counters read by rosbags, counters read by the mcap package's indexed reader, the mcap summary)."""
+    from mcap.reader import make_reader
+    from rosbags.typesys import Stores, get_typestore
+
+    by_rosbags = [list(m.data) for _, m in _read_bag(bag).get(topic, [])]
+    store = get_typestore(Stores.ROS2_JAZZY)
+    (mcap_file,) = bag.glob("*.mcap")
+    with open(mcap_file, "rb") as f:
+        reader = make_reader(f, validate_crcs=True)
+        summary = reader.get_summary()
+        by_mcap = [list(store.deserialize_cdr(msg.data, schema.name).data)
+                   for schema, channel, msg in reader.iter_messages(topics=[topic])]
+    return by_rosbags, by_mcap, summary
+
+
+def test_recorder_sigkill_then_repair_loses_at_most_one_flush_period(ros, tmp_path):
+    """SIGKILL at random moments while a publisher sends a counter at 300 Hz: metadata.yaml
+    exists at once; after `diffsim-ros bag repair` rosbags and the mcap package both read the
+    bag, and it holds the first k published messages unchanged, with k >= sent minus one flush
+    period of messages (plus a little for messages still in flight in DDS)."""
+    import random
+
+    import yaml
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import Float64MultiArray
+
+    seed = random.SystemRandom().randrange(2 ** 31)
+    print(f"recorder SIGKILL: seed {seed}")
+    rng = random.Random(seed)
+    node = rclpy.create_node("bag_source_sigkill", context=ros)
+    slack = int(0.2 * KILL_RATE_HZ) + 10
+    try:
+        for run in range(KILL_RUNS):
+            kill_after = rng.uniform(0.2, 3.5)
+            out, log = tmp_path / f"bag{run}", tmp_path / f"recorder{run}.log"
+            # A topic per run: the killed recorder's subscription may linger in the graph for a while.
+            topic = f"/test/counter{run}"
+            pub = node.create_publisher(Float64MultiArray, topic,
+                                        QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+            proc = _start_recorder(out, log, "-p", f"topics:=['{topic}']",
+                                   "-p", f"types:=['{topic}:std_msgs/msg/Float64MultiArray']",
+                                   "-p", f"flush_period_s:={FLUSH_PERIOD_S}")
+            try:
+                end = time.monotonic() + 40
+                while pub.get_subscription_count() == 0:
+                    assert time.monotonic() < end and proc.poll() is None, log.read_text()
+                    time.sleep(0.02)
+                assert (out / "metadata.yaml").is_file(), "metadata.yaml is written when recording starts"
+                sent, t0 = 0, time.perf_counter()
+                while True:
+                    now = time.perf_counter()
+                    if now - t0 >= kill_after:
+                        break
+                    if now >= t0 + sent / KILL_RATE_HZ:
+                        pub.publish(Float64MultiArray(data=[float(sent), 2.0 * sent]))
+                        sent += 1
+                    else:
+                        time.sleep(0.0005)
+                proc.kill()
+                proc.wait(timeout=20)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert proc.returncode == -signal.SIGKILL
+            r = subprocess.run([console_script("diffsim-ros"), "bag", "repair", str(out)], capture_output=True,
+                               text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            by_rosbags, by_mcap, summary = _recovered(out, topic)
+            k = len(by_rosbags)
+            print(f"run {run}: killed after {kill_after:.2f} s: {sent} published, {k} recovered "
+                  f"({sent - k} lost, at most {int(KILL_RATE_HZ * FLUSH_PERIOD_S) + slack} allowed)")
+            assert by_mcap == by_rosbags
+            assert by_rosbags == [[float(i), 2.0 * i] for i in range(k)]   # the first k, unchanged, in order
+            assert k >= sent - (KILL_RATE_HZ * FLUSH_PERIOD_S + slack), (kill_after, sent, k)
+            assert summary.statistics.message_count == k
+            meta = yaml.safe_load((out / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+            assert meta["message_count"] == k
+            if k:
+                assert [t["message_count"] for t in meta["topics_with_message_count"]
+                        if t["topic_metadata"]["name"] == topic] == [k]
+    finally:
+        node.destroy_node()

@@ -14,11 +14,26 @@ topic or field.
 """
 from .bag import BagData, BagWriter, TopicStats, read_bag, timing_stats
 from .errors import AnalysisError
-from .params import SPECS as PARAMETERS
-from .params import build_simulator
-from .predict import Replay, SimSetup, sim_setup
-from .report import analyze
-from .sysid import SysIdResult, calibrate, write_calibrated
+
+# The simulator-side names import torch and the physics core: loaded on first use, so that
+# reading, writing and repairing bags (``diffsim-ros bag repair``) stays light.
+_LAZY = {"PARAMETERS": (".params", "SPECS"), "build_simulator": (".params", "build_simulator"),
+         "Replay": (".predict", "Replay"), "SimSetup": (".predict", "SimSetup"),
+         "sim_setup": (".predict", "sim_setup"), "analyze": (".report", "analyze"),
+         "SysIdResult": (".sysid", "SysIdResult"), "calibrate": (".sysid", "calibrate"),
+         "write_calibrated": (".sysid", "write_calibrated")}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod, __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["AnalysisError", "BagData", "BagWriter", "TopicStats", "read_bag", "timing_stats", "PARAMETERS",
            "build_simulator", "Replay", "SimSetup", "sim_setup", "analyze", "SysIdResult", "calibrate",

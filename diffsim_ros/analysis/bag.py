@@ -170,14 +170,37 @@ def _open_reader(path: Path):
                             f"or an .mcap/.db3 file)")
     if path.is_dir() and not (path / "metadata.yaml").is_file():
         raise AnalysisError(f"{path}: not a rosbag2 directory: metadata.yaml is missing (a recording that was "
-                            f"killed before closing lacks it; `ros2 bag reindex` can rebuild it)")
+                            f"killed before closing may lack it; `diffsim-ros bag repair` or `ros2 bag reindex` "
+                            f"rebuilds it)")
     try:
         reader = AnyReader([path], default_typestore=_typestore())
         reader.open()
     except Exception as exc:  # rosbags raises several types for broken files; all mean the same here
-        raise AnalysisError(f"{path}: cannot open the bag ({type(exc).__name__}: {exc}); is it a rosbag2 "
-                            f"directory, and complete (not truncated)?") from None
+        unfinished = [f.name for f in (path.glob("*.mcap") if path.is_dir() else [path])
+                      if f.suffix == ".mcap" and not _has_footer(f)]
+        hint = (f"{', '.join(unfinished)} has no MCAP footer: the recording was not closed (killed?) or the file is "
+                f"truncated; `diffsim-ros bag repair {path}` rebuilds its index" if unfinished
+                else "is it a rosbag2 directory, and complete (not truncated)? (`diffsim-ros bag repair` "
+                     "rewrites the metadata.yaml of an MCAP bag from its file)")
+        raise AnalysisError(f"{path}: cannot open the bag ({type(exc).__name__}: {_one_line(exc)}); {hint}") from None
     return reader
+
+
+def _one_line(exc) -> str:
+    return "; ".join(x.strip() for x in str(exc).splitlines() if x.strip())
+
+
+def _has_footer(f: Path) -> bool:
+    try:
+        with open(f, "rb") as fh:
+            fh.seek(0, 2)
+            if fh.tell() < 45:
+                return False
+            fh.seek(-37, 2)
+            tail = fh.read()
+        return tail[0] == 0x02 and tail[-8:] == b"\x89MCAP0\r\n"
+    except OSError:
+        return False
 
 
 def _storage_of(path: Path) -> str:
@@ -245,7 +268,9 @@ def _fast_mcap(path: Path, topics: Sequence[str]):
         return None
     try:
         return cdr.mcap_messages(files, topics)
-    except (struct.error, UnicodeDecodeError, IndexError, OSError):
+    except cdr.McapCorrupt as exc:
+        raise AnalysisError(f"{path}: {Path(exc.file).name}: {exc.detail}") from None
+    except (struct.error, UnicodeDecodeError, IndexError, OSError, OverflowError, ValueError):
         return None
 
 
@@ -256,12 +281,32 @@ def _raw(reader, path: Path, conns, what: str, fast=None):
     recv, raws = [], []
     try:
         for _, t, raw in reader.messages(connections=conns):
+            if not 0 <= t < 2 ** 63:
+                raise AnalysisError(f"{path}: topic '{what}': a message has log time {t} ns, outside int64 "
+                                    f"(corrupt)")
             recv.append(t)
             raws.append(bytes(raw))
+    except AnalysisError:
+        raise
     except Exception as exc:
         raise AnalysisError(f"{path}: reading {what} failed ({type(exc).__name__}: {exc}); the bag is "
                             f"probably truncated or corrupt") from None
     return np.asarray(recv, dtype=np.int64), raws
+
+
+def _check_index(path: Path, topics: Dict[str, str], channels: Dict[str, str]) -> None:
+    """metadata.yaml's topics and types (what rosbags reads) against the MCAP file's channels."""
+    for topic, msgtype in topics.items():
+        if topic not in channels:
+            raise AnalysisError(f"{path}: metadata.yaml lists topic '{topic}', which the MCAP file does not hold; "
+                                f"metadata.yaml is damaged (`diffsim-ros bag repair` rewrites it)")
+        if channels[topic] and channels[topic] != msgtype:
+            raise AnalysisError(f"{path}: topic '{topic}' is {msgtype} in metadata.yaml but {channels[topic]} in "
+                                f"the MCAP file; metadata.yaml is damaged (`diffsim-ros bag repair` rewrites it)")
+    missing = sorted(set(channels) - set(topics))
+    if missing:
+        raise AnalysisError(f"{path}: the MCAP file holds topic(s) {', '.join(missing)} that metadata.yaml does not "
+                            f"list; metadata.yaml is damaged or stale (`diffsim-ros bag repair` rewrites it)")
 
 
 def _slow(reader, path: Path, conn_type: str, topic: str, recv, raws):
@@ -278,15 +323,22 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
     topics = {c.topic: c.msgtype for c in reader.connections}
     conns_of = lambda topic: [c for c in reader.connections if c.topic == topic]  # noqa: E731
     present = ", ".join(sorted(topics)) or "none"
-    mcap = _fast_mcap(path, [t for t in topics if t != metadata_topic])
+    mcap = _fast_mcap(path, list(topics))
+    if mcap is not None:
+        _check_index(path, topics, mcap.pop(None))
 
     # Metadata first: it tells the robot kind and the command layout.
     metadata = None
     if metadata_topic in topics:
         _check_type(path, metadata_topic, topics[metadata_topic], [STRING_T])
         last = None
-        for _, msg in _messages(reader, path, conns_of(metadata_topic), metadata_topic):
-            last = msg.data
+        if mcap is not None:
+            mrecv, mraws = mcap[metadata_topic]
+            for _, msg in _slow(reader, path, STRING_T, metadata_topic, mrecv[-1:], mraws[-1:]):
+                last = msg.data
+        else:
+            for _, msg in _messages(reader, path, conns_of(metadata_topic), metadata_topic):
+                last = msg.data
         if last is not None:
             try:
                 metadata = json.loads(last)
@@ -527,20 +579,27 @@ def _command_names(metadata, topic, width, kind, joint_names) -> List[str]:
 class BagWriter:
     """Writes bags in the layout of doc/interfaces.md (header stamps and receive times in ns).
 
-    ``storage``: "mcap" (the default, as trajectory_recorder writes) or "sqlite3".
+    ``storage``: "mcap" (the default, written as trajectory_recorder writes it, with
+    :class:`~diffsim_ros.analysis.bagfile.McapBagWriter`: chunk CRCs, ``chunk_size`` bytes
+    a chunk at most) or "sqlite3" (rosbags' writer).
     Connections are added on first use; the metadata topic is offered transient-local,
     as policy_controller latches it.
     """
 
-    def __init__(self, path, storage: str = "mcap"):
+    def __init__(self, path, storage: str = "mcap", chunk_size: int = 1 << 20):
         from rosbags.rosbag2 import StoragePlugin, Writer
+
+        from .bagfile import McapBagWriter
 
         if storage not in ("mcap", "sqlite3"):
             raise AnalysisError(f"storage must be 'mcap' or 'sqlite3', got {storage!r}")
         self.path = Path(os.fspath(path))
         self.store = _typestore()
-        plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
-        self._writer = Writer(self.path, version=9, storage_plugin=plugin)
+        if storage == "mcap":
+            # The recorder's writer (chunk CRCs, summary CRC); no fsync: these are test and benchmark bags.
+            self._writer = McapBagWriter(self.path, fsync=False, chunk_size=chunk_size)
+        else:
+            self._writer = Writer(self.path, version=9, storage_plugin=StoragePlugin.SQLITE3)
         self._conns: Dict[str, Any] = {}
         T = self.store.types
         self._Time = T["builtin_interfaces/msg/Time"]

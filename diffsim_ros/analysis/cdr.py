@@ -18,6 +18,7 @@ uint32 count and the elements.
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -217,65 +218,159 @@ def float64_arrays(raws: Sequence[bytes]):
 
 # ---------------------------------------------------------------------------- MCAP
 _MCAP_MAGIC = b"\x89MCAP0\r\n"
+_FOOTER = 37                        # footer record (1 + 8 + 20 bytes) and the closing magic
+_INT64_MAX = 2 ** 63 - 1
 
 
-def mcap_messages(files: Sequence[str], topics: Sequence[str]):
+class McapCorrupt(ValueError):
+    """An integrity check of an MCAP file failed (a chunk, data section or summary CRC, or an
+    impossible field); the message names the file and, where known, the topics and times."""
+
+    def __init__(self, file: str, detail: str):
+        super().__init__(f"{file}: {detail}")
+        self.file, self.detail = str(file), detail
+
+
+def _summary_channels(b, unpack) -> dict:
+    """{channel id: topic} from the summary's repeated Channel records ({} if there is none)."""
+    out = {}
+    try:
+        if len(b) < 8 + _FOOTER or b[-_FOOTER] != 0x02:
+            return out
+        start = unpack("<Q", b, len(b) - _FOOTER + 9)[0]
+        o, end = start, len(b) - _FOOTER
+        while start and o + 9 <= end:
+            op, n = b[o], unpack("<Q", b, o + 1)[0]
+            if op == 0x04:
+                ln = unpack("<I", b, o + 13)[0]
+                out[unpack("<H", b, o + 9)[0]] = bytes(b[o + 17:o + 17 + ln]).decode()
+            o += 9 + n
+    except (struct.error, UnicodeDecodeError):
+        pass
+    return out
+
+
+def _verify_crcs(f: str, b) -> None:
+    """The footer's summary CRC and the data end record's data section CRC, where written (non-zero)."""
+    if len(b) < 8 + _FOOTER or b[-_FOOTER] != 0x02 or bytes(b[-8:]) != _MCAP_MAGIC:
+        raise McapCorrupt(f, f"no MCAP footer at the end of the file (truncated, or the recorder was killed: "
+                          f"`diffsim-ros bag repair` rebuilds it)")
+    foot = len(b) - _FOOTER
+    summary_start, _, summary_crc = struct.unpack_from("<QQI", b, foot + 9)
+    if summary_start and not 8 <= summary_start <= foot:
+        raise McapCorrupt(f, f"the footer's summary offset {summary_start} lies outside the file")
+    if summary_crc:
+        got = zlib.crc32(memoryview(b)[summary_start or foot:len(b) - 12])
+        if got != summary_crc:
+            raise McapCorrupt(f, f"the summary (index) fails its CRC check; `diffsim-ros bag repair` rebuilds it")
+    if summary_start:
+        de = summary_start - 13                       # the data end record precedes the summary
+        if de < 8 or b[de] != 0x0F or struct.unpack_from("<Q", b, de + 1)[0] != 4:
+            raise McapCorrupt(f, f"no data end record before the summary at byte {summary_start}")
+        data_crc = struct.unpack_from("<I", b, de + 9)[0]
+        if data_crc and zlib.crc32(memoryview(b)[:de]) != data_crc:
+            raise McapCorrupt(f, f"the data section fails its CRC check (a record header or index between "
+                              f"chunks is damaged)")
+
+
+def mcap_messages(files: Sequence[str], topics: Sequence[str], verify: bool = True):
     """{topic: (log times ns (N,), [message bytes])} of uncompressed MCAP files, in time order
     (stable: equal times keep their order in the file), or None when a file has something this
     reader does not handle (compressed chunks, an unexpected record), so that the caller reads it
     with rosbags instead. rosbags parses every record through file-like objects, which costs
     several microseconds a message; here one loop over the raw bytes finds them.
 
-    MCAP records: opcode (uint8), length (uint64), content. Channel (0x04): id uint16,
-    schema_id uint16, topic string; Message (0x05): channel_id uint16, sequence uint32,
-    log_time uint64, publish_time uint64, data; Chunk (0x06): start, end, uncompressed size
-    (uint64), crc (uint32), compression string, records (uint64-sized) holding more records.
+    ``verify``: check every chunk's CRC (a mismatch raises :class:`McapCorrupt` naming the
+    chunk's topics and time span), then the data section and summary CRCs of the file, and
+    refuse log times beyond int64. Old files without CRCs (zero) are read unchecked.
+    ``topics`` may be empty; the returned dict also maps ``None`` to {channel topic: schema name}
+    of every channel met.
+
+    MCAP records: opcode (uint8), length (uint64), content. Schema (0x03): id uint16, name
+    string, ...; Channel (0x04): id uint16, schema_id uint16, topic string; Message (0x05):
+    channel_id uint16, sequence uint32, log_time uint64, publish_time uint64, data; Chunk (0x06):
+    start, end, uncompressed size (uint64), crc (uint32), compression string, records
+    (uint64-sized) holding more records; Message index (0x07): channel_id uint16, ...
     Strings are uint32-length-prefixed."""
     unpack = struct.unpack_from
     channels = {}
+    schemas, all_channels = {}, {}
     found = {t: ([], []) for t in topics}
     for f in files:
         with open(f, "rb") as fh:
             b = fh.read()
         if not b.startswith(_MCAP_MAGIC):
             return None
+        names = None                                       # channel names for error messages, on demand
+        handled = True
         pending = [(b, len(_MCAP_MAGIC), len(b))]
-        while pending:
+        while pending and handled:
             buf, o, end = pending.pop()
             while o + 9 <= end:
                 op = buf[o]
                 n = unpack("<Q", buf, o + 1)[0]
                 c = o + 9
+                rec = o
                 o = c + n
                 if o > end:
-                    return None                            # a record runs past the end: truncated
+                    handled = False                        # a record runs past the end: truncated
+                    break
                 if op == 0x05:
                     ch = unpack("<H", buf, c)[0]
                     topic = channels.get(ch)
                     if topic is not None:
+                        t = unpack("<Q", buf, c + 6)[0]
+                        if t > _INT64_MAX:
+                            raise McapCorrupt(f, f"topic '{topic}': a message has log time {t} ns, beyond "
+                                              f"int64 (corrupt)")
                         lst = found[topic]
-                        lst[0].append(unpack("<Q", buf, c + 6)[0])
+                        lst[0].append(t)
                         lst[1].append(buf[c + 22:o])
                 elif op == 0x04:
-                    ch = unpack("<H", buf, c)[0]
+                    ch, sid = unpack("<HH", buf, c)
                     ln = unpack("<I", buf, c + 4)[0]
                     topic = bytes(buf[c + 8:c + 8 + ln]).decode()
+                    all_channels[topic] = schemas.get(sid, "")
                     if topic in found:
                         channels[ch] = topic
+                elif op == 0x03:
+                    sid = unpack("<H", buf, c)[0]
+                    ln = unpack("<I", buf, c + 2)[0]
+                    schemas[sid] = bytes(buf[c + 6:c + 6 + ln]).decode()
                 elif op == 0x06:
+                    t0, t1, _, crc = unpack("<QQQI", buf, c)
                     ln = unpack("<I", buf, c + 28)[0]
                     if ln != 0:
-                        return None                        # compressed: leave it to rosbags
+                        handled = False                    # compressed: leave it to rosbags
+                        break
                     r = c + 32 + ln
                     rlen = unpack("<Q", buf, r)[0]
+                    if r + 8 + rlen > o:
+                        handled = False
+                        break
+                    if verify and crc and zlib.crc32(memoryview(buf)[r + 8:r + 8 + rlen]) != crc:
+                        if names is None:
+                            names = _summary_channels(b, unpack)
+                        ids, k = [], o
+                        while k + 11 <= len(b) and b[k] == 0x07:   # the chunk's message indexes name its channels
+                            ids.append(unpack("<H", b, k + 9)[0])
+                            k += 9 + unpack("<Q", b, k + 1)[0]
+                        which = ", ".join(f"'{names[i]}'" if i in names else f"channel {i}" for i in ids)
+                        raise McapCorrupt(f, f"the chunk at byte {rec} fails its CRC check: messages of "
+                                          f"t=[{t0}, {t1}] ns" + (f" on {which}" if which else "") + " are damaged")
                     # Inner records are scanned after this level, in file order per chunk: a
                     # stable sort by log time afterwards restores the bag's order.
                     pending.insert(0, (buf, r + 8, r + 8 + rlen))
                 elif op == 0x0F:                           # data end: the summary follows
                     break
+        if verify:
+            _verify_crcs(f, b)
+        if not handled:
+            return None
     out = {}
     for topic, (times, datas) in found.items():
         t = np.asarray(times, dtype=np.int64)
         order = np.argsort(t, kind="stable")
         out[topic] = (t[order], [datas[i] for i in order])
+    out[None] = all_channels
     return out

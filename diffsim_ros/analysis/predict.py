@@ -18,6 +18,7 @@ not used. The delay line of ``command_delay`` is filled with the recorded earlie
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -116,6 +117,19 @@ def sim_setup(data: BagData, config_path: Optional[str] = None, dtype=torch.floa
                      f"({source}); replaying at the bag's period with {subs} substeps")
         cfg = dataclasses.replace(cfg, dt=period, substeps=subs)
     return SimSetup(params=params, model=model, sim_config=cfg, source=source, notes=notes)
+
+
+@contextlib.contextmanager
+def replaying(data: BagData):
+    """Turn a diverging simulation (physics.SimulationError) while replaying ``data`` into an
+    AnalysisError naming the bag and its topics."""
+    try:
+        yield
+    except physics.SimulationError as exc:
+        raise AnalysisError(f"{data.path}: replaying '{data.command_topic}' from the states on '{data.state_topic}' "
+                            f"(t=[{data.t_state[0]}, {data.t_state[-1]}] ns) the simulator diverged ({exc}); the "
+                            f"recorded states or commands are implausible, or the simulator settings are "
+                            f"wrong") from None
 
 
 def command_period(data: BagData) -> Optional[float]:

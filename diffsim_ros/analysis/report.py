@@ -21,7 +21,7 @@ import torch
 
 from .bag import BagData, read_bag
 from .errors import AnalysisError
-from .predict import Replay, error_stats, online_prediction_stats, sim_setup
+from .predict import Replay, error_stats, online_prediction_stats, replaying, sim_setup
 
 DEFAULT_HORIZONS = (1, 5, 10)
 
@@ -42,10 +42,12 @@ def analyze(bag, out_dir=None, config_path: Optional[str] = None, horizons: Sequ
         data = read_bag(bag, state_topic=state_topic, command_topic=command_topic)
     t_read = time.perf_counter() - t0
     setup = sim_setup(data, config_path, dtype=dtype)
-    rp = Replay(data, setup)
-    t1 = time.perf_counter()
-    preds = rp.predict(horizons, max_starts=max_starts)
-    t_pred = time.perf_counter() - t1
+    with replaying(data):
+        rp = Replay(data, setup)
+        t1 = time.perf_counter()
+        preds = rp.predict(horizons, max_starts=max_starts)
+        t_pred = time.perf_counter() - t1
+        online = online_prediction_stats(rp)
     if all(len(p.start) == 0 for p in preds.values()):
         raise AnalysisError(f"{data.path}: no command is followed by a state one control step "
                             f"({setup.sim_config.dt} s) later; states and commands do not overlap in time, or the "
@@ -67,7 +69,7 @@ def analyze(bag, out_dir=None, config_path: Optional[str] = None, horizons: Sequ
         "velocity_std": dict(zip(rp.dof_names, v_std)),
         "prediction": {"horizons": horizons, "by_horizon": {str(k): v for k, v in by_h.items()},
                        "rmse_growth": growth},
-        "online_prediction": online_prediction_stats(rp),
+        "online_prediction": online,
         "warnings": list(data.warnings), "notes": list(setup.notes),
     }
     t_total = time.perf_counter() - t0

@@ -35,7 +35,7 @@ from .. import config as _config
 from .bag import BagData
 from .errors import AnalysisError
 from .params import SPECS, bounds, build_simulator, check_names, nominal_values
-from .predict import Replay, SimSetup, error_stats
+from .predict import Replay, SimSetup, error_stats, replaying
 
 
 @dataclass
@@ -123,7 +123,13 @@ def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int 
               max_starts: Optional[int] = 256, max_iter: int = 60, replay: Optional[Replay] = None,
               progress=None) -> SysIdResult:
     """Fit ``names`` (see :data:`params.SPECS`) on the first ``fit_fraction`` of the bag; report
-    the held-out velocity RMSE before and after."""
+    the held-out velocity RMSE before and after. A diverging simulation is an AnalysisError
+    naming the bag."""
+    with replaying(data):
+        return _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress)
+
+
+def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress) -> SysIdResult:
     t_start = time.perf_counter()
     names = list(dict.fromkeys(names))
     if not names:
