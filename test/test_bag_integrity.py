@@ -7,7 +7,8 @@
 * fuzz: a small recorded bag mutated hundreds of ways (truncations, flipped bytes in record
   headers, payloads, chunk headers, the summary and index, metadata.yaml): ``read_bag``
   either raises the project's AnalysisError naming the bag or returns exactly the intact
-  bag's data; a few through the real CLI exit 2 with one line on stderr, no traceback.
+  bag's data; a few through the real CLI exit 2 with one line on stderr, no traceback;
+* the timing report computes latency only where header stamps and receive times share a clock.
 
 Random draws print their seed so a failure replays.
 """
@@ -26,6 +27,7 @@ pytest.importorskip("rosbags")
 mcap_reader = pytest.importorskip("mcap.reader", reason="the mcap package reads the bags independently")
 
 from diffsim_ros.analysis import AnalysisError, BagWriter, read_bag  # noqa: E402
+from diffsim_ros.analysis.bag import timing_stats  # noqa: E402
 from diffsim_ros.analysis.bagfile import McapBagWriter, repair  # noqa: E402
 
 NAMES = ["arm_joint1", "arm_joint2", "arm_joint3", "arm_joint4"]
@@ -131,21 +133,24 @@ def test_repair_drops_a_chunk_whose_crc_fails(tmp_path):
 
 
 # ------------------------------------------------------------------------------ fuzz
-def _small_bag(path: Path, steps: int = 30) -> None:
+def _small_bag(path: Path, steps: int = 30, receive_offset_ns: int = 0) -> None:
     """An arm bag like the stand-in's (metadata, states, labelled commands, predictions), small
-    chunks so that a mutation hits one of several."""
+    chunks so that a mutation hits one of several. ``receive_offset_ns``: added to the receive
+    times (a wall clock against simulated header stamps, as in a lockstep run)."""
     from diffsim_ros.analysis.record import standard_params
 
     params = standard_params("arm")
     rng = np.random.default_rng(0)
     with BagWriter(path, chunk_size=1500) as w:
-        w.metadata({"config": params}, receive_ns=100_000_000_000)
+        off = receive_offset_ns
+        w.metadata({"config": params}, receive_ns=100_000_000_000 + off)
         for i in range(steps):
             t = 100_000_000_000 + i * 20_000_000
             q, v = rng.normal(size=4) * 0.3, rng.normal(size=4) * 0.1
-            w.joint_state(t, NAMES, q, v, receive_ns=t + 200_000)
-            w.command(t + 400_000, rng.normal(size=4) * 0.5, t)
-            w.joint_state(t + 20_000_000, NAMES, q, v * 1.01, receive_ns=t + 400_000, topic="/diffsim/predicted_state")
+            w.joint_state(t, NAMES, q, v, receive_ns=t + 200_000 + off)
+            w.command(t + 400_000 + off, rng.normal(size=4) * 0.5, t)
+            w.joint_state(t + 20_000_000, NAMES, q, v * 1.01, receive_ns=t + 400_000 + off,
+                          topic="/diffsim/predicted_state")
 
 
 def _records(b: bytes):
@@ -314,3 +319,29 @@ def test_cli_reports_corrupt_bags_in_one_line(tmp_path):
         assert r.returncode == 2, r.stdout + r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert r.stderr.startswith("error: ") and str(bag) in r.stderr
+
+
+# ------------------------------------------------------------------------------ latency
+def test_latency_only_where_stamps_and_receive_times_share_a_clock():
+    stamps = np.arange(100, dtype=np.int64) * 10_000_000 + 5_000_000_000          # simulated time, from 5 s
+    wall = stamps + 1_760_000_000_000_000_000                                     # received on the wall clock
+    lockstep = timing_stats("/odom", "nav_msgs/msg/Odometry", stamps, wall, True)
+    assert lockstep.latency_mean_s is None and lockstep.latency_max_s is None
+    assert "another clock" in lockstep.latency_note
+    same = timing_stats("/odom", "nav_msgs/msg/Odometry", stamps, stamps + 300_000, True)
+    assert same.latency_mean_s == pytest.approx(3e-4) and same.latency_note == ""
+
+
+def test_report_of_a_lockstep_bag_says_latency_is_not_computed(tmp_path):
+    """Header stamps in simulated time (100 s), receive times on the wall clock: report.md has
+    no latency figure and says why; the same bag on one clock reports 0.2 ms on the states."""
+    from diffsim_ros.analysis import analyze
+
+    _small_bag(tmp_path / "lockstep", receive_offset_ns=1_760_000_000_000_000_000)
+    m = analyze(tmp_path / "lockstep", out_dir=tmp_path / "a", horizons=(1,), plots=False)
+    assert all(s["latency_mean_s"] is None for s in m["topics"].values())
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "header stamps are on another clock (simulated time)" in md and "e+12" not in md
+    _small_bag(tmp_path / "same", receive_offset_ns=0)
+    m = analyze(tmp_path / "same", horizons=(1,), plots=False)
+    assert m["topics"]["/joint_states"]["latency_mean_s"] == pytest.approx(2e-4)

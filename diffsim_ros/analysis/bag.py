@@ -76,16 +76,26 @@ class TopicStats:
     drops: int = 0                  # messages missing from gaps longer than 1.5 periods
     duplicates: int = 0             # messages repeating an earlier stamp
     out_of_order: int = 0           # messages (in receive order) stamped earlier than their predecessor
-    latency_mean_s: Optional[float] = None   # receive - header stamp
+    latency_mean_s: Optional[float] = None   # receive - header stamp, where both are on one clock
     latency_max_s: Optional[float] = None
+    latency_note: str = ""                   # why the latency was not computed
 
     def as_dict(self) -> Dict[str, Any]:
         return dict(self.__dict__)
 
 
+#: Receive time minus header stamp (s) within which the two are taken to be on one clock
+#: (the median over a topic): a little negative for clocks synchronised between machines,
+#: up to seconds for a slow link. Outside it the stamps are on another clock, e.g. the
+#: simulated time of a lockstep run against the recorder's wall clock.
+SAME_CLOCK_WINDOW_S = (-1.0, 10.0)
+
+
 def timing_stats(topic: str, msgtype: str, stamps: np.ndarray, receive: np.ndarray,
                  has_header: bool) -> TopicStats:
-    """Jitter, drops, duplicates and out-of-order counts of one topic.
+    """Jitter, drops, duplicates and out-of-order counts of one topic, and the latency
+    (receive - header stamp) where stamps and receive times share a clock
+    (:data:`SAME_CLOCK_WINDOW_S`; otherwise ``latency_note`` says why there is none).
 
     ``stamps`` and ``receive`` are int64 ns in receive (bag) order. The nominal period is
     the median interval between distinct sorted stamps, so a few drops or bursts do not
@@ -95,7 +105,13 @@ def timing_stats(topic: str, msgtype: str, stamps: np.ndarray, receive: np.ndarr
     s = np.asarray(stamps if has_header else receive, dtype=np.int64)
     if has_header and len(s):
         lat = (np.asarray(receive, dtype=np.int64) - s) * 1e-9
-        st.latency_mean_s, st.latency_max_s = float(lat.mean()), float(lat.max())
+        med = float(np.median(lat))
+        lo, hi = SAME_CLOCK_WINDOW_S
+        if lo <= med <= hi:
+            st.latency_mean_s, st.latency_max_s = float(lat.mean()), float(lat.max())
+        else:
+            st.latency_note = (f"header stamps are on another clock than the receive times (median receive - stamp "
+                               f"{med:.4g} s, e.g. simulated time); latency not computed")
     if len(s) < 2:
         return st
     st.out_of_order = int((np.diff(s) < 0).sum())

@@ -221,6 +221,10 @@ def markdown(m: Dict[str, Any]) -> str:
         L.append(f"| {t} ({s['stamp_source']} stamps) | {s['msgtype']} | {s['count']} | {s['rate_hz']:.4g} | "
                  f"{s['jitter_std_s'] * 1e3:.3g} | {s['jitter_max_s'] * 1e3:.3g} | {s['drops']} | "
                  f"{s['duplicates']} | {s['out_of_order']} | {lat} |")
+    other = [t for t, s in m["topics"].items() if s.get("latency_note")]
+    if other:
+        L += ["", "Latency: header stamps are on another clock (simulated time) than the receive times on "
+              + ", ".join(other) + "; not computed."]
     L += ["", "## Velocity error per degree of freedom", "",
           "Predicted minus recorded velocity, the recorded commands replayed from each recorded state.", "",
           "| dof | " + " | ".join(f"RMSE {k}" for k in hs) + f" | bias {k1} | bias {kn} | max {k1} | max {kn} |",
