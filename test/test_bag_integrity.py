@@ -345,3 +345,23 @@ def test_report_of_a_lockstep_bag_says_latency_is_not_computed(tmp_path):
     _small_bag(tmp_path / "same", receive_offset_ns=0)
     m = analyze(tmp_path / "same", horizons=(1,), plots=False)
     assert m["topics"]["/joint_states"]["latency_mean_s"] == pytest.approx(2e-4)
+
+
+def test_a_diverging_replay_names_the_bag(tmp_path):
+    """Finite but absurd recorded states (intact CRCs: they were recorded so) make the simulator
+    diverge: an AnalysisError naming the bag and the topics, not a bare simulator error."""
+    from diffsim_ros.analysis import analyze
+    from diffsim_ros.analysis.record import standard_params
+
+    bag = tmp_path / "absurd"
+    with BagWriter(bag) as w:
+        w.metadata({"config": standard_params("arm")}, receive_ns=100_000_000_000)
+        for i in range(20):
+            t = 100_000_000_000 + i * 20_000_000
+            w.joint_state(t, NAMES, np.full(4, 1e300), np.full(4, 1e300), receive_ns=t + 200_000)
+            w.command(t + 400_000, np.full(4, 1e300), t)
+    with pytest.raises(AnalysisError) as exc:
+        analyze(bag, horizons=(1,), plots=False)
+    text = str(exc.value)
+    print(text)
+    assert str(bag) in text and "/joint_states" in text and "/diffsim/command" in text, text
