@@ -91,7 +91,7 @@ def test_repair_of_cut_files_keeps_every_flushed_message(tmp_path):
     w.abort()                                      # killed: no summary, no footer
     full = _mcap(src).read_bytes()
     meta = (src / "metadata.yaml").read_text()
-    cuts = [len(full)] + [rng.randrange(0, len(full)) for _ in range(7)] + [s for s, _ in sizes[:2]]
+    cuts = [len(full), 0, 8] + [rng.randrange(0, len(full)) for _ in range(7)] + [s for s, _ in sizes[:2]]
     for k, cut in enumerate(cuts):
         bag = tmp_path / f"cut{k}"
         bag.mkdir()

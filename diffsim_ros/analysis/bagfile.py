@@ -302,7 +302,7 @@ class RepairReport:
     messages: int = 0
     chunks: int = 0
     bad_chunks: List[str] = field(default_factory=list)     # chunks dropped (CRC or structure), described
-    stopped: str = ""              # why the scan of the data section stopped early, if it did
+    stopped: str = ""              # what ended the scan early (a cut-off or unreadable record, a bad summary)
     topics: Dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -312,7 +312,7 @@ class RepairReport:
         for t, n in self.topics.items():
             lines.append(f"  {t}: {n}")
         if self.stopped:
-            lines.append(f"  the data section ends early: {self.stopped}; what follows is lost")
+            lines.append(f"  {self.stopped}")
         for b in self.bad_chunks:
             lines.append(f"  dropped {b}")
         return "\n".join(lines)
@@ -356,7 +356,8 @@ def _scan(f: Path, size: int):
             except StopIteration:
                 break
             except Exception as exc:       # truncated record, bad length, CRC of the data section, ...
-                stopped = f"at byte {pos}: {type(exc).__name__}: {exc}" if size > 8 else "the file is empty"
+                stopped = (f"the data section ends at byte {pos} ({type(exc).__name__}: {exc}); anything after "
+                           f"it is lost" if size > 8 else "the file is empty")
                 break
             if isinstance(rec, Header):
                 header = rec
@@ -376,7 +377,7 @@ def _scan(f: Path, size: int):
             elif isinstance(rec, Footer):
                 complete = not bad and _summary_crc_holds(fh, rec, size)
                 if not complete and not bad:
-                    stopped = "the summary fails its CRC check"
+                    stopped = "the summary failed its CRC check; rebuilt from the data section"
                 break
     return header, records, complete, stopped, bad, chunks
 
@@ -406,8 +407,10 @@ def repair(path) -> RepairReport:
     bag_dir = path if path.is_dir() else path.parent
     size = f.stat().st_size
     header, records, complete, stopped, bad, nchunks = _scan(f, size)
-    if header is None and size > 0:
-        raise AnalysisError(f"{f}: not an MCAP file (no MCAP magic and header at its start)")
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+    if head != b"\x89MCAP0\r\n"[:len(head)]:
+        raise AnalysisError(f"{f}: not an MCAP file (no MCAP magic at its start)")
 
     schemas: Dict[int, Any] = {}
     channels: Dict[int, Any] = {}
