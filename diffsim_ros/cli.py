@@ -550,7 +550,8 @@ def cmd_sysid(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
 
-    data = _analysis_call(read_bag, args.bag, where=args.bag, state_topic=args.state_topic, command_topic=args.command_topic)
+    data = _analysis_call(read_bag, args.bag, where=args.bag, state_topic=args.state_topic,
+                          command_topic=args.command_topic)
     setup = _analysis_call(sim_setup, data, args.config, where=args.bag)
 
     def progress(n, loss, vals):
@@ -558,8 +559,9 @@ def cmd_sysid(args: argparse.Namespace) -> int:
             shown = "  ".join(f"{k}=[{', '.join(f'{x:.4g}' for x in v)}]" for k, v in vals.items())
             print(f"  eval {n:>3}  loss {loss:.5g}  {shown}", flush=True)
 
-    r = _analysis_call(calibrate, data, setup, names, where=args.bag, window=args.window, fit_fraction=args.fit_fraction,
-                       max_starts=args.max_starts, max_iter=args.max_iter, progress=progress)
+    r = _analysis_call(calibrate, data, setup, names, where=args.bag, window=args.window,
+                       fit_fraction=args.fit_fraction, max_starts=args.max_starts, max_iter=args.max_iter,
+                       progress=progress)
     files = _analysis_call(write_calibrated, r, setup, args.out, bag=str(args.bag))
     print(f"sysid: {args.bag} ({r.fit_starts} windows of {r.window} steps to fit, {r.heldout_starts} held out; "
           f"{r.evaluations} evaluations, {r.seconds:.1f} s)")

@@ -399,7 +399,7 @@ def repair(path) -> RepairReport:
     topics, message counts, start and duration. A complete file is left as it is (only
     metadata.yaml is rewritten from it). Chunks whose CRC fails are dropped and reported;
     the scan stops at the first record cut off or unreadable."""
-    from mcap.records import Channel, Message, Metadata, Schema
+    from mcap.records import Channel, Message, Schema
     from mcap.writer import CompressionType, Writer
 
     path = Path(os.fspath(path))
@@ -422,8 +422,6 @@ def repair(path) -> RepairReport:
             channels.setdefault(r.id, r)
         elif isinstance(r, Message):
             messages.append(r)
-        elif isinstance(r, Metadata):
-            pass
     orphans = sum(1 for m in messages if m.channel_id not in channels)
     if orphans:
         bad.append(f"{orphans} message(s) of channels defined nowhere in the file")
