@@ -298,10 +298,10 @@ def test_cli_reports_corrupt_bags_in_one_line(tmp_path):
     _small_bag(intact)
     b = _mcap(intact).read_bytes()
     payloads = [r for r in _records(b) if r[0] == 0x05]
+    hit = rng.randrange(payloads[5][2], payloads[5][3])
     cases = {
         "truncated": (b[:rng.randrange(len(b) // 4, len(b) - 40)], None),
-        "payload": (bytes(x ^ 0x20 if i == rng.randrange(payloads[5][2], payloads[5][3]) else x
-                          for i, x in enumerate(b)), None),
+        "payload": (b[:hit] + bytes([b[hit] ^ 0x20]) + b[hit + 1:], None),
         "summary": (b[:-60] + bytes([b[-60] ^ 0x01]) + b[-59:], None),
         "yaml": (b, b"rosbag2_bagfile_information: {version: [\n"),
     }
