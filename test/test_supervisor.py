@@ -41,10 +41,12 @@ from diffsim_ros.learning.deploy import PolicyRunner
 
 torch.set_num_threads(1)
 
-EXAMPLES = 600          # per robot: 1,200 hostile sequences in all
+EXAMPLES = 500          # per robot: 1,000 hostile sequences in all
 RECOVER = 3
 TIMEOUT_S = 0.1
 CLOCK0 = 1_764_000_000 * 10 ** 9      # the node's clock at the start of a sequence (a 2025 wall time)
+TARGET = [0.2, 0.1, 0.35]
+SKEW_S = SupervisorConfig().max_stamp_skew_s
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +87,19 @@ OTHER = ["silence", "estop_on", "estop_off", "reset", "policy_nan", "policy_rais
 
 
 def events(bad, extra=()):
-    kind = st.sampled_from(["valid"] * 6 + ["burst", "repeat"] + list(bad) + list(extra) + OTHER)
+    # About 40 % valid states, so that the policy recovers often and its commands are checked too.
+    hostile = list(bad) + list(extra) + OTHER
+    kind = st.sampled_from(["valid"] * (2 * len(hostile) // 3) + ["burst", "repeat"] + hostile)
     unit = st.lists(st.floats(0.0, 1.0), min_size=16, max_size=16)
     dt = st.floats(0.001, 0.02)
-    return st.lists(st.tuples(kind, unit, dt), min_size=1, max_size=24)
+    return st.lists(st.tuples(kind, unit, dt), min_size=8, max_size=32)
 
 
 class Reference:
     """The supervisor's rules restated from the issue (not from the code): what each tick must be."""
 
-    def __init__(self):
+    def __init__(self, timeout_s=TIMEOUT_S, recover=RECOVER):
+        self.timeout_s, self.recover = timeout_s, recover
         self.latched = False
         self.good = 0
         self.estop = False
@@ -108,7 +113,7 @@ class Reference:
     def accepted(self, stamp, now, q, new):
         if new and self.latched:
             self.good += 1
-            if self.good >= RECOVER:
+            if self.good >= self.recover:
                 self.latched, self.good = False, 0
         self.last_stamp, self.last_time, self.hold = stamp, now, q
 
@@ -118,7 +123,7 @@ class Reference:
             return "safe"
         if self.last_time is None:
             return "none"
-        if now - self.last_time > TIMEOUT_S * 1e9:
+        if now - self.last_time > self.timeout_s * 1e9:
             self.bad()
             return "safe"
         return "policy"
@@ -127,15 +132,15 @@ class Reference:
 class Harness:
     """A supervisor with a policy that can be made to fail, its clocks, and the checks."""
 
-    def __init__(self, runners, kind):
+    def __init__(self, runners, kind, timeout_s=TIMEOUT_S, recover=RECOVER):
         self.runner, self.ref = runners
         self.kind = kind
         self.fail = None
-        cfg = SupervisorConfig(state_timeout_s=TIMEOUT_S, recover_states=RECOVER, safe_thrust=3.0)
+        cfg = SupervisorConfig(state_timeout_s=timeout_s, recover_states=recover, safe_thrust=3.0)
         self.sup = Supervisor(self.runner, cfg, policy=self._policy)
         if kind == "arm":
-            self.sup.set_target([0.2, 0.1, 0.35])
-        self.model = Reference()
+            self.sup.set_target(TARGET)
+        self.model = Reference(timeout_s, recover)
         self.now = 10 ** 9
         self.clock = CLOCK0
         r = self.runner
@@ -168,7 +173,7 @@ class Harness:
         hi = np.where(np.isfinite(self.q_hi), self.q_hi, 3.0)
         q = lo + (0.05 + 0.9 * np.array(u[:n])) * (hi - lo)
         vb = np.where(self.v_lim > 0, self.v_lim, 1.0)
-        v = (2 * np.array(u[n:2 * n]) - 1) * 0.9 * vb
+        v = (2 * np.array(u[n:2 * n]) - 1) * 5.0 * vb     # the stand-in exceeds URDF limits (see SupervisorConfig)
         perm = np.argsort(np.array(u[2 * n:3 * n]))        # any order
         names = [r.joint_names[i] for i in perm] + ["gripper_finger"]
         pos = list(q[perm]) + [float("nan")]                # an extra joint the robot does not have
@@ -272,6 +277,10 @@ class Harness:
                 return self.tick_and_check()
             msg, *vals = (self.valid_arm(u, m.last_stamp) if self.kind == "arm" else self.valid_quad(u, m.last_stamp))
             v = self.send(msg)
+            if self.clock - m.last_stamp > SKEW_S * 1e9:       # a re-publication too old for the clock
+                assert not v.accepted and v.fault, v
+                m.bad()
+                return self.tick_and_check()
             assert v.accepted and v.repeat, v.reason
             m.accepted(m.last_stamp, self.now, vals[0] if self.kind == "arm" else None, False)
             self.expect_reference(u)
@@ -328,7 +337,7 @@ class Harness:
         if t is not None and t.policy:
             if self.kind == "arm":
                 js, q, v = self.valid_arm(u, 0)
-                want = self.ref.arm(self.ref.joint_names, q, v, target=[0.2, 0.1, 0.35], predict=False).command
+                want = self.ref.arm(self.ref.joint_names, q, v, target=TARGET, predict=False).command
             else:
                 od, (p, quat, vl, w) = self.valid_quad(u, 0)
                 want = self.ref.quadrotor(p, quat, vl, w, predict=False).command
@@ -437,3 +446,26 @@ def test_settings_are_checked():
         SupervisorConfig(workspace_min=(0, 0, 0), workspace_max=(1, 1, -1))
     with pytest.raises(SupervisorConfigError, match="unknown supervisor setting.*recover_state\\b"):
         SupervisorConfig.from_mapping({"recover_state": 3})
+
+
+def test_output_converters_against_transforms3d():
+    """control.outputs: roll/pitch/yaw of a quaternion built by transforms3d, and the cmd_vel_legacy
+    setpoints derived from them; PX4 thrust saturates at the total maximum."""
+    from transforms3d.euler import euler2quat
+
+    from diffsim_ros.control import cmd_vel_legacy, px4_rates_setpoint, quat_to_rpy, rotor_speeds
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        roll, pitch, yaw = rng.uniform(-1.2, 1.2), rng.uniform(-1.2, 1.2), rng.uniform(-3, 3)
+        w, x, y, z = euler2quat(roll, pitch, yaw, "sxyz")
+        np.testing.assert_allclose(quat_to_rpy(x, y, z, w), (roll, pitch, yaw), atol=1e-12)
+        cmd = [rng.uniform(0, 40), *rng.uniform(-2, 2, 3)]
+        r_deg, p_deg, yaw_rate, pwm = cmd_vel_legacy(cmd, (x, y, z, w), 0.1, 32.0)
+        np.testing.assert_allclose([r_deg, p_deg, yaw_rate],
+                                   np.degrees([roll + 0.1 * cmd[1], pitch + 0.1 * cmd[2], cmd[3]]), atol=1e-9)
+        assert pwm == pytest.approx(min(cmd[0] / 32.0, 1.0) * 65535.0)
+    assert px4_rates_setpoint([100.0, 0, 0, 0], 32.0)[3] == [0.0, 0.0, -1.0]
+    speeds, norm = rotor_speeds([4.0, 0.0, -1.0], 1e-5, 8.0)
+    np.testing.assert_allclose(speeds, [np.sqrt(4.0 / 1e-5), 0.0, 0.0])
+    np.testing.assert_allclose(norm, [0.5, 0.0, 0.0])

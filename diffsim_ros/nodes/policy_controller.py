@@ -457,7 +457,7 @@ def make_node_class():
                 return
             if not self.lockstep:
                 return
-            if stamp == self.last_answered or not self._ready():
+            if v.repeat or stamp == self.last_answered or not self._ready():
                 return
             self.last_answered = stamp
             self._step()
@@ -526,9 +526,10 @@ def make_node_class():
                     self._step()
 
         def _watchdog_tick(self):
+            """Lockstep: every new state is answered, so the watchdog only speaks when states stop
+            (the latest is older than state_timeout_s): the safe command at watchdog_hz."""
             with self.lock:
-                reason = self.sup.blocked(time.monotonic_ns())
-                if reason is not None and reason != "no state received yet" and self._ready():
+                if self.sup.stale(time.monotonic_ns()) and self._ready():
                     self._step()
 
         def _step(self):
