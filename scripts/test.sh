@@ -12,6 +12,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 "$ROOT/scripts/bootstrap.sh"
+# The venv is an ament prefix (ROS wheels, the launch tooling, this package: see bootstrap.sh).
+case ":${AMENT_PREFIX_PATH:-}:" in
+    *":$VENV:"*) ;;
+    *) export AMENT_PREFIX_PATH="$VENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}" ;;
+esac
 targets=(test)
 for arg in "$@"; do
     path="${arg%%::*}"
