@@ -248,3 +248,59 @@ def test_compiled_prediction_equals_eager_prediction(hover_ckpt):
         torch.testing.assert_close(b.predicted.q, a.predicted.q, rtol=0, atol=1e-12)
         torch.testing.assert_close(b.predicted.v, a.predicted.v, rtol=0, atol=1e-10)
         torch.testing.assert_close(b.predicted.actuator, a.predicted.actuator, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("robot", ["locomotion", "solo12"])
+def test_legged_command_matches_task(tmp_path, robot):
+    """A floating base without rotors is a legged robot: joint states (any order) plus odometry give
+    the task's own observation and command, at random base poses, twists and joint states."""
+    if robot == "solo12":
+        from conftest import example_robot_data_dir
+
+        if example_robot_data_dir() is None:
+            pytest.skip("example-robot-data is not installed")
+        urdf = example_robot_data_dir() / "solo_description" / "robots" / "solo12.urdf"
+        cfg = tmp_path / "solo12.yaml"
+        text = (REPO_ROOT / "config" / "locomotion.yaml").read_text()
+        import yaml
+
+        doc = yaml.safe_load(text)
+        p = doc["/**"]["ros__parameters"]
+        p["urdf"] = str(urdf)
+        p["simulator"]["actuated_joints"] = [f"{leg}_{j}" for leg in ("FL", "FR", "HL", "HR")
+                                             for j in ("HAA", "HFE", "KFE")]
+        p["task"]["stance"] = [0.0, 0.8, -1.6, 0.0, 0.8, -1.6, 0.0, -0.8, 1.6, 0.0, -0.8, 1.6]
+        p["task"]["base_height"] = 0.24
+        cfg.write_text(yaml.safe_dump(doc))
+    else:
+        cfg = REPO_ROOT / "config" / "locomotion.yaml"
+    params, task, model = config.load_training_file(cfg, dtype=torch.float64)
+    torch.manual_seed(1)
+    pol = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(model.dtype)
+    with torch.no_grad():
+        pol.head.weight.mul_(8.0)
+        pol.norm.update(task.observe(task.reset(16, torch.Generator().manual_seed(1))))
+    save_checkpoint(pol, task, tmp_path / "ckpt", extra={"config": params})
+    runner = PolicyRunner(tmp_path / "ckpt")
+    assert runner.kind == "legged" and runner.interface == "position"
+    ts = task.reset(6, torch.Generator().manual_seed(2))
+    gen = torch.Generator().manual_seed(3)
+    quat = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    ts.sim.q[:, 3:7] = quat / quat.norm(dim=-1, keepdim=True)
+    ts.sim.q[:, 0:3] += torch.randn(6, 3, generator=gen, dtype=torch.float64) * 0.1
+    ts.sim.v[:] = torch.randn(ts.sim.v.shape, generator=gen, dtype=torch.float64)
+    pt = torch.jit.load(str(tmp_path / "ckpt" / "policy.pt"))
+    with torch.no_grad():
+        obs = task.observe(ts).float()
+        act = torch.cat([pt(obs[b:b + 1]) for b in range(6)])
+        want = task.command(torch.clamp(act, -1, 1).double(), ts).numpy()
+    names = list(runner.joint_names)
+    perm = list(reversed(range(len(names))))
+    for b in range(6):
+        q, v = ts.sim.q[b].numpy(), ts.sim.v[b].numpy()
+        out = runner.legged([names[i] for i in perm], q[7:][perm], v[6:][perm], q[0:3], q[3:7], v[0:3], v[3:6],
+                            predict=False)
+        np.testing.assert_allclose(out.command, np.clip(want[b], runner.command_low, runner.command_high),
+                                   atol=1e-12, rtol=0)
+    with pytest.raises(StateError, match="not a multirotor"):
+        runner.quadrotor_state([0, 0, 1], [0, 0, 0, 1], [0] * 3, [0] * 3)

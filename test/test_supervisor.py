@@ -469,3 +469,51 @@ def test_output_converters_against_transforms3d():
     speeds, norm = rotor_speeds([4.0, 0.0, -1.0], 1e-5, 8.0)
     np.testing.assert_allclose(speeds, [np.sqrt(4.0 / 1e-5), 0.0, 0.0])
     np.testing.assert_allclose(norm, [0.5, 0.0, 0.0])
+
+
+def test_legged_pairs_joint_states_and_odometry(tmp_path):
+    """A legged robot's state is a joint state and an odometry message with (nearly) the same stamp;
+    each half is checked by its own rules, a bad half latches, and the command is the policy's on
+    the pair (an independent runner's legged())."""
+    make_checkpoint("locomotion", tmp_path)
+    runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
+    sup = Supervisor(runner, SupervisorConfig(recover_states=2, pair_tolerance_s=0.0))
+    names = list(runner.joint_names)
+    stance = runner.task.stance.double().numpy()
+    qj = np.zeros(len(names))
+    qj[runner.sim.act_index.numpy()] = stance
+    t = CLOCK0
+
+    def odom(stamp, z=0.3, frame="world"):
+        return OdometryIn([0.1, 0.0, z], [0, 0, 0, 1], [0.2, 0, 0], [0, 0, 0.1], stamp, frame, "base_link")
+
+    def joints(stamp, q=qj):
+        return JointStateIn(list(reversed(names)), list(q[::-1]), [0.0] * len(names), (), stamp)
+
+    v = sup.on_odometry(odom(t), 0, t)
+    assert v.pending and not v.accepted and not v.fault
+    assert sup.tick(0).command is None                   # no complete state yet: nothing sent
+    v = sup.on_joint_state(joints(t), 1, t)
+    assert v.accepted and not v.pending
+    tick = sup.tick(2)
+    want = ref.legged(names, qj, np.zeros(len(names)), [0.1, 0, 0.3], [0, 0, 0, 1], [0.2, 0, 0], [0, 0, 0.1],
+                      predict=False).command
+    assert tick.policy
+    np.testing.assert_allclose(tick.command, want, atol=1e-12, rtol=0)
+    # Joints of a later step, the odometry of an earlier one: not a pair (exact stamps here).
+    assert sup.on_joint_state(joints(t + 10), 3, t).pending
+    # A bad half latches the safe command: hold the last accepted joint positions.
+    bad = qj.copy()
+    bad[0] = 1e30
+    v = sup.on_joint_state(joints(t + 20, bad), 4, t)
+    assert v.fault and "1e+30" in v.reason
+    tick = sup.tick(5)
+    assert not tick.policy
+    np.testing.assert_allclose(tick.command, np.clip(stance, runner.command_low, runner.command_high))
+    v = sup.on_odometry(odom(t + 30, frame="odom"), 6, t)
+    assert v.fault and "frame_id" in v.reason
+    # Two new good pairs recover it.
+    for k in (40, 50):
+        sup.on_odometry(odom(t + k), 7, t)
+        assert sup.on_joint_state(joints(t + k), 7, t).accepted
+    assert sup.tick(8).policy

@@ -88,6 +88,8 @@ class SupervisorConfig:
     child_frame_id: str = "base_link"
     #: s, largest accepted |header stamp - node clock| (0: stamps are not compared with the clock)
     max_stamp_skew_s: float = 0.5
+    #: s, legged robots: joint state and odometry stamps this close make one state (0: equal stamps)
+    pair_tolerance_s: float = 0.02
     #: arms: hold, zero or auto (hold for a position interface, zero otherwise)
     safe_mode: str = "auto"
     #: N, quadrotors: collective thrust of the safe command (0: motors off)
@@ -100,7 +102,7 @@ class SupervisorConfig:
             val = getattr(self, name)
             if not (isinstance(val, (int, float)) and math.isfinite(val) and val > 0):
                 raise SupervisorConfigError(f"'{name}' must be a finite number > 0, got {val!r}")
-        for name in ("position_margin", "max_stamp_skew_s", "safe_thrust"):
+        for name in ("position_margin", "max_stamp_skew_s", "safe_thrust", "pair_tolerance_s"):
             val = getattr(self, name)
             if not (isinstance(val, (int, float)) and math.isfinite(val) and val >= 0):
                 raise SupervisorConfigError(f"'{name}' must be a finite number >= 0, got {val!r}")
@@ -167,11 +169,13 @@ class ImuIn:
 class Verdict:
     """What became of one message: ``accepted``; else ``reason`` and whether it was a ``fault``
     (latched the safe command) or only ignored (a partial joint state). ``repeat``: an accepted
-    state with the stamp of the previous one (a re-publication, not a new state)."""
+    state with the stamp of the previous one (a re-publication, not a new state). ``pending``: a
+    legged robot's valid joint state or odometry still waiting for its partner."""
     accepted: bool
     reason: str = ""
     fault: bool = False
     repeat: bool = False
+    pending: bool = False
 
 
 @dataclass
@@ -219,7 +223,7 @@ class Supervisor:
         self.kind = runner.kind
         self._policy = policy or (lambda state, target: runner.decide(state, target, predict=False))
         mode = cfg.safe_mode
-        if self.kind == "arm":
+        if self.kind in ("arm", "legged"):
             if mode == "auto":
                 mode = "hold" if runner.interface == "position" else "zero"
             if mode == "hold" and runner.interface != "position":
@@ -245,6 +249,7 @@ class Supervisor:
         self.last_stamp: Optional[int] = None
         self.hold_q: Optional[np.ndarray] = None
         self.imu_w: Optional[np.ndarray] = None
+        self._parts: Dict[str, Tuple[Optional[int], Any]] = {"joints": (None, None), "base": (None, None)}
         self.estop = False
         self.fault_reason: Optional[str] = None
         self.good_since_fault = 0
@@ -261,7 +266,7 @@ class Supervisor:
 
     @property
     def safe_description(self) -> str:
-        if self.kind == "arm":
+        if self.kind != "quadrotor":
             return "hold the last accepted position" if self.safe_mode == "hold" else f"zero {self.runner.interface}"
         return f"{self.config.safe_thrust:g} N collective thrust, zero body rates"
 
@@ -281,6 +286,7 @@ class Supervisor:
         self.fault_reason = None
         self.good_since_fault = 0
         self.last_stamp = None
+        self._parts = {"joints": (None, None), "base": (None, None)}
         return f"fault latch cleared (was: {was})" if was else "no fault was latched"
 
     def on_estop(self, engaged: bool, now_ns: Optional[int] = None) -> str:
@@ -296,12 +302,11 @@ class Supervisor:
         self.fault(reason)
         return Verdict(False, reason, fault=True)
 
-    def _stamp_rule(self, stamp: int, clock_ns: Optional[int], what: str) -> None:
+    def _stamp_rule(self, stamp: int, clock_ns: Optional[int], what: str, last: Optional[int]) -> None:
         if not isinstance(stamp, (int, np.integer)) or stamp < 0:
             raise _Rejected(f"{what} header.stamp {stamp!r} is not a valid time")
-        if self.last_stamp is not None and stamp < self.last_stamp:
-            raise _Rejected(f"{what} header.stamp went backwards: {stamp / 1e9:.9f} s after "
-                            f"{self.last_stamp / 1e9:.9f} s")
+        if last is not None and stamp < last:
+            raise _Rejected(f"{what} header.stamp went backwards: {stamp / 1e9:.9f} s after {last / 1e9:.9f} s")
         skew = self.config.max_stamp_skew_s
         if clock_ns is not None and skew > 0 and abs(stamp - clock_ns) > skew * 1e9:
             raise _Rejected(f"{what} header.stamp {stamp / 1e9:.9f} s is {(stamp - clock_ns) / 1e9:+.3f} s from "
@@ -312,7 +317,7 @@ class Supervisor:
         self.latest = (now_ns, stamp, state)
         self.last_stamp = stamp
         self.counts["states_repeated" if repeat else "states_accepted"] += 1
-        if self.kind == "arm":
+        if self.kind != "quadrotor":
             self.hold_q = self.runner.joint_positions(state)
         if self.fault_reason is not None and not repeat:
             self.good_since_fault += 1
@@ -323,55 +328,103 @@ class Supervisor:
         return Verdict(True, repeat=repeat)
 
     # ------------------------------------------------------------------ inputs
+    def _check_joints(self, js: JointStateIn, clock_ns: Optional[int], last: Optional[int]):
+        """(positions, velocities) of the robot's joints in model order, or None for a partial message
+        (missing joints: ignored). Raises _Rejected naming the field and value."""
+        names = [str(n) for n in js.names]
+        n = len(names)
+        pos, vel = _seq(js.position, "position"), _seq(js.velocity, "velocity")
+        eff = _seq(js.effort, "effort")
+        if pos.size != n:
+            raise _Rejected(f"{n} joint names but {pos.size} positions")
+        if vel.size != n:
+            raise _Rejected(f"{n} joint names but {vel.size} velocities (velocity is required)")
+        if eff.size not in (0, n):
+            raise _Rejected(f"{n} joint names but {eff.size} efforts (empty or one per name)")
+        if len(set(names)) != n:
+            dup = sorted({x for x in names if names.count(x) > 1})
+            raise _Rejected(f"joint names repeat: {', '.join(dup)}")
+        index = {x: i for i, x in enumerate(names)}
+        missing = [j for j in self.runner.joint_names if j not in index]
+        if missing:
+            self.counts["states_ignored"] += 1
+            self.last_rejection = (f"joint_states: joint(s) {', '.join(missing)} missing (got: "
+                                   f"{', '.join(names) or 'none'}); ignored")
+            return None
+        idx = np.array([index[j] for j in self.runner.joint_names], dtype=np.int64)
+        p, v = pos[idx], vel[idx]
+        for what, x in (("position", p), ("velocity", v)):
+            bad = np.nonzero(~np.isfinite(x))[0]
+            if bad.size:
+                j = bad[0]
+                raise _Rejected(f"non-finite {what} {x[j]} of joint {self.runner.joint_names[j]}")
+        out = np.nonzero((p < self.pos_low) | (p > self.pos_high))[0]
+        if out.size:
+            j = out[0]
+            raise _Rejected(f"position of joint {self.runner.joint_names[j]} is {_fmt(p[j])}, outside its "
+                            f"limits [{_fmt(self.pos_low[j] + self.config.position_margin)}, "
+                            f"{_fmt(self.pos_high[j] - self.config.position_margin)}] by more than "
+                            f"position_margin {self.config.position_margin:g}")
+        fast = np.nonzero(np.abs(v) > self.vel_bound)[0]
+        if fast.size:
+            j = fast[0]
+            raise _Rejected(f"velocity of joint {self.runner.joint_names[j]} is {_fmt(v[j])}, beyond the bound "
+                            f"{_fmt(self.vel_bound[j])} (velocity_limit_factor x URDF limit)")
+        self._stamp_rule(js.stamp_ns, clock_ns, "joint_states", last)
+        return p, v
+
+    def _check_base(self, od: OdometryIn, clock_ns: Optional[int], last: Optional[int]):
+        """(position, orientation, linear, angular) arrays of plausible odometry; raises _Rejected."""
+        cfg = self.config
+        parts = []
+        for what, val, n in (("pose.position", od.position, 3), ("pose.orientation", od.orientation, 4),
+                             ("twist.linear", od.linear, 3), ("twist.angular", od.angular, 3)):
+            a = _seq(val, what)
+            if a.size != n:
+                raise _Rejected(f"{what} needs {n} numbers, got {a.size}")
+            if not np.isfinite(a).all():
+                raise _Rejected(f"non-finite {what} {a.tolist()}")
+            parts.append(a)
+        for what, got, want in (("header.frame_id", od.frame_id, cfg.frame_id),
+                                ("child_frame_id", od.child_frame_id, cfg.child_frame_id)):
+            if not got:
+                raise _Rejected(f"empty {what} (expected '{want or 'a frame'}')")
+            if want and got != want:
+                raise _Rejected(f"{what} is '{got}', expected '{want}'")
+        pos, quat, lin, ang = parts
+        lo, hi = np.asarray(cfg.workspace_min), np.asarray(cfg.workspace_max)
+        out = np.nonzero((pos < lo) | (pos > hi))[0]
+        if out.size:
+            k = out[0]
+            raise _Rejected(f"pose.position.{'xyz'[k]} is {_fmt(pos[k])} m, outside the workspace "
+                            f"[{_fmt(lo[k])}, {_fmt(hi[k])}]")
+        norm = float(np.linalg.norm(quat))
+        if abs(norm - 1.0) > cfg.quaternion_tolerance:
+            raise _Rejected(f"pose.orientation has norm {_fmt(norm)} (a unit quaternion x y z w expected, "
+                            f"quaternion_tolerance {cfg.quaternion_tolerance:g})")
+        for what, x, bound, unit in (("twist.linear", lin, cfg.max_linear_speed, "m/s"),
+                                     ("twist.angular", ang, cfg.max_angular_speed, "rad/s")):
+            sp = float(np.linalg.norm(x))
+            if sp > bound:
+                raise _Rejected(f"{what} speed is {_fmt(sp)} {unit}, beyond {_fmt(bound)}")
+        self._stamp_rule(od.stamp_ns, clock_ns, "odom", last)
+        return pos, quat, lin, ang
+
     def on_joint_state(self, js: JointStateIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
-        """A joint state (arms). ``now_ns``: receive time on a steady clock; ``clock_ns``: the node's
-        clock for the stamp rule (None: not compared)."""
+        """A joint state (arms; legged robots pair it with odometry). ``now_ns``: receive time on a
+        steady clock; ``clock_ns``: the node's clock for the stamp rule (None: not compared)."""
         self.counts["states_received"] += 1
-        if self.kind != "arm":
-            return self._reject("joint_states: this robot has a floating base (odometry expected)")
+        if self.kind == "quadrotor":
+            return self._reject("joint_states: this robot is a multirotor (odometry expected)")
+        legged = self.kind == "legged"
         try:
-            names = [str(n) for n in js.names]
-            n = len(names)
-            pos, vel = _seq(js.position, "position"), _seq(js.velocity, "velocity")
-            eff = _seq(js.effort, "effort")
-            if pos.size != n:
-                raise _Rejected(f"{n} joint names but {pos.size} positions")
-            if vel.size != n:
-                raise _Rejected(f"{n} joint names but {vel.size} velocities (velocity is required)")
-            if eff.size not in (0, n):
-                raise _Rejected(f"{n} joint names but {eff.size} efforts (empty or one per name)")
-            if len(set(names)) != n:
-                dup = sorted({x for x in names if names.count(x) > 1})
-                raise _Rejected(f"joint names repeat: {', '.join(dup)}")
-            index = {x: i for i, x in enumerate(names)}
-            missing = [j for j in self.runner.joint_names if j not in index]
-            if missing:
-                self.counts["states_ignored"] += 1
-                reason = (f"joint_states: joint(s) {', '.join(missing)} missing (got: {', '.join(names) or 'none'}); "
-                          "ignored")
-                self.last_rejection = reason
-                return Verdict(False, reason)
-            idx = np.array([index[j] for j in self.runner.joint_names], dtype=np.int64)
-            p, v = pos[idx], vel[idx]
-            for what, x, unit in (("position", p, "rad"), ("velocity", v, "rad/s")):
-                bad = np.nonzero(~np.isfinite(x))[0]
-                if bad.size:
-                    j = bad[0]
-                    raise _Rejected(f"non-finite {what} {x[j]} of joint {self.runner.joint_names[j]}")
-            out = np.nonzero((p < self.pos_low) | (p > self.pos_high))[0]
-            if out.size:
-                j = out[0]
-                raise _Rejected(f"position of joint {self.runner.joint_names[j]} is {_fmt(p[j])}, outside its "
-                                f"limits [{_fmt(self.pos_low[j] + self.config.position_margin)}, "
-                                f"{_fmt(self.pos_high[j] - self.config.position_margin)}] by more than "
-                                f"position_margin {self.config.position_margin:g}")
-            fast = np.nonzero(np.abs(v) > self.vel_bound)[0]
-            if fast.size:
-                j = fast[0]
-                raise _Rejected(f"velocity of joint {self.runner.joint_names[j]} is {_fmt(v[j])}, beyond the bound "
-                                f"{_fmt(self.vel_bound[j])} (velocity_limit_factor x URDF limit)")
-            self._stamp_rule(js.stamp_ns, clock_ns, "joint_states")
-            state = self.runner.arm_state(self.runner.joint_names, p.tolist(), v.tolist())
+            got = self._check_joints(js, clock_ns, self._parts["joints"][0] if legged else self.last_stamp)
+            if got is None:
+                return Verdict(False, self.last_rejection)
+            if legged:
+                self._parts["joints"] = (int(js.stamp_ns), got)
+                return self._pair(now_ns)
+            state = self.runner.arm_state(self.runner.joint_names, got[0].tolist(), got[1].tolist())
         except _Rejected as e:
             return self._reject(f"joint_states: {e}")
         except Exception as e:  # noqa: BLE001 - anything the rules missed is still a bad message
@@ -383,47 +436,34 @@ class Supervisor:
         self.counts["states_received"] += 1
         if self.kind == "arm":
             return self._reject("odom: this robot has a fixed base (joint states expected)")
-        cfg = self.config
+        legged = self.kind == "legged"
         try:
-            parts = {}
-            for what, val, n in (("pose.position", od.position, 3), ("pose.orientation", od.orientation, 4),
-                                 ("twist.linear", od.linear, 3), ("twist.angular", od.angular, 3)):
-                a = _seq(val, what)
-                if a.size != n:
-                    raise _Rejected(f"{what} needs {n} numbers, got {a.size}")
-                if not np.isfinite(a).all():
-                    raise _Rejected(f"non-finite {what} {a.tolist()}")
-                parts[what] = a
-            for what, got, want in (("header.frame_id", od.frame_id, cfg.frame_id),
-                                    ("child_frame_id", od.child_frame_id, cfg.child_frame_id)):
-                if not got:
-                    raise _Rejected(f"empty {what} (expected '{want or 'a frame'}')")
-                if want and got != want:
-                    raise _Rejected(f"{what} is '{got}', expected '{want}'")
-            pos, quat = parts["pose.position"], parts["pose.orientation"]
-            lo, hi = np.asarray(cfg.workspace_min), np.asarray(cfg.workspace_max)
-            out = np.nonzero((pos < lo) | (pos > hi))[0]
-            if out.size:
-                k = out[0]
-                raise _Rejected(f"pose.position.{'xyz'[k]} is {_fmt(pos[k])} m, outside the workspace "
-                                f"[{_fmt(lo[k])}, {_fmt(hi[k])}]")
-            norm = float(np.linalg.norm(quat))
-            if abs(norm - 1.0) > cfg.quaternion_tolerance:
-                raise _Rejected(f"pose.orientation has norm {_fmt(norm)} (a unit quaternion x y z w expected, "
-                                f"quaternion_tolerance {cfg.quaternion_tolerance:g})")
-            for what, a, bound, unit in (("twist.linear", parts["twist.linear"], cfg.max_linear_speed, "m/s"),
-                                         ("twist.angular", parts["twist.angular"], cfg.max_angular_speed, "rad/s")):
-                s = float(np.linalg.norm(a))
-                if s > bound:
-                    raise _Rejected(f"{what} speed is {_fmt(s)} {unit}, beyond {_fmt(bound)}")
-            self._stamp_rule(od.stamp_ns, clock_ns, "odom")
-            w = self.imu_w if (self.imu_rates and self.imu_w is not None) else parts["twist.angular"]
-            state = self.runner.quadrotor_state(pos, quat, parts["twist.linear"], w)
+            pos, quat, lin, ang = self._check_base(od, clock_ns, self._parts["base"][0] if legged else self.last_stamp)
+            if legged:
+                self._parts["base"] = (int(od.stamp_ns), (pos, quat, lin, ang))
+                return self._pair(now_ns)
+            w = self.imu_w if (self.imu_rates and self.imu_w is not None) else ang
+            state = self.runner.quadrotor_state(pos, quat, lin, w)
         except _Rejected as e:
             return self._reject(f"odom: {e}")
         except Exception as e:  # noqa: BLE001
             return self._reject(f"odom: {type(e).__name__}: {e}")
         return self._accept(int(od.stamp_ns), state, now_ns)
+
+    def _pair(self, now_ns: int) -> Verdict:
+        """Legged robots: the latest accepted joint state and odometry make one state when their
+        stamps lie within ``pair_tolerance_s``; its stamp is the later one."""
+        (tj, joints), (tb, base) = self._parts["joints"], self._parts["base"]
+        if joints is None or base is None or abs(tj - tb) > self.config.pair_tolerance_s * 1e9:
+            return Verdict(False, "", pending=True)
+        stamp = max(tj, tb)
+        if self.last_stamp is not None and stamp < self.last_stamp:
+            return Verdict(False, "", pending=True)
+        pos, quat, lin, ang = base
+        w = self.imu_w if (self.imu_rates and self.imu_w is not None) else ang
+        state = self.runner.legged_state(self.runner.joint_names, joints[0].tolist(), joints[1].tolist(),
+                                         pos, quat, lin, w)
+        return self._accept(stamp, state, now_ns)
 
     def on_imu(self, imu: ImuIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
         """An IMU reading: a broken one (non-finite, impossible rate) is a fault like a bad state."""
@@ -498,7 +538,7 @@ class Supervisor:
         """The safe command (simulator interface, within limits); None: nothing safe to send yet
         (hold mode before any state was accepted)."""
         r = self.runner
-        if self.kind == "arm":
+        if self.kind != "quadrotor":
             if self.safe_mode == "hold":
                 if self.hold_q is None:
                     return None

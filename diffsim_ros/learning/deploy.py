@@ -45,9 +45,11 @@ from ..tasks import make_task
 from ..tasks.base import TaskState
 from .checkpoint import CheckpointError, load_checkpoint, load_metadata
 
-__all__ = ["PolicyRunner", "Decision", "StateError", "ARM", "QUADROTOR"]
+__all__ = ["PolicyRunner", "Decision", "StateError", "ARM", "QUADROTOR", "LEGGED"]
 
-ARM, QUADROTOR = "arm", "quadrotor"
+#: Robot kinds: fixed base (joint states), floating base with rotors (odometry), floating base
+#: with actuated joints and no rotors (odometry and joint states).
+ARM, QUADROTOR, LEGGED = "arm", "quadrotor", "legged"
 
 
 class StateError(ValueError):
@@ -166,7 +168,7 @@ class PolicyRunner:
         self.sim: Simulator = self.task.sim
         self._predictor: Simulator = Simulator(self.sim.system, compile=True) if compile_prediction else self.sim
         self.dtype = dtype
-        self.kind = QUADROTOR if model.floating_base else ARM
+        self.kind = ARM if not model.floating_base else (QUADROTOR if self.sim.rotors is not None else LEGGED)
         cmd = self.meta["command"]
         self.interface: str = cmd["interface"]
         self.command_names = list(cmd["names"])
@@ -182,6 +184,14 @@ class PolicyRunner:
                                   f"the policy gives {self.meta['action']['dim']}")
         self._low, self._high = self._limits()
         self.home = getattr(self.task, "home", None)
+        # The goal's size: a point (reach, hover, waypoint) or a velocity; a legged task's own
+        # (e.g. none for forward progress), with its reset's value as the default.
+        self._default_target = None
+        self.target_dim = 3
+        if self.kind == LEGGED:
+            with torch.no_grad():
+                self._default_target = self.task.reset(1, torch.Generator().manual_seed(0)).target.to(dtype)
+            self.target_dim = int(self._default_target.shape[-1])
         self.mode = getattr(self.task, "mode", None)
         self._name_cache: Tuple[Tuple[str, ...], Optional[np.ndarray]] = ((), None)
         self._carry: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)
@@ -254,10 +264,8 @@ class PolicyRunner:
         self._name_cache = (key, idx)
         return idx
 
-    def arm_state(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float]) -> State:
-        """Simulator state from a joint state matched by name (any order, extra joints ignored)."""
-        if self.kind != ARM:
-            raise StateError(f"robot '{self.model.name}' has a floating base: use quadrotor(), not arm()")
+    def _joints(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float]):
+        """(positions, velocities) of the model's joints, in its order, from a joint state matched by name."""
         if len(positions) != len(names):
             raise StateError(f"{len(names)} joint names but {len(positions)} positions")
         if len(velocities) != len(names):
@@ -270,15 +278,10 @@ class PolicyRunner:
             if bad.any():
                 j = [self.joint_names[i] for i in np.nonzero(bad)[0]]
                 raise StateError(f"non-finite joint {what} of {', '.join(j)}")
-        q = torch.from_numpy(p).to(self.dtype).unsqueeze(0)
-        vv = torch.from_numpy(v).to(self.dtype).unsqueeze(0)
-        return self._with_carry(q, vv)
+        return p, v
 
-    def quadrotor_state(self, position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> State:
-        """Simulator state from odometry: world position, orientation (x y z w), body-frame linear and
-        angular velocity (nav_msgs/Odometry's twist is in the child, i.e. body, frame)."""
-        if self.kind != QUADROTOR:
-            raise StateError(f"robot '{self.model.name}' has a fixed base: use arm(), not quadrotor()")
+    def _base(self, position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> np.ndarray:
+        """[x y z, qx qy qz qw (normalised), body linear velocity, body angular velocity] from odometry."""
         # One array and one finiteness check on the fast path; the slow path names the field.
         try:
             x = np.concatenate([np.asarray(position, dtype=np.float64).reshape(-1),
@@ -300,14 +303,41 @@ class PolicyRunner:
         if not norm > 1e-6:
             raise StateError(f"orientation quaternion has norm {norm:g} (expected a unit quaternion x y z w)")
         x[3:7] /= norm
-        nj = self.model.nq - 7
-        if nj:
-            q = np.concatenate((x[0:7], np.zeros(nj)))
-            v = np.concatenate((x[7:13], np.zeros(nj)))
-        else:
-            q, v = x[0:7], x[7:13]
+        return x
+
+    def _tensors(self, q: np.ndarray, v: np.ndarray) -> State:
         return self._with_carry(torch.from_numpy(q).to(self.dtype).unsqueeze(0),
                                 torch.from_numpy(v).to(self.dtype).unsqueeze(0))
+
+    def arm_state(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float]) -> State:
+        """Simulator state from a joint state matched by name (any order, extra joints ignored)."""
+        if self.kind != ARM:
+            raise StateError(f"robot '{self.model.name}' has a floating base: use "
+                             f"{'quadrotor' if self.kind == QUADROTOR else 'legged'}_state(), not arm_state()")
+        p, v = self._joints(names, positions, velocities)
+        return self._tensors(p, v)
+
+    def quadrotor_state(self, position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> State:
+        """Simulator state from odometry: world position, orientation (x y z w), body-frame linear and
+        angular velocity (nav_msgs/Odometry's twist is in the child, i.e. body, frame). Joints of a
+        floating-base robot with rotors (none measured) are at zero."""
+        if self.kind != QUADROTOR:
+            raise StateError(f"robot '{self.model.name}' is not a multirotor: use "
+                             f"{'arm' if self.kind == ARM else 'legged'}_state(), not quadrotor_state()")
+        x = self._base(position, orientation_xyzw, linear_velocity_body, angular_velocity_body)
+        nj = self.model.nq - 7
+        if nj:
+            return self._tensors(np.concatenate((x[0:7], np.zeros(nj))), np.concatenate((x[7:13], np.zeros(nj))))
+        return self._tensors(x[0:7], x[7:13])
+
+    def legged_state(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float],
+                     position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> State:
+        """Simulator state of a legged robot: the joint state (matched by name) and the base odometry."""
+        if self.kind != LEGGED:
+            raise StateError(f"robot '{self.model.name}' is not a legged robot (kind {self.kind})")
+        x = self._base(position, orientation_xyzw, linear_velocity_body, angular_velocity_body)
+        p, v = self._joints(names, positions, velocities)
+        return self._tensors(np.concatenate((x[0:7], p)), np.concatenate((x[7:13], v)))
 
     def _with_carry(self, q: torch.Tensor, v: torch.Tensor) -> State:
         """A simulator state at the measured q, v with the carried (else initial) actuator state."""
@@ -337,18 +367,21 @@ class PolicyRunner:
                 if self.mode == "velocity":
                     return torch.zeros(1, 3, dtype=self.dtype)
                 return self.home.to(self.dtype).reshape(1, 3)
+            if self.kind == LEGGED:
+                return self._default_target.clone()
             raise StateError("a reach policy needs a target point (x, y, z) in m")
         t = torch.as_tensor(np.asarray(target, dtype=np.float64).reshape(-1), dtype=self.dtype)
-        if t.shape != (3,):
-            raise StateError(f"target needs 3 numbers, got {t.numel()}")
+        if t.shape != (self.target_dim,):
+            raise StateError(f"target needs {self.target_dim} numbers, got {t.numel()}")
         if not bool(torch.isfinite(t).all()):
             raise StateError(f"non-finite target {t.tolist()}")
-        return t.reshape(1, 3)
+        return t.reshape(1, self.target_dim)
 
     # ------------------------------------------------------------------ the step
     def decide(self, state: State, target=None, predict: bool = True) -> Decision:
         """Command (and prediction) for a simulator state of batch 1."""
-        tgt = target if isinstance(target, torch.Tensor) and target.shape == (1, 3) else self.target_tensor(target)
+        tgt = (target if isinstance(target, torch.Tensor) and target.shape == (1, self.target_dim)
+               else self.target_tensor(target))
         with torch.inference_mode():
             ts = TaskState(state, tgt)
             obs = self.task.observe(ts)
@@ -369,6 +402,11 @@ class PolicyRunner:
             nxt = self._predictor.step(state, c)
         self._carry = (nxt.actuator, nxt.delay)
         return nxt
+
+    def legged(self, names, positions, velocities, position, orientation_xyzw, linear_velocity_body,
+               angular_velocity_body, target=None, predict: bool = True) -> Decision:
+        return self.decide(self.legged_state(names, positions, velocities, position, orientation_xyzw,
+                                             linear_velocity_body, angular_velocity_body), target, predict)
 
     def arm(self, names, positions, velocities, target=None, predict: bool = True) -> Decision:
         return self.decide(self.arm_state(names, positions, velocities), target, predict)

@@ -146,6 +146,8 @@ SUPERVISOR_PARAMETERS: Dict[str, Any] = {
     "max_stamp_skew_s": (_SUP.max_stamp_skew_s, "s, a state whose header stamp is further than this from the node's "
                                                 "clock is rejected (0: not compared; stamps must never go backwards "
                                                 "either way). Against a simulator's time set use_sim_time"),
+    "pair_tolerance_s": (_SUP.pair_tolerance_s, "s, legged robots: a joint state and an odometry message whose "
+                                                "stamps are this close make one state (lockstep: equal stamps)"),
     "safe_mode": (_SUP.safe_mode, "arms: hold (last accepted measured position), zero (zero effort/velocity) or "
                                   "auto (hold for position and joint_trajectory, zero for effort and velocity)"),
     "safe_thrust": (_SUP.safe_thrust, "N, quadrotors: collective thrust of the safe command (body rates zero); "
@@ -233,12 +235,12 @@ def make_node_class():
             # ---------------------------------------------------------- interface
             iface = p("interface")
             if iface == "auto":
-                iface = "forward_command" if r.kind == "arm" else r.interface
-            allowed = ARM_INTERFACES if r.kind == "arm" else QUAD_INTERFACES
+                iface = r.interface if r.kind == "quadrotor" else "forward_command"
+            allowed = QUAD_INTERFACES if r.kind == "quadrotor" else ARM_INTERFACES
             if iface not in allowed:
                 raise StartupError(f"parameter 'interface': '{iface}' is not an interface for a {r.kind} "
                                    f"(one of: {', '.join(allowed)}, auto)")
-            if r.kind == "arm" and iface == "joint_trajectory" and r.interface != "position":
+            if r.kind != "quadrotor" and iface == "joint_trajectory" and r.interface != "position":
                 raise StartupError(f"interface joint_trajectory needs a position checkpoint; this one commands "
                                    f"'{r.interface}' (use forward_command)")
             if r.kind == "quadrotor" and r.interface == "rotor_thrust" and iface in ("ctbr", "cmd_vel_legacy"):
@@ -283,10 +285,20 @@ def make_node_class():
                                           f"{1 / self.dt:g} Hz (dt {self.dt:g} s)")
             self.rate = rate
             self.predict_every = int(p("predict_every"))
+            if r.kind == "legged" and self.predict_every:
+                # The prediction of a floating base with joints has no message of its own yet (the
+                # analysis compares arm and multirotor bags).
+                self.get_logger().info("legged robot: no /diffsim/predicted_state (predict_every 0)")
+                self.predict_every = 0
             self.legacy_tau = float(p("legacy_attitude_time_s"))
             # ---------------------------------------------------------- the supervisor (control/supervisor.py)
             try:
-                sup_cfg = SupervisorConfig.from_mapping({k: p(k) for k in SUPERVISOR_PARAMETERS})
+                values = {k: p(k) for k in SUPERVISOR_PARAMETERS}
+                if self.lockstep:
+                    # The lockstep stand-in stamps /joint_states and /odom of a step with the same
+                    # time: a legged state is made of exactly that pair.
+                    values["pair_tolerance_s"] = 0.0
+                sup_cfg = SupervisorConfig.from_mapping(values)
                 self.sup = Supervisor(r, sup_cfg, imu_rates=bool(p("imu_angular_velocity")))
             except (SupervisorConfigError, TypeError) as e:
                 raise StartupError(f"parameter {e}") from None
@@ -318,9 +330,9 @@ def make_node_class():
             if rel == "best_effort":
                 state_qos.reliability = ReliabilityPolicy.BEST_EFFORT
             latched = common.latched_qos()
-            if r.kind == "arm":
+            if r.kind != "quadrotor":
                 self.create_subscription(JointState, p("joint_states_topic"), self._on_joint_state, state_qos)
-            else:
+            if r.kind != "arm":
                 self.create_subscription(Odometry, p("odom_topic"), self._on_odom, state_qos)
                 self.create_subscription(Imu, p("imu_topic"), self._on_imu, state_qos)
             self.create_subscription(PointStamped, p("target_topic"), self._on_target, default)
@@ -353,7 +365,7 @@ def make_node_class():
                 self.out_topic = p("actuator_msgs_topic")
                 self.pub_out = self.create_publisher(self._iface_msgs["Actuators"], self.out_topic, default)
             self.pub_cmd = self.create_publisher(Float64MultiArray, p("command_topic"), default)
-            self.pub_pred = self.create_publisher(JointState if r.kind == "arm" else Odometry,
+            self.pub_pred = self.create_publisher(Odometry if r.kind == "quadrotor" else JointState,
                                                   p("predicted_state_topic"), default)
             self.pub_meta = self.create_publisher(String, p("metadata_topic"), latched)
             self.pub_diag = self.create_publisher(DiagnosticArray, p("diagnostics_topic"), default)
@@ -450,6 +462,8 @@ def make_node_class():
             once (a fault with the safe command at once). doc/interfaces.md: a lockstep plant
             republishes its initial state until the first command; answering each copy would put
             two commands in flight, so a state with the stamp answered last is not answered."""
+            if v.pending:                    # a legged robot's half state, waiting for its partner
+                return
             if not v.accepted:
                 self.get_logger().warning(f"rejected {what} message: {v.reason}", throttle_duration_sec=1.0)
                 if v.fault and self.lockstep and self._ready():
