@@ -608,8 +608,9 @@ def _add_analyze(sub) -> None:
 
 
 def _add_sysid(sub) -> None:
-    from_params = ("mass_scale, link_mass_scale, inertia_scale, joint_damping, joint_damping_scale, joint_friction, "
-                   "drag_scale, drag_linear, drag_quadratic, thrust_scale, actuator_lag, motor_time_constant, latency")
+    from diffsim_ros.physics.parameters import help_text
+
+    from_params = help_text()
     p = sub.add_parser(
         "sysid", help="calibrate simulator parameters on a bag by gradient descent through the simulator",
         description="Fit simulator parameters to a bag by L-BFGS through the differentiable simulator, on the "
@@ -679,7 +680,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
     from diffsim_ros.analysis import AnalysisError
 
     pert = dict(DEFAULT_PERTURBATION) if args.perturb is None else _perturbation(args.perturb)
-    if args.config is None:
+    if args.config is None and args.checkpoint is None:
         from diffsim_ros.config import package_share
 
         share = package_share()
@@ -708,7 +709,8 @@ def _add_loop(sub) -> None:
                                    "Exit status 1 when the task fails on the stand-in or a message is missing "
                                    "from the bag.")
     p.add_argument("--config", default=None,
-                   help="training YAML (default: the package's config/hover.yaml, quadrotor hover)")
+                   help="training YAML (default: with --checkpoint, the robot, simulator and task the checkpoint "
+                        "was trained with; else the package's config/hover.yaml, quadrotor hover)")
     p.add_argument("--out", default=None, help="output folder (default: runs/loop_<UTC time>)")
     p.add_argument("--checkpoint", default=None, help="deploy this checkpoint instead of training one")
     p.add_argument("--iterations", type=int, default=None, help="override training.iterations")

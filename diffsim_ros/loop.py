@@ -148,10 +148,15 @@ class _Clock:
         rclpy.shutdown(context=self.ctx)
 
 
-def recorded_types(floating_base: bool) -> List[str]:
-    """'topic:type' of everything the loop records (doc/interfaces.md)."""
+def recorded_types(floating_base: bool, kind: Optional[str] = None) -> List[str]:
+    """'topic:type' of everything the loop records (doc/interfaces.md); ``kind`` 'legged': odometry,
+    IMU and joint states in, joint position commands out."""
     common = ["/diffsim/command:std_msgs/msg/Float64MultiArray", "/diffsim/metadata:std_msgs/msg/String",
               "/diagnostics:diagnostic_msgs/msg/DiagnosticArray", "/clock:rosgraph_msgs/msg/Clock"]
+    if kind == "legged":
+        return common + ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu",
+                         "/joint_states:sensor_msgs/msg/JointState",
+                         "/position_controller/commands:std_msgs/msg/Float64MultiArray"]
     if floating_base:
         return common + ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu",
                          "/cmd_ctbr:geometry_msgs/msg/TwistStamped", "/diffsim/predicted_state:nav_msgs/msg/Odometry"]
@@ -169,6 +174,78 @@ def bag_counts(bag: Path) -> Dict[str, int]:
         for conn in reader.connections:
             counts[conn.topic] = counts.get(conn.topic, 0) + conn.msgcount
     return counts
+
+
+def checkpoint_config(ckpt: Path, out: Path) -> str:
+    """A ROS parameter file for the stand-in made from the checkpoint's own training configuration
+    (robot, simulator, task), with the URDF the checkpoint names resolved to a path."""
+    import yaml
+
+    from .learning.checkpoint import CheckpointError, load_metadata
+    from .learning.deploy import resolve_urdf_source
+
+    meta = load_metadata(ckpt)
+    params = meta.get("config")
+    if not isinstance(params, dict) or "urdf" not in params:
+        raise LoopError(f"{ckpt}: the checkpoint does not carry its training configuration ('config' in "
+                        "policy.json); pass --config with the robot's training YAML")
+    try:
+        params = dict(params, urdf=resolve_urdf_source(meta, str(ckpt)))
+    except CheckpointError as e:
+        raise LoopError(str(e)) from None
+    path = out / "robot_from_checkpoint.yaml"
+    path.write_text("# written by diffsim-ros loop from " + str(ckpt) + "\n"
+                    + yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
+    return str(path)
+
+
+def _legged_result(bag: Path, runner) -> Dict[str, Any]:
+    """The locomotion task's own verdict on the stand-in's recorded episode: /odom and
+    /joint_states paired by stamp into simulator states, the task's success over its first
+    episode (horizon steps), and the mean forward speed and lowest base height of the run."""
+    import numpy as np
+    import torch
+    from rosbags.highlevel import AnyReader
+
+    from .tasks.base import TaskState
+
+    odom, joints = {}, {}
+    with AnyReader([bag]) as reader:
+        conns = [c for c in reader.connections if c.topic in ("/odom", "/joint_states")]
+        for conn, _, raw in reader.messages(connections=conns):
+            m = reader.deserialize(raw, conn.msgtype)
+            t = int(m.header.stamp.sec) * 1_000_000_000 + int(m.header.stamp.nanosec)
+            (odom if conn.topic == "/odom" else joints).setdefault(t, m)
+    stamps = sorted(set(odom) & set(joints))
+    if len(stamps) < 2:
+        raise LoopError(f"{bag}: fewer than two steps with both /odom and /joint_states")
+    states = []
+    for t in stamps:
+        o, j = odom[t], joints[t]
+        p, q, tw = o.pose.pose.position, o.pose.pose.orientation, o.twist.twist
+        states.append(runner.legged_state(list(j.name), list(j.position), list(j.velocity), [p.x, p.y, p.z],
+                                          [q.x, q.y, q.z, q.w], [tw.linear.x, tw.linear.y, tw.linear.z],
+                                          [tw.angular.x, tw.angular.y, tw.angular.z]))
+    task = runner.task
+    horizon = min(int(task.horizon), len(states) - 1)
+    target = runner.target_tensor(None)
+    with torch.no_grad():
+        ts = TaskState(states[0], target)
+        ts.extra = {k: v.clone() for k, v in task.reset(1, torch.Generator().manual_seed(0)).extra.items()}
+        ts.extra["x0"] = states[0].q[:, 0].clone()
+        for k in range(1, horizon + 1):
+            ts = TaskState(states[k], target, k, dict(ts.extra))
+            task.update_extra(ts, torch.zeros(1, task.action_dim, dtype=states[k].q.dtype))
+        ok = bool(task.success(ts)[0])
+        mean_speed = float(task.mean_speed(ts)[0])
+    x = np.array([float(s.q[0, 0]) for s in states])
+    z = np.array([float(s.q[0, 2]) for s in states])
+    duration = (stamps[-1] - stamps[0]) * 1e-9
+    return {"episode_steps": horizon, "success": ok, "episode_mean_forward_speed_m_s": mean_speed,
+            "success_speed_m_s": float(task.success_speed), "run_mean_forward_speed_m_s":
+            float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
+            "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
+            "steps_recorded": len(states)}
 
 
 def train_policy(config: str, out: Path, threads: int, iterations: Optional[int] = None) -> Path:
@@ -206,12 +283,15 @@ def _hover_result(data, task, target) -> Dict[str, Any]:
             "tolerance": {"distance_m": task.success_distance, "speed_m_s": task.success_speed}}
 
 
-def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
+def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
              perturbation: Optional[Dict[str, Any]] = None, start: Optional[Sequence[float]] = None,
              threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
-             timeout: float = 600.0, log=print) -> Dict[str, Any]:
+             timeout: float = 600.0, first_state_timeout: float = 30.0, log=print) -> Dict[str, Any]:
     """Train (or take ``checkpoint``), deploy on the MuJoCo stand-in, record, analyse.
 
+    ``config`` None with a ``checkpoint``: the robot, simulator and task the checkpoint was
+    trained with (its stored configuration). ``first_state_timeout``: seconds the stand-in has
+    to publish its first states before the loop stops with the likely cause.
     Returns a summary dict (also written to ``out/summary.json``)."""
     import torch
 
@@ -224,6 +304,11 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
     if bag.exists():
         raise LoopError(f"{bag} already exists: choose another --out (a recorded bag is never overwritten)")
     perturbation = dict(DEFAULT_PERTURBATION if perturbation is None else perturbation)
+    if config is None:
+        if checkpoint is None:
+            raise LoopError("neither a training configuration nor a checkpoint to deploy")
+        config = checkpoint_config(Path(checkpoint).resolve(), out_dir)
+        log(f"[loop] robot, simulator and task from the checkpoint: {config}")
     config = str(Path(config).resolve())
 
     t0 = time.perf_counter()
@@ -239,6 +324,12 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
 
     runner = PolicyRunner(str(ckpt))
     task = runner.task
+    _check_same_robot(config, runner)
+    if start is None and runner.kind == "legged":
+        # The task's own start: the standing pose at its base height (the stand-in's neutral
+        # configuration would put the trunk into the ground).
+        with torch.no_grad():
+            start = task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().tolist()
     if start is None and runner.model.floating_base and hasattr(task, "start_radius"):
         # A start inside the training distribution, off the goal: the policy has to fly there.
         r = float(getattr(task, "start_radius", 0.3))
@@ -253,8 +344,9 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
     try:
         # Types given up front: the recorder subscribes at once instead of discovering the
         # publishers, so the first states are not lost to discovery.
-        procs.start("recorder", "trajectory_recorder", {"output_dir": str(bag), "drain_s": 1.0,
-                                                        "types": json.dumps(recorded_types(runner.model.floating_base))})
+        procs.start("recorder", "trajectory_recorder", {
+            "output_dir": str(bag), "drain_s": 1.0,
+            "types": json.dumps(recorded_types(runner.model.floating_base, runner.kind))})
         plant = {"config": config, "mode": "lockstep"}
         plant.update({f"perturbation.{k}": v for k, v in perturbation.items()})
         if start is not None:
@@ -271,10 +363,15 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
         # Two of them seen here mean the plant's publishers are discovered, so the recorder
         # (subscribed since its start) does not miss the first states once the controller runs.
         end = time.monotonic() + timeout
+        first = time.monotonic() + min(first_state_timeout, timeout)
         while clock.states < 2:
             procs.check_alive("waiting for the stand-in's first states")
-            if time.monotonic() > end:
-                raise LoopError(f"no state from mujoco_plant on {state_topic} within {timeout} s; see {logs}")
+            if time.monotonic() > first:
+                raise LoopError(
+                    f"mujoco_plant published no state on {state_topic} within {first_state_timeout:g} s. Likely "
+                    f"causes: the stand-in is still starting on a loaded machine, or its robot is not the "
+                    f"checkpoint's ({runner.kind}: {state_topic} expected); mujoco_plant's log "
+                    f"({logs / 'plant.log'}) ends with:\n{procs.log('plant', 1500)}")
             time.sleep(0.05)
         procs.start("controller", "policy_controller", {
             "checkpoint": str(ckpt), "config": config, "lockstep": True, "state_timeout_s": 5.0,
@@ -317,6 +414,8 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
     log(f"[loop] 3/4 analysing {bag}")
     from . import analysis
 
+    if runner.kind == "legged":
+        return _legged_summary(out_dir, ckpt, bag, runner, perturbation, logs, t_train, t_deploy, log)
     data = analysis.read_bag(str(bag))
     metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
     summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
@@ -344,6 +443,52 @@ def run_loop(config: str, out: str, checkpoint: Optional[str] = None, duration: 
     log("[loop] 4/4 sim-vs-real summary")
     for line in format_summary(summary, metrics):
         log(line)
+    return summary
+
+
+def _check_same_robot(config: str, runner) -> None:
+    """Refuse a configuration whose robot is not the checkpoint's before anything starts."""
+    from . import config as cfgmod
+
+    try:
+        params = cfgmod.load_yaml(config)
+        urdf = cfgmod.resolve_urdf(params, config)
+    except cfgmod.ConfigError as e:
+        raise LoopError(str(e)) from None
+    floating = bool(params.get("floating_base", False))
+    if floating != bool(runner.model.floating_base):
+        raise LoopError(f"{config} describes a {'floating' if floating else 'fixed'}-base robot ({urdf}); the "
+                        f"checkpoint is for '{runner.model.name}' ({runner.kind}). Leave --config out to deploy "
+                        "the checkpoint's own robot")
+
+
+def _legged_summary(out_dir, ckpt, bag, runner, perturbation, logs, t_train, t_deploy, log) -> Dict[str, Any]:
+    """Summary of a legged run: the task's verdict from the bag and the bag's completeness (the
+    sim-vs-real velocity comparison covers arm and multirotor bags only so far)."""
+    res = _legged_result(bag, runner)
+    summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
+                               "kind": "legged", "task": res, "wall_s": {"train": t_train, "deploy": t_deploy},
+                               "velocity_error": None,
+                               "note": "sim-vs-real velocity analysis is not implemented for legged bags yet"}
+    stats_file = logs / "controller_stats.json"
+    if stats_file.exists():
+        stats = json.loads(stats_file.read_text())
+        counts = bag_counts(bag)
+        summary["controller"] = {k: stats[k] for k in ("published", "states_rejected", "safe_commands") if k in stats}
+        summary["bag_counts"] = counts
+        summary["lost"] = {t: n - counts.get(t, 0) for t, n in stats.get("published", {}).items()
+                           if counts.get(t, 0) != n}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    log("[loop] 4/4 summary (legged)")
+    log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")
+    log(f"  locomotion on the stand-in: first episode ({res['episode_steps']} steps) mean forward speed "
+        f"{res['episode_mean_forward_speed_m_s']:.3f} m/s (success above {res['success_speed_m_s']:g}); lowest "
+        f"base height {res['min_base_height_m']:.3f} m (fall below {res['fall_height_m']:.3f}) -> "
+        f"{'SUCCESS' if res['success'] else 'not a success'}")
+    log(f"  whole run: mean forward speed {res['run_mean_forward_speed_m_s']:.3f} m/s")
+    lost = summary.get("lost")
+    log("  bag: every published message recorded" if not lost else f"  bag: MISSING messages {lost}")
+    log(f"  ({summary['note']})")
     return summary
 
 

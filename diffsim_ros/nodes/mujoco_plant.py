@@ -72,7 +72,8 @@ PARAMETERS = [
     ("world_frame", "world", "frame_id of /odom"),
     ("base_frame", "base_link", "child_frame_id of /odom and frame_id of /imu"),
     ("initial_positions", [0.0], "initial state: arms: joint positions in the model's joint order (rad); floating "
-                                 "base: [x, y, z] or [x, y, z, qx, qy, qz, qw]; [0.0] alone: the neutral "
+                                 "base: [x, y, z], [x, y, z, qx, qy, qz, qw] or the whole q (legged: the base "
+                                 "pose, then the joints in the model's order); [0.0] alone: the neutral "
                                  "configuration (at the origin)"),
     ("initial_velocities", [0.0], "initial velocities in the simulator convention (floating base: body-frame "
                                   "linear and angular velocity first); [0.0] alone: at rest"),
@@ -185,13 +186,13 @@ def _build_node_class():
             vel = [float(x) for x in velocities]
             q = plant.physics_model.neutral_configuration().numpy()
             if pos != [0.0]:
-                if plant.floating_base and len(pos) in (3, 7):
-                    q[:len(pos)] = pos
+                if plant.floating_base and len(pos) in (3, 7, plant.nq):
+                    q[:len(pos)] = pos          # a legged robot's full q: base pose, then its joints
                 elif not plant.floating_base and len(pos) == plant.nq:
                     q[:] = pos
                 else:
-                    need = "[x, y, z] or [x, y, z, qx, qy, qz, qw]" if plant.floating_base else \
-                        f"{plant.nq} joint positions ({', '.join(plant.joint_names)})"
+                    need = (f"[x, y, z], [x, y, z, qx, qy, qz, qw] or all {plant.nq} of q" if plant.floating_base
+                            else f"{plant.nq} joint positions ({', '.join(plant.joint_names)})")
                     raise common.StartupError(f"parameter 'initial_positions' has {len(pos)} entries; it needs {need}")
             v = np.zeros(plant.nv)
             if vel != [0.0]:
