@@ -689,9 +689,15 @@ def cmd_loop(args: argparse.Namespace) -> int:
         args.config = str(share / "config" / "hover.yaml")
     out = args.out or os.path.join("runs", "loop_" + time.strftime("%Y%m%d_%H%M%S", time.gmtime()))
     try:
+        targets = None
+        if args.target:
+            try:
+                targets = [[float(x) for x in t.split(",")] for t in args.target]
+            except ValueError:
+                raise CliError(f"--target takes X,Y,Z in m, got {args.target}") from None
         summary = run_loop(args.config, out, checkpoint=args.checkpoint, duration=args.duration,
                            perturbation=pert, threads=args.threads, iterations=args.iterations,
-                           domain=args.domain_id)
+                           domain=args.domain_id, targets=targets, n_targets=args.targets)
     except (LoopError, AnalysisError) as exc:
         raise CliError(str(exc)) from None
     except _input_errors() as exc:
@@ -714,7 +720,12 @@ def _add_loop(sub) -> None:
     p.add_argument("--out", default=None, help="output folder (default: runs/loop_<UTC time>)")
     p.add_argument("--checkpoint", default=None, help="deploy this checkpoint instead of training one")
     p.add_argument("--iterations", type=int, default=None, help="override training.iterations")
-    p.add_argument("--duration", type=float, default=4.0, help="simulated seconds on the stand-in (default 4)")
+    p.add_argument("--duration", type=float, default=4.0,
+                   help="simulated seconds on the stand-in (default 4); arms: per target")
+    p.add_argument("--target", action="append", default=None, metavar="X,Y,Z",
+                   help="arms: a goal point in m (world frame); repeat for several in sequence")
+    p.add_argument("--targets", type=int, default=3,
+                   help="arms without --target: this many goals drawn from the task's reset distribution (default 3)")
     p.add_argument("--perturb", default=None,
                    help="stand-in perturbation, KEY=VALUE,... (mass_scale, joint_damping_scale, "
                         "added_joint_damping, drag_scale, actuator_lag, latency); default: "

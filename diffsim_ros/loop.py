@@ -117,6 +117,9 @@ class _Clock:
         self.t = -1.0
         self.states = 0
         self.node.create_subscription(Clock, "/clock", self._on, 10)
+        from geometry_msgs.msg import PointStamped
+        self._point = PointStamped
+        self.pub_target = self.node.create_publisher(PointStamped, "/diffsim/target", 10)
         if state_topic:
             self.node.create_subscription(state_type, state_topic, self._on_state, 10)
         self.ex = SingleThreadedExecutor(context=self.ctx)
@@ -130,6 +133,13 @@ class _Clock:
 
     def _on_state(self, msg) -> None:
         self.states += 1
+
+    def send_target(self, point) -> None:
+        """A new goal for the controller (/diffsim/target, geometry_msgs/PointStamped, world frame)."""
+        m = self._point()
+        m.header.frame_id = "world"
+        m.point.x, m.point.y, m.point.z = (float(x) for x in point)
+        self.pub_target.publish(m)
 
     def _spin(self) -> None:
         while not self.done.is_set():
@@ -248,6 +258,38 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
             "steps_recorded": len(states)}
 
 
+def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
+    """Per target (each held ``hold_s`` of simulated time, in sequence): the reach task's own
+    success at the end of its segment, the end effector's distance, and the largest joint speed
+    measured in the segment as a multiple of the joint's URDF velocity limit."""
+    import numpy as np
+    import torch
+
+    from .tasks.base import TaskState
+
+    task = runner.task
+    t = (data.t_state - data.t_state[0]) * 1e-9
+    vlim = runner.model.velocity_limit.double().numpy()
+    out = []
+    for k, tgt in enumerate(targets):
+        seg = np.nonzero((t >= k * hold_s) & (t < (k + 1) * hold_s))[0]
+        if seg.size == 0:
+            out.append({"target": list(tgt), "success": False, "reason": "no state recorded in its segment"})
+            continue
+        i = seg[-1]
+        state = runner.arm_state(data.joint_names, data.q[i].tolist(), data.v[i].tolist())
+        idx = runner.joint_index(data.joint_names)
+        speed = np.abs(data.v[seg][:, idx]) / np.where(vlim > 0, vlim, np.inf)
+        with torch.no_grad():
+            ts = TaskState(state, runner.target_tensor(tgt))
+            ok, dist = bool(task.success(ts)[0]), float(task.distance(ts)[0])
+        out.append({"target": [float(x) for x in tgt], "success": ok, "final_distance_m": dist,
+                    "max_speed_over_velocity_limit": float(speed.max()),
+                    "within_velocity_limits": bool(speed.max() <= 1.0)})
+    return {"targets": out, "hold_s": hold_s, "success": all(r["success"] for r in out),
+            "tolerance": {"distance_m": float(task.success_distance), "ee_speed_m_s": float(task.success_speed)}}
+
+
 def train_policy(config: str, out: Path, threads: int, iterations: Optional[int] = None) -> Path:
     """``diffsim-ros train`` in this process; returns the checkpoint folder."""
     from . import cli
@@ -286,12 +328,15 @@ def _hover_result(data, task, target) -> Dict[str, Any]:
 def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
              perturbation: Optional[Dict[str, Any]] = None, start: Optional[Sequence[float]] = None,
              threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
-             timeout: float = 600.0, first_state_timeout: float = 30.0, log=print) -> Dict[str, Any]:
+             timeout: float = 600.0, first_state_timeout: float = 30.0,
+             targets: Optional[Sequence[Sequence[float]]] = None, n_targets: int = 3, log=print) -> Dict[str, Any]:
     """Train (or take ``checkpoint``), deploy on the MuJoCo stand-in, record, analyse.
 
     ``config`` None with a ``checkpoint``: the robot, simulator and task the checkpoint was
     trained with (its stored configuration). ``first_state_timeout``: seconds the stand-in has
-    to publish its first states before the loop stops with the likely cause.
+    to publish its first states before the loop stops with the likely cause. Arms: ``targets``
+    (points, m; default ``n_targets`` drawn from the task's reset distribution) are reached in
+    sequence, each for ``duration`` simulated seconds.
     Returns a summary dict (also written to ``out/summary.json``)."""
     import torch
 
@@ -334,6 +379,16 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
         # A start inside the training distribution, off the goal: the policy has to fly there.
         r = float(getattr(task, "start_radius", 0.3))
         start = [0.6 * r, -0.5 * r, 1.0 - 0.5 * r]
+    if runner.kind == "arm":
+        if targets is None:
+            with torch.no_grad():
+                drawn = task.reset(int(n_targets), torch.Generator().manual_seed(0)).target
+            targets = drawn.double().tolist()
+        targets = [[float(x) for x in tg] for tg in targets]
+        if not targets or any(len(tg) != 3 for tg in targets):
+            raise LoopError(f"targets must be points [x, y, z] (m), got {targets}")
+    hold_s = float(duration)
+    total = hold_s * (len(targets) if runner.kind == "arm" else 1)
     domain = random.randint(101, 232) if domain is None else int(domain)
     log(f"[loop] 2/4 deploying on the MuJoCo stand-in (ROS_DOMAIN_ID={domain}, perturbation "
         f"{json.dumps(perturbation)}), recording to {bag}")
@@ -380,12 +435,18 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
             "use_sim_time": True,
             # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
             "wait_for_subscribers": 2, "wait_for_recorders": 1,
-            "stats_file": str(logs / "controller_stats.json")})
+            "stats_file": str(logs / "controller_stats.json"),
+            **({"target": targets[0]} if runner.kind == "arm" else {})})
         shown = -1
-        while clock.t < duration:
+        next_target = 1
+        while clock.t < total:
+            if runner.kind == "arm" and next_target < len(targets) and clock.t >= next_target * hold_s:
+                clock.send_target(targets[next_target])
+                log(f"[loop]     target {next_target + 1}/{len(targets)}: {targets[next_target]}")
+                next_target += 1
             procs.check_alive("the loop ran")
             if time.monotonic() > end:
-                raise LoopError(f"the loop did not reach {duration} s of simulated time within {timeout} s "
+                raise LoopError(f"the loop did not reach {total} s of simulated time within {timeout} s "
                                 f"(reached {max(clock.t, 0):.2f} s); see the logs in {logs}")
             if int(clock.t) > shown:
                 shown = int(clock.t)
@@ -434,6 +495,8 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     if data.kind == "quadrotor" and hasattr(task, "success_distance"):
         target = runner.target_tensor(None)[0].numpy()
         summary["task"] = dict(_hover_result(data, task, target), target=target.tolist())
+    if runner.kind == "arm":
+        summary["task"] = _arm_result(data, runner, targets, hold_s)
     summary["velocity_error"] = {
         k: {"rmse": v["rmse"], "per_dof_rmse": {d: s["rmse"] for d, s in v["per_dof"].items()}}
         for k, v in metrics["prediction"]["by_horizon"].items()}
@@ -503,12 +566,23 @@ def format_summary(summary: Dict[str, Any], metrics: Dict[str, Any]) -> List[str
         lost = summary.get("lost")
         lines.append("  bag: every published message recorded" if not lost else f"  bag: MISSING messages {lost}")
     t = summary.get("task")
-    if t:
+    if t and "settle_time_s" in t:
         lines.append(f"  hover on the stand-in: final distance {t['final_distance_m'] * 100:.1f} cm, final speed "
                      f"{t['final_speed_m_s']:.3f} m/s; after {t['settle_time_s']:.1f} s within "
                      f"{t['tolerance']['distance_m'] * 100:.0f} cm and {t['tolerance']['speed_m_s']} m/s on "
                      f"{t['fraction_within_tolerance_after_settling'] * 100:.0f} % of the steps -> "
                      f"{'SUCCESS' if t['success'] else 'not within tolerance'}")
+    if t and "targets" in t:
+        tol = t["tolerance"]
+        for k, r in enumerate(t["targets"]):
+            if "final_distance_m" not in r:
+                lines.append(f"  reach target {k + 1} {r['target']}: {r.get('reason')}")
+                continue
+            lines.append(f"  reach target {k + 1} {[round(x, 3) for x in r['target']]}: final distance "
+                         f"{r['final_distance_m'] * 100:.1f} cm (tolerance {tol['distance_m'] * 100:.0f} cm, ee speed "
+                         f"< {tol['ee_speed_m_s']} m/s) -> {'SUCCESS' if r['success'] else 'not reached'}; fastest "
+                         f"joint {r['max_speed_over_velocity_limit']:.2f}x its URDF velocity limit"
+                         f"{'' if r['within_velocity_limits'] else ' (ABOVE the limit)'}")
     lines.append(f"  perturbation of the stand-in: {json.dumps(summary['perturbation'])}")
     lines.append("  velocity error, simulator replay from recorded states vs the stand-in (RMSE):")
     for k, v in summary["velocity_error"].items():

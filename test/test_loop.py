@@ -89,3 +89,39 @@ def test_loop_refuses_a_config_for_another_robot(tmp_path):
     with pytest.raises(LoopError, match="floating-base robot .* the checkpoint is for 'diffsim_arm'.*Leave --config out"):
         run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(tmp_path / "loop"), checkpoint=str(tmp_path / "arm"),
                  duration=0.5, log=lambda *_: None, domain=ros_domain())
+
+
+def test_loop_reaches_arm_targets_in_sequence(tmp_path):
+    """The pretrained arm, no --config, two targets held one after the other: the controller gets the
+    second through /diffsim/target (its recorded commands equal an independent PolicyRunner's for
+    that target), and the verdict names each target's result and the joint speeds against the URDF
+    velocity limits (read here with urdf_parser_py)."""
+    import numpy as np
+    from urdf_parser_py.urdf import URDF
+
+    from diffsim_ros import analysis
+    from diffsim_ros.learning.deploy import PolicyRunner
+
+    targets = [[0.15, -0.1, 0.7], [-0.2, 0.1, 0.65]]
+    ckpt = REPO_ROOT / "policies" / "reach_arm"
+    summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(ckpt), duration=1.2, perturbation={},
+                       targets=targets, log=lambda *_: None, domain=ros_domain())
+    res = summary["task"]
+    assert [r["target"] for r in res["targets"]] == targets and summary["lost"] == {}
+    data = analysis.read_bag(summary["bag"])
+    ref = PolicyRunner(ckpt)
+    t = (data.t_state - data.t_state[0]) * 1e-9
+    label = {int(s): i for i, s in enumerate(data.cmd_state_stamp)}
+    late = [i for i in np.nonzero((t > 1.2 + 0.2) & (t < 2.4))[0] if int(data.t_state[i]) in label][-5:]
+    assert late
+    for i in late:
+        want = ref.arm(data.joint_names, data.q[i], data.v[i], target=targets[1], predict=False).command
+        np.testing.assert_allclose(data.cmd[label[int(data.t_state[i])]], want, atol=1e-9)
+    robot = URDF.from_xml_string((REPO_ROOT / "urdf" / "diffsim_arm.urdf").read_text())
+    vlim = {j.name: j.limit.velocity for j in robot.joints if j.limit is not None}
+    for k, r in enumerate(res["targets"]):
+        seg = (t >= 1.2 * k) & (t < 1.2 * (k + 1))
+        ratio = max(np.abs(data.v[seg, c]).max() / vlim[n] for c, n in enumerate(data.joint_names))
+        assert r["max_speed_over_velocity_limit"] == pytest.approx(ratio, rel=1e-9)
+        assert r["within_velocity_limits"] == (ratio <= 1.0)
+    assert res["success"] == all(r["success"] for r in res["targets"])
