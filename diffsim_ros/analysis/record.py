@@ -24,13 +24,14 @@ import torch
 from .. import config as _config
 from .. import physics
 from .bag import BagWriter
+from ..physics.parameters import PERTURBATION_FIELDS, from_perturbation
 from .params import build_simulator
 
 
 class SimulatorPlant:
     """The differentiable simulator as a plant: batch 1, float64, with perturbations named as
-    ``diffsim_ros.plant.Perturbation``'s (mass_scale, joint_damping_scale, drag_scale,
-    actuator_lag, latency in whole control steps)."""
+    ``diffsim_ros.plant.Perturbation``'s (those of ``physics.parameters.PERTURBATION_FIELDS``,
+    mapped onto the registry by ``from_perturbation``; latency in s)."""
 
     def __init__(self, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
                  q0: Optional[np.ndarray] = None):
@@ -38,20 +39,10 @@ class SimulatorPlant:
         self.params = params
         self.model = _config.load_model(params, dtype=torch.float64)
         self.cfg = _config.simulator_config(params)
-        values: Dict[str, Any] = {}
-        if "mass_scale" in p:
-            values["mass_scale"] = torch.tensor([float(p.pop("mass_scale"))])
-        if "joint_damping_scale" in p:
-            values["joint_damping_scale"] = torch.tensor([float(p.pop("joint_damping_scale"))])
-        if "drag_scale" in p:
-            values["drag_scale"] = torch.tensor([float(p.pop("drag_scale"))])
-        if "actuator_lag" in p:
-            lag = float(p.pop("actuator_lag"))
-            values["motor_time_constant" if self.cfg.rotors is not None else "actuator_lag"] = torch.tensor([lag])
-        if "latency" in p:
-            values["latency"] = torch.tensor([round(float(p.pop("latency")) / self.cfg.dt)])
-        if p:
-            raise ValueError(f"SimulatorPlant: unsupported perturbation(s) {sorted(p)}")
+        unsupported = sorted(k for k in p if k not in PERTURBATION_FIELDS)
+        if unsupported:
+            raise ValueError(f"SimulatorPlant: unsupported perturbation(s) {unsupported}")
+        values = from_perturbation(physics.build_system(self.model, self.cfg), p)
         self.sim = build_simulator(self.model, self.cfg, values)
         self.dt = self.cfg.dt
         self.joint_names = list(self.model.joint_names)

@@ -12,7 +12,6 @@ values every iteration.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, fields
@@ -21,8 +20,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import physics
 from ..physics import ConfigError, Simulator
+from ..physics.parameters import apply_values
 from ..tasks import Task
 from .policy import MLPPolicy, ValueNet
 
@@ -135,35 +134,24 @@ class TrainResult:
 
 
 def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) -> Simulator:
-    """The nominal simulator with randomised physics (``System.replace``): the link masses
-    (the controller's model, which gravity compensation and the rate loop use, stays
-    nominal, as on a robot), the actuator or motor lag, the body drag."""
+    """The nominal simulator with randomised physics, through the parameter registry
+    (:mod:`diffsim_ros.physics.parameters`, ``System.replace``): ``mass_scale`` (every link
+    mass and inertia; the controller's model, which gravity compensation and the rate loop
+    use, stays nominal, as on a robot), the actuator or motor time constant
+    (``motor_time_constant`` for rotors, ``actuator_lag`` for joints), ``drag_scale``."""
     sys = nominal.system
     dt, dev = sys.model.dtype, sys.model.device
 
     def draw(r):
         return torch.tensor(float(r[0] + (r[1] - r[0]) * torch.rand((), generator=gen)), dtype=dt, device=dev)
-    changes = {}
+    values = {}
     if cfg.randomize_mass:
-        changes["model"] = sys.model.replace(mass=sys.model.mass * draw(cfg.randomize_mass))
-    rot = sys.rotors
+        values["mass_scale"] = draw(cfg.randomize_mass)
     if cfg.randomize_actuator_lag:
-        lag = draw(cfg.randomize_actuator_lag)
-        if rot is not None and rot.has_motor_lag:
-            rot = rot.replace(motor_time_constant=lag)
-        elif rot is not None:     # no lag state in the nominal system: a system with one
-            sys = physics.build_system(sys.model, dataclasses.replace(sys.config, rotors=dataclasses.replace(
-                sys.config.rotors, motor_time_constant=float(lag))), nominal=sys.nominal)
-            rot = sys.rotors
-        elif sys.config.actuator_lag > 0:
-            changes["actuator_lag"] = lag
-        else:
-            sys = physics.build_system(sys.model, dataclasses.replace(sys.config, actuator_lag=float(lag)),
-                                       nominal=sys.nominal)
-    if cfg.randomize_drag and rot is not None:
-        s = draw(cfg.randomize_drag)
-        rot = rot.replace(drag_linear=rot.drag_linear * s, drag_quadratic=rot.drag_quadratic * s)
-    return Simulator(sys.replace(rotors=rot, **changes))
+        values["motor_time_constant" if sys.rotors is not None else "actuator_lag"] = draw(cfg.randomize_actuator_lag)
+    if cfg.randomize_drag and sys.rotors is not None:
+        values["drag_scale"] = draw(cfg.randomize_drag)
+    return Simulator(apply_values(sys, values))
 
 
 def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> float:

@@ -221,7 +221,7 @@ class MujocoPlant:
         # ---- MuJoCo: the perturbed model steps; the nominal one serves gravity compensation
         import mujoco
         self._mj = mujoco
-        self.model = self._compile()
+        self.model = self._compile(payload=True)
         self.data = mujoco.MjData(self.model)
         self._nominal = self._compile()
         self._nominal_data = mujoco.MjData(self._nominal)
@@ -243,7 +243,7 @@ class MujocoPlant:
         self.reset()
 
     # ------------------------------------------------------------------ MuJoCo model
-    def _compile(self):
+    def _compile(self, payload: bool = False):
         """MuJoCo model of the URDF: visuals, collisions and <mimic> stripped (the simulator
         keeps mimic joints independent; collisions come from the physics model when the
         ground is on), a free joint on the root link for a floating base, the simulator's
@@ -267,6 +267,11 @@ class MujocoPlant:
             raise ConfigError(f"{pre}'urdf': MuJoCo cannot read {self.urdf_path}: {e}") from None
         if self.floating_base:
             spec.body(pm.body_names[0]).add_freejoint()
+        if payload and self.perturbation.payload_mass > 0:
+            # The perturbation's point mass, a massive body without joint on the last body.
+            carrier = pm.body_names[0] if self.floating_base else pm.body_names[-1]
+            spec.body(carrier).add_body(name="diffsim_payload", pos=list(self.perturbation.payload_offset),
+                                        mass=self.perturbation.payload_mass, inertia=[1e-7] * 3)
         opt = spec.option
         opt.timestep = self.h
         opt.gravity = list(cfg.gravity)
@@ -333,6 +338,8 @@ class MujocoPlant:
             d[self._dadr] = d[self._dadr] * p.joint_damping_scale + p.added_joint_damping
         self._dof_damping = d          # the passive damping; actuator terms are added per substep
         m.dof_damping[:] = d
+        if len(self._dadr) and p.joint_friction_scale != 1.0:
+            m.dof_frictionloss[self._dadr] = m.dof_frictionloss[self._dadr] * p.joint_friction_scale
 
     # ------------------------------------------------------------------ conventions
     @property
@@ -609,6 +616,7 @@ class MujocoPlant:
         w_body = d.qvel[3:6]
         v_com_body = R.T @ d.qvel[0:3] + np.cross(w_body, fc.com)
         F = R @ fc.drag_force(v_com_body, self.perturbation.drag_scale)
+        F = F + np.asarray(self.perturbation.wind_force)          # a perturbation outside the model
         mujoco.mj_applyFT(m, d, F, np.zeros(3), origin + R @ fc.com, b, out)
         return out
 

@@ -34,6 +34,17 @@ class Perturbation:
     latency: delay between a command and its effect, s; rounded to whole physics
         substeps (dt / substeps) and added to ``simulator.command_delay``.   default 0.0
     seed: seed of the sensor-noise generator.                                default 0
+    joint_friction_scale: factor on the URDF ``<dynamics friction>`` (MuJoCo's
+        ``frictionloss``).                                                   default 1.0
+    wind_force: constant force on a multirotor's base, world frame, N, at its
+        centre of mass; outside the simulator's model (sysid must reject it).  default (0, 0, 0)
+    payload_mass: a point mass fixed to the last body (the base of a multirotor,
+        the last link of an arm), kg; outside the calibration's scales.      default 0.0
+    payload_offset: where the payload sits in that body's frame, m.          default (0, 0, 0)
+
+    The fields that are physical parameters of the simulator map onto the registry of
+    :mod:`diffsim_ros.physics.parameters` (``from_perturbation``), which gives the values a
+    calibration of a recording of this plant should find.
     """
     mass_scale: float = 1.0
     joint_damping_scale: float = 1.0
@@ -43,6 +54,10 @@ class Perturbation:
     sensor_noise: Tuple[float, float] = (0.0, 0.0)
     latency: float = 0.0
     seed: int = 0
+    joint_friction_scale: float = 1.0
+    wind_force: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+    payload_mass: float = 0.0
+    payload_offset: Tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self):
         self.validate()
@@ -53,14 +68,14 @@ class Perturbation:
                 raise ConfigError(f"'{where}.{key}' must be a finite number, got {val!r}")
             return float(val)
 
-        for key in ("mass_scale", "joint_damping_scale", "drag_scale"):
+        for key in ("mass_scale", "joint_damping_scale", "drag_scale", "joint_friction_scale"):
             val = number(key, getattr(self, key))
             if not val > 0 and key == "mass_scale":
                 raise ConfigError(f"'{where}.mass_scale' must be > 0, got {val}")
             if val < 0:
                 raise ConfigError(f"'{where}.{key}' must be >= 0, got {val}")
             object.__setattr__(self, key, val)
-        for key in ("added_joint_damping", "latency"):
+        for key in ("added_joint_damping", "latency", "payload_mass"):
             val = number(key, getattr(self, key))
             if val < 0:
                 raise ConfigError(f"'{where}.{key}' must be >= 0, got {val}")
@@ -81,6 +96,11 @@ class Perturbation:
         if min(noise) < 0:
             raise ConfigError(f"'{where}.sensor_noise' entries must be >= 0, got {list(noise)}")
         object.__setattr__(self, "sensor_noise", noise)
+        for key in ("wind_force", "payload_offset"):
+            val = getattr(self, key)
+            if not isinstance(val, (list, tuple)) or len(val) != 3:
+                raise ConfigError(f"'{where}.{key}' must be [x, y, z], got {val!r}")
+            object.__setattr__(self, key, tuple(number(key, x) for x in val))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"'{where}.seed' must be an integer, got {self.seed!r}")
 

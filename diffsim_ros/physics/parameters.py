@@ -1,0 +1,280 @@
+"""One registry of the physical parameters that calibration, domain randomisation and the
+stand-in's perturbations change, over the frozen :class:`~diffsim_ros.physics.system.System`.
+
+    from diffsim_ros.physics.parameters import PARAMETERS, apply_values
+    p = PARAMETERS["mass_scale"]
+    p.unit, p.doc, p.bounds(p.nominal(sys))          # "-", ..., (0.2, 5)
+    sys2 = p.apply(sys, torch.tensor([1.2]))         # differentiable in the value
+    sys3 = apply_values(sys, {"latency": 1.0, "drag_scale": 2.0})   # registry order, any dict order
+
+Every entry has a name, a unit, a one-line meaning, what the robot needs for it (joints or
+rotors), a nominal value read from a system (1-D float64 tensor), bounds and ``apply(sys,
+value) -> System``. ``apply`` keeps gradients wherever the quantity is a tensor of the system:
+masses, inertias, damping, friction, drag, the thrust factor, and also the time constants
+``actuator_lag`` and ``motor_time_constant`` (the lag factor ``1 - exp(-h / tau)`` is smooth in
+tau). The first-order lag is a *state* of the step only when the configuration has one, so
+``apply`` of a time constant to a system without that state rebuilds it with the state
+(structure) and then sets the tensor; ``latency`` (whole control steps of command delay) is
+structure alone: the step's delay line has an integer length. System identification fits a
+fractional latency outside the step, as a blend of neighbouring commands (see
+``analysis.sysid``).
+
+``log_space`` entries are positive quantities that an optimiser should move in log space
+(equal relative steps, a bound approached but never crossed into zero or negative values);
+``latency`` lives in linear space on [0, high].
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+import torch
+
+from .system import System, build_system
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A physical parameter: ``size(sys)`` values of ``unit``; see the module doc."""
+    name: str
+    doc: str
+    unit: str
+    needs: Optional[str]                  # "joints", "rotors" or None (any robot)
+    nominal: Callable[[System], Tensor]   # (n,) float64
+    bounds: Callable[[Tensor], Tuple[Tensor, Tensor]]
+    apply: Callable[[System, Tensor], System]
+    log_space: bool = True
+    structural: bool = False              # apply() may rebuild the system (applied before the others)
+    time_like: bool = False               # a time constant or a delay: a multi-start grid helps the fit
+    differentiable: bool = True           # apply() keeps gradients in the value
+
+    def applies(self, sys: System) -> bool:
+        if self.needs == "joints":
+            return sys.model.nj > 0 and sys.rotors is None
+        if self.needs == "rotors":
+            return sys.rotors is not None
+        return True
+
+    def size(self, sys: System) -> int:
+        return int(self.nominal(sys).numel())
+
+
+# ------------------------------------------------------------------------------ helpers
+def _f64(x) -> Tensor:
+    return torch.as_tensor(x, dtype=torch.float64).reshape(-1).clone()
+
+
+def _val(sys: System, value) -> Tensor:
+    m = sys.model
+    if isinstance(value, Tensor):
+        return value.to(dtype=m.dtype, device=m.device)
+    return torch.as_tensor(value, dtype=m.dtype, device=m.device)
+
+
+def _scalar(sys, value) -> Tensor:
+    return _val(sys, value).reshape(())
+
+
+def _scale_bounds(lo: float, hi: float):
+    def b(nominal: Tensor):
+        return torch.full_like(nominal, lo), torch.full_like(nominal, hi)
+    return b
+
+
+def _abs_bounds(floor: float, rel_low: float = 1e-3):
+    """[rel_low x (nominal or floor), 10 x nominal + floor]: positive, so log space works, and
+    wide enough for a zero nominal to grow."""
+    def b(nominal: Tensor):
+        base = torch.where(nominal > 0, nominal, torch.full_like(nominal, floor))
+        return rel_low * base, 10.0 * nominal + floor
+    return b
+
+
+# ------------------------------------------------------------------------------ apply()
+def _mass_scale(sys, value):
+    s = _scalar(sys, value)
+    m = sys.model
+    return sys.replace(model=m.replace(mass=m.mass * s, inertia=m.inertia * s))
+
+
+def _link_mass_scale(sys, value):
+    s = _val(sys, value).reshape(-1)
+    m = sys.model
+    return sys.replace(model=m.replace(mass=m.mass * s, inertia=m.inertia * s[:, None, None]))
+
+
+def _inertia_scale(sys, value):
+    m = sys.model
+    return sys.replace(model=m.replace(inertia=m.inertia * _scalar(sys, value)))
+
+
+def _joint_damping(sys, value):
+    return sys.replace(model=sys.model.replace(damping=_val(sys, value).reshape(-1)))
+
+
+def _joint_damping_scale(sys, value):
+    m = sys.model
+    return sys.replace(model=m.replace(damping=m.damping * _scalar(sys, value)))
+
+
+def _joint_friction(sys, value):
+    return sys.replace(model=sys.model.replace(friction=_val(sys, value).reshape(-1)))
+
+
+def _rotors(sys, **changes):
+    return sys.replace(rotors=sys.rotors.replace(**changes))
+
+
+def _drag_scale(sys, value):
+    s, r = _scalar(sys, value), sys.rotors
+    return _rotors(sys, drag_linear=r.drag_linear * s, drag_quadratic=r.drag_quadratic * s)
+
+
+def _drag_linear(sys, value):
+    return _rotors(sys, drag_linear=_val(sys, value).reshape(3))
+
+
+def _drag_quadratic(sys, value):
+    return _rotors(sys, drag_quadratic=_val(sys, value).reshape(3))
+
+
+def _thrust_scale(sys, value):
+    return _rotors(sys, thrust_scale=sys.rotors.thrust_scale * _scalar(sys, value))
+
+
+def _rebuild(sys: System, cfg) -> System:
+    """The same physics (model, controller model) under a new structure."""
+    new = build_system(sys.model, cfg, nominal=sys.nominal)
+    if sys.rotors is not None and new.rotors is not None:
+        r = sys.rotors
+        new = new.replace(rotors=new.rotors.replace(drag_linear=r.drag_linear, drag_quadratic=r.drag_quadratic,
+                                                    thrust_scale=r.thrust_scale))
+    return new
+
+
+def _actuator_lag(sys, value):
+    v = _scalar(sys, value)
+    if sys.config.actuator_lag <= 0:
+        sys = _rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach()), 1e-6)))
+    return sys.replace(actuator_lag=v)
+
+
+def _motor_time_constant(sys, value):
+    v = _scalar(sys, value)
+    if not sys.rotors.has_motor_lag:
+        cfg = sys.config
+        sys = _rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
+            cfg.rotors, motor_time_constant=max(float(v.detach()), 1e-6))))
+    return _rotors(sys, motor_time_constant=v)
+
+
+def _latency(sys, value):
+    d = int(round(float(_scalar(sys, value).detach())))
+    if d == sys.config.command_delay:
+        return sys
+    return _rebuild(sys, dataclasses.replace(sys.config, command_delay=max(d, 0)))
+
+
+# ------------------------------------------------------------------------------ the registry
+def _ones(sys):
+    return torch.ones(1, dtype=torch.float64)
+
+
+PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
+    Parameter("mass_scale", "factor on every link mass and inertia (centres of mass kept)", "-", None,
+              _ones, _scale_bounds(0.2, 5.0), _mass_scale),
+    Parameter("link_mass_scale", "factor on each moving body's mass and inertia (model.body_names)", "-", None,
+              lambda s: torch.ones(s.model.nb, dtype=torch.float64), _scale_bounds(0.2, 5.0), _link_mass_scale),
+    Parameter("inertia_scale", "factor on every link inertia tensor (masses kept)", "-", None,
+              _ones, _scale_bounds(0.2, 5.0), _inertia_scale),
+    Parameter("joint_damping", "viscous damping per joint (URDF <dynamics damping>)", "N m s/rad", "joints",
+              lambda s: _f64(s.model.damping.detach()), _abs_bounds(1.0), _joint_damping),
+    Parameter("joint_damping_scale", "factor on every joint's URDF damping", "-", "joints",
+              _ones, _scale_bounds(1e-3, 20.0), _joint_damping_scale),
+    Parameter("joint_friction", "Coulomb friction per joint (URDF <dynamics friction>)", "N m", "joints",
+              lambda s: _f64(s.model.friction.detach()), _abs_bounds(0.5), _joint_friction),
+    Parameter("drag_scale", "factor on the body drag (linear and quadratic)", "-", "rotors",
+              _ones, _scale_bounds(1e-3, 20.0), _drag_scale),
+    Parameter("drag_linear", "linear body drag per body axis", "N s/m", "rotors",
+              lambda s: _f64(s.rotors.drag_linear.detach()), _abs_bounds(1.0), _drag_linear),
+    Parameter("drag_quadratic", "quadratic body drag per body axis", "N s^2/m^2", "rotors",
+              lambda s: _f64(s.rotors.drag_quadratic.detach()), _abs_bounds(0.5), _drag_quadratic),
+    Parameter("thrust_scale", "factor on the rotor thrusts and torques (thrust and torque coefficients)", "-",
+              "rotors", _ones, _scale_bounds(0.5, 2.0), _thrust_scale),
+    Parameter("actuator_lag", "first-order time constant of the joint torques", "s", "joints",
+              lambda s: _f64([s.config.actuator_lag]),
+              lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _actuator_lag, structural=True,
+              time_like=True),
+    Parameter("motor_time_constant", "first-order time constant of the rotor speeds", "s", "rotors",
+              lambda s: _f64([s.config.rotors.motor_time_constant]),
+              lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _motor_time_constant, structural=True,
+              time_like=True),
+    Parameter("latency", "command delay, control steps (simulator.command_delay; whole steps in the step, "
+                         "fractional in sysid)", "steps", None,
+              lambda s: _f64([float(s.config.command_delay)]),
+              lambda n: (torch.zeros_like(n), torch.full_like(n, 10.0)), _latency, log_space=False,
+              structural=True, time_like=True, differentiable=False),
+]}
+
+#: Pairs that describe the same physical quantity: never both in one set of values.
+EXCLUSIVE = (("mass_scale", "link_mass_scale"), ("joint_damping", "joint_damping_scale"),
+             ("drag_scale", "drag_linear"), ("drag_scale", "drag_quadratic"))
+
+
+def apply_values(sys: System, values: Mapping[str, object]) -> System:
+    """``sys`` with every named parameter applied: structural ones first, then the rest, each
+    group in registry order (the result does not depend on the mapping's order). Unknown
+    names are a KeyError naming them."""
+    unknown = [n for n in values if n not in PARAMETERS]
+    if unknown:
+        raise KeyError(f"unknown parameter(s) {unknown} (known: {', '.join(PARAMETERS)})")
+    order = [n for n, p in PARAMETERS.items() if p.structural] + [n for n, p in PARAMETERS.items()
+                                                                     if not p.structural]
+    for n in order:
+        if n in values:
+            sys = PARAMETERS[n].apply(sys, values[n])
+    return sys
+
+
+def help_text() -> str:
+    """One line per parameter, ``name [unit]: meaning``, for CLI help."""
+    return "; ".join(f"{p.name} [{p.unit}]: {p.doc}" + (f" ({p.needs})" if p.needs else "")
+                     for p in PARAMETERS.values())
+
+
+#: The stand-in's perturbation fields (``diffsim_ros.plant.Perturbation``) that are registry
+#: parameters; the rest (sensor noise, seed, wind, payload) lie outside the simulator's model.
+PERTURBATION_FIELDS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "actuator_lag",
+                       "latency", "joint_friction_scale")
+
+
+def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[str, Tensor]:
+    """The registry values that describe a stand-in perturbation (the fields of
+    ``diffsim_ros.plant.Perturbation``; others are ignored) on the robot of ``sys``: the truth
+    a calibration should find. ``actuator_lag`` is the rotors' ``motor_time_constant`` on a
+    multirotor; ``latency`` (s) becomes control steps after the plant's rounding to substeps;
+    ``added_joint_damping`` and ``joint_friction_scale`` become per-joint values."""
+    p = dict(perturbation)
+    out: Dict[str, Tensor] = {}
+    for k in ("mass_scale", "drag_scale"):
+        if k in p and (k != "drag_scale" or sys.rotors is not None):
+            out[k] = _f64([float(p[k])])
+    if sys.model.nj and sys.rotors is None:
+        scale, added = float(p.get("joint_damping_scale", 1.0)), float(p.get("added_joint_damping", 0.0))
+        if "added_joint_damping" in p:
+            out["joint_damping"] = _f64(sys.model.damping.detach()) * scale + added
+        elif "joint_damping_scale" in p:
+            out["joint_damping_scale"] = _f64([scale])
+        if "joint_friction_scale" in p:
+            out["joint_friction"] = _f64(sys.model.friction.detach()) * float(p["joint_friction_scale"])
+    lag = p.get("actuator_lag")
+    if lag is not None and lag >= 0:
+        out["motor_time_constant" if sys.rotors is not None else "actuator_lag"] = _f64([float(lag)])
+    if "latency" in p:
+        cfg = sys.config
+        h = cfg.dt / cfg.substeps
+        out["latency"] = _f64([float(cfg.command_delay) + round(float(p["latency"]) / h) * h / cfg.dt])
+    return out
