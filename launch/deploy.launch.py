@@ -35,6 +35,17 @@ ROBOTS = {
     "arm": ("config/reach_arm.yaml", "policies/reach_arm", "urdf/diffsim_arm.urdf"),
 }
 TARGETS = ("mujoco", "gazebo", "hardware")
+#: robot -> the topics trajectory_recorder subscribes at its start (types known up front, so the first
+#: states and commands are not lost to discovery); others are still found by discovery.
+RECORDED = {
+    "quadrotor": ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu", "/cmd_ctbr:geometry_msgs/msg/TwistStamped",
+                  "/diffsim/predicted_state:nav_msgs/msg/Odometry"],
+    "arm": ["/joint_states:sensor_msgs/msg/JointState",
+            "/position_controller/commands:std_msgs/msg/Float64MultiArray",
+            "/diffsim/predicted_state:sensor_msgs/msg/JointState"],
+}
+RECORDED_COMMON = ["/diffsim/command:std_msgs/msg/Float64MultiArray", "/diffsim/metadata:std_msgs/msg/String",
+                   "/diagnostics:diagnostic_msgs/msg/DiagnosticArray", "/clock:rosgraph_msgs/msg/Clock"]
 
 ARGUMENTS = [
     ("target", "mujoco", "where the robot is: mujoco | gazebo | hardware"),
@@ -100,6 +111,12 @@ def _setup(context, *args, **kwargs):
         # controller's stamp rule (max_stamp_skew_s) compares against that clock.
         "use_sim_time": target in ("mujoco", "gazebo"),
     }
+    if _bool(get("record")):
+        # Nothing the bag should hold is published before the recorder listens: the controller
+        # answers no state until the recorder (and on the stand-in the plant too) has matched
+        # its command topic and /diffsim/command, /diffsim/predicted_state, /diagnostics.
+        controller_params["wait_for_recorders"] = 1
+        controller_params["wait_for_subscribers"] = 2 if target == "mujoco" else 1
     point = [float(x) for x in get("target_point").strip("[] ").split(",") if x.strip()]
     if point:
         controller_params["target"] = point
@@ -132,7 +149,10 @@ def _setup(context, *args, **kwargs):
 
     if _bool(get("record")):
         actions.append(Node(package=PACKAGE, executable="trajectory_recorder", name="trajectory_recorder",
-                            output="screen", parameters=[{"output_dir": get("bag")}]))
+                            output="screen", parameters=[{
+                                "output_dir": get("bag"), "types": RECORDED[robot] + RECORDED_COMMON,
+                                # SIGINT reaches every process at once: take what is still queued.
+                                "drain_s": 1.0}]))
     return actions
 
 
