@@ -561,17 +561,22 @@ def cmd_sysid(args: argparse.Namespace) -> int:
 
     r = _analysis_call(calibrate, data, setup, names, where=args.bag, window=args.window,
                        fit_fraction=args.fit_fraction, max_starts=args.max_starts, max_iter=args.max_iter,
-                       progress=progress)
-    files = _analysis_call(write_calibrated, r, setup, args.out, bag=str(args.bag))
+                       progress=progress, velocity_noise=args.velocity_noise)
+    files = _analysis_call(write_calibrated, r, setup, args.out, bag=str(args.bag), force=args.write_rejected)
     print(f"sysid: {args.bag} ({r.fit_starts} windows of {r.window} steps to fit, {r.heldout_starts} held out; "
           f"{r.evaluations} evaluations, {r.seconds:.1f} s)")
-    rows = [[n, ", ".join(f"{x:.5g}" for x in r.nominal[n]), ", ".join(f"{x:.5g}" for x in r.fitted[n])]
-            for n in r.names]
-    print(_table(["parameter", "nominal", "calibrated"], rows))
+    rows = [[n, ", ".join(f"{x:.5g}" for x in r.nominal[n]), ", ".join(f"{x:.5g}" for x in r.fitted[n]),
+             ", ".join(f"{x:.2g}" for x in r.std.get(n, []))] for n in r.names]
+    print(_table(["parameter", "nominal", "calibrated", "std"], rows))
     h = r.heldout
     print(f"held-out velocity RMSE {h['before']['rmse']:.4g} -> {h['after']['rmse']:.4g} "
-          f"({h['improvement']:.1f}x smaller)")
+          f"({h['improvement']:.2f}x smaller)")
+    for n in r.notes:
+        print(f"warning: {n}", file=sys.stderr)
     print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
+    if not r.accepted:
+        print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)
+        return 3
     print(f"retrain: diffsim-ros train --config {files['yaml']} --out DIR")
     return 0
 
@@ -613,10 +618,14 @@ def _add_sysid(sub) -> None:
     from_params = help_text()
     p = sub.add_parser(
         "sysid", help="calibrate simulator parameters on a bag by gradient descent through the simulator",
-        description="Fit simulator parameters to a bag by L-BFGS through the differentiable simulator, on the "
+        description="Fit simulator parameters to a bag through the differentiable simulator, on the "
                     "velocity error over short multi-step windows of the first part of the bag, judged on the "
-                    "rest; write calibrated.yaml (a training file for `diffsim-ros train --config`), "
-                    "calibrated.urdf when masses, damping or friction change, sysid.json and sysid.md.")
+                    "rest, all parameters jointly (projected Levenberg-Marquardt in log coordinates, a few starts "
+                    "for latency and lags); report uncertainties, unidentifiable parameters and a verdict; write "
+                    "sysid.json and sysid.md, and for an accepted fit calibrated.yaml (a training file for "
+                    "`diffsim-ros train --config`) and calibrated.urdf when masses, damping or friction change. "
+                    "Exit status: 0 accepted, 3 fit rejected (the held-out RMSE did not improve clearly, or the "
+                    "residual stays far above the noise floor; reasons in sysid.md), 2 bad input.")
     _add_bag_args(p)
     p.add_argument("--params", required=True, metavar="NAME,...", help=f"parameters to fit: {from_params}")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
@@ -626,7 +635,13 @@ def _add_sysid(sub) -> None:
                    help="fraction of the bag (from its start) used to fit; the rest is held out (default: 0.7)")
     p.add_argument("--max-starts", type=int, default=256, metavar="N",
                    help="windows used to fit (and to judge), evenly spread (default: 256)")
-    p.add_argument("--max-iter", type=int, default=60, metavar="N", help="L-BFGS iterations (default: 60)")
+    p.add_argument("--max-iter", type=int, default=30, metavar="N",
+                   help="Levenberg-Marquardt iterations per start (default: 30)")
+    p.add_argument("--velocity-noise", type=float, default=0.0, metavar="STD",
+                   help="the sensor's velocity noise (standard deviation, rad/s or m/s) for the verdict's noise "
+                        "floor (default: 0)")
+    p.add_argument("--write-rejected", action="store_true",
+                   help="write calibrated.yaml even for a rejected fit")
     p.add_argument("--quiet", action="store_true", help="no per-evaluation progress")
     p.set_defaults(func=cmd_sysid)
 

@@ -1,41 +1,83 @@
-"""System identification: calibrate simulator parameters on a bag by gradient descent
-through the differentiable simulator, and write a training file that uses them.
+"""System identification: calibrate simulator parameters on a bag through the differentiable
+simulator, judge the fit honestly, and write a training file that uses it.
 
-    result = calibrate(data, setup, ["mass_scale", "joint_damping"])
-    write_calibrated(result, setup, "out/")     # calibrated.yaml (+ calibrated URDF), sysid.json, sysid.md
+    result = calibrate(data, setup, ["mass_scale", "joint_damping", "latency"])
+    result.verdict, result.reasons                 # "accepted" / "rejected" and why
+    write_calibrated(result, setup, "out/")        # sysid.json, sysid.md (+ calibrated.yaml/urdf if accepted)
 
-Objective: the squared velocity discrepancy over short multi-step windows (``window``
-control steps, the recorded commands replayed from each recorded state, every step of
-the window counted), each degree of freedom divided by the standard deviation of its
-recorded velocity so that no joint or axis dominates by its units. The windows of the
-first ``fit_fraction`` of the bag fit; the rest is held out and only judged.
+Objective: the velocity residual over short multi-step windows (``window`` control steps,
+the recorded commands replayed from each recorded state, every step of the window
+counted), each degree of freedom divided by the standard deviation of its recorded
+velocity. The windows of the first ``fit_fraction`` of the bag fit; the rest is held out
+and only judged.
 
-Differentiable parameters (masses, inertias, damping, friction, drag, thrust factor)
-are bounded through a sigmoid, ``value = low + (high - low) sigmoid(z)``, and fitted
-with L-BFGS (strong Wolfe line search) in float64. The actuator lag, motor time
-constant and latency are plain numbers in the simulator config: they are fitted by a
-derivative-free search (golden section; whole steps for the latency) around the
-gradient fit.
+Every requested parameter is fitted jointly, in one optimisation, whatever the order of the
+names (they are laid out in the registry's order, :mod:`diffsim_ros.physics.parameters`):
+
+* coordinates: the logarithm of each positive parameter (masses, inertias, damping, friction,
+  drag, thrust factor, and the time constants ``actuator_lag`` / ``motor_time_constant``,
+  which enter the step through the smooth lag factor ``1 - exp(-h / tau)``); the latency in
+  control steps, linear, as a *fractional delay*: the command acting at step ``k`` is
+  ``(1 - f) u[k - n] + f u[k - n - 1]`` for a latency ``n + f`` (exact for whole steps, where
+  it equals the step's delay line);
+* box constraints on those coordinates (the registry's bounds), held by a projected
+  Levenberg-Marquardt (Gauss-Newton) iteration: the residual Jacobian comes from forward-mode
+  autograd through the simulator, coordinates at a bound whose gradient pushes outwards are
+  frozen for the step, every step is projected into the box. A parameter at a bound keeps
+  its gradient and leaves the bound as soon as the data ask for it; one that ends at a bound
+  is flagged;
+* a few starts: the time-like parameters (latency, lags) are first evaluated on a small grid
+  (other parameters nominal) and the best ``starts`` grid points start full fits;
+* the hidden actuator state at each window start (rotor speeds, lagged torques) comes from
+  the whole bag's recorded motion at the current parameters (``Replay.actuator_track``) and
+  ``WARMUP`` teacher-forced steps before the window, through which it depends on the
+  parameters differentiably.
+
+The verdict (see :func:`_verdict`): per-parameter uncertainty from the Gauss-Newton
+(Fisher) information ``J^T J`` of the residuals at the optimum, scaled by their variance;
+parameters the data cannot identify (an independent change of 10 % moves the predictions by
+less than ``MIN_SENSITIVITY`` of the velocity change over a window, or a relative standard
+deviation above ``MAX_REL_STD``) with the advice to record an excitation motion; and
+rejection of a fit whose held-out RMSE does not improve at least ``MIN_IMPROVEMENT`` times,
+or whose held-out residual stays above ``MAX_UNEXPLAINED`` of the velocity change over a
+window and above ``NOISE_FACTOR`` times the noise floor (the measurement noise, estimated
+from the recording). A rejected fit writes no calibrated.yaml unless asked
+(``write_calibrated(..., force=True)``, ``diffsim-ros sysid --write-rejected``); the CLI exits
+with status 3.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import math
 import os
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .. import config as _config
+from .. import physics
+from ..physics.parameters import PARAMETERS, apply_values
 from .bag import BagData
 from .errors import AnalysisError
-from .params import SPECS, bounds, build_simulator, check_names, nominal_values
+from .params import SPECS, check_names, nominal_system
 from .predict import Replay, SimSetup, error_stats, replaying
+
+#: Verdict thresholds (documented in the module doc and sysid.md).
+MIN_IMPROVEMENT = 1.5       # held-out RMSE before / after below this: rejected (unless nothing was wrong)
+MAX_UNEXPLAINED = 0.10      # held-out RMSE / RMS velocity change over the window
+NOISE_FACTOR = 3.0          # ... and held-out RMSE above this many times the noise floor: rejected
+MAX_REL_STD = 0.10          # relative standard deviation above this: not identifiable
+MIN_SENSITIVITY = 0.001     # 10 % independent change moving predictions less than this (of the velocity change)
+WARMUP = 3                  # teacher-forced steps before each window (with an actuator state)
+GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.005, 0.02, 0.06],
+        "motor_time_constant": [0.01, 0.03, 0.07]}
 
 
 @dataclass
@@ -54,37 +96,241 @@ class SysIdResult:
     evaluations: int = 0
     seconds: float = 0.0
     notes: List[str] = field(default_factory=list)
+    std: Dict[str, List[float]] = field(default_factory=dict)          # one standard deviation, parameter units
+    rel_std: Dict[str, List[float]] = field(default_factory=dict)
+    sensitivity: Dict[str, List[float]] = field(default_factory=dict)
+    at_bound: List[str] = field(default_factory=list)                  # "name[i] at low/high bound"
+    unidentifiable: List[str] = field(default_factory=list)
+    noise_floor: float = 0.0
+    unexplained: float = 0.0
+    verdict: str = "accepted"
+    reasons: List[str] = field(default_factory=list)
+    starts_tried: List[Dict[str, float]] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
 
     def as_dict(self) -> Dict[str, Any]:
         return dict(self.__dict__)
 
 
-class _Objective:
-    """Windowed velocity loss of a parameter set on a fixed set of starts."""
+def _blend(cmd: torch.Tensor, delay) -> torch.Tensor:
+    """Commands delayed by a (fractional, differentiable) number of control steps:
+    out[k] = (1 - f) cmd[k - n] + f cmd[k - n - 1], indices clamped at 0, delay = n + f."""
+    if delay is None:
+        return cmd
+    d = delay.reshape(())
+    n = max(int(math.floor(float(_primal(d).detach()))), 0)
+    f = d - n
+    k = torch.arange(cmd.shape[0], device=cmd.device)
+    a = cmd[(k - n).clamp(min=0)]
+    b = cmd[(k - n - 1).clamp(min=0)]
+    return a + f * (b - a)
 
-    def __init__(self, rp: Replay, starts: np.ndarray, window: int, scale: torch.Tensor):
-        self.rp, self.starts, self.window = rp, starts, window
-        hs = list(range(1, window + 1))
-        self.horizons = hs
-        tg = [rp.target_index(starts, k) for k in hs]
-        self.targets = torch.stack([rp.v[torch.as_tensor(t)] for t in tg])        # (W, S, nv)
+
+class _Problem:
+    """The windowed residual of parameter values on a fixed set of starts."""
+
+    def __init__(self, rp: Replay, names: List[str], starts: np.ndarray, window: int, scale: torch.Tensor,
+                 nominal_delay: float):
+        self.rp, self.names, self.starts, self.window = rp, names, starts, window
         self.scale = scale
+        cfg = rp.setup.sim_config
+        # The delay line is replaced by the command blend (see _blend): the base system has none.
+        base_cfg = cfg if cfg.command_delay == 0 else dataclasses.replace(cfg, command_delay=0)
+        self.base = nominal_system(rp.model, base_cfg)
+        self.nominal_delay = nominal_delay
+        self.horizons = list(range(1, window + 1))
+        tg = [rp.target_index(starts, k) for k in self.horizons]
+        self.targets = torch.stack([rp.v[torch.as_tensor(t)] for t in tg])       # (W, S, nv)
+        s0 = rp.v[torch.as_tensor(rp.cmd_state[starts])]
+        self.dv_rms = float(((self.targets - s0) / scale).pow(2).mean().sqrt())  # normalised velocity change
+        self.dv_rms_raw = float((self.targets - s0).pow(2).mean().sqrt())
+        self._track: Dict[Tuple, torch.Tensor] = {}
+
+    def system(self, values: Dict[str, torch.Tensor]):
+        vals = dict(values)
+        lat = vals.pop("latency", None)
+        if lat is None:
+            lat = torch.tensor(self.nominal_delay, dtype=torch.float64) if self.nominal_delay else None
+        return physics.Simulator(apply_values(self.base, vals)), lat
+
+    def _actuator_track(self, values, cmd) -> Optional[torch.Tensor]:
+        key = tuple((k, tuple(_primal(v).reshape(-1).tolist())) for k, v in sorted(values.items()))
+        if key in self._track:
+            return self._track[key]
+        plain = {k: _primal(v).detach() for k, v in values.items()}
+        sim, _ = self.system(plain)
+        if not sim.system.has_actuator_state:
+            return None
+        view = copy.copy(self.rp)
+        view.cmd = _primal(cmd).detach()
+        track = view.actuator_track(sim)
+        if len(self._track) > 64:
+            self._track.clear()
+        self._track[key] = track
+        return track
 
     def predictions(self, values: Dict[str, torch.Tensor]) -> torch.Tensor:
-        sim = build_simulator(self.rp.model, self.rp.setup.sim_config, values)
-        out = self.rp.rollout(self.starts, self.horizons, sim)
-        return torch.stack([out[k] for k in self.horizons])                      # (W, S, nv)
+        rp = self.rp
+        sim, lat = self.system(values)
+        cmd = _blend(rp.cmd, lat)
+        starts = torch.as_tensor(self.starts, device=rp.q.device)
+        track = self._actuator_track(values, cmd)
+        last = cmd.shape[0] - 1
+        si = rp.cmd_state
+        if track is not None:
+            w0 = self.starts - WARMUP
+            act = track[torch.as_tensor(w0)]
+            for j in range(WARMUP):
+                idx = torch.as_tensor(si[w0 + j])
+                st = sim.initial_state(rp.q[idx], rp.v[idx]).replace(actuator=act)
+                act = sim.step(st, cmd[torch.as_tensor(w0 + j)]).actuator
+        idx = torch.as_tensor(si[self.starts])
+        state = sim.initial_state(rp.q[idx], rp.v[idx])
+        if track is not None:
+            state = state.replace(actuator=act)
+        out = []
+        for m in range(self.window):
+            state = sim.step(state, cmd[(starts + m).clamp(max=last)])
+            out.append(state.v)
+        return torch.stack(out)                                                  # (W, S, nv)
 
-    def __call__(self, values: Dict[str, torch.Tensor]) -> torch.Tensor:
-        err = (self.predictions(values) - self.targets) / self.scale
-        return (err ** 2).mean()
+    def residual(self, values) -> torch.Tensor:
+        return ((self.predictions(values) - self.targets) / self.scale).reshape(-1)
 
 
-def _split(rp: Replay, window: int, fit_fraction: float, max_starts: Optional[int]):
+def _primal(x: torch.Tensor) -> torch.Tensor:
+    return x.detach()
+
+
+class _Coords:
+    """Parameter values <-> the optimiser's coordinates (log or linear), with their box."""
+
+    def __init__(self, names: List[str], nominal: Dict[str, torch.Tensor], bnd):
+        self.names = names
+        self.slices, lo, hi, z0 = {}, [], [], []
+        i = 0
+        for n in names:
+            k = nominal[n].numel()
+            self.slices[n] = slice(i, i + k)
+            i += k
+            b_lo, b_hi = bnd[n]
+            if PARAMETERS[n].log_space:
+                lo.append(torch.log(b_lo))
+                hi.append(torch.log(b_hi))
+                z0.append(torch.log(nominal[n].clamp(min=float(b_lo.min()))).clamp(torch.log(b_lo), torch.log(b_hi)))
+            else:
+                lo.append(b_lo)
+                hi.append(b_hi)
+                z0.append(nominal[n].clamp(b_lo, b_hi))
+        self.lo, self.hi = torch.cat(lo).double(), torch.cat(hi).double()
+        self.z0 = torch.cat(z0).double()
+        self.p = i
+
+    def values(self, z: torch.Tensor) -> Dict[str, torch.Tensor]:
+        out = {}
+        for n in self.names:
+            zz = z[self.slices[n]]
+            out[n] = torch.exp(zz) if PARAMETERS[n].log_space else zz
+        return out
+
+    def set(self, z: torch.Tensor, name: str, value: float) -> torch.Tensor:
+        z = z.clone()
+        v = torch.full((self.slices[name].stop - self.slices[name].start,), float(value), dtype=torch.float64)
+        z[self.slices[name]] = torch.log(v) if PARAMETERS[name].log_space else v
+        return torch.maximum(torch.minimum(z, self.hi), self.lo)
+
+    def label(self, i: int) -> Tuple[str, int]:
+        for n, sl in self.slices.items():
+            if sl.start <= i < sl.stop:
+                return n, i - sl.start
+        raise IndexError(i)
+
+
+def _jacobian(problem: _Problem, coords: _Coords, z: torch.Tensor):
+    """Residual r(z) and its Jacobian dr/dz (N, p) by reverse-mode autograd: the vector-Jacobian
+    product g(u) = J^T u is linear in u, so its own derivative in u along e_i is the column
+    J e_i (the double-backward form of a Jacobian-vector product: one backward pass per
+    coordinate through the graph of g, no forward-mode kernels)."""
+    zr = z.detach().clone().requires_grad_(True)
+    r = problem.residual(coords.values(zr))
+    u = torch.zeros_like(r, requires_grad=True)
+    (g,) = torch.autograd.grad(r, zr, u, create_graph=True, allow_unused=True)
+    cols = []
+    for i in range(coords.p):
+        if g is None or not g.requires_grad:
+            cols.append(torch.zeros_like(r))
+            continue
+        e = torch.zeros_like(z)
+        e[i] = 1.0
+        (c,) = torch.autograd.grad(g, u, e, retain_graph=True, allow_unused=True)
+        cols.append(torch.zeros_like(r) if c is None else c.detach())
+    return r.detach(), torch.stack(cols, 1)
+
+
+def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, counter: List[int],
+        history: List[float], progress=None):
+    """Projected Levenberg-Marquardt in the box [coords.lo, coords.hi]; returns (z, r, J)."""
+    lam = 1e-3
+    r, J = _jacobian(problem, coords, z)
+    counter[0] += coords.p
+    f = float(r @ r)
+    history.append(f / r.numel())
+    for it in range(max_iter):
+        g = J.T @ r
+        H = J.T @ J
+        # Active set: coordinates at a bound whose descent direction leaves the box.
+        at_lo = (z <= coords.lo + 1e-12) & (g > 0)
+        at_hi = (z >= coords.hi - 1e-12) & (g < 0)
+        free = ~(at_lo | at_hi)
+        if not bool(free.any()):
+            break
+        improved = False
+        for _ in range(10):
+            Hf = H[free][:, free]
+            A = Hf + lam * torch.diag(torch.diagonal(Hf).clamp(min=1e-12)) + 1e-12 * torch.eye(int(free.sum()),
+                                                                                              dtype=H.dtype)
+            step = torch.zeros_like(z)
+            step[free] = -torch.linalg.solve(A, g[free])
+            z_new = torch.maximum(torch.minimum(z + step, coords.hi), coords.lo)
+            with torch.no_grad():
+                try:
+                    r_new = problem.residual(coords.values(z_new))
+                except physics.SimulationError:
+                    r_new = None
+            counter[0] += 1
+            f_new = float(r_new @ r_new) if r_new is not None and torch.isfinite(r_new).all() else math.inf
+            if f_new < f:
+                improved = True
+                break
+            lam *= 8.0
+        if not improved:
+            break
+        dz = float((z_new - z).abs().max())
+        rel = (f - f_new) / max(f, 1e-300)
+        z = z_new
+        lam = max(lam / 5.0, 1e-9)
+        r, J = _jacobian(problem, coords, z)
+        counter[0] += coords.p
+        f = float(r @ r)
+        history.append(f / r.numel())
+        if progress:
+            progress(counter[0], f / r.numel(), {n: v.reshape(-1).tolist() for n, v in coords.values(z).items()})
+        if rel < 1e-6 or dz < 1e-5:
+            break
+    return z, r, J
+
+
+def _split(rp: Replay, window: int, fit_fraction: float, max_starts: Optional[int], lead: int):
     starts = rp.valid_starts(window)
     # Every intermediate state of the window must be recorded too.
     for k in range(1, window):
         starts = starts[rp.target_index(starts, k) >= 0]
+    # Room for the teacher-forced warm-up and the command history of a latency.
+    starts = starts[starts >= lead]
+    starts = starts[rp.run[starts - lead] >= lead + window]
     n_cmd = len(rp.cmd_stamp)
     cut = int(round(fit_fraction * n_cmd))
     fit = starts[starts + window <= cut]
@@ -101,38 +347,33 @@ def _split(rp: Replay, window: int, fit_fraction: float, max_starts: Optional[in
     return fit, held
 
 
-def _golden(f, lo: float, hi: float, iters: int = 14) -> float:
-    """Minimiser of a unimodal f on [lo, hi] by golden-section search."""
-    r = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - r * (b - a), a + r * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(iters):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - r * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + r * (b - a)
-            fd = f(d)
-    return (a + b) / 2
+def noise_floor(velocity_noise: float) -> float:
+    """The held-out RMSE a perfect model leaves on velocities measured with white noise of
+    standard deviation ``velocity_noise``: sqrt 2 times it (a window starts from a noisy state
+    and ends on one). A recording alone does not tell noise from fast excitation (white-noise
+    commands make the velocity increments as anti-correlated as white measurement noise
+    does), so the noise level is the user's (the sensor's data sheet), 0 by default."""
+    return math.sqrt(2.0) * float(velocity_noise)
 
 
 def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int = 5, fit_fraction: float = 0.7,
-              max_starts: Optional[int] = 256, max_iter: int = 60, replay: Optional[Replay] = None,
-              progress=None) -> SysIdResult:
-    """Fit ``names`` (see :data:`params.SPECS`) on the first ``fit_fraction`` of the bag; report
-    the held-out velocity RMSE before and after. A diverging simulation is an AnalysisError
-    naming the bag."""
+              max_starts: Optional[int] = 256, max_iter: int = 30, replay: Optional[Replay] = None,
+              progress=None, starts: int = 2, velocity_noise: float = 0.0) -> SysIdResult:
+    """Fit ``names`` (see :mod:`diffsim_ros.physics.parameters`) jointly on the first
+    ``fit_fraction`` of the bag; report the held-out velocity RMSE before and after, the
+    uncertainties and the verdict (module doc). A diverging simulation is an AnalysisError
+    naming the bag. ``velocity_noise``: the sensor's velocity noise (standard deviation), for
+    the noise floor of the verdict; ``starts``: at most this many starts of the joint fit."""
     with replaying(data):
-        return _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress)
+        return _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
+                          starts, velocity_noise)
 
 
-def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress) -> SysIdResult:
+def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
+               n_starts, velocity_noise) -> SysIdResult:
     t_start = time.perf_counter()
-    names = list(dict.fromkeys(names))
-    if not names:
+    requested = list(dict.fromkeys(names))
+    if not requested:
         raise AnalysisError("--params: name at least one parameter (known: " + ", ".join(SPECS) + ")")
     if window < 1:
         raise AnalysisError(f"--window must be at least 1, got {window}")
@@ -142,95 +383,150 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         setup = SimSetup(setup.params, setup.model.to(torch.float64), setup.sim_config, setup.source, setup.notes)
     rp = replay if replay is not None else Replay(data, setup)
     model, cfg = rp.model, setup.sim_config
-    check_names(names, model, cfg)
-    fit, held = _split(rp, window, fit_fraction, max_starts)
+    check_names(requested, model, cfg)
+    names = [n for n in PARAMETERS if n in requested]         # registry order: independent of --params order
+    sys0 = nominal_system(model, cfg)
+    nominal = {n: PARAMETERS[n].nominal(sys0) for n in names}
+    bnd = {n: tuple(b.double() for b in PARAMETERS[n].bounds(nominal[n])) for n in names}
+    if "latency" in bnd:
+        bnd["latency"] = (bnd["latency"][0], torch.minimum(bnd["latency"][1], torch.tensor([4.0],
+                                                                                           dtype=torch.float64)))
+    lat_hi = int(math.ceil(float(bnd["latency"][1].max()))) if "latency" in names else cfg.command_delay
+    lead = WARMUP + lat_hi + 2 + max(10, rp.warmup)
+    fit, held = _split(rp, window, fit_fraction, max_starts, lead)
     scale = rp.v.std(0).clamp(min=1e-3)
-    obj_fit = _Objective(rp, fit, window, scale)
-    obj_held = _Objective(rp, held, window, scale)
-
-    nominal = {n: nominal_values(n, model, cfg) for n in names}
-    bnd = {n: bounds(n, nominal[n]) for n in names}
-    diff = [n for n in names if SPECS[n].differentiable]
-    discrete = [n for n in names if not SPECS[n].differentiable]
-    z = {}
-    for n in diff:
-        lo, hi = bnd[n]
-        u = ((nominal[n] - lo) / (hi - lo)).clamp(1e-4, 1 - 1e-4)
-        z[n] = torch.log(u / (1 - u)).clone().requires_grad_(True)
-    fixed: Dict[str, torch.Tensor] = {}       # current values of the non-differentiable ones
-
-    def values(detach: bool = False) -> Dict[str, torch.Tensor]:
-        out = dict(fixed)
-        for n in diff:
-            lo, hi = bnd[n]
-            val = lo + (hi - lo) * torch.sigmoid(z[n])
-            out[n] = val.detach() if detach else val
-        return out
-
+    pf = _Problem(rp, names, fit, window, scale, float(cfg.command_delay))
+    ph = _Problem(rp, names, held, window, scale, float(cfg.command_delay))
+    coords = _Coords(names, nominal, bnd)
+    counter = [0]
     history: List[float] = []
-    evals = [0]
+
     with torch.no_grad():
-        loss_before = float(obj_fit({}))
+        r_nom = pf.residual({})
+    loss_before = float(r_nom @ r_nom) / r_nom.numel()
 
-    def fit_gradient():
-        if not diff:
-            return
-        opt = torch.optim.LBFGS(list(z.values()), lr=1.0, max_iter=max_iter, history_size=20,
-                                line_search_fn="strong_wolfe", tolerance_grad=1e-10, tolerance_change=1e-14)
+    # Starts: the grid of the time-like parameters, the others nominal.
+    timed = [n for n in names if PARAMETERS[n].time_like]
+    cands = [coords.z0]
+    if timed:
+        grid = []
+        for combo in itertools.product(*[GRID[n] for n in timed]):
+            z = coords.z0
+            for n, val in zip(timed, combo):
+                z = coords.set(z, n, val)
+            with torch.no_grad():
+                try:
+                    r = pf.residual(coords.values(z))
+                    loss = float(r @ r)
+                except physics.SimulationError:
+                    loss = math.inf
+            counter[0] += 1
+            grid.append((loss if math.isfinite(loss) else math.inf, tuple(z.tolist())))
+        grid.sort()
+        # The best grid points, those within a factor 4 of the best loss.
+        cands = [torch.tensor(zz, dtype=torch.float64) for loss, zz in grid[:max(1, n_starts)]
+                 if loss <= 4.0 * grid[0][0]]
+    best = None
+    tried = []
+    for z_init in cands:
+        try:
+            z, r, J = _lm(pf, coords, z_init, max_iter, counter, history, progress)
+        except physics.SimulationError as exc:
+            tried.append({"start": coords.values(z_init), "error": str(exc)})
+            continue
+        f = float(r @ r)
+        tried.append({"start": {n: v.tolist() for n, v in coords.values(z_init).items()}, "loss": f / r.numel()})
+        if best is None or f < best[0]:
+            best = (f, z, r, J)
+    if best is None:
+        raise AnalysisError(f"{data.path}: every start of the calibration diverged ({tried})")
+    f, z, r, J = best
+    final = {n: v.detach() for n, v in coords.values(z).items()}
+    loss_after = f / r.numel()
 
-        def closure():
-            opt.zero_grad()
-            loss = obj_fit(values())
-            loss.backward()
-            evals[0] += 1
-            history.append(float(loss.detach()))
-            if progress:
-                shown = {n: v.detach().reshape(-1).tolist() for n, v in values().items()}
-                progress(evals[0], float(loss.detach()), shown)
-            return loss
-        opt.step(closure)
+    # ---- uncertainty and identifiability (Gauss-Newton / Fisher information at the optimum)
+    N, p = J.shape
+    H = J.T @ J
+    Hinv = torch.linalg.pinv(H, hermitian=True)
+    sigma2 = f / max(N - p, 1)
+    var_z = (sigma2 * torch.diagonal(Hinv)).clamp(min=0)
+    # Residual change (RMS, normalised units) of a 10 % change of one coordinate with the others refitted.
+    cond = 1.0 / torch.diagonal(Hinv).clamp(min=1e-300)
+    sens = (0.1 * torch.sqrt(cond / N)) / max(pf.dv_rms, 1e-12)
+    std, rel_std, sensitivity, at_bound, unident = {}, {}, {}, [], []
+    for n in names:
+        sl = coords.slices[n]
+        vz = var_z[sl]
+        val = final[n].reshape(-1)
+        if PARAMETERS[n].log_space:
+            rs = torch.sqrt(vz)
+            sd = rs * val
+            sens_n = sens[sl]
+        else:                       # latency: a 10 % change is taken as 0.1 steps
+            sd = torch.sqrt(vz)
+            rs = sd / val.abs().clamp(min=1.0)
+            sens_n = sens[sl]
+        std[n], rel_std[n], sensitivity[n] = sd.tolist(), rs.tolist(), sens_n.tolist()
+        for i in range(val.numel()):
+            label = n if val.numel() == 1 else f"{n}[{i}]"
+            zi = z[sl][i]
+            if float(zi) <= float(coords.lo[sl][i]) + 1e-9:
+                at_bound.append(f"{label} at its lower bound")
+            elif float(zi) >= float(coords.hi[sl][i]) - 1e-9:
+                at_bound.append(f"{label} at its upper bound")
+            if float(sens_n[i]) < MIN_SENSITIVITY or float(rs[i]) > MAX_REL_STD:
+                unident.append(label)
 
-    def loss_with(name, val) -> float:
-        with torch.no_grad():
-            v = values(detach=True)
-            v[name] = torch.tensor([val], dtype=torch.float64)
-            evals[0] += 1
-            return float(obj_fit(v))
-
-    fit_gradient()
-    if discrete:
-        for n in discrete:
-            lo, hi = (float(b.reshape(-1)[0]) for b in bnd[n])
-            if n == "latency":
-                cands = range(0, int(hi) + 1)
-                losses = [loss_with(n, float(c)) for c in cands]
-                fixed[n] = torch.tensor([float(int(np.argmin(losses)))], dtype=torch.float64)
-            else:
-                fixed[n] = torch.tensor([_golden(lambda x: loss_with(n, x), lo, hi)], dtype=torch.float64)
-        fit_gradient()
-
-    final = values(detach=True)
+    # ---- held-out judgement
     with torch.no_grad():
-        loss_after = float(obj_fit(final))
-        pred_before = obj_held.predictions({})
-        pred_after = obj_held.predictions(final)
+        pred_before = ph.predictions({})
+        pred_after = ph.predictions(final)
     dofs = rp.dof_names
-    tgt = obj_held.targets
+    tgt = ph.targets
     heldout = {"before": error_stats(pred_before.reshape(-1, len(dofs)), tgt.reshape(-1, len(dofs)), dofs),
                "after": error_stats(pred_after.reshape(-1, len(dofs)), tgt.reshape(-1, len(dofs)), dofs),
                "by_horizon": {}}
-    for i, k in enumerate(obj_held.horizons):
+    for i, k in enumerate(ph.horizons):
         heldout["by_horizon"][k] = {"before": error_stats(pred_before[i], tgt[i], dofs)["rmse"],
                                     "after": error_stats(pred_after[i], tgt[i], dofs)["rmse"]}
     b, a = heldout["before"]["rmse"], heldout["after"]["rmse"]
     heldout["improvement"] = b / a if a > 0 else float("inf")
+    floor = noise_floor(velocity_noise)
+    unexplained = a / max(ph.dv_rms_raw, 1e-12)
+    verdict, reasons = _verdict(heldout["improvement"], b / max(ph.dv_rms_raw, 1e-12), unexplained, a, floor)
+    notes = list(setup.notes)
+    if unident:
+        notes.append("the recording does not identify " + ", ".join(unident) + ": record an excitation motion "
+                     "(`diffsim-ros excite`, or motion that exercises them: fast moves for drag, joint "
+                     "reversals for friction, sharp command changes for lags and latency) and calibrate again")
+    if at_bound:
+        notes.append("ended at a bound: " + ", ".join(at_bound) + " (the model may lack what the data show, "
+                     "or the bound is too tight)")
     return SysIdResult(
-        names=names, nominal={n: nominal[n].tolist() for n in names},
-        fitted={n: final[n].reshape(-1).tolist() for n in names},
-        bounds={n: [bnd[n][0].tolist(), bnd[n][1].tolist()] for n in names}, window=window,
+        names=requested, nominal={n: nominal[n].tolist() for n in requested},
+        fitted={n: final[n].reshape(-1).tolist() for n in requested},
+        bounds={n: [bnd[n][0].tolist(), bnd[n][1].tolist()] for n in requested}, window=window,
         fit_starts=int(len(fit)), heldout_starts=int(len(held)), fit_loss_before=loss_before,
-        fit_loss_after=loss_after, heldout=heldout, history=history, evaluations=evals[0],
-        seconds=time.perf_counter() - t_start, notes=list(setup.notes))
+        fit_loss_after=loss_after, heldout=heldout, history=history, evaluations=counter[0],
+        seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
+        sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
+        unexplained=unexplained, verdict=verdict, reasons=reasons, starts_tried=tried)
+
+
+def _verdict(improvement: float, unexplained_before: float, unexplained: float, rmse_after: float,
+             floor: float) -> Tuple[str, List[str]]:
+    reasons = []
+    far = unexplained > MAX_UNEXPLAINED and rmse_after > NOISE_FACTOR * floor
+    if far:
+        reasons.append(f"the held-out residual stays far above the noise floor: RMSE {rmse_after:.4g} is "
+                       f"{unexplained:.0%} of the velocity change over a window (limit {MAX_UNEXPLAINED:.0%}) "
+                       f"and {rmse_after / max(floor, 1e-12):.3g} times the noise floor {floor:.3g}: "
+                       f"the model cannot explain the data with these parameters")
+    nothing_wrong = unexplained_before <= MAX_UNEXPLAINED
+    if improvement < MIN_IMPROVEMENT and not nothing_wrong:
+        reasons.append(f"the held-out RMSE improved only {improvement:.3g} times (at least "
+                       f"{MIN_IMPROVEMENT:g} required)")
+    return ("rejected" if reasons else "accepted"), reasons
 
 
 # ---------------------------------------------------------------------------- output
@@ -356,16 +652,37 @@ def _base_inertia_scale(f: Dict[str, List[float]]) -> float:
     return s
 
 
-def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "") -> Dict[str, str]:
-    """Write ``calibrated.yaml`` (a training file in the ROS-parameter form that
-    ``diffsim-ros train --config`` reads), ``calibrated.urdf`` when URDF quantities changed,
-    ``sysid.json`` and ``sysid.md``. Returns the paths."""
+def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "", force: bool = False
+                     ) -> Dict[str, str]:
+    """Write ``sysid.json`` and ``sysid.md`` and, for an accepted fit (or with ``force``),
+    ``calibrated.yaml`` (a training file in the ROS-parameter form that ``diffsim-ros train
+    --config`` reads) and ``calibrated.urdf`` when URDF quantities changed. Returns the paths."""
     import json
-
-    import yaml
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    files: Dict[str, str] = {}
+    notes: List[str] = []
+    if result.accepted or force:
+        files.update(_write_training_file(result, setup, out, bag, notes))
+    from ..learning.checkpoint import json_safe
+
+    d = result.as_dict()
+    d["notes"] = list(d["notes"]) + notes
+    d["bag"] = bag
+    d["model_source"] = setup.source
+    (out / "sysid.json").write_text(json.dumps(json_safe(d), indent=2))
+    files["json"] = str(out / "sysid.json")
+    (out / "sysid.md").write_text(sysid_markdown(result, bag, setup.source, notes,
+                                                 written="yaml" in files))
+    files["markdown"] = str(out / "sysid.md")
+    return files
+
+
+def _write_training_file(result: SysIdResult, setup: SimSetup, out: Path, bag: str, notes: List[str]
+                         ) -> Dict[str, str]:
+    import yaml
+
     files: Dict[str, str] = {}
     text = calibrated_urdf(setup, result)
     urdf_path = None
@@ -374,7 +691,6 @@ def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "
         urdf_path.write_text('<?xml version="1.0"?>\n' + text + "\n")
         files["urdf"] = str(urdf_path)
     params = calibrated_params(setup, result, urdf_path)
-    notes = []
     if setup.sim_config.gravity_compensation and any(n in result.fitted for n in ("mass_scale", "link_mass_scale")):
         notes.append("masses are written into the calibrated URDF, so the simulator's gravity compensation uses "
                      "them too, while the robot's controller compensates with the nominal model; the simulator has "
@@ -391,33 +707,40 @@ def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "
     yml = yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False, default_flow_style=None)
     (out / "calibrated.yaml").write_text("\n".join(header) + "\n" + yml)
     files["yaml"] = str(out / "calibrated.yaml")
-    from ..learning.checkpoint import json_safe
-
-    d = result.as_dict()
-    d["notes"] = list(d["notes"]) + notes
-    d["bag"] = bag
-    d["model_source"] = setup.source
-    (out / "sysid.json").write_text(json.dumps(json_safe(d), indent=2))
-    files["json"] = str(out / "sysid.json")
-    (out / "sysid.md").write_text(sysid_markdown(result, bag, setup.source, notes))
-    files["markdown"] = str(out / "sysid.md")
     return files
 
 
-def sysid_markdown(r: SysIdResult, bag: str, source: str, notes: Sequence[str] = ()) -> str:
+def sysid_markdown(r: SysIdResult, bag: str, source: str, notes: Sequence[str] = (), written: bool = True) -> str:
     h = r.heldout
-    lines = [f"# System identification: {bag}", "",
-             f"Model and simulator from {source}. {r.window}-step windows: {r.fit_starts} to fit (first part of "
-             f"the bag), {r.heldout_starts} held out (the rest). {r.evaluations} loss evaluations, "
-             f"{r.seconds:.1f} s.", "",
-             "| parameter | nominal | calibrated | bounds |", "|---|---|---|---|"]
+    lines = [f"# System identification: {bag}", ""]
+    if r.accepted:
+        lines += ["**Verdict: fit accepted.**", ""]
+    else:
+        lines += ["**Verdict: fit rejected.** " + " ".join(f"Reason: {x}." for x in r.reasons), ""]
+        lines += ["calibrated.yaml was written anyway (asked for)." if written else
+                  "No calibrated.yaml was written (`diffsim-ros sysid --write-rejected` writes it anyway).", ""]
+    lines += [f"Model and simulator from {source}. {r.window}-step windows: {r.fit_starts} to fit (first part of "
+              f"the bag), {r.heldout_starts} held out (the rest). All parameters fitted jointly (projected "
+              f"Levenberg-Marquardt in log coordinates, {len(r.starts_tried)} start(s)); "
+              f"{r.evaluations} evaluations, {r.seconds:.1f} s.", "",
+              "| parameter | nominal | calibrated | std (1 sigma) | bounds | |", "|---|---|---|---|---|---|"]
     for n in r.names:
         lo, hi = r.bounds[n]
+        flags = []
+        if any(a.startswith(n + " ") or a.startswith(n + "[") for a in r.at_bound):
+            flags.append("at a bound")
+        if any(u == n or u.startswith(n + "[") for u in r.unidentifiable):
+            flags.append("not identifiable")
         lines.append(f"| {n} ({SPECS[n].unit}) | {_fmt_list(r.nominal[n])} | {_fmt_list(r.fitted[n])} | "
-                     f"[{_fmt_list(lo)}] .. [{_fmt_list(hi)}] |")
+                     f"{_fmt_list(r.std.get(n, []))} | [{_fmt_list(lo)}] .. [{_fmt_list(hi)}] | "
+                     f"{', '.join(flags)} |")
     lines += ["", "## Held-out velocity error", "",
               f"RMSE over every step of the held-out windows: **{h['before']['rmse']:.4g} -> "
-              f"{h['after']['rmse']:.4g}** ({h['improvement']:.1f} times smaller).", "",
+              f"{h['after']['rmse']:.4g}** ({h['improvement']:.2f} times smaller); the residual is "
+              f"{r.unexplained:.1%} of the velocity change over a window, noise floor {r.noise_floor:.3g}.", "",
+              f"Rejected when the improvement is below {MIN_IMPROVEMENT:g} times (unless the nominal model already "
+              f"explains the data), or when the residual stays above {MAX_UNEXPLAINED:.0%} of the velocity change "
+              f"and above {NOISE_FACTOR:g} times the noise floor.", "",
               "| dof | RMSE before | RMSE after | bias before | bias after |", "|---|---|---|---|---|"]
     for dof, b in h["before"]["per_dof"].items():
         a = h["after"]["per_dof"][dof]
