@@ -125,3 +125,43 @@ def test_loop_reaches_arm_targets_in_sequence(tmp_path):
         assert r["max_speed_over_velocity_limit"] == pytest.approx(ratio, rel=1e-9)
         assert r["within_velocity_limits"] == (ratio <= 1.0)
     assert res["success"] == all(r["success"] for r in res["targets"])
+
+
+def test_loop_deploys_an_example_robot_data_arm(tmp_path):
+    """A robot the project does not ship: example-robot-data's UR5 with a reach task (an untrained
+    policy: the point is the path, not the skill). No --config: everything from the checkpoint;
+    the stand-in loads the UR5, the supervisor accepts its states, every command reaches the bag."""
+    import yaml
+
+    from conftest import example_robot_data_dir
+
+    from diffsim_ros import config
+    from diffsim_ros.learning import MLPPolicy
+    from diffsim_ros.learning.checkpoint import save_checkpoint
+
+    robots = example_robot_data_dir()
+    if robots is None:
+        pytest.skip("example-robot-data is not installed")
+    doc = yaml.safe_load((REPO_ROOT / "config" / "reach_arm.yaml").read_text())
+    p = doc["/**"]["ros__parameters"]
+    p["urdf"] = str(robots / "ur_description" / "urdf" / "ur5_robot.urdf")
+    p["simulator"].update(kp=[400.0, 400.0, 200.0, 40.0, 40.0, 20.0], kd=[40.0, 40.0, 20.0, 2.0, 2.0, 1.0],
+                          substeps=4)
+    p["task"]["ee_link"] = "tool0"
+    cfg = tmp_path / "ur5.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    params, task, model = config.load_training_file(cfg)
+    import torch
+
+    torch.manual_seed(0)
+    pol = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(model.dtype)
+    with torch.no_grad():
+        pol.norm.update(task.observe(task.reset(32, torch.Generator().manual_seed(0))))
+    save_checkpoint(pol, task, tmp_path / "ckpt", extra={"config": params})
+    summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(tmp_path / "ckpt"), duration=0.6,
+                       perturbation={}, n_targets=2, log=lambda *_: None, domain=ros_domain())
+    assert summary["lost"] == {} and len(summary["task"]["targets"]) == 2
+    c = summary["controller"]
+    assert c["states_rejected"] == 0 and c["safe_commands"] == 0, c
+    assert c["published"]["/position_controller/commands"] == summary["bag_counts"]["/position_controller/commands"] > 50
+    assert set(summary["velocity_error"]["1"]["per_dof_rmse"]) == set(model.joint_names)
