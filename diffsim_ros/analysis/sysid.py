@@ -74,7 +74,7 @@ MIN_IMPROVEMENT = 1.5       # held-out RMSE before / after below this: rejected 
 MAX_UNEXPLAINED = 0.10      # held-out RMSE / RMS velocity change over the window
 NOISE_FACTOR = 3.0          # ... and held-out RMSE above this many times the noise floor: rejected
 MAX_REL_STD = 0.10          # relative standard deviation above this: not identifiable
-MIN_SENSITIVITY = 0.001     # 10 % independent change moving predictions less than this (of the velocity change)
+MIN_SENSITIVITY = 2e-4      # 10 % independent change moving predictions less than this (of the velocity change)
 WARMUP = 3                  # teacher-forced steps before each window (with an actuator state)
 GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.005, 0.02, 0.06],
         "motor_time_constant": [0.01, 0.03, 0.07]}
@@ -518,10 +518,11 @@ def _verdict(improvement: float, unexplained_before: float, unexplained: float, 
     reasons = []
     far = unexplained > MAX_UNEXPLAINED and rmse_after > NOISE_FACTOR * floor
     if far:
+        noise = (f"{rmse_after / floor:.3g} times the noise floor {floor:.3g}" if floor > 0 else
+                 "no sensor noise given (--velocity-noise)")
         reasons.append(f"the held-out residual stays far above the noise floor: RMSE {rmse_after:.4g} is "
-                       f"{unexplained:.0%} of the velocity change over a window (limit {MAX_UNEXPLAINED:.0%}) "
-                       f"and {rmse_after / max(floor, 1e-12):.3g} times the noise floor {floor:.3g}: "
-                       f"the model cannot explain the data with these parameters")
+                       f"{unexplained:.0%} of the velocity change over a window (limit {MAX_UNEXPLAINED:.0%}), "
+                       f"{noise}: the model cannot explain the data with these parameters")
     nothing_wrong = unexplained_before <= MAX_UNEXPLAINED
     if improvement < MIN_IMPROVEMENT and not nothing_wrong:
         reasons.append(f"the held-out RMSE improved only {improvement:.3g} times (at least "

@@ -1,0 +1,188 @@
+"""System identification on truths it was not tuned to: every run draws the stand-in's
+perturbation from ranges with a fresh seed (printed; replay one with
+``DIFFSIM_SYSID_SEED=<seed>``), records the MuJoCo stand-in under exciting commands, and
+calibrates. Each parameter the verdict calls identifiable must come back within 5 % of the
+drawn truth (latency within 0.15 control steps) and the held-out RMSE must fall at least 5x;
+unmodelled physics (a wind force, a payload at an offset) must end in "fit rejected".
+The arm runs with joint friction off on both sides (see record_standard below).
+
+The truths are the registry's reading of the perturbation (``physics.parameters.
+from_perturbation``), an independent statement of what the plant was given."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("rosbags")
+pytest.importorskip("mujoco")
+
+from diffsim_ros import cli, physics  # noqa: E402
+from diffsim_ros.analysis import calibrate, read_bag, sim_setup  # noqa: E402
+from diffsim_ros.analysis.record import exciter, make_plant, record_bag, standard_params  # noqa: E402
+from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
+
+FAST = dict(window=3, max_starts=32, max_iter=12)
+STEPS = 300
+
+
+def record_standard(kind, path, pert, steps, seed, predictions=False):
+    """The standard recording, the arm with joint friction off on both sides: the simulator's
+    smoothed Coulomb friction and MuJoCo's frictionloss under a position servo still differ
+    (issue 16, item 3), which alone leaves a floor of ~0.04 rad/s that biases damping and
+    mass by up to 6 %; without it this checks the identification itself."""
+    params = standard_params(kind)
+    if kind == "arm":
+        params["simulator"]["joint_friction"] = False
+    record_bag(path, make_plant(params, pert), exciter(params, seed), steps, params, predictions=predictions)
+
+
+def _seed(name: str) -> int:
+    env = os.environ.get("DIFFSIM_SYSID_SEED")
+    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
+    print(f"{name}: seed {seed} (replay: DIFFSIM_SYSID_SEED={seed})")
+    return seed
+
+
+def _away(rng, lo, hi, nominal, gap):
+    """A draw in [lo, hi] at least ``gap`` from the nominal value (a perturbation to find)."""
+    while True:
+        x = float(rng.uniform(lo, hi))
+        if abs(x - nominal) >= gap:
+            return x
+
+
+def _draw(rng, kind: str, names):
+    pert = {}
+    for n in names:
+        if n == "mass_scale":
+            pert[n] = _away(rng, 0.7, 1.3, 1.0, 0.08)
+        elif n == "drag_scale":
+            pert[n] = _away(rng, 0.5, 2.5, 1.0, 0.3)
+        elif n == "joint_damping_scale":
+            pert[n] = float(np.exp(rng.uniform(np.log(0.3), np.log(3.0))))
+            if abs(np.log(pert[n])) < 0.3:
+                pert[n] = 3.0 if pert[n] > 1 else 0.3
+        elif n == "motor_time_constant":
+            pert["actuator_lag"] = _away(rng, 0.02, 0.08, 0.02, 0.01)
+        elif n == "actuator_lag":
+            pert["actuator_lag"] = float(rng.uniform(0.01, 0.04))
+        elif n == "latency":
+            pert["latency"] = 0.02 * int(rng.integers(1, 4))       # 1-3 control steps of 20 ms
+    return pert
+
+
+def _fit(tmp_path, kind, pert, names, seed):
+    record_standard(kind, tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False)
+    data = read_bag(tmp_path / "bag")
+    setup = sim_setup(data)
+    r = calibrate(data, setup, names, **FAST)
+    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
+    print(f"perturbation {pert}")
+    print("| parameter | truth | recovered | std | identifiable |")
+    for n in names:
+        print(f"| {n} | {[round(x, 4) for x in truth[n].tolist()]} | {[round(x, 4) for x in r.fitted[n]]} | "
+              f"{[float(f'{x:.2g}') for x in r.std[n]]} | {n not in r.unidentifiable} |")
+    print(f"held-out RMSE {r.heldout['before']['rmse']:.4g} -> {r.heldout['after']['rmse']:.4g} "
+          f"({r.heldout['improvement']:.1f}x), verdict {r.verdict} {r.reasons}, {r.seconds:.1f} s")
+    return r, truth
+
+
+def _check(r, truth, names):
+    assert r.accepted, r.reasons
+    checked = 0
+    for n in names:
+        if n in r.unidentifiable:
+            continue
+        for fitted, true in zip(r.fitted[n], truth[n].tolist()):
+            if n == "latency":
+                assert abs(fitted - true) < 0.15, (n, fitted, true)
+            else:
+                assert fitted == pytest.approx(true, rel=0.05), (n, fitted, true)
+        checked += 1
+    assert checked >= max(1, len(names) - 1), r.unidentifiable       # the excitation identifies the rest
+    assert r.heldout["improvement"] >= 5.0, r.heldout
+
+
+@pytest.mark.parametrize("kind, pool", [
+    ("quadrotor", ["mass_scale", "drag_scale", "motor_time_constant", "latency"]),
+    ("arm", ["mass_scale", "joint_damping_scale", "latency"]),
+])
+def test_sysid_recovers_one_drawn_parameter(tmp_path, kind, pool):
+    seed = _seed(f"one {kind} parameter")
+    rng = np.random.default_rng(seed)
+    name = pool[int(rng.integers(len(pool)))]
+    r, truth = _fit(tmp_path, kind, _draw(rng, kind, [name]), [name], seed)
+    _check(r, truth, [name])
+
+
+@pytest.mark.parametrize("kind, names", [
+    ("quadrotor", ["latency", "drag_scale", "motor_time_constant", "mass_scale"]),
+    ("arm", ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]),
+])
+def test_sysid_recovers_four_drawn_parameters_at_once(tmp_path, kind, names):
+    seed = _seed(f"four {kind} parameters")
+    rng = np.random.default_rng(seed)
+    r, truth = _fit(tmp_path, kind, _draw(rng, kind, names), names, seed)
+    _check(r, truth, names)
+
+
+def test_sysid_result_does_not_depend_on_the_order_of_params(tmp_path):
+    seed = _seed("order")
+    rng = np.random.default_rng(seed)
+    names = ["latency", "mass_scale"]
+    pert = _draw(rng, "quadrotor", names)
+    record_standard("quadrotor", tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False)
+    data = read_bag(tmp_path / "bag")
+    a = calibrate(data, sim_setup(data), names, **FAST)
+    b = calibrate(data, sim_setup(data), names[::-1], **FAST)
+    for n in names:
+        assert a.fitted[n] == pytest.approx(b.fitted[n], rel=1e-9), (n, a.fitted, b.fitted)
+
+
+def test_sysid_rejects_a_wind_force_it_cannot_model(tmp_path, capsys):
+    """A constant horizontal wind on the stand-in: no drag, mass or thrust value explains it.
+    The CLI says "fit rejected", exits 3, writes no calibrated.yaml; the same recording without
+    wind is accepted (the rejection is about the wind, not the recording)."""
+    seed = _seed("wind")
+    rng = np.random.default_rng(seed)
+    ang = rng.uniform(0, 2 * np.pi)
+    force = float(rng.uniform(0.8, 1.5))
+    wind = [force * float(np.cos(ang)), force * float(np.sin(ang)), 0.0]
+    mass = _away(rng, 0.8, 1.2, 1.0, 0.05)
+    for label, pert in (("wind", {"wind_force": wind, "mass_scale": mass}), ("calm", {"mass_scale": mass})):
+        bag, out = tmp_path / f"bag_{label}", tmp_path / f"out_{label}"
+        record_standard("quadrotor", bag, pert, steps=STEPS, seed=seed % 1000, predictions=False)
+        rc = cli.main(["sysid", str(bag), "--params", "mass_scale,drag_scale", "--out", str(out), "--window", "3",
+                       "--max-starts", "48", "--quiet"])
+        err = capsys.readouterr().err
+        md = (out / "sysid.md").read_text()
+        print(label, pert, "exit", rc, md.splitlines()[2][:300])
+        if label == "wind":
+            assert rc == 3, err
+            assert "fit rejected" in md and "Reason:" in md
+            assert not (out / "calibrated.yaml").exists()
+        else:
+            assert rc == 0, err
+            assert (out / "calibrated.yaml").exists()
+    # Asked for, the rejected calibration is written anyway.
+    rc = cli.main(["sysid", str(tmp_path / "bag_wind"), "--params", "mass_scale,drag_scale", "--out",
+                   str(tmp_path / "forced"), "--window", "3", "--max-starts", "48", "--quiet", "--write-rejected"])
+    assert rc == 3 and (tmp_path / "forced" / "calibrated.yaml").exists()
+
+
+def test_sysid_rejects_or_flags_an_unmodelled_payload(tmp_path):
+    """A point mass at an offset on the arm's last link: the masses can only be scaled, the
+    centre of mass does not move, so the fit cannot explain the data."""
+    seed = _seed("payload")
+    rng = np.random.default_rng(seed)
+    pert = {"payload_mass": float(rng.uniform(0.15, 0.3)),
+            "payload_offset": [float(rng.uniform(0.05, 0.1)), float(rng.uniform(-0.05, 0.05)), 0.0]}
+    record_standard("arm", tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False)
+    data = read_bag(tmp_path / "bag")
+    r = calibrate(data, sim_setup(data), ["mass_scale", "joint_damping_scale"], **FAST)
+    print(pert, r.verdict, r.reasons, r.fitted, r.heldout["improvement"], r.unexplained)
+    assert not r.accepted or r.at_bound, (r.fitted, r.heldout)
+    torch.set_num_threads(torch.get_num_threads())
