@@ -1,0 +1,199 @@
+"""Gait analysis of a legged robot from its foot contacts: duty factor, stride frequency, the
+phase offsets between feet and the gait's name.
+
+    stats = analyze_gait(contact, dt, feet, foot_xy)     # contact (T, F) bool, foot_xy (F, 2) base frame
+    stats.name            # walk, trot, pace, bound, pronk, stand or irregular
+    stats.duty_factor     # per foot, fraction of the stride in contact
+    stats.frequency_hz    # strides per second
+    stats.phase           # per foot, touchdown offset from the left-front foot, fraction of a stride
+
+The legs' roles (left/right, front/hind) come from the feet's positions in the base frame
+(REP-103: x forward, y left), so the names hold for any quadruped whatever its link names.
+Templates of the phase offsets (relative to the left-front foot, as fractions of a stride):
+trot LF=RH=0, RF=LH=1/2; pace LF=LH=0, RF=RH=1/2; bound LF=RF=0, LH=RH=1/2; pronk all 0;
+walk a four-beat sequence, lateral (LF 0, RH 1/4, RF 1/2, LH 3/4) or diagonal (LF 0, LH 1/4,
+RF 1/2, RH 3/4). The nearest template in circular distance names the gait, unless it is
+further than ``tolerance`` per foot on average ("irregular"). Feet that never leave the
+ground make "stand"; a foot that never touches down or touches down once only gives no
+stride and "irregular", and so do feet that step at different rates or drift in phase.
+
+Contacts come from the simulator (the per-body contact force of each foot) or, for a bag,
+from the feet's heights by forward kinematics; :func:`footfall_png` draws the diagram.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["GaitStats", "analyze_gait", "leg_roles", "footfall_png", "TEMPLATES"]
+
+ROLES = ("LF", "RF", "LH", "RH")
+#: Phase offsets (fraction of a stride) of LF, RF, LH, RH relative to LF.
+TEMPLATES: Dict[str, List[Sequence[float]]] = {
+    "trot": [(0.0, 0.5, 0.5, 0.0)],
+    "pace": [(0.0, 0.5, 0.0, 0.5)],
+    "bound": [(0.0, 0.0, 0.5, 0.5)],
+    "pronk": [(0.0, 0.0, 0.0, 0.0)],
+    "walk": [(0.0, 0.5, 0.75, 0.25), (0.0, 0.5, 0.25, 0.75)],
+}
+
+
+@dataclass
+class GaitStats:
+    """The gait of one window of contacts (see the module doc)."""
+    name: str
+    feet: List[str]
+    roles: List[str]
+    duty_factor: List[float]
+    frequency_hz: float
+    phase: List[float]
+    template_distance: float
+    touchdowns: List[int] = field(default_factory=list)
+
+    def as_dict(self) -> Dict[str, object]:
+        return {"gait": self.name, "feet": self.feet, "roles": self.roles,
+                "duty_factor": [round(x, 4) for x in self.duty_factor],
+                "stride_frequency_hz": round(self.frequency_hz, 4) if np.isfinite(self.frequency_hz) else None,
+                "phase": [round(x, 4) if np.isfinite(x) else None for x in self.phase],
+                "template_distance": round(self.template_distance, 4) if np.isfinite(self.template_distance) else None,
+                "touchdowns": self.touchdowns}
+
+
+def leg_roles(foot_xy) -> List[str]:
+    """LF/RF/LH/RH of four feet from their (x, y) in the base frame at stance."""
+    xy = np.asarray(foot_xy, dtype=np.float64).reshape(-1, 2)
+    if xy.shape[0] != 4:
+        raise ValueError(f"gait names are defined for four feet, got {xy.shape[0]}")
+    front = xy[:, 0] > np.median(xy[:, 0])
+    left = xy[:, 1] > np.median(xy[:, 1])
+    roles = [("L" if lf else "R") + ("F" if fr else "H") for lf, fr in zip(left, front)]
+    if sorted(roles) != sorted(ROLES):
+        raise ValueError(f"cannot tell the legs apart from the foot positions {xy.tolist()} (got roles {roles})")
+    return roles
+
+
+def _circ(a: float, b: float) -> float:
+    d = abs((a - b) % 1.0)
+    return min(d, 1.0 - d)
+
+
+def _circular_mean(x: np.ndarray) -> Tuple[float, float]:
+    """Circular mean of phases (fractions of a cycle) and the mean resultant length R in [0, 1]
+    (1: all equal; near 0: spread over the cycle)."""
+    ang = 2 * np.pi * np.asarray(x)
+    s, c = np.sin(ang).mean(), np.cos(ang).mean()
+    return float((np.arctan2(s, c) / (2 * np.pi)) % 1.0), float(np.hypot(s, c))
+
+
+def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: float = 0.125,
+                 max_period_spread: float = 0.15, min_phase_coherence: float = 0.8) -> GaitStats:
+    """Gait statistics of a contact timeline ``contact`` (T, 4) bool sampled every ``dt`` s.
+    A gait is named only when it is periodic: every foot's stride period within
+    ``max_period_spread`` of the common one, and each foot's touchdown phase steady (mean
+    resultant length at least ``min_phase_coherence``)."""
+    c = np.asarray(contact, dtype=bool)
+    if c.ndim != 2 or c.shape[1] != len(feet):
+        raise ValueError(f"contact must be (T, {len(feet)}), got {c.shape}")
+    roles = leg_roles(foot_xy)
+    duty = c.mean(axis=0).astype(float).tolist()
+    downs = [np.nonzero(~c[:-1, i] & c[1:, i])[0] + 1 for i in range(c.shape[1])]
+    n_down = [int(len(d)) for d in downs]
+    nan = float("nan")
+    if c.all():
+        return GaitStats("stand", list(feet), roles, duty, 0.0, [nan] * 4, nan, n_down)
+    if min(n_down) < 2:
+        return GaitStats("irregular", list(feet), roles, duty, nan, [nan] * 4, nan, n_down)
+    periods = [float(np.median(np.diff(d))) * dt for d in downs]
+    period = float(np.median(periods))
+    ref = downs[roles.index("LF")] * dt
+    phase, steady = [], max(abs(p / period - 1.0) for p in periods) <= max_period_spread
+    for i in range(c.shape[1]):
+        t = downs[i] * dt
+        offs = []
+        for ti in t:
+            before = ref[ref <= ti + 1e-12]
+            if before.size:
+                offs.append(((ti - before[-1]) / period) % 1.0)
+        if not offs:
+            phase.append(nan)
+            steady = False
+            continue
+        mean, r = _circular_mean(np.array(offs))
+        phase.append(mean)
+        steady = steady and r >= min_phase_coherence
+    by_role = [phase[roles.index(r)] for r in ROLES]
+    best, best_d = "irregular", float("inf")
+    for name, temps in TEMPLATES.items():
+        for tmpl in temps:
+            d = float(np.mean([_circ(p, q) for p, q in zip(by_role, tmpl)]))
+            if d < best_d:
+                best, best_d = name, d
+    name = best if (best_d <= tolerance and steady) else "irregular"
+    return GaitStats(name, list(feet), roles, duty, 1.0 / period, phase, best_d, n_down)
+
+
+def footfall_png(contact, dt: float, feet: Sequence[str], path, title: str = "", roles: Optional[Sequence[str]] = None):
+    """The footfall diagram: one row per foot, a bar where it touches the ground."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = np.asarray(contact, dtype=bool)
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * c.shape[1]))
+    for i in range(c.shape[1]):
+        x = np.concatenate(([False], c[:, i], [False]))
+        starts = np.nonzero(~x[:-1] & x[1:])[0]
+        ends = np.nonzero(x[:-1] & ~x[1:])[0]
+        ax.broken_barh([(s * dt, (e - s) * dt) for s, e in zip(starts, ends)], (i - 0.4, 0.8), color="0.2")
+    labels = [f"{f} ({r})" if roles else f for f, r in zip(feet, roles or [""] * len(feet))]
+    ax.set_yticks(range(c.shape[1]), labels)
+    ax.set_ylim(-0.6, c.shape[1] - 0.4)
+    ax.set_xlim(0, c.shape[0] * dt)
+    ax.set_xlabel("time (s)")
+    ax.invert_yaxis()
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+# ---------------------------------------------------------------------- from the simulator
+def foot_bodies(sim) -> List[int]:
+    """The feet of a legged robot: the bodies at the ends of the kinematic chains that carry
+    contact points (a foot link fixed to its shank is part of the shank's body)."""
+    m = sim.model
+    parents = set(int(p) for p in m.parent)
+    with_points = set(int(b) for b in sim.system.contact.body.tolist())
+    return [b for b in range(m.nb) if b not in parents and b in with_points]
+
+
+def foot_xy(sim, q) -> np.ndarray:
+    """(F, 2) x, y of each foot body's origin in the base frame at configuration ``q`` (one state)."""
+    import torch
+
+    from ..physics import forward_kinematics
+
+    m = sim.model
+    q = torch.as_tensor(q, dtype=m.dtype).reshape(1, -1)
+    T = forward_kinematics(m, q)[0].double().numpy()
+    base = T[list(m.link_body).index(0)]             # the first link of the base body
+    out = []
+    for b in foot_bodies(sim):
+        p = np.linalg.solve(base, T[list(m.link_body).index(b)][:, 3])
+        out.append(p[0:2])
+    return np.array(out)
+
+
+def foot_contacts(sim, feet: Sequence[int], threshold: float = 1e-3) -> np.ndarray:
+    """(B, F) bool: each foot body's ground contact force (world z, N) above ``threshold`` in the
+    simulator's last step (``Simulator.last_data``)."""
+    data = sim.last_data
+    if data is None:
+        raise ValueError("foot_contacts needs an eager Simulator.step first (last_data is None)")
+    fz = data.contact.wrench[list(feet), 2, :].T          # (B, F)
+    return (fz > threshold).detach().cpu().numpy()

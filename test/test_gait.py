@@ -1,0 +1,98 @@
+"""Gait analysis (diffsim_ros/tasks/gait.py): names, duty factors and stride frequencies of
+contact timelines built from the gaits' definitions (hypothesis: any period, duty factor,
+phase jitter, start offset and foot order), a pattern without a gait, and an open-loop trot
+on the project's quadruped in the simulator (contacts from the contact forces)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO_ROOT
+
+from diffsim_ros import config
+from diffsim_ros.tasks.gait import (TEMPLATES, analyze_gait, foot_bodies, foot_contacts, foot_xy, footfall_png,
+                                    leg_roles)
+
+ROLE_XY = {"LF": (0.2, 0.1), "RF": (0.2, -0.1), "LH": (-0.2, 0.1), "RH": (-0.2, -0.1)}
+
+
+def timeline(phases, period, duty, dt, T, jitter, offset):
+    """(T, 4) contacts: foot i is down during [phase_i, phase_i + duty) of every stride (+ jitter)."""
+    t = np.arange(T) * dt / period + offset
+    return np.stack([((t - p - j) % 1.0) < duty for p, j in zip(phases, jitter)], axis=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(gait=st.sampled_from(sorted(TEMPLATES)), which=st.integers(0, 1), period=st.floats(0.25, 1.0),
+       duty=st.floats(0.3, 0.75), jitter=st.lists(st.floats(-0.04, 0.04), min_size=4, max_size=4),
+       offset=st.floats(0.0, 1.0), order=st.permutations([0, 1, 2, 3]))
+def test_named_gaits_are_recognised(gait, which, period, duty, jitter, offset, order):
+    tmpl = TEMPLATES[gait][min(which, len(TEMPLATES[gait]) - 1)]
+    roles = ["LF", "RF", "LH", "RH"]
+    dt = 0.005
+    c = timeline(tmpl, period, duty, dt, int(6 * period / dt), jitter, offset)
+    # The feet in any order, told apart only by their positions.
+    c = c[:, order]
+    feet = [f"foot_{roles[i]}" for i in order]
+    xy = [ROLE_XY[roles[i]] for i in order]
+    g = analyze_gait(c, dt, feet, xy)
+    assert g.name == gait, (g.name, g.phase, g.template_distance)
+    assert g.frequency_hz == pytest.approx(1.0 / period, rel=0.05)
+    np.testing.assert_allclose(g.duty_factor, duty, atol=0.05)
+    assert [r for r in g.roles] == [roles[i] for i in order]
+
+
+def test_no_gait_is_not_named():
+    dt = 0.01
+    assert analyze_gait(np.ones((300, 4), bool), dt, list("abcd"), list(ROLE_XY.values())).name == "stand"
+    c = np.ones((300, 4), bool)
+    c[100:110, 0] = False                       # one step of one foot: no stride
+    assert analyze_gait(c, dt, list("abcd"), list(ROLE_XY.values())).name == "irregular"
+    # Feet that touch down at unrelated frequencies match no template.
+    rng = np.random.default_rng(0)
+    named = 0
+    for _ in range(50):
+        periods = rng.uniform(0.2, 1.0, 4)
+        c = np.stack([((np.arange(600) * dt / p + rng.uniform()) % 1.0) < 0.5 for p in periods], axis=1)
+        named += analyze_gait(c, dt, list("abcd"), list(ROLE_XY.values())).name != "irregular"
+    assert named == 0, named
+
+
+def test_leg_roles_need_four_distinct_legs():
+    assert leg_roles([ROLE_XY[r] for r in ("RH", "LF", "LH", "RF")]) == ["RH", "LF", "LH", "RF"]
+    with pytest.raises(ValueError, match="four feet"):
+        leg_roles([(0, 0)] * 3)
+
+
+def test_open_loop_trot_on_the_quadruped(tmp_path):
+    """Diagonal legs lifted together by an open-loop joint pattern: the simulator's contact forces
+    give a trot at the commanded 2 Hz, and the footfall diagram is drawn."""
+    _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion.yaml", dtype=torch.float64)
+    sim = task.sim
+    feet = foot_bodies(sim)
+    names = [model.body_names[b] for b in feet]
+    assert len(feet) == 4, names
+    ts = task.reset(1, torch.Generator().manual_seed(0))
+    xy = foot_xy(sim, ts.sim.q[0])
+    phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
+    legs = [j.split("_")[0] for j in sim.actuated_joints[::3]]        # leg order of the actuated joints
+    state, contacts = ts.sim, []
+    for k in range(300):
+        tgt = task.stance.clone()
+        for li, leg in enumerate(legs):
+            lift = max(0.0, float(np.sin(2 * np.pi * (2.0 * k * task.dt - phase[leg]))))
+            tgt[3 * li + 1] += 0.4 * lift
+            tgt[3 * li + 2] -= 0.8 * lift
+        state = sim.step(state, tgt[None])
+        contacts.append(foot_contacts(sim, feet)[0])
+    c = np.array(contacts[100:])
+    g = analyze_gait(c, task.dt, names, xy)
+    print(g.as_dict())
+    assert g.name == "trot", g.as_dict()
+    assert g.frequency_hz == pytest.approx(2.0, rel=0.1)
+    assert float(state.q[0, 2]) > 0.7 * task.base_height        # still standing
+    png = footfall_png(np.array(contacts), task.dt, names, tmp_path / "footfall.png", "open-loop trot", g.roles)
+    assert (tmp_path / "footfall.png").stat().st_size > 5000 and png.endswith("footfall.png")
