@@ -5,7 +5,9 @@
     ros2 launch diffsim_ros deploy.launch.py target:=gazebo robot:=arm        # ros_gz_sim + gz_ros2_control
     ros2 launch diffsim_ros deploy.launch.py target:=hardware robot:=quadrotor interface:=cmd_vel_legacy
 
-target:=mujoco    mujoco_plant (this package) plays the robot: same URDF, an independent engine.
+target:=mujoco    mujoco_plant (this package) plays the robot: same URDF, an independent engine; it
+                  publishes /tf and a latched /robot_description for RViz/Foxglove, or, where
+                  robot_state_publisher is installed, that does (the stand-in adds world -> base).
 target:=gazebo    robot_state_publisher + ros_gz_sim (gz sim, spawns the URDF from robot_description);
                   arms: gz_ros2_control's controller_manager with joint_state_broadcaster and a
                   forward_command controller (the URDF needs its <ros2_control> tag and the
@@ -84,6 +86,16 @@ def _share(rel: str) -> str:
     return os.path.join(get_package_share_directory(PACKAGE), rel)
 
 
+def _installed(package: str) -> bool:
+    from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+
+    try:
+        get_package_prefix(package)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
 def _bool(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
@@ -127,8 +139,19 @@ def _setup(context, *args, **kwargs):
                         output="screen", parameters=params))
 
     if target == "mujoco":
+        plant_params = {"config": config, "mode": "lockstep" if lockstep else "realtime"}
+        if _installed("robot_state_publisher"):
+            # RViz/Foxglove: robot_state_publisher gives /robot_description and the links' /tf from
+            # the stand-in's /joint_states; the stand-in adds world -> base for a floating base.
+            # Without it the stand-in publishes both itself.
+            with open(_share(urdf_rel)) as f:
+                description = f.read()
+            actions.append(Node(package="robot_state_publisher", executable="robot_state_publisher",
+                                output="screen", parameters=[{"robot_description": description,
+                                                              "use_sim_time": True}]))
+            plant_params.update({"publish_link_tf": False, "robot_description_topic": ""})
         actions.append(Node(package=PACKAGE, executable="mujoco_plant", name="mujoco_plant", output="screen",
-                            parameters=[{"config": config, "mode": "lockstep" if lockstep else "realtime"}]))
+                            parameters=[plant_params]))
     elif target == "gazebo":
         description = gazebo_description(robot, urdf_rel)
         actions.append(Node(package="robot_state_publisher", executable="robot_state_publisher", output="screen",

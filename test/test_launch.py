@@ -338,7 +338,12 @@ class Deployment:
         if robot == "arm":
             args.append(f"target_point:={TARGET_POINT}")
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([ros2_executable(), "launch", PACKAGE, "deploy.launch.py", *args],
+        # Through a wrapper that sets SIGINT to its default before exec: a process that starts with
+        # SIGINT ignored (inherited) never sees Ctrl-C, since launch's handler rides on Python's.
+        wrapper = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])")
+        self.proc = subprocess.Popen([sys.executable, "-c", wrapper, ros2_executable(), "launch", PACKAGE,
+                                      "deploy.launch.py", *args],
                                      env=self.env, stdout=self._log, stderr=subprocess.STDOUT, cwd=tmp,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.probe = Probe(self.domain)
@@ -362,10 +367,17 @@ class Deployment:
             try:
                 self.returncode = self.proc.wait(timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
+                try:
+                    status = Path(f"/proc/{self.proc.pid}/status").read_text()
+                    masks = " ".join(ln for ln in status.splitlines() if ln.startswith(("SigBlk", "SigIgn", "SigCgt")))
+                except OSError:
+                    masks = "?"
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-                raise AssertionError(f"ros2 launch still running {STOP_TIMEOUT:.0f} s after SIGINT:\n"
-                                     f"{self.log()[-4000:]}") from None
+                acknowledged = "user interrupted" in self.log()
+                raise AssertionError(f"ros2 launch still running {STOP_TIMEOUT:.0f} s after SIGINT (launch "
+                                     f"{'did' if acknowledged else 'did not'} acknowledge it; its signal masks: "
+                                     f"{masks}):\n{self.log()[-4000:]}") from None
         return self.returncode
 
     def close(self):
@@ -471,8 +483,10 @@ def test_deploy_launch_emergency_stop_through_ros2_service_call(deployment):
     res = cli.until(lambda r: r.returncode == 0 and "success=True" in r.stdout,
                     "service", "call", "/policy_controller/emergency_stop", "std_srvs/srv/SetBool", "{data: true}")
     # New subscriptions: what waits in the probe's queues was published before the answer.
-    deployment.probe.fresh(deployment.cmd_topic, deployment.cmd_type)
+    # States first, so that the state behind each later command is among those received.
     deployment.probe.fresh(deployment.state_topic, deployment.state_type)
+    deployment.probe.wait_for(deployment.state_topic, 3, CLI_TIMEOUT, deployment.log)
+    deployment.probe.fresh(deployment.cmd_topic, deployment.cmd_type)
     after = deployment.commands(20, timeout=CLI_TIMEOUT)
     if deployment.robot == "arm":
         held = [tuple(m.data) for m in after]
@@ -492,6 +506,21 @@ def test_deploy_launch_emergency_stop_through_ros2_service_call(deployment):
             assert rates == (0.0, 0.0, 0.0) and m.twist.linear.z == pytest.approx(safe_thrust), m
     res = cli.run("service", "call", "/policy_controller/emergency_stop", "std_srvs/srv/SetBool", "{data: false}")
     assert res.returncode == 0 and "success=True" in res.stdout, res
+
+
+def test_deploy_launch_robot_description_through_ros2_topic_echo(deployment):
+    """The stand-in's latched /robot_description (for RViz and Foxglove) is the robot's URDF file."""
+    import xml.etree.ElementTree as ET
+
+    import yaml
+
+    deployment.commands(1)
+    urdf = {"arm": "diffsim_arm.urdf", "quadrotor": "diffsim_quadrotor.urdf"}[deployment.robot]
+    res = deployment.cli.until(lambda r: r.returncode == 0 and "data:" in r.stdout, "topic", "echo", "--once",
+                               "--full-length", "/robot_description", "std_msgs/msg/String")
+    text = yaml.safe_load(res.stdout.split("\n---")[0])["data"]
+    want = (REPO_ROOT / "urdf" / urdf).read_text()
+    assert ET.canonicalize(text, strip_text=True) == ET.canonicalize(want, strip_text=True)
 
 
 def _published_counts(log: str) -> dict:

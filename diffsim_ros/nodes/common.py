@@ -29,6 +29,9 @@ Messages <-> numpy, joints always by name (MessageError, a ValueError, names the
                  frame_id="world", child_frame_id="base_link") -> Odometry
     imu_msg(t, orientation_xyzw, angular_velocity, specific_force, frame_id="base_link") -> Imu
     clock_msg(t) -> rosgraph_msgs/Clock
+    tf_message(t, transforms) -> tf2_msgs/TFMessage of (parent, child, xyz, quaternion xyzw)
+    have_tf2_msgs() -> whether tf2_msgs is importable (it comes with a ROS 2 install, not the PyPI wheels)
+    string_msg(text) -> std_msgs/String (e.g. /robot_description, latched)
 
 Process
     StartupError: a node that cannot start with its parameters (message printed, exit 2).
@@ -56,7 +59,7 @@ import numpy as np
 __all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "config_parameters",
            "state_qos", "command_qos", "latched_qos", "recorder_qos", "stamp", "stamp_from_ns", "stamp_to_ns",
            "joint_state_msg", "joint_state_arrays", "float64_array", "float64_array_msg", "trajectory_point",
-           "odometry_msg", "imu_msg", "clock_msg", "run_node"]
+           "odometry_msg", "imu_msg", "clock_msg", "tf_message", "have_tf2_msgs", "string_msg", "run_node"]
 
 
 class MessageError(ValueError):
@@ -338,6 +341,44 @@ def odometry_msg(t: float, position, orientation_xyzw, linear_velocity_body, ang
     o.x, o.y, o.z, o.w = (float(x) for x in orientation_xyzw)
     _vec3(msg.twist.twist.linear, linear_velocity_body)
     _vec3(msg.twist.twist.angular, angular_velocity)
+    return msg
+
+
+def have_tf2_msgs() -> bool:
+    """tf2_msgs comes with a ROS 2 install; the PyPI ROS wheels used here do not include it."""
+    try:
+        import tf2_msgs.msg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def tf_message(t: float, transforms: Sequence[Tuple[str, str, Sequence[float], Sequence[float]]]):
+    """tf2_msgs/TFMessage: one geometry_msgs/TransformStamped per (parent frame, child frame,
+    translation x y z in the parent frame (m), rotation quaternion x y z w), stamped ``t``."""
+    from geometry_msgs.msg import TransformStamped
+    from tf2_msgs.msg import TFMessage
+
+    msg = TFMessage()
+    st = stamp(t)
+    for parent, child, xyz, quat in transforms:
+        tr = TransformStamped()
+        tr.header.stamp = st
+        tr.header.frame_id = parent
+        tr.child_frame_id = child
+        _vec3(tr.transform.translation, xyz)
+        r = tr.transform.rotation
+        r.x, r.y, r.z, r.w = (float(x) for x in quat)
+        msg.transforms.append(tr)
+    return msg
+
+
+def string_msg(text: str):
+    """std_msgs/String."""
+    from std_msgs.msg import String
+
+    msg = String()
+    msg.data = text
     return msg
 
 

@@ -22,6 +22,13 @@ NaN/Inf, missing joints) is rejected with a log; the plant keeps the last valid 
 State out: /joint_states (arms; every joint, header.stamp = simulated time), or /odom
 and /imu (floating base), and /clock (simulated time).
 
+For RViz and Foxglove: /tf (tf2_msgs/TFMessage, with every state: each link's pose in its
+parent link's frame, from MuJoCo's kinematics of the true state, and for a floating base
+world -> base link; ``publish_link_tf`` false leaves the links to robot_state_publisher and
+publishes only world -> base) and a latched /robot_description (std_msgs/String, transient
+local: the URDF text). /tf needs tf2_msgs (a ROS 2 install has it; the PyPI ROS wheels do not):
+without it the node says so once and publishes /robot_description only.
+
 Modes: ``lockstep``: every command received (valid or rejected) advances exactly one
 control step and then the state is published once, so a lockstep controller and this
 plant alternate deterministically; until the first command arrives the initial state is
@@ -69,6 +76,12 @@ PARAMETERS = [
     ("odom_topic", "/odom", "nav_msgs/Odometry out (floating base): pose in world_frame, twist in base_frame"),
     ("imu_topic", "/imu", "sensor_msgs/Imu out (floating base): orientation, body rates, body specific force"),
     ("clock_topic", "/clock", "rosgraph_msgs/Clock out: the simulated time (empty: not published)"),
+    ("tf_topic", "/tf", "tf2_msgs/TFMessage out: link poses (parent -> child) and, for a floating base, "
+                        "world_frame -> base (empty: not published)"),
+    ("publish_link_tf", True, "publish the links' transforms on tf_topic (false: robot_state_publisher does; "
+                              "a floating base's world -> base is published either way)"),
+    ("robot_description_topic", "/robot_description", "std_msgs/String out, transient local: the URDF text "
+                                                       "(empty: not published)"),
     ("world_frame", "world", "frame_id of /odom"),
     ("base_frame", "base_link", "child_frame_id of /odom and frame_id of /imu"),
     ("initial_positions", [0.0], "initial state: arms: joint positions in the model's joint order (rad); floating "
@@ -90,6 +103,37 @@ PARAMETERS = [
 ]
 PERTURBATION_KEYS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "actuator_lag",
                      "sensor_noise", "latency", "seed")
+
+
+def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):
+    """(parent, child, xyz, quaternion xyzw) of every MuJoCo body named in ``links`` relative to
+    its parent body (the world body is ``world_frame``), from MuJoCo's kinematics at ``qpos``
+    computed in ``scratch`` (an MjData of ``model``; the plant's own data is not touched). Bodies
+    not in ``links`` (the payload perturbation) and their children are left out. A URDF link named
+    ``world`` is MuJoCo's world body: it is the root frame (hung from ``world_frame`` when that is
+    another name)."""
+    import mujoco
+
+    scratch.qpos[:] = qpos
+    mujoco.mj_kinematics(model, scratch)
+    out = []
+    root = world_frame
+    if "world" in links and world_frame != "world":
+        out.append((world_frame, "world", np.zeros(3), (0.0, 0.0, 0.0, 1.0)))
+        root = "world"
+    quat = np.empty(4)
+    for b in range(1, model.nbody):
+        child = model.body(b).name
+        parent_id = int(model.body_parentid[b])
+        parent = root if parent_id == 0 else model.body(parent_id).name
+        if child not in links or (parent_id != 0 and parent not in links):
+            continue
+        Rp, pp = scratch.xmat[parent_id].reshape(3, 3), scratch.xpos[parent_id]
+        Rc, pc = scratch.xmat[b].reshape(3, 3), scratch.xpos[b]
+        mujoco.mju_mat2Quat(quat, (Rp.T @ Rc).reshape(-1))
+        w, x, y, z = quat
+        out.append((parent, child, Rp.T @ (pc - pp), (x, y, z, w)))
+    return out
 
 
 def _build_node_class():
@@ -143,6 +187,7 @@ def _build_node_class():
                     self.pub_imu = self.create_publisher(Imu, p["imu_topic"], qos)
             if p["clock_topic"]:
                 self.pub_clock = self.create_publisher(Clock, p["clock_topic"], qos)
+            self._setup_visualisation(p)
             # ---- subscriptions (only the interfaces this robot accepts)
             cq = common.command_qos()
             topics = []
@@ -203,10 +248,41 @@ def _build_node_class():
             plant.set_initial_state(q, v)
             plant.reset()
 
+        def _setup_visualisation(self, p):
+            """/tf and the latched /robot_description (RViz, Foxglove)."""
+            import mujoco
+
+            from ..physics.urdf import _read_source
+
+            plant = self.plant
+            self.pub_tf = None
+            if p["tf_topic"]:
+                if common.have_tf2_msgs():
+                    from tf2_msgs.msg import TFMessage
+
+                    self.pub_tf = self.create_publisher(TFMessage, p["tf_topic"], common.state_qos())
+                    self._tf_scratch = mujoco.MjData(plant.model)
+                    names = set(plant.physics_model.link_names)
+                    if not p["publish_link_tf"]:       # only world -> base (robot_state_publisher does the rest)
+                        names = {plant.physics_model.body_names[0]} if plant.floating_base else set()
+                    self._tf_links = names
+                else:
+                    self.get_logger().warning(
+                        f"tf2_msgs is not installed (it comes with a ROS 2 install; the PyPI ROS wheels have no "
+                        f"ros-tf2-msgs): {p['tf_topic']} is not published")
+            if p["robot_description_topic"]:
+                text, _ = _read_source(str(plant.urdf_path), str(plant.urdf_path), None)
+                self.pub_description = self.create_publisher(type(common.string_msg("")),
+                                                             p["robot_description_topic"], common.latched_qos())
+                self.pub_description.publish(common.string_msg(text))
+
         def _publish(self):
             plant = self.plant
             s = plant.measured()
             t = plant.time
+            if self.pub_tf is not None and self._tf_links:
+                self.pub_tf.publish(common.tf_message(t, link_transforms(
+                    plant.model, plant.data.qpos, self._tf_scratch, self._tf_links, self.p["world_frame"])))
             if plant.floating_base:
                 if self.pub_odom is not None:
                     self.pub_odom.publish(common.odometry_msg(t, s.position, s.orientation, s.linear_velocity_body,
