@@ -9,6 +9,7 @@ the trainer writes its CSV log and learning curve.
 from __future__ import annotations
 
 import csv
+import json
 import dataclasses
 
 import pytest
@@ -175,7 +176,7 @@ def test_short_panda_reach_run_reaches_success():
                      stop_at_success=True)
 
 
-def test_short_locomotion_run_reaches_success():
+def test_short_locomotion_run_reaches_success(tmp_path):
     """A small locomotion instance: config/locomotion.yaml's quadruped on the ground, 0.3 s
     episodes from the standing pose, 8 environments, the forward-progress loss alone (no
     gait terms). The untrained policy does not move forward; after a short run the task's
@@ -185,10 +186,15 @@ def test_short_locomotion_run_reaches_success():
     cfg = TrainConfig(iterations=12, num_envs=8, window=30, learning_rate=1e-2, hidden=(128, 128), eval_every=2,
                       eval_envs=16, stop_at_success=True, seed=0)
     before = task.rollout_success(_untrained_policy(task, cfg), 32, torch.Generator().manual_seed(99))
-    res = train(task, cfg, progress=False)
+    res = train(task, cfg, out_dir=tmp_path, progress=False)
     assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
     after = task.rollout_success(res.policy, 32, gen)
     assert before < 0.5 and after >= 0.8, (before, after)
+    # A legged run writes its footfall diagram and the gait analysis of one episode.
+    gait = json.loads((tmp_path / "gait.json").read_text())
+    assert len(gait["feet"]) == 4 and gait["episodes"][0]["gait"] in ("walk", "trot", "pace", "bound", "pronk",
+                                                                     "stand", "irregular")
+    assert (tmp_path / "footfall.png").stat().st_size > 5000
 
 
 def test_domain_randomisation_and_critic_run():

@@ -243,6 +243,11 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
             bar.close()
     if out_dir is not None:
         write_history(history, Path(out_dir), title=f"{task.name}: gradient through the simulator")
+        if getattr(task, "feet", None) and len(task.feet) == 4:
+            # Legged: the footfall diagram and the gait the policy uses (tasks/gait.py).
+            from ..tasks.gait import write_gait_report
+
+            write_gait_report(task, policy, Path(out_dir))
     return TrainResult(policy, history, solved_steps, solved_time)
 
 

@@ -197,3 +197,47 @@ def foot_contacts(sim, feet: Sequence[int], threshold: float = 1e-3) -> np.ndarr
         raise ValueError("foot_contacts needs an eager Simulator.step first (last_data is None)")
     fz = data.contact.wrench[list(feet), 2, :].T          # (B, F)
     return (fz > threshold).detach().cpu().numpy()
+
+
+# ---------------------------------------------------------------------- a policy's gait
+def rollout_contacts(task, policy, target=None, seed: int = 0):
+    """One episode of ``policy`` (obs -> action) on a legged ``task`` (batch 1, no gradients):
+    the (T, 4) foot contacts, the final TaskState and the feet's (x, y) at the start."""
+    import torch
+
+    with torch.no_grad():
+        ts = task.reset(1, torch.Generator().manual_seed(seed))
+        if target is not None:
+            ts.target = torch.as_tensor(target, dtype=ts.target.dtype).reshape(1, -1)
+        xy = foot_xy(task.sim, ts.sim.q[0])
+        feet = foot_bodies(task.sim)
+        contacts = []
+        for _ in range(task.horizon):
+            ts = task.step(ts, policy(task.observe(ts)))
+            contacts.append(foot_contacts(task.sim, feet)[0])
+    return np.array(contacts), ts, xy
+
+
+def write_gait_report(task, policy, out_dir, speeds: Sequence[float] = (0.2, 0.5, 0.8)) -> Dict[str, object]:
+    """footfall.png (one panel per commanded speed, or one for a forward-progress task) and
+    gait.json: which gait the policy uses at which commanded speed, its duty factors and
+    stride frequency, and the task's own success on that episode."""
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    names = [task.model.body_names[b] for b in foot_bodies(task.sim)]
+    commands = list(speeds) if getattr(task, "command_speed", None) else [None]
+    report: Dict[str, object] = {"feet": names, "dt": task.dt, "episodes": []}
+    for k, cmd in enumerate(commands):
+        contacts, ts, xy = rollout_contacts(task, policy, None if cmd is None else [cmd])
+        half = contacts[len(contacts) // 4:]          # after the start transient
+        g = analyze_gait(half, task.dt, names, xy)
+        entry = dict(g.as_dict(), command_m_s=cmd, success=bool(task.success(ts)[0]))
+        report["episodes"].append(entry)
+        suffix = "" if cmd is None else f"_{cmd:g}"
+        footfall_png(contacts, task.dt, names, out / f"footfall{suffix}.png",
+                     title=f"{task.name}{'' if cmd is None else f' at {cmd:g} m/s'}: {g.name}, "
+                           f"{g.frequency_hz:.2f} Hz, duty {np.mean(g.duty_factor):.2f}", roles=g.roles)
+    (out / "gait.json").write_text(json.dumps(report, indent=1))
+    return report

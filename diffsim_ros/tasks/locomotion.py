@@ -8,6 +8,14 @@ forward-progress objective through the contact model.
 Success (independent of training): mean forward speed over the episode above
 ``success_speed`` (m/s) without falling (base height above ``fall_height``
 and the base not tipped past 60 degrees at every step).
+
+Velocity command (``command_speed: [low, high]``, m/s): each episode draws a forward speed
+command the policy observes; the loss is the squared tracking error of the forward speed
+plus the physical terms only (the action, optionally uprightness): no gait shaping. Its
+success is the strict metric :func:`strict_metric` (over the last ``window_s`` of the
+episode: mean forward speed within ``speed_tolerance`` of the command; at every step of the
+episode the base above ``min_height`` x its standing height, roll and pitch within
+``max_tilt`` rad, and no body but the feet touching the ground).
 """
 from __future__ import annotations
 
@@ -26,7 +34,9 @@ class LocomotionTask(Task):
 
     def __init__(self, model: Model, sim_config: SimConfig, stance: Sequence[float], base_height: float,
                  horizon: int = 100, action_scale: float = 0.5, success_speed: float = 0.1,
-                 fall_height: float = 0.5, action_weight: float = 1e-3, upright_weight: float = 0.0):
+                 fall_height: float = 0.5, action_weight: float = 1e-3, upright_weight: float = 0.0,
+                 command_speed: Optional[Sequence[float]] = None, window_s: float = 3.0,
+                 speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -43,14 +53,32 @@ class LocomotionTask(Task):
         self.fall_height = fall_height * base_height
         self.action_weight, self.upright_weight = action_weight, upright_weight
         self.n = n
-        self.obs_dim = 1 + 9 + 6 + 2 * n
+        self.command_speed = None
+        if command_speed is not None:
+            lo, hi = (float(x) for x in command_speed)
+            if not 0 <= lo <= hi:
+                raise ValueError(f"locomotion: 'command_speed' must be [low, high] with 0 <= low <= high, got "
+                                 f"{list(command_speed)}")
+            self.command_speed = (lo, hi)
+            if not 0 < window_s <= horizon * self.dt:
+                raise ValueError(f"locomotion: 'window_s' {window_s} must lie within the episode "
+                                 f"({horizon} x {self.dt} s)")
+        self.window_s, self.speed_tolerance = float(window_s), float(speed_tolerance)
+        self.min_height, self.max_tilt = float(min_height) * base_height, float(max_tilt)
+        from .gait import foot_bodies
+
+        self.feet = foot_bodies(self.sim)
+        bodies = sorted(set(int(b) for b in self.sim.system.contact.body.tolist()))
+        self.other_bodies = [b for b in bodies if b not in self.feet]
+        self.obs_dim = 1 + 9 + 6 + 2 * n + (1 if self.command_speed else 0)
         self.action_dim = n
 
     def observation_names(self) -> List[str]:
         names = self.sim.actuated_joints
         return (["base_height"] + [f"R/{i}{j}" for i in range(3) for j in range(3)]
                 + [f"base_velocity/{a}" for a in ("x", "y", "z", "wx", "wy", "wz")]
-                + [f"q/{x}" for x in names] + [f"v/{x}" for x in names])
+                + [f"q/{x}" for x in names] + [f"v/{x}" for x in names]
+                + (["command/forward_speed"] if self.command_speed else []))
 
     def action_names(self) -> List[str]:
         return [f"position/{x}" for x in self.sim.actuated_joints]
@@ -62,16 +90,26 @@ class LocomotionTask(Task):
         qj = self.stance + uniform((batch, self.n), -0.05, 0.05, generator=generator, dtype=m.dtype,
                                    device=m.device)
         q[:, 7:] = q[:, 7:].index_copy(1, self.sim.act_index, qj)
-        ts = TaskState(self.sim.initial_state(q), torch.zeros(batch, 0, dtype=m.dtype, device=m.device))
+        if self.command_speed:
+            target = uniform((batch, 1), *self.command_speed, generator=generator, dtype=m.dtype, device=m.device)
+        else:
+            target = torch.zeros(batch, 0, dtype=m.dtype, device=m.device)
+        ts = TaskState(self.sim.initial_state(q), target)
         ts.extra["x0"] = q[:, 0].clone()
         ts.extra["fallen"] = torch.zeros(batch, dtype=torch.bool, device=m.device)
+        if self.command_speed:
+            ts.extra["x_window"] = q[:, 0].clone()                 # base x when the judged window starts
+            ts.extra["violation"] = torch.zeros(batch, dtype=torch.bool, device=m.device)
         return ts
 
     def observe(self, ts: TaskState) -> torch.Tensor:
         q, v = ts.sim.q, ts.sim.v
         R = quat_to_matrix(q[:, 3:7]).reshape(-1, 9)
         qj, vj = q[:, 7:][:, self.sim.act_index], v[:, 6:][:, self.sim.act_index]
-        return torch.cat((q[:, 2:3] - self.base_height, R, v[:, 0:6], qj - self.stance, 0.1 * vj), -1)
+        obs = [q[:, 2:3] - self.base_height, R, v[:, 0:6], qj - self.stance, 0.1 * vj]
+        if self.command_speed:
+            obs.append(ts.target)
+        return torch.cat(obs, -1)
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
         return self.stance + self.action_scale * action
@@ -82,7 +120,10 @@ class LocomotionTask(Task):
         return quat_rotate(quat, ts.sim.v[:, 0:3])[:, 0]
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
-        loss = -self.forward_velocity(ts) + self.action_weight * (action ** 2).sum(-1)
+        if self.command_speed:
+            loss = (self.forward_velocity(ts) - ts.target[:, 0]) ** 2 + self.action_weight * (action ** 2).sum(-1)
+        else:
+            loss = -self.forward_velocity(ts) + self.action_weight * (action ** 2).sum(-1)
         if self.upright_weight:
             loss = loss + self.upright_weight * (1.0 - quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2])
         return loss
@@ -91,11 +132,75 @@ class LocomotionTask(Task):
         up = quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2]
         return (ts.sim.q[:, 2] < self.fall_height) | (up < 0.5)
 
+    def window_start_step(self) -> int:
+        return self.horizon - int(round(self.window_s / self.dt))
+
+    def other_contact(self) -> Optional[torch.Tensor]:
+        """(B,) bool: a body other than the feet touched the ground in the last step (None when the
+        step kept no contact data, e.g. under torch.compile)."""
+        data = self.sim.last_data
+        if data is None or not self.other_bodies:
+            return None
+        return (data.contact.wrench[self.other_bodies, 2, :] > 1e-3).any(0)
+
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
         ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
+        if self.command_speed:
+            with torch.no_grad():
+                roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
+                bad = (ts.sim.q[:, 2] < self.min_height) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
+                other = self.other_contact()
+                if other is not None:
+                    bad = bad | other
+                ts.extra["violation"] = ts.extra["violation"] | bad
+                if ts.step == self.window_start_step():
+                    ts.extra["x_window"] = ts.sim.q[:, 0].detach().clone()
 
     def mean_speed(self, ts: TaskState) -> torch.Tensor:
         return (ts.sim.q[:, 0] - ts.extra["x0"]) / max(ts.step * self.dt, 1e-9)
 
+    def window_speed(self, ts: TaskState) -> torch.Tensor:
+        """Mean forward speed over the judged window (velocity command)."""
+        steps = ts.step - self.window_start_step()
+        return (ts.sim.q[:, 0] - ts.extra["x_window"]) / max(steps * self.dt, 1e-9)
+
     def success(self, ts: TaskState) -> torch.Tensor:
+        if self.command_speed:
+            cmd = ts.target[:, 0]
+            track = (self.window_speed(ts) - cmd).abs() <= self.speed_tolerance * cmd
+            return track & ~ts.extra["violation"] & (ts.step >= self.horizon)
         return (self.mean_speed(ts) > self.success_speed) & ~ts.extra["fallen"]
+
+
+def roll_pitch(quat_xyzw: torch.Tensor):
+    """Roll and pitch (rad, Z-Y-X Euler angles) of base orientations (..., 4) x y z w."""
+    x, y, z, w = quat_xyzw.unbind(-1)
+    roll = torch.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
+    pitch = torch.asin(torch.clamp(2 * (w * y - z * x), -1.0, 1.0))
+    return roll, pitch
+
+
+def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_height: float, window_s: float = 3.0,
+                  speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5) -> dict:
+    """The velocity-command success of one recorded episode, from plain arrays (simulator,
+    stand-in or bag alike): times ``t`` (s), base ``x``, ``z`` (m), ``roll``, ``pitch`` (rad),
+    ``other_contact`` (bool: a body other than a foot touching the ground), the commanded
+    forward speed (m/s). Returns the verdict and each of its parts."""
+    import numpy as np
+
+    t, x, z = (np.asarray(a, dtype=np.float64) for a in (t, x, z))
+    roll, pitch = np.asarray(roll, dtype=np.float64), np.asarray(pitch, dtype=np.float64)
+    other = np.asarray(other_contact, dtype=bool)
+    t0 = t[-1] - window_s
+    if t[-1] - t[0] < window_s - 1e-9:
+        return {"success": False, "reason": f"episode of {t[-1] - t[0]:.2f} s is shorter than the {window_s} s window"}
+    i0 = int(np.searchsorted(t, t0 - 1e-9))
+    speed = float((x[-1] - x[i0]) / (t[-1] - t[i0]))
+    parts = {"window_speed_m_s": speed, "command_m_s": float(command),
+             "speed_ok": bool(abs(speed - command) <= speed_tolerance * command),
+             "min_height_m": float(z.min()), "height_ok": bool((z >= min_height * base_height).all()),
+             "max_tilt_rad": float(max(np.abs(roll).max(), np.abs(pitch).max())),
+             "tilt_ok": bool((np.abs(roll) <= max_tilt).all() and (np.abs(pitch) <= max_tilt).all()),
+             "only_feet_touch": bool(not other.any())}
+    parts["success"] = parts["speed_ok"] and parts["height_ok"] and parts["tilt_ok"] and parts["only_feet_touch"]
+    return parts
