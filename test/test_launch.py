@@ -523,6 +523,33 @@ def test_deploy_launch_robot_description_through_ros2_topic_echo(deployment):
     assert ET.canonicalize(text, strip_text=True) == ET.canonicalize(want, strip_text=True)
 
 
+def test_deploy_launch_tf_through_ros2_topic_echo(deployment):
+    """`ros2 topic echo --once /tf`: the stand-in's transforms name every link of the URDF below
+    `world` (for the quadrotor world -> base_link), each with a unit quaternion."""
+    import yaml
+
+    from diffsim_ros import physics
+    from diffsim_ros.nodes.common import have_tf2_msgs
+
+    if not have_tf2_msgs():
+        reason = "tf2_msgs is not importable (scripts/bootstrap.sh builds it where cmake and c++ exist)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI: {reason}")
+        pytest.skip(reason)
+    deployment.commands(1)
+    urdf = {"arm": "diffsim_arm.urdf", "quadrotor": "diffsim_quadrotor.urdf"}[deployment.robot]
+    model = physics.load_urdf(REPO_ROOT / "urdf" / urdf, floating_base=deployment.robot == "quadrotor")
+    res = deployment.cli.until(lambda r: r.returncode == 0 and "transforms:" in r.stdout, "topic", "echo", "--once",
+                               "--full-length", "/tf", "tf2_msgs/msg/TFMessage")
+    msg = yaml.safe_load(res.stdout.split("\n---")[0])
+    frames = {(t["header"]["frame_id"], t["child_frame_id"]) for t in msg["transforms"]}
+    assert {c for _, c in frames} == set(model.link_names) - {"world"}, frames
+    assert {p for p, _ in frames} <= set(model.link_names) | {"world"}, frames
+    for t in msg["transforms"]:
+        r = t["transform"]["rotation"]
+        assert abs(np.linalg.norm([r["x"], r["y"], r["z"], r["w"]]) - 1) < 1e-9, t
+
+
 def _published_counts(log: str) -> dict:
     m = re.findall(r"policy_controller: published (\{.*\})", log)
     assert m, "policy_controller printed no 'published {...}' summary at shutdown"

@@ -26,8 +26,9 @@ For RViz and Foxglove: /tf (tf2_msgs/TFMessage, with every state: each link's po
 parent link's frame, from MuJoCo's kinematics of the true state, and for a floating base
 world -> base link; ``publish_link_tf`` false leaves the links to robot_state_publisher and
 publishes only world -> base) and a latched /robot_description (std_msgs/String, transient
-local: the URDF text). /tf needs tf2_msgs (a ROS 2 install has it; the PyPI ROS wheels do not):
-without it the node says so once and publishes /robot_description only.
+local: the URDF text). /tf needs tf2_msgs (a ROS 2 install has it; the PyPI ROS wheels do not,
+scripts/bootstrap.sh builds it into the venv): without it the node says so once and publishes
+/robot_description only.
 
 Modes: ``lockstep``: every command received (valid or rejected) advances exactly one
 control step and then the state is published once, so a lockstep controller and this
@@ -269,7 +270,8 @@ def _build_node_class():
                 else:
                     self.get_logger().warning(
                         f"tf2_msgs is not installed (it comes with a ROS 2 install; the PyPI ROS wheels have no "
-                        f"ros-tf2-msgs): {p['tf_topic']} is not published")
+                        f"ros-tf2-msgs, scripts/bootstrap.sh builds it where cmake and c++ exist): "
+                        f"{p['tf_topic']} is not published")
             if p["robot_description_topic"]:
                 text, _ = _read_source(str(plant.urdf_path), str(plant.urdf_path), None)
                 self.pub_description = self.create_publisher(type(common.string_msg("")),
