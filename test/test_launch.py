@@ -229,6 +229,23 @@ def test_ros_tooling_is_there_in_ci():
     assert reason is None, reason
 
 
+def test_ros2_pkg_and_ros2_run_find_the_package(ros_tooling, tmp_path):
+    """The ament index layout colcon would give: `ros2 pkg prefix/executables` list every console
+    script, and `ros2 run diffsim_ros <script>` runs it (from another folder than the checkout)."""
+    cli = Ros2Cli(_env(ros_domain(), tmp_path))
+    res = cli.run("pkg", "executables", PACKAGE)
+    assert res.returncode == 0, res
+    assert {line.split()[1] for line in res.stdout.splitlines() if line.strip()} == console_scripts(), res.stdout
+    res = cli.run("pkg", "xml", PACKAGE, "--tag", "name")
+    assert res.returncode == 0 and res.stdout.strip() == PACKAGE, res
+    share = _share()
+    for rel in ("launch/deploy.launch.py", "launch/train.launch.py", "config/hover.yaml", "urdf/diffsim_arm.urdf"):
+        assert (share / rel).read_bytes() == (REPO_ROOT / rel).read_bytes(), rel
+    res = subprocess.run([ros2_executable(), "run", PACKAGE, "diffsim-ros", "--help"], env=cli.env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=CLI_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and "usage" in res.stdout.lower(), res
+
+
 def _env(domain: int, tmp: Path) -> Dict[str, str]:
     env = dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_LOG_DIR=str(tmp / "ros_log"),
                PYTHONUNBUFFERED="1", RCUTILS_COLORIZED_OUTPUT="0")
