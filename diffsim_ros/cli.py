@@ -514,7 +514,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     from diffsim_ros.analysis import analyze
+    from diffsim_ros.analysis.legged import is_legged_bag, legged_report
 
+    if is_legged_bag(args.bag):
+        rep = _analysis_call(legged_report, args.bag, where=args.bag, out_dir=args.out)
+        g = rep["gait"] or {}
+        print(f"analyze: {rep['bag']} (legged '{rep['robot']}', {rep['duration_s']:.2f} s, {rep['steps']} steps)")
+        print(f"  gait {g.get('gait', 'n/a')}, stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
+              f"{g.get('duty_factor')} ({', '.join(rep['feet'])})")
+        print(f"  mean forward speed {rep['mean_forward_speed_m_s']:.3f} m/s, lowest base height "
+              f"{rep['min_base_height_m']:.3f} m, largest roll/pitch {rep['max_tilt_rad']:.3f} rad")
+        print("warning: the sim-vs-real velocity comparison is not implemented for legged bags yet", file=sys.stderr)
+        if args.out:
+            print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in rep["files"].values()))
+        return 0
     m = _analysis_call(analyze, args.bag, where=args.bag, out_dir=args.out, config_path=args.config, horizons=horizons,
                        max_starts=args.max_starts, plots=not args.no_plots, state_topic=args.state_topic,
                        command_topic=args.command_topic)

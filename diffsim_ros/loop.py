@@ -528,10 +528,13 @@ def _check_same_robot(config: str, runner) -> None:
 def _legged_summary(out_dir, ckpt, bag, runner, perturbation, logs, t_train, t_deploy, log) -> Dict[str, Any]:
     """Summary of a legged run: the task's verdict from the bag and the bag's completeness (the
     sim-vs-real velocity comparison covers arm and multirotor bags only so far)."""
+    from .analysis.legged import legged_report
+
     res = _legged_result(bag, runner)
+    rep = legged_report(bag, out_dir / "analysis")
     summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
-                               "kind": "legged", "task": res, "wall_s": {"train": t_train, "deploy": t_deploy},
-                               "velocity_error": None,
+                               "kind": "legged", "task": res, "gait": rep["gait"], "analysis_files": rep["files"],
+                               "wall_s": {"train": t_train, "deploy": t_deploy}, "velocity_error": None,
                                "note": "sim-vs-real velocity analysis is not implemented for legged bags yet"}
     stats_file = logs / "controller_stats.json"
     if stats_file.exists():
@@ -549,6 +552,9 @@ def _legged_summary(out_dir, ckpt, bag, runner, perturbation, logs, t_train, t_d
         f"base height {res['min_base_height_m']:.3f} m (fall below {res['fall_height_m']:.3f}) -> "
         f"{'SUCCESS' if res['success'] else 'not a success'}")
     log(f"  whole run: mean forward speed {res['run_mean_forward_speed_m_s']:.3f} m/s")
+    g = rep["gait"] or {}
+    log(f"  gait: {g.get('gait', 'n/a')} (stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
+        f"{g.get('duty_factor')}); footfall diagram {rep['files']['footfall']}")
     lost = summary.get("lost")
     log("  bag: every published message recorded" if not lost else f"  bag: MISSING messages {lost}")
     log(f"  ({summary['note']})")

@@ -96,3 +96,29 @@ def test_open_loop_trot_on_the_quadruped(tmp_path):
     assert float(state.q[0, 2]) > 0.7 * task.base_height        # still standing
     png = footfall_png(np.array(contacts), task.dt, names, tmp_path / "footfall.png", "open-loop trot", g.roles)
     assert (tmp_path / "footfall.png").stat().st_size > 5000 and png.endswith("footfall.png")
+
+
+def test_contacts_from_kinematics_agree_with_contact_forces():
+    """The bag analysis reads contact from the recorded configuration (foot spheres within 5 mm of
+    the ground); on a simulated open-loop trot it agrees with the simulator's contact forces."""
+    from diffsim_ros.analysis.legged import foot_contacts_from_states
+
+    _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion.yaml", dtype=torch.float64)
+    sim = task.sim
+    feet = foot_bodies(sim)
+    ts = task.reset(1, torch.Generator().manual_seed(0))
+    legs = [j.split("_")[0] for j in sim.actuated_joints[::3]]
+    phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
+    state, force, qs = ts.sim, [], []
+    for k in range(200):
+        tgt = task.stance.clone()
+        for li, leg in enumerate(legs):
+            lift = max(0.0, float(np.sin(2 * np.pi * (2.0 * k * task.dt - phase[leg]))))
+            tgt[3 * li + 1] += 0.4 * lift
+            tgt[3 * li + 2] -= 0.8 * lift
+        state = sim.step(state, tgt[None])
+        force.append(foot_contacts(sim, feet)[0])
+        qs.append(state.q[0])
+    geo = foot_contacts_from_states(sim, torch.stack(qs), feet)
+    agree = (geo == np.array(force)).mean()
+    assert agree > 0.9, agree

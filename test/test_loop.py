@@ -79,6 +79,13 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
     assert res["min_base_height_m"] == pytest.approx(min(p.z for p in odom.values()), abs=1e-9)
     # An untrained policy does not walk: the metric says so.
     assert res["success"] == (speed > res["success_speed_m_s"] and res["min_base_height_m"] > res["fall_height_m"])
+    # The gait of the run and its footfall diagram; `diffsim-ros analyze` gives the same on the bag.
+    assert summary["gait"]["gait"] in ("walk", "trot", "pace", "bound", "pronk", "stand", "irregular")
+    assert (tmp_path / "loop" / "analysis" / "footfall.png").stat().st_size > 5000
+    rc = cli.main(["analyze", str(tmp_path / "loop" / "bag"), "--out", str(tmp_path / "again")])
+    assert rc == 0
+    again = json.loads((tmp_path / "again" / "legged.json").read_text())
+    assert again["gait"] == summary["gait"] and again["steps"] == res["steps_recorded"]
 
 
 def test_loop_refuses_a_config_for_another_robot(tmp_path):

@@ -45,7 +45,7 @@ from ..tasks import make_task
 from ..tasks.base import TaskState
 from .checkpoint import CheckpointError, load_checkpoint, load_metadata
 
-__all__ = ["PolicyRunner", "Decision", "StateError", "ARM", "QUADROTOR", "LEGGED"]
+__all__ = ["PolicyRunner", "Decision", "StateError", "ARM", "QUADROTOR", "LEGGED", "task_from_metadata"]
 
 #: Robot kinds: fixed base (joint states), floating base with rotors (odometry), floating base
 #: with actuated joints and no rotors (odometry and joint states).
@@ -128,6 +128,34 @@ def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
                           "robot's URDF (a path or the robot_description XML)")
 
 
+def _load_model(meta: Dict[str, Any], where: str, urdf: Optional[str], dtype: torch.dtype):
+    source = urdf if urdf is not None else resolve_urdf_source(meta, where)
+    try:
+        return physics.load_urdf(source, floating_base=bool(meta["robot"]["floating_base"]), dtype=dtype)
+    except physics.UrdfError as e:
+        robot = meta["robot"]
+        base = "floating" if robot["floating_base"] else "fixed"
+        raise CheckpointError(f"{where}: the checkpoint is for robot '{robot['name']}' ({base} base, joints "
+                              f"{', '.join(robot['joint_names']) or 'none'}); the URDF given cannot be loaded as "
+                              f"that robot: {e}") from None
+
+
+def _build_task(meta: Dict[str, Any], where: str, model):
+    try:
+        sim_cfg = SimConfig.from_dict(_finite_floats(dict(meta["simulator"])), "simulator")
+        return make_task(model, sim_cfg, _task_spec(meta, where), "config.task")
+    except physics.ConfigError as e:
+        raise CheckpointError(f"{where}: cannot rebuild the simulator/task from its metadata: {e}") from None
+
+
+def task_from_metadata(meta: Dict[str, Any], where: str, urdf: Optional[str] = None,
+                       dtype: torch.dtype = torch.float64):
+    """The model and task a checkpoint's metadata describes (robot, simulator, task), without its
+    policy: what the analysis of a bag needs. Raises CheckpointError naming ``where``."""
+    model = _load_model(meta, where, urdf, dtype)
+    return model, _build_task(meta, where, model)
+
+
 class PolicyRunner:
     """A checkpoint ready to turn measured states into commands (batch of one).
 
@@ -146,23 +174,10 @@ class PolicyRunner:
                  dtype: torch.dtype = torch.float64, compile_prediction: bool = False):
         where = os.fspath(checkpoint)
         meta = load_metadata(checkpoint)                  # validated; raises CheckpointError
-        source = urdf if urdf is not None else resolve_urdf_source(meta, where)
-        try:
-            model = physics.load_urdf(source, floating_base=bool(meta["robot"]["floating_base"]), dtype=dtype)
-        except physics.UrdfError as e:
-            robot = meta["robot"]
-            base = "floating" if robot["floating_base"] else "fixed"
-            raise CheckpointError(f"{where}: the checkpoint is for robot '{robot['name']}' ({base} base, joints "
-                                  f"{', '.join(robot['joint_names']) or 'none'}); the URDF given cannot be loaded as "
-                                  f"that robot: {e}") from None
+        model = _load_model(meta, where, urdf, dtype)
         # load_checkpoint refuses another robot: other joints, their order, floating base, URDF sha256.
         self.policy, self.meta = load_checkpoint(checkpoint, model=model)
-        try:
-            sim_cfg = SimConfig.from_dict(_finite_floats(dict(meta["simulator"])), "simulator")
-            spec = _task_spec(meta, where)
-            self.task = make_task(model, sim_cfg, spec, "config.task")
-        except physics.ConfigError as e:
-            raise CheckpointError(f"{where}: cannot rebuild the simulator/task from its metadata: {e}") from None
+        self.task = _build_task(meta, where, model)
         self.model = model
         self.checkpoint = Path(os.fspath(checkpoint))
         self.sim: Simulator = self.task.sim

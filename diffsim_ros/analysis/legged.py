@@ -1,0 +1,159 @@
+"""Analysis of a legged robot's bag: the gait and the locomotion verdict from /odom + /joint_states.
+
+    rep = legged_report("bags/walk", out_dir="runs/walk/analysis")
+    rep["gait"]["gait"], rep["gait"]["stride_frequency_hz"], rep["files"]["footfall"]
+
+The robot and task come from the bag's /diffsim/metadata (the controller's checkpoint
+metadata); the states are the /odom and /joint_states messages of equal stamp (a legged
+robot's state is the pair). Foot contact is read from the recorded configuration alone:
+a foot touches when one of its contact spheres reaches within ``contact_tolerance`` of the
+ground (forward kinematics of the model, independent of the stand-in's own contact
+solver). Written to ``out_dir``: footfall.png, legged.json and report.md.
+
+The sim-vs-real velocity comparison of :func:`diffsim_ros.analysis.analyze` covers arm and
+multirotor bags; for legged bags it is not implemented yet.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+from .errors import AnalysisError
+
+__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states"]
+
+
+def _metadata(path: Path) -> Optional[Dict[str, Any]]:
+    from rosbags.highlevel import AnyReader
+
+    with AnyReader([path]) as reader:
+        conns = [c for c in reader.connections if c.topic == "/diffsim/metadata"]
+        for conn, _, raw in reader.messages(connections=conns):
+            return json.loads(reader.deserialize(raw, conn.msgtype).data)
+    return None
+
+
+def is_legged_bag(path) -> bool:
+    """The bag's controller ran a legged checkpoint (floating base, no rotors in its simulator)."""
+    try:
+        meta = _metadata(Path(path))
+    except Exception:  # noqa: BLE001 - an unreadable bag is read_bag's to report
+        return False
+    ck = (meta or {}).get("checkpoint") or {}
+    robot, sim = ck.get("robot") or {}, ck.get("simulator") or {}
+    return bool(robot.get("floating_base")) and not sim.get("rotors")
+
+
+def _states(path: Path):
+    from rosbags.highlevel import AnyReader
+
+    odom, joints = {}, {}
+    with AnyReader([path]) as reader:
+        conns = [c for c in reader.connections if c.topic in ("/odom", "/joint_states")]
+        for conn, _, raw in reader.messages(connections=conns):
+            m = reader.deserialize(raw, conn.msgtype)
+            t = int(m.header.stamp.sec) * 1_000_000_000 + int(m.header.stamp.nanosec)
+            (odom if conn.topic == "/odom" else joints).setdefault(t, m)
+    return odom, joints
+
+
+def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005) -> np.ndarray:
+    """(T, F) bool: a foot body touches when one of its contact spheres comes within ``tolerance``
+    (m) of the ground, by forward kinematics of ``q`` (T, nq)."""
+    from ..physics.kinematics import kinematics
+
+    sys = sim.system
+    kin = kinematics(sim.model, q)
+    cs = sys.contact
+    R, p, o = kin.R, kin.p, kin.o                        # (nb, 3, 3, T), (nb, 3, T), (1, 3, T)
+    out = []
+    for b in feet:
+        pts = (cs.body == b).nonzero()[:, 0]
+        local = cs.local[pts]                               # (P, 3)
+        x = torch.einsum("ijt,pj->pit", R[b], local) + p[b][None] + o     # (P, 3, T)
+        gap = (x * sys.ground_normal[None, :, None]).sum(1) - sys.ground_height - cs.radius[pts][:, None]
+        out.append((gap <= tolerance).any(0))
+    return torch.stack(out, 1).cpu().numpy()
+
+
+def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: Optional[float] = None
+                  ) -> Dict[str, Any]:
+    """Gait (tasks/gait.py) and locomotion verdict of a legged bag; see the module doc."""
+    from ..learning.checkpoint import CheckpointError
+    from ..learning.deploy import task_from_metadata
+    from ..tasks.gait import analyze_gait, foot_bodies, foot_xy, footfall_png
+    from ..tasks.locomotion import roll_pitch, strict_metric
+
+    path = Path(bag)
+    meta = _metadata(path)
+    if not meta or not isinstance(meta.get("checkpoint"), dict):
+        raise AnalysisError(f"{path}: no /diffsim/metadata with the checkpoint's metadata; a legged bag is "
+                            "analysed with the robot and task the controller ran")
+    try:
+        model, task = task_from_metadata(meta["checkpoint"], str(path))
+    except CheckpointError as e:
+        raise AnalysisError(str(e)) from None
+    odom, joints = _states(path)
+    stamps = sorted(set(odom) & set(joints))
+    if len(stamps) < 10:
+        raise AnalysisError(f"{path}: {len(stamps)} steps with both /odom and /joint_states (at least 10 needed)")
+    names = list(model.joint_names)
+    q = np.zeros((len(stamps), model.nq))
+    for i, t in enumerate(stamps):
+        o, j = odom[t], joints[t]
+        pp, qq = o.pose.pose.position, o.pose.pose.orientation
+        q[i, 0:7] = [pp.x, pp.y, pp.z, qq.x, qq.y, qq.z, qq.w]
+        idx = {n: k for k, n in enumerate(j.name)}
+        missing = [n for n in names if n not in idx]
+        if missing:
+            raise AnalysisError(f"{path}: /joint_states at t={t} ns lacks joint(s) {', '.join(missing)}")
+        q[i, 7:] = [j.position[idx[n]] for n in names]
+    if not np.isfinite(q).all():
+        raise AnalysisError(f"{path}: non-finite /odom or /joint_states values")
+    qt = torch.as_tensor(q, dtype=model.dtype)
+    t_s = (np.array(stamps) - stamps[0]) * 1e-9
+    dt = float(np.median(np.diff(t_s)))
+    feet = foot_bodies(task.sim)
+    foot_names = [model.body_names[b] for b in feet]
+    contacts = foot_contacts_from_states(task.sim, qt, feet, contact_tolerance)
+    xy = foot_xy(task.sim, task.reset(1, torch.Generator().manual_seed(0)).sim.q[0])
+    skip = len(stamps) // 4                      # the start transient
+    gait = analyze_gait(contacts[skip:], dt, foot_names, xy) if len(feet) == 4 else None
+    roll, pitch = (a.numpy() for a in roll_pitch(qt[:, 3:7].double()))
+    duration = t_s[-1]
+    rep: Dict[str, Any] = {"bag": str(path), "robot": model.name, "steps": len(stamps), "duration_s": float(duration),
+                           "dt_s": dt, "feet": foot_names,
+                           "gait": gait.as_dict() if gait is not None else None,
+                           "mean_forward_speed_m_s": float((q[-1, 0] - q[0, 0]) / duration) if duration > 0 else None,
+                           "min_base_height_m": float(q[:, 2].min()),
+                           "max_tilt_rad": float(max(np.abs(roll).max(), np.abs(pitch).max()))}
+    cmd = command                                # the commanded speed is not in the bag (yet): given here
+    if cmd is not None:
+        rep["strict_metric"] = strict_metric(t_s, q[:, 0], q[:, 2], roll, pitch, np.zeros(len(t_s), bool), cmd,
+                                             task.base_height, getattr(task, "window_s", 3.0))
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {"footfall": footfall_png(contacts, dt, foot_names, out / "footfall.png",
+                                          title=f"{model.name}: {gait.name if gait else 'n/a'}",
+                                          roles=gait.roles if gait else None),
+                 "json": str(out / "legged.json"), "report": str(out / "report.md")}
+        rep["files"] = files
+        (out / "legged.json").write_text(json.dumps(rep, indent=1, default=str))
+        g = rep["gait"] or {}
+        lines = [f"# Legged run: {path.name}", "",
+                 f"robot {model.name}, {rep['steps']} steps of {dt * 1e3:.1f} ms ({duration:.2f} s)", "",
+                 f"- gait: **{g.get('gait', 'n/a')}**, stride frequency {g.get('stride_frequency_hz')} Hz, "
+                 f"duty factors {g.get('duty_factor')} ({', '.join(foot_names)})",
+                 f"- mean forward speed {rep['mean_forward_speed_m_s']:.3f} m/s, lowest base height "
+                 f"{rep['min_base_height_m']:.3f} m, largest roll/pitch {rep['max_tilt_rad']:.3f} rad",
+                 "- contacts from forward kinematics of the recorded states (foot spheres within "
+                 f"{contact_tolerance * 1e3:g} mm of the ground)", "", "![footfall](footfall.png)", ""]
+        if "strict_metric" in rep:
+            lines.insert(-2, f"- strict metric at {cmd:g} m/s: {rep['strict_metric']}")
+        (out / "report.md").write_text("\n".join(lines))
+    return rep
