@@ -324,3 +324,32 @@ def test_reach_kinematics_cache_follows_the_state():
     err = ts.target - task.ee_position(ts.sim.q)
     torch.testing.assert_close(after[:, -task.n:], (err[..., None] * J).sum(-2))
     assert not torch.allclose(before[:, -task.n:], after[:, -task.n:])
+
+
+def test_a_diverged_iteration_is_dropped_and_retried():
+    """One environment's simulation diverging mid-iteration (as a 4 s contact-rich episode can)
+    drops that iteration, restores the policy and optimiser, and training goes on; past
+    training.max_divergences it stops with the reason."""
+    from diffsim_ros.physics import SimulationError
+
+    task = _hover_task(horizon=10)
+    calls = {"n": 0}
+    step = task.step
+
+    def flaky(ts, action):
+        calls["n"] += 1
+        if calls["n"] == 15:                  # inside the second iteration
+            raise SimulationError("non-finite qdd in environment 3 (injected)")
+        return step(ts, action)
+
+    task.step = flaky
+    cfg = TrainConfig(iterations=4, num_envs=4, window=5, eval_every=100, eval_envs=4, stop_at_success=False)
+    with pytest.warns(RuntimeWarning, match="dropped and retried"):
+        res = train(task, cfg, progress=False)
+    assert [r["iteration"] for r in res.history] == [1, 2, 3, 4]
+    assert res.history[-1]["diverged"] == 1 and res.history[0]["diverged"] == 0
+    assert all(torch.isfinite(p).all() for p in res.policy.parameters())
+    calls["n"] = 0
+    with pytest.raises(SimulationError, match="max_divergences = 0"):
+        train(task, TrainConfig(iterations=3, num_envs=4, window=5, eval_every=100, eval_envs=4,
+                                stop_at_success=False, max_divergences=0), progress=False)

@@ -11,16 +11,18 @@ values every iteration.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import math
 import time
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..physics import ConfigError, Simulator
+from ..physics import ConfigError, SimulationError, Simulator
 from ..physics.parameters import apply_values
 from ..tasks import Task
 from .policy import MLPPolicy, ValueNet
@@ -57,6 +59,9 @@ class TrainConfig:
     eval_envs: episodes per evaluation [64]
     stop_at_success: stop once the evaluation reaches the task's success threshold [True]
     seed: random seed [0]
+    max_divergences: iterations whose simulation diverged (non-finite state or gradient) that
+        are dropped and retried from fresh episodes, the policy and optimiser put back to the
+        iteration's start, before training gives up [10]
     """
     iterations: int = 100
     num_envs: int = 64
@@ -78,6 +83,7 @@ class TrainConfig:
     eval_envs: int = 64
     stop_at_success: bool = True
     seed: int = 0
+    max_divergences: int = 10
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "training") -> "TrainConfig":
@@ -182,54 +188,48 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=cfg.iterations, desc=f"train {task.name}", unit="it", leave=False)
+    diverged = 0
     try:
-        for it in range(cfg.iterations):
+        it = 0
+        while it < cfg.iterations:
             if cfg.randomize_mass or cfg.randomize_drag or cfg.randomize_actuator_lag:
                 task.sim = _randomized_sim(nominal_sim, cfg, gen)
             lr = cfg.learning_rate_at(it)
             for group in opt.param_groups:
                 group["lr"] = lr
-            ts = task.reset(cfg.num_envs, gen)
-            total_loss = 0.0
-            grad_norm = 0.0
-            while ts.step < task.horizon:
-                k_end = min(cfg.window, task.horizon - ts.step)
-                loss = 0.0
-                obs_list, loss_list = [], []
-                for k in range(k_end):
-                    obs = task.observe(ts)
-                    if cfg.normalize_obs:
-                        policy.norm.update(obs)
-                    action = policy(obs)
-                    ts = task.step(ts, action)
-                    step_loss = task.step_loss(ts, action)
-                    loss = loss + (cfg.gamma ** k if critic is not None else 1.0) * step_loss
-                    if critic is not None:
-                        obs_list.append((obs.detach(), ts.step - 1))
-                        loss_list.append(step_loss.detach())
-                env_steps += cfg.num_envs * k_end
-                total_loss += float(loss.detach().mean())
-                if critic is not None and ts.step < task.horizon:
-                    loss = loss + (cfg.gamma ** k_end) * critic(_critic_input(policy, cfg, task, task.observe(ts),
-                                                                              ts.step))
-                objective = loss.mean() / task.horizon
-                opt.zero_grad()
-                objective.backward()
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
-                opt.step()
+            # A contact-rich episode can diverge in one environment: the iteration is then dropped
+            # (policy, optimiser and normaliser back to its start) and retried on fresh episodes.
+            snapshot = (copy.deepcopy(policy.state_dict()), copy.deepcopy(opt.state_dict()),
+                        copy.deepcopy(critic.state_dict()) if critic is not None else None,
+                        copy.deepcopy(critic_opt.state_dict()) if critic is not None else None)
+            try:
+                ts, total_loss, grad_norm, env_steps = _iteration(task, cfg, policy, opt, critic, critic_opt, gen,
+                                                                  env_steps)
+            except SimulationError as exc:
+                diverged += 1
+                policy.load_state_dict(snapshot[0])
+                opt.load_state_dict(snapshot[1])
                 if critic is not None:
-                    _fit_critic(critic, critic_opt, policy, cfg, obs_list, loss_list, task, ts)
-                ts = ts.detach()
+                    critic.load_state_dict(snapshot[2])
+                    critic_opt.load_state_dict(snapshot[3])
+                task.sim = nominal_sim
+                if diverged > cfg.max_divergences:
+                    raise SimulationError(f"{exc} (the simulation diverged in {diverged} iterations, more than "
+                                          f"training.max_divergences = {cfg.max_divergences})") from None
+                warnings.warn(f"iteration {it + 1}: {exc}; dropped and retried on fresh episodes "
+                              f"({diverged} of at most {cfg.max_divergences})", RuntimeWarning)
+                continue
             train_success = float(task.success(ts).to(torch.float64).mean())
             task.sim = nominal_sim
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": total_loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
-                   "eval_success": float("nan")}
+                   "eval_success": float("nan"), "diverged": diverged}
             if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
                 row["eval_success"] = evaluate(task, policy, cfg.eval_envs)
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
             history.append(row)
+            it += 1
             if callback is not None:
                 callback(row)
             if bar is not None:
@@ -249,6 +249,46 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
 
             write_gait_report(task, policy, Path(out_dir))
     return TrainResult(policy, history, solved_steps, solved_time)
+
+
+def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps):
+    """One training iteration over ``cfg.num_envs`` fresh episodes, truncated back-propagation
+    every ``cfg.window`` steps. A non-finite gradient is a SimulationError (as a non-finite
+    state is): the update it would make is not taken."""
+    ts = task.reset(cfg.num_envs, gen)
+    total_loss = 0.0
+    grad_norm = 0.0
+    while ts.step < task.horizon:
+        k_end = min(cfg.window, task.horizon - ts.step)
+        loss = 0.0
+        obs_list, loss_list = [], []
+        for k in range(k_end):
+            obs = task.observe(ts)
+            if cfg.normalize_obs:
+                policy.norm.update(obs)
+            action = policy(obs)
+            ts = task.step(ts, action)
+            step_loss = task.step_loss(ts, action)
+            loss = loss + (cfg.gamma ** k if critic is not None else 1.0) * step_loss
+            if critic is not None:
+                obs_list.append((obs.detach(), ts.step - 1))
+                loss_list.append(step_loss.detach())
+        env_steps += cfg.num_envs * k_end
+        total_loss += float(loss.detach().mean())
+        if critic is not None and ts.step < task.horizon:
+            loss = loss + (cfg.gamma ** k_end) * critic(_critic_input(policy, cfg, task, task.observe(ts), ts.step))
+        objective = loss.mean() / task.horizon
+        opt.zero_grad()
+        objective.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
+        if not math.isfinite(grad_norm):
+            opt.zero_grad()
+            raise SimulationError(f"non-finite policy gradient at step {ts.step} (loss {float(objective):.4g})")
+        opt.step()
+        if critic is not None:
+            _fit_critic(critic, critic_opt, policy, cfg, obs_list, loss_list, task, ts)
+        ts = ts.detach()
+    return ts, total_loss, grad_norm, env_steps
 
 
 def _critic_input(policy, cfg, task, obs, step):
