@@ -215,17 +215,11 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     episode (horizon steps), and the mean forward speed and lowest base height of the run."""
     import numpy as np
     import torch
-    from rosbags.highlevel import AnyReader
 
+    from .analysis.legged import paired_states
     from .tasks.base import TaskState
 
-    odom, joints = {}, {}
-    with AnyReader([bag]) as reader:
-        conns = [c for c in reader.connections if c.topic in ("/odom", "/joint_states")]
-        for conn, _, raw in reader.messages(connections=conns):
-            m = reader.deserialize(raw, conn.msgtype)
-            t = int(m.header.stamp.sec) * 1_000_000_000 + int(m.header.stamp.nanosec)
-            (odom if conn.topic == "/odom" else joints).setdefault(t, m)
+    odom, joints = paired_states(Path(bag))
     stamps = sorted(set(odom) & set(joints))
     if len(stamps) < 2:
         raise LoopError(f"{bag}: fewer than two steps with both /odom and /joint_states")

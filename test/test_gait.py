@@ -67,6 +67,25 @@ def test_leg_roles_need_four_distinct_legs():
         leg_roles([(0, 0)] * 3)
 
 
+def open_loop_trot(task, state, feet, steps, hz=2.0):
+    """Diagonal legs (FL+HR, FR+HL) lifted in turn by joint targets around the stance: the final
+    state, the simulator's foot contacts and the configurations, per step."""
+    sim = task.sim
+    legs = [j.split("_")[0] for j in sim.actuated_joints[::3]]        # leg order of the actuated joints
+    phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
+    contacts, qs = [], []
+    for k in range(steps):
+        tgt = task.stance.clone()
+        for li, leg in enumerate(legs):
+            lift = max(0.0, float(np.sin(2 * np.pi * (hz * k * task.dt - phase[leg]))))
+            tgt[3 * li + 1] += 0.4 * lift
+            tgt[3 * li + 2] -= 0.8 * lift
+        state = sim.step(state, tgt[None])
+        contacts.append(foot_contacts(sim, feet)[0])
+        qs.append(state.q[0])
+    return state, contacts, qs
+
+
 def test_open_loop_trot_on_the_quadruped(tmp_path):
     """Diagonal legs lifted together by an open-loop joint pattern: the simulator's contact forces
     give a trot at the commanded 2 Hz, and the footfall diagram is drawn."""
@@ -77,17 +96,7 @@ def test_open_loop_trot_on_the_quadruped(tmp_path):
     assert len(feet) == 4, names
     ts = task.reset(1, torch.Generator().manual_seed(0))
     xy = foot_xy(sim, ts.sim.q[0])
-    phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
-    legs = [j.split("_")[0] for j in sim.actuated_joints[::3]]        # leg order of the actuated joints
-    state, contacts = ts.sim, []
-    for k in range(300):
-        tgt = task.stance.clone()
-        for li, leg in enumerate(legs):
-            lift = max(0.0, float(np.sin(2 * np.pi * (2.0 * k * task.dt - phase[leg]))))
-            tgt[3 * li + 1] += 0.4 * lift
-            tgt[3 * li + 2] -= 0.8 * lift
-        state = sim.step(state, tgt[None])
-        contacts.append(foot_contacts(sim, feet)[0])
+    state, contacts, _ = open_loop_trot(task, ts.sim, feet, 300)
     c = np.array(contacts[100:])
     g = analyze_gait(c, task.dt, names, xy)
     print(g.as_dict())
@@ -107,18 +116,7 @@ def test_contacts_from_kinematics_agree_with_contact_forces():
     sim = task.sim
     feet = foot_bodies(sim)
     ts = task.reset(1, torch.Generator().manual_seed(0))
-    legs = [j.split("_")[0] for j in sim.actuated_joints[::3]]
-    phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
-    state, force, qs = ts.sim, [], []
-    for k in range(200):
-        tgt = task.stance.clone()
-        for li, leg in enumerate(legs):
-            lift = max(0.0, float(np.sin(2 * np.pi * (2.0 * k * task.dt - phase[leg]))))
-            tgt[3 * li + 1] += 0.4 * lift
-            tgt[3 * li + 2] -= 0.8 * lift
-        state = sim.step(state, tgt[None])
-        force.append(foot_contacts(sim, feet)[0])
-        qs.append(state.q[0])
+    _, force, qs = open_loop_trot(task, ts.sim, feet, 200)
     geo = foot_contacts_from_states(sim, torch.stack(qs), feet)
     agree = (geo == np.array(force)).mean()
     assert agree > 0.9, agree

@@ -24,7 +24,7 @@ import torch
 
 from .errors import AnalysisError
 
-__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states"]
+__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "paired_states"]
 
 
 def _metadata(path: Path) -> Optional[Dict[str, Any]]:
@@ -46,6 +46,11 @@ def is_legged_bag(path) -> bool:
     ck = (meta or {}).get("checkpoint") or {}
     robot, sim = ck.get("robot") or {}, ck.get("simulator") or {}
     return bool(robot.get("floating_base")) and not sim.get("rotors")
+
+
+def paired_states(path: Path):
+    """{stamp ns: Odometry}, {stamp ns: JointState} of a bag (the first message of each stamp)."""
+    return _states(path)
 
 
 def _states(path: Path):
