@@ -338,3 +338,36 @@ def test_px4_interface_needs_px4_msgs(ckpts):
         assert res.returncode == 2 and "px4_msgs package is not importable" in res.stderr, res.stderr
     else:
         pytest.skip("px4_msgs is installed: the refusal does not apply")
+
+
+def test_lockstep_answers_a_republished_state_once_the_gates_open(ros, ckpts):
+    """A lockstep plant republishes its initial state until its first command. A copy that arrived
+    while wait_for_subscribers kept the controller silent must be answered by the next copy once
+    the gate opens (regression: the copies were taken for already-answered repeats and the loop
+    deadlocked)."""
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
+
+    target = [0.2, 0.1, 0.35]
+    h = Harness(ros, {"checkpoint": str(ckpts / "reach"), "lockstep": True, "target": target,
+                      "state_timeout_s": 60.0, "wait_for_subscribers": 1, "predict_every": 0})
+    try:
+        ref = PolicyRunner(ckpts / "reach")
+        pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+        h.wait_matched(pub)
+        q, v = np.array([0.3, -0.4, 0.5, 0.1]), np.zeros(4)
+        stamp = time.time_ns()
+        pub.publish(joint_state(ref.joint_names, q, v, stamp))
+        assert h.spin_until(lambda: h.ctrl.counts["states_accepted"] == 1)
+        assert h.ctrl.counts["commands_sent"] == 0                    # the gate is closed: no subscriber yet
+        h.listen(Float64MultiArray, "/position_controller/commands")
+        assert h.spin_until(lambda: h.ctrl.pub_out.get_subscription_count() >= 1)
+        pub.publish(joint_state(ref.joint_names, q, v, stamp))         # the plant's next copy
+        assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == 1), h.ctrl.counts
+        want = ref.arm(ref.joint_names, q, v, target=target, predict=False).command
+        np.testing.assert_allclose(h.got["/position_controller/commands"][0].data, want, atol=1e-12)
+        pub.publish(joint_state(ref.joint_names, q, v, stamp))         # answered once only
+        h.spin_until(lambda: False, 0.2)
+        assert len(h.got["/position_controller/commands"]) == 1
+    finally:
+        h.close()

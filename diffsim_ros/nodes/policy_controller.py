@@ -471,7 +471,9 @@ def make_node_class():
                 return
             if not self.lockstep:
                 return
-            if v.repeat or stamp == self.last_answered or not self._ready():
+            # Not v.repeat: a re-publication of a state that arrived before the gates opened has
+            # not been answered yet, and the lockstep plant waits for exactly that answer.
+            if stamp == self.last_answered or not self._ready():
                 return
             self.last_answered = stamp
             self._step()
