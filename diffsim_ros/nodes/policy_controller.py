@@ -441,8 +441,11 @@ def make_node_class():
 
         # -------------------------------------------------------------- inputs
         def _clock_ns(self) -> Optional[int]:
-            """The node's clock for the stamp rule (simulated time under use_sim_time)."""
-            return int(self.get_clock().now().nanoseconds)
+            """The node's clock for the stamp rule (simulated time under use_sim_time); None while
+            it reads 0, i.e. under use_sim_time before the first /clock message: then only the
+            order of the stamps is checked."""
+            now = int(self.get_clock().now().nanoseconds)
+            return now if now != 0 else None
 
         def _ready(self) -> bool:
             """The gates of wait_for_subscribers / wait_for_recorders (checked until they open once)."""
