@@ -226,7 +226,7 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
             loss, train_success = raw.pop_stats()
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": loss, "grad_norm": float("nan"), "train_success": train_success,
-                   "eval_success": float("nan")}
+                   "eval_success": float("nan"), "diverged": 0}    # apg's columns; SB3 has no retry
             last = it + 1 == iterations
             if env_steps >= next_eval or last:
                 while next_eval <= env_steps:
