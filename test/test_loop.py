@@ -172,3 +172,42 @@ def test_loop_deploys_an_example_robot_data_arm(tmp_path):
     assert c["states_rejected"] == 0 and c["safe_commands"] == 0, c
     assert c["published"]["/position_controller/commands"] == summary["bag_counts"]["/position_controller/commands"] > 50
     assert set(summary["velocity_error"]["1"]["per_dof_rmse"]) == set(model.joint_names)
+
+
+def test_nodes_die_with_a_killed_loop(tmp_path):
+    """The loop's children get SIGTERM when the loop's process is killed (SIGKILL included), so no
+    node is left running on its ROS domain (seen: nodes of timed-out runs alive an hour later)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from diffsim_ros.loop import die_with_parent\n"
+        f"p = subprocess.Popen(['sleep', '60'], start_new_session=True, preexec_fn=die_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n")])
+    end = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < end and parent.poll() is None
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)                                   # running
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        # a zombie (dead, not yet reaped by init) counts as gone
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split()[2] == "Z":
+                return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the child outlived its killed parent")
