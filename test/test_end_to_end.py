@@ -38,6 +38,7 @@ pytest.importorskip("rosbags", reason="rosbags not installed (bag writing/readin
 
 from conftest import REPO_ROOT, console_script, ros_domain  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
+from diffsim_ros.loop import die_with_parent  # noqa: E402
 from diffsim_ros.physics import State  # noqa: E402
 from diffsim_ros.tasks.base import TaskState  # noqa: E402
 
@@ -129,7 +130,8 @@ class Session:
         log = open(self.tmp / f"{name}.log", "w")
         self.logs[name] = self.tmp / f"{name}.log"
         env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            preexec_fn=die_with_parent)      # no node outlives a killed run
 
     def log(self, name):
         return self.logs[name].read_text() if name in self.logs else ""

@@ -31,6 +31,7 @@ from test_deploy import make_checkpoint  # noqa: E402
 from test_supervisor import ARM_BAD, QUAD_BAD, SKEW_S, TARGET, Harness  # noqa: E402
 
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
+from diffsim_ros.loop import die_with_parent  # noqa: E402
 
 torch.set_num_threads(1)
 DOMAIN = ros_domain(1)
@@ -117,7 +118,8 @@ def start_controller(ckpt, kind, tmp):
         args += ["-p", f"{k}:={v}"]
     log = open(tmp / f"controller_{kind}.log", "w")
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env), tmp / f"controller_{kind}.log"
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
+    return proc, tmp / f"controller_{kind}.log"
 
 
 @pytest.mark.parametrize("kind", ["arm", "quadrotor"])
