@@ -486,6 +486,10 @@ class Supervisor:
         return Verdict(True)
 
     # ------------------------------------------------------------------ the decision
+    def _latch_text(self) -> str:
+        return (f"latched after: {self.fault_reason} ({self.good_since_fault}/{self.config.recover_states} "
+                "good states since)")
+
     def stale(self, now_ns: int) -> bool:
         """An accepted state exists and it is older than ``state_timeout_s``."""
         return self.latest is not None and now_ns - self.latest[0] > self.timeout_ns
@@ -495,8 +499,7 @@ class Supervisor:
         if self.estop:
             return "emergency stop"
         if self.fault_reason is not None:
-            return (f"latched after: {self.fault_reason} ({self.good_since_fault}/{self.config.recover_states} "
-                    "good states since)")
+            return self._latch_text()
         if self.latest is None:
             return "no state received yet"
         age = now_ns - self.latest[0]
@@ -556,8 +559,7 @@ class Supervisor:
         if self.estop:
             state = "emergency stop"
         elif self.fault_reason is not None:
-            state = (f"latched after: {self.fault_reason} ({self.good_since_fault}/{self.config.recover_states} "
-                     "good states since)")
+            state = self._latch_text()
         elif self.latest is None:
             state = "no state received yet"
         else:
