@@ -310,9 +310,10 @@ def _positive(name: str, value: Optional[int]) -> None:
         raise CliError(f"{name} must be at least 1, got {value}")
 
 
-def _load_training_setup(args: argparse.Namespace):
-    """(params, task, model) of ``--config``, with bad input turned into CliError."""
-    if not os.path.isfile(args.config):
+def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
+    """(params, task, model) of ``--config`` (or of ``params``, read from ``args.config``), the
+    task and model on ``device``, with bad input turned into CliError."""
+    if params is None and not os.path.isfile(args.config):
         raise CliError(f"{args.config}: no such file")
     _positive("--threads", args.threads)
     import torch
@@ -322,7 +323,11 @@ def _load_training_setup(args: argparse.Namespace):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        params, task, model = config.load_training_file(args.config)
+        if params is None:
+            params, task, model = config.load_training_file(args.config, device=device)
+        else:
+            config.check_keys(params, config.TRAINING_FILE_KEYS, args.config)
+            task, model = config.build_task(params, args.config, device=device)
     for w in caught:
         if issubclass(w.category, UserWarning):
             print(f"warning: {w.message}", file=sys.stderr)
@@ -361,7 +366,15 @@ def _written(out_dir: str, before: set) -> List[str]:
     names = sorted(n for n in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, n))
                    and (n not in before or n in ("policy.pt", "policy.json", "training.csv",
                                                   "learning_curve.png")))
+    names += [f"checkpoints/{k}/" for k in ("latest", "best") if os.path.isdir(os.path.join(out_dir, "checkpoints", k))]
     return names
+
+
+def _refuse_overwrite(out: str, force: bool) -> None:
+    """--out must not hold a policy already, unless --force."""
+    if not force and os.path.isfile(os.path.join(out, "policy.pt")):
+        raise CliError(f"--out {out}: holds a trained policy already (policy.pt); pass --force to overwrite it "
+                       f"(its log and checkpoints go too), or choose another folder")
 
 
 def _prepare_out(out: str) -> set:
@@ -372,32 +385,71 @@ def _prepare_out(out: str) -> set:
         raise CliError(f"--out {out}: {exc.strerror or exc}") from None
 
 
+def _training_device(name: str):
+    """--device of train/baseline: a torch device whose backend this machine has (CliError otherwise)."""
+    import torch
+
+    try:
+        return _device(name)
+    except CliError as exc:
+        if torch.version.cuda is None and name.startswith("cuda"):
+            raise CliError(f"{exc}: torch {torch.__version__} is a CPU-only build (install a CUDA build: "
+                           f"DIFFSIM_TORCH=cuda scripts/bootstrap.sh, see README)") from None
+        raise
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     for name in ("iterations", "num_envs"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.resume is None and (args.config is None or args.out is None):
+        raise CliError("train needs --config YAML and --out DIR (or --resume DIR to continue a run)")
+    if args.resume is not None:
+        if args.out is not None and os.path.abspath(args.out) != os.path.abspath(args.resume):
+            raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
+                           f"folder; give --resume alone")
+        if not os.path.isdir(args.resume):
+            raise CliError(f"--resume {args.resume}: no such folder")
+        args.out = args.resume
+    else:
+        _refuse_overwrite(args.out, args.force)
+    device = _training_device(args.device)
     errors = _input_errors()
+    source = args.config
     try:
-        params, task, model = _load_training_setup(args)
-        from diffsim_ros.training import train_from_params
+        from diffsim_ros.training import resume_source, train_from_params
 
-        before = _prepare_out(args.out)
+        if args.resume is not None:
+            stored, stored_file, done = resume_source(args.resume)
+            if args.config is None:       # the run's own parameters
+                args.config = source = stored_file
+                params, task, model = _load_training_setup(args, device, params=stored)
+            else:
+                params, task, model = _load_training_setup(args, device)
+            print(f"train: resuming {args.resume} after iteration {done}", flush=True)
+            before = set(os.listdir(args.out))
+        else:
+            params, task, model = _load_training_setup(args, device)
+            before = _prepare_out(args.out)
         t0 = time.perf_counter()
         overrides = {"iterations": args.iterations, "num_envs": args.num_envs, "seed": args.seed,
                      "stop_at_success": False if args.keep_training else None}
         task, result, _ = train_from_params(params, args.config, args.out, overrides,
-                                            progress=not args.no_progress, task=task)
+                                            progress=not args.no_progress, task=task,
+                                            resume=args.resume is not None)
         wall = time.perf_counter() - t0
     except errors as exc:
-        raise CliError(_describe(exc, args.config)) from None
+        raise CliError(_describe(exc, source or args.out)) from None
     _summary("train", task, model, result, None, args.out, _written(args.out, before), wall)
     return 0
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     _positive("--timesteps", args.timesteps)
+    _refuse_overwrite(args.out, args.force)
+    device = _training_device(args.device)
     errors = _input_errors()
     try:
-        params, task, model = _load_training_setup(args)
+        params, task, model = _load_training_setup(args, device)
         try:
             from diffsim_ros.learning import ppo
         except ModuleNotFoundError as exc:
@@ -431,12 +483,19 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_training_args(p, what: str) -> None:
-    p.add_argument("--config", required=True, metavar="YAML",
+def _add_training_args(p, what: str, resumable: bool = False) -> None:
+    also = " (with --resume: the run's own, else the same file)" if resumable else ""
+    p.add_argument("--config", required=not resumable, metavar="YAML",
                    help="training file, e.g. config/reach_arm.yaml (a ROS 2 parameter file with urdf, "
-                        "floating_base, dtype, simulator, task, training and ppo sections)")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help=f"output folder: policy.pt, policy.json and the {what} log")
+                        "floating_base, dtype, simulator, task, training and ppo sections)" + also)
+    p.add_argument("--out", required=not resumable, metavar="DIR",
+                   help=f"output folder: policy.pt, policy.json and the {what} log (training.csv, "
+                        f"TensorBoard event files); refused when it holds a policy already, unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the policy (and the log) an earlier run left in --out")
+    p.add_argument("--device", default="cpu",
+                   help="torch device the simulator and the policy run on: cpu, cuda or cuda:N (default: cpu); "
+                        "the checkpoint is written for the CPU either way")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the file's)")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads (default: 1; more threads contend on small batches)")
@@ -449,8 +508,14 @@ def _add_train(sub) -> None:
         description="Read a training file (config/<task>.yaml), build the robot, simulator and task, "
                     "train a policy with analytic gradients through the simulator, and write "
                     "policy.pt (TorchScript), policy.json (metadata), training.csv and "
-                    "learning_curve.png into --out.")
-    _add_training_args(p, "training")
+                    "learning_curve.png into --out. On the way: a row of training.csv and the TensorBoard "
+                    "scalars per iteration, and every training.checkpoint_every iterations "
+                    "checkpoints/latest/ (with resume.pt, the state --resume continues from) and "
+                    "checkpoints/best/ (the best evaluation so far).")
+    _add_training_args(p, "training", resumable=True)
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run in DIR from checkpoints/latest (exactly as if it had not stopped); "
+                        "refused when DIR holds no resume state or the configuration differs")
     p.add_argument("--iterations", type=int, default=None, metavar="N",
                    help="policy updates (default: the file's training.iterations)")
     p.add_argument("--num-envs", type=int, default=None, metavar="N",

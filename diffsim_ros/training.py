@@ -6,23 +6,36 @@ Builds the task from the parameter mapping of a training file (config/<task>.yam
 trains by gradients through the simulator (``learning.apg.train``) and writes the
 checkpoint (``save_checkpoint``) with the training summary and the whole parameter
 set, so that a controller can rebuild the task exactly from the checkpoint alone.
+
+On the way the run keeps ``out/training.csv`` (a row per iteration), TensorBoard event
+files, ``out/checkpoints/latest/`` (with ``resume.pt``) and ``out/checkpoints/best/``
+(see :func:`diffsim_ros.learning.apg.train`); ``train_from_params(..., resume=True)``
+continues the run in ``out`` where it stopped, refusing another configuration:
+
+    params, source, done = resume_source("runs/hover")    # the configuration the run started with
+    task, result, files = train_from_params(params, source, "runs/hover", resume=True)
 """
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 
 def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.PathLike],
                       overrides: Optional[Dict[str, Any]] = None, callback=None, progress: bool = False,
-                      task=None):
+                      task=None, resume: bool = False):
     """Train on ``params`` (read from ``source``) into ``out``; returns (task, result, files).
 
     ``overrides`` replace entries of the ``training`` section (None values are ignored);
-    ``task``: an already built task for these parameters (else it is built here)."""
+    ``task``: an already built task for these parameters (else it is built here), on the device
+    to train on. ``resume``: continue the run in ``out`` from ``out/checkpoints/latest`` (bit for
+    bit); a :class:`~diffsim_ros.learning.apg.ResumeError` (a ConfigError) when there is no resume
+    state there, or when ``params`` with ``overrides``, or the URDF's content, differ from the
+    run's."""
     from . import config
-    from .learning.apg import TrainConfig, train
+    from .learning.apg import TrainConfig, load_resume_state, train
     from .learning.checkpoint import json_safe, save_checkpoint, training_summary
 
     if task is None:
@@ -35,9 +48,78 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     except config.ConfigError as e:
         raise config.ConfigError(f"{source}: {e}") from None
     out = Path(out)
+    # What the run is checked against when resumed: the parameters as trained (overrides applied).
+    effective = copy.deepcopy(params)
+    effective["training"] = copy.deepcopy(training)
+    run_info = {"config": effective, "config_file": os.path.abspath(source),
+                "urdf_sha256": task.model.urdf_sha256}
+    state = None
+    if resume:
+        state = load_resume_state(out)
+        _check_same_run(state, run_info)
     out.mkdir(parents=True, exist_ok=True)
-    result = train(task, cfg, out_dir=out, progress=progress, callback=callback)
+
+    def export(policy, partial, folder, info):
+        """checkpoints/latest and checkpoints/best: the final checkpoint's metadata, so far."""
+        save_checkpoint(policy, task, folder, extra={
+            "training": dict(training_summary(partial, cfg), method="analytic_gradient"),
+            "config": json_safe(params), "config_file": os.path.abspath(source), "checkpoint": info})
+
+    result = train(task, cfg, out_dir=out, progress=progress, callback=callback, resume=state, export=export,
+                   run_info=run_info)
     extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
              "config": json_safe(params), "config_file": os.path.abspath(source)}
     files = save_checkpoint(result.policy, task, out, extra=extra)
     return task, result, files
+
+
+def resume_source(out: Union[str, os.PathLike]) -> Tuple[Dict[str, Any], str, int]:
+    """(parameters, training file, iterations done) of the run in ``out``, from its resume state
+    (``out/checkpoints/latest/resume.pt``): the parameters as the run trained with them; a
+    ResumeError when there is none."""
+    from .learning.apg import ResumeError, load_resume_state
+
+    state = load_resume_state(out)
+    if state["finished"]:
+        raise ResumeError(f"{state['path']}: the run already finished (iteration {int(state['iteration'])}); "
+                          f"nothing to resume")
+    info = state.get("run_info") or {}
+    if not isinstance(info.get("config"), dict) or not isinstance(info.get("config_file"), str):
+        raise ResumeError(f"{state['path']}: the resume state does not record its configuration; pass --config "
+                          f"with the training file the run started with")
+    return copy.deepcopy(info["config"]), info["config_file"], int(state["iteration"])
+
+
+def _differences(then: Any, now: Any, where: str = "") -> List[str]:
+    """Dotted names of the entries that differ between two parameter mappings."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        out: List[str] = []
+        for k in list(then) + [k for k in now if k not in then]:
+            name = f"{where}.{k}" if where else str(k)
+            if k not in then or k not in now:
+                out.append(name)
+            else:
+                out += _differences(then[k], now[k], name)
+        return out
+    return [] if then == now else [where or "(all)"]
+
+
+def _check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
+    """A ResumeError naming what differs when ``run_info`` (the configuration given now) is not
+    the one the run in ``state`` started with: another parameter, or a URDF whose content changed."""
+    from .learning.apg import ResumeError
+    from .learning.checkpoint import json_safe
+
+    where = state["path"]
+    then = state.get("run_info") or {}
+    if "config" not in then:
+        raise ResumeError(f"{where}: the resume state does not record its configuration")
+    diff = _differences(json_safe(then["config"]), json_safe(run_info["config"]))
+    if diff:
+        shown = ", ".join(diff[:8]) + (f" and {len(diff) - 8} more" if len(diff) > 8 else "")
+        raise ResumeError(f"{where}: the run was started with another configuration ({then.get('config_file')}): "
+                          f"{shown} differ; resume with the same training file and options, or train afresh "
+                          f"into another folder")
+    if then.get("urdf_sha256") != run_info["urdf_sha256"]:
+        raise ResumeError(f"{where}: the robot's URDF changed since the run started (sha256 "
+                          f"{str(then.get('urdf_sha256'))[:12]}... then, {str(run_info['urdf_sha256'])[:12]}... now)")

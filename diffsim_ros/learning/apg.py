@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import math
+import os
+import random
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ..physics import ConfigError, SimulationError, Simulator
@@ -29,6 +34,14 @@ from .policy import MLPPolicy, ValueNet
 
 
 LR_SCHEDULES = ("constant", "cosine")
+CHECKPOINTS = "checkpoints"          # DIR/checkpoints/{latest,best}/
+RESUME_FILE = "resume.pt"            # the training state, in checkpoints/latest/
+RESUME_FORMAT = "diffsim_ros.resume"
+RESUME_FORMAT_VERSION = 1
+
+
+class ResumeError(ConfigError):
+    """A run that cannot be resumed: no resume state, a damaged one, or another configuration."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,9 @@ class TrainConfig:
     max_divergences: iterations whose simulation diverged (non-finite state or gradient) that
         are dropped and retried from fresh episodes, the policy and optimiser put back to the
         iteration's start, before training gives up [10]
+    checkpoint_every: iterations between checkpoints of a run into a folder: checkpoints/latest
+        (the policy now, with the state to resume from) and checkpoints/best (the best evaluation
+        so far, ties broken by the lower loss); the last iteration always writes one [10]
     """
     iterations: int = 100
     num_envs: int = 64
@@ -84,6 +100,7 @@ class TrainConfig:
     stop_at_success: bool = True
     seed: int = 0
     max_divergences: int = 10
+    checkpoint_every: int = 10
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "training") -> "TrainConfig":
@@ -120,6 +137,8 @@ class TrainConfig:
         for k in ("learning_rate", "final_learning_rate"):
             if k in kw and not kw[k] > 0:
                 raise ConfigError(f"'{where}.{k}' must be > 0, got {kw[k]}")
+        if kw.get("checkpoint_every", 1) < 1:
+            raise ConfigError(f"'{where}.checkpoint_every' must be >= 1, got {kw['checkpoint_every']}")
         return cls(**kw)
 
     def learning_rate_at(self, iteration: int) -> float:
@@ -167,8 +186,31 @@ def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> 
 
 
 def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress: bool = True,
-          callback: Optional[Callable[[Dict[str, float]], None]] = None) -> TrainResult:
-    """Train a policy for ``task``; write ``training.csv`` and ``learning_curve.png`` to ``out_dir``."""
+          callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
+          export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
+    """Train a policy for ``task``.
+
+    ``out_dir``: the run's folder. ``training.csv`` gets one row per iteration as it ends (flushed),
+    TensorBoard event files the same numbers (when ``tensorboard`` is importable; tag = column,
+    step = iteration), ``checkpoints/latest/`` and ``checkpoints/best/`` are written every
+    ``cfg.checkpoint_every`` iterations and at the end, ``learning_curve.png`` at the end. A fresh
+    run (no ``resume``) starts the folder's log anew: the rows, event files and checkpoints of an
+    earlier run there are removed. ``callback(row)``: after every iteration (and its checkpoint).
+
+    ``resume``: the state :func:`load_resume_state` read from an earlier run of this task with this
+    ``cfg``; training continues from it as if it had never stopped: the same rows and the same
+    weights as one uninterrupted run, on the same device and torch build.
+
+    ``export(policy, result, folder, info)`` writes a loadable checkpoint of ``policy`` into
+    ``folder`` (``result``: a :class:`TrainResult` of the history so far; ``info``: {"kind": "latest"
+    or "best", "iteration": n}); default: :func:`~diffsim_ros.learning.checkpoint.save_checkpoint`
+    with the training summary. ``run_info``: plain values (dicts, lists, numbers, strings) kept in
+    the resume state as they are, e.g. the caller's configuration to check a resume against.
+
+    A simulation that diverges in more than ``cfg.max_divergences`` iterations stops training with a
+    SimulationError naming the iteration and the quantity; with ``out_dir`` the last completed
+    iteration is then in ``checkpoints/latest/``.
+    """
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     dtype, device = task.model.dtype, task.model.device
@@ -183,14 +225,65 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     history: List[Dict[str, float]] = []
     env_steps = 0
     solved_steps = solved_time = None
-    t_start = time.perf_counter()
+    diverged = 0
+    it = 0
+    best = None             # {"iteration", "eval_success", "loss"} of the best evaluated policy so far
+    if resume is not None:
+        check_resume_state(resume, task, cfg)
+        policy.load_state_dict(resume["policy"])
+        opt.load_state_dict(resume["optimizer"])
+        if critic is not None:
+            critic.load_state_dict(resume["critic"])
+            critic_opt.load_state_dict(resume["critic_optimizer"])
+        history = [dict(row) for row in resume["history"]]
+        it, env_steps, diverged = int(resume["iteration"]), int(resume["env_steps"]), int(resume["diverged"])
+        solved_steps, solved_time, best = resume["solved_env_steps"], resume["solved_time"], resume["best"]
+        _set_rng_state(resume["rng"], gen, device)
+    # wall_time continues the clock of the run resumed
+    t_start = time.perf_counter() - (float(history[-1]["wall_time"]) if history else 0.0)
+    log = checkpoints = None
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        if resume is None:
+            _clear_run(out_dir)
+        log = RunLog(out_dir, history)
+        checkpoints = _Checkpoints(out_dir, task, cfg, export)
+    pending_best = None     # (copy of the policy, its iteration): the best so far, not yet on disk
+    last_saved = it
+
+    def save(finished: bool) -> None:
+        """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
+        with the resume state; nothing the run draws from its random generators changes."""
+        nonlocal pending_best, last_saved
+        rng = _rng_state(gen, device)
+        try:
+            if pending_best is not None:
+                pol, k = pending_best
+                upto = history[:k]
+                solved = solved_steps if solved_steps is not None and solved_steps <= upto[-1]["env_steps"] else None
+                checkpoints.write("best", pol, TrainResult(pol, upto, solved, solved_time if solved else None),
+                                  {"kind": "best", "iteration": k})
+                pending_best = None
+            state = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, "iteration": it,
+                     "env_steps": env_steps, "diverged": diverged, "finished": finished, "history": history,
+                     "solved_env_steps": solved_steps, "solved_time": solved_time, "best": best,
+                     "policy": policy.state_dict(), "optimizer": opt.state_dict(),
+                     "critic": critic.state_dict() if critic is not None else None,
+                     "critic_optimizer": critic_opt.state_dict() if critic is not None else None,
+                     "rng": rng, "train_config": dataclasses.asdict(cfg),
+                     "task": {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim},
+                     "device": str(device), "run_info": run_info}
+            checkpoints.write("latest", policy, TrainResult(policy, history, solved_steps, solved_time),
+                              {"kind": "latest", "iteration": it}, state)
+        finally:
+            _set_rng_state(rng, gen, device)
+        last_saved = it
+
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=cfg.iterations, desc=f"train {task.name}", unit="it", leave=False)
-    diverged = 0
+        bar = tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
     try:
-        it = 0
         while it < cfg.iterations:
             if cfg.randomize_mass or cfg.randomize_drag or cfg.randomize_actuator_lag:
                 task.sim = _randomized_sim(nominal_sim, cfg, gen)
@@ -214,8 +307,15 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                     critic_opt.load_state_dict(snapshot[3])
                 task.sim = nominal_sim
                 if diverged > cfg.max_divergences:
-                    raise SimulationError(f"{exc} (the simulation diverged in {diverged} iterations, more than "
-                                          f"training.max_divergences = {cfg.max_divergences})") from None
+                    kept = ""
+                    if checkpoints is not None:
+                        if it > 0 and (it > last_saved or not checkpoints.has("latest")):
+                            save(False)
+                        kept = (f"; the last good state, iteration {it}, is kept in {checkpoints.path('latest')}"
+                                if it > 0 else "; no iteration completed, no checkpoint was written")
+                    raise SimulationError(f"iteration {it + 1}: {exc} (the simulation diverged in {diverged} "
+                                          f"iterations, more than training.max_divergences = "
+                                          f"{cfg.max_divergences}){kept}") from None
                 warnings.warn(f"iteration {it + 1}: {exc}; dropped and retried on fresh episodes "
                               f"({diverged} of at most {cfg.max_divergences})", RuntimeWarning)
                 continue
@@ -223,32 +323,226 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
             task.sim = nominal_sim
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": total_loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
-                   "eval_success": float("nan"), "diverged": diverged}
+                   "eval_success": float("nan"), "diverged": diverged, "lr": lr}
             if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
                 row["eval_success"] = evaluate(task, policy, cfg.eval_envs)
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
+                if _better(row, best):
+                    best = {"iteration": it + 1, "eval_success": row["eval_success"], "loss": row["loss"]}
+                    if checkpoints is not None:
+                        pending_best = (copy.deepcopy(policy), it + 1)
             history.append(row)
             it += 1
+            done = it >= cfg.iterations or (cfg.stop_at_success and solved_steps is not None)
+            if log is not None:
+                log.append(row)
+            if checkpoints is not None and (it % cfg.checkpoint_every == 0 or done):
+                save(done)
             if callback is not None:
                 callback(row)
             if bar is not None:
                 bar.set_postfix(loss=f"{row['loss']:.4f}", success=f"{train_success:.2f}")
                 bar.update(1)
-            if cfg.stop_at_success and solved_steps is not None:
+            if done:
                 break
     finally:
         task.sim = nominal_sim
         if bar is not None:
             bar.close()
+        if log is not None:
+            log.close()
     if out_dir is not None:
-        write_history(history, Path(out_dir), title=f"{task.name}: gradient through the simulator")
+        plot_history(history, out_dir, title=f"{task.name}: gradient through the simulator")
         if getattr(task, "feet", None) and len(task.feet) == 4:
             # Legged: the footfall diagram and the gait the policy uses (tasks/gait.py).
             from ..tasks.gait import write_gait_report
 
-            write_gait_report(task, policy, Path(out_dir))
+            write_gait_report(task, policy, out_dir)
     return TrainResult(policy, history, solved_steps, solved_time)
+
+
+def _better(row: Dict[str, float], best: Optional[Dict[str, float]]) -> bool:
+    """Whether ``row``'s evaluation beats ``best``: a higher success rate, or the same with a lower loss."""
+    if best is None:
+        return True
+    if row["eval_success"] != best["eval_success"]:
+        return row["eval_success"] > best["eval_success"]
+    return row["loss"] < best["loss"]
+
+
+# ---------------------------------------------------------------------------- the run's folder
+class RunLog:
+    """A run's log in ``out_dir``: ``training.csv``, rewritten with the rows of ``history`` (a
+    resumed run's rows up to its checkpoint; none for a fresh run) and then one row appended and
+    flushed per :meth:`append`, so a killed run keeps every row it finished; and, when the
+    ``tensorboard`` package is importable, TensorBoard event files beside it holding the same
+    numbers (tag = column name, step = ``iteration``; nan left out; a resumed run's file purges
+    the steps the killed run logged after its checkpoint, so TensorBoard shows each step once)."""
+
+    def __init__(self, out_dir: Path, history=(), tensorboard: bool = True):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.csv_path = self.out_dir / "training.csv"
+        self._file = open(self.csv_path, "w", newline="")
+        self._csv = None
+        for row in history:
+            self._write(row)
+        self._file.flush()
+        self.tensorboard = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:      # TensorBoard is optional; training.csv holds the same numbers
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                purge = int(history[-1]["iteration"]) + 1 if history else None
+                self.tensorboard = SummaryWriter(str(self.out_dir), purge_step=purge)
+
+    def _write(self, row: Dict[str, float]) -> None:
+        if self._csv is None:
+            self._csv = csv.DictWriter(self._file, fieldnames=list(row.keys()))
+            self._csv.writeheader()
+        self._csv.writerow(row)
+
+    def append(self, row: Dict[str, float]) -> None:
+        self._write(row)
+        self._file.flush()
+        if self.tensorboard is not None:
+            step = int(row["iteration"])
+            for key, val in row.items():
+                if key != "iteration" and isinstance(val, (int, float)) and math.isfinite(val):
+                    self.tensorboard.add_scalar(key, float(val), step)
+            self.tensorboard.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+
+def _clear_run(out_dir: Path) -> None:
+    """Remove what an earlier run left in ``out_dir`` that a new run would mix with its own: the
+    checkpoints (a later resume would otherwise take the old run's) and the TensorBoard event files."""
+    shutil.rmtree(out_dir / CHECKPOINTS, ignore_errors=True)
+    if out_dir.is_dir():
+        for f in out_dir.glob("events.out.tfevents.*"):
+            f.unlink(missing_ok=True)
+
+
+def _default_export(task, cfg):
+    def export(policy, result, folder, info):
+        from .checkpoint import save_checkpoint, training_summary
+
+        save_checkpoint(policy, task, folder, extra={
+            "training": dict(training_summary(result, cfg), method="analytic_gradient"), "checkpoint": info})
+    return export
+
+
+class _Checkpoints:
+    """``out_dir/checkpoints/<kind>/``, each written whole into ``<kind>.tmp`` and then put in
+    place by two renames (the previous one kept as ``<kind>.old`` in between), so a kill leaves
+    a complete checkpoint behind, never half of one."""
+
+    def __init__(self, out_dir: Path, task, cfg: TrainConfig, export=None):
+        self.root = Path(out_dir) / CHECKPOINTS
+        self.export = export or _default_export(task, cfg)
+
+    def path(self, kind: str) -> Path:
+        return self.root / kind
+
+    def has(self, kind: str) -> bool:
+        return (self.root / kind).is_dir()
+
+    def write(self, kind: str, policy, result: "TrainResult", info: Dict[str, Any],
+              state: Optional[Dict[str, Any]] = None) -> Path:
+        final, tmp, old = self.root / kind, self.root / (kind + ".tmp"), self.root / (kind + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.export(policy, result, tmp, info)
+        if state is not None:
+            torch.save(state, tmp / RESUME_FILE)
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+# ---------------------------------------------------------------------------- resume
+def _rng_state(gen: torch.Generator, device: torch.device) -> Dict[str, Any]:
+    """Every random generator a run may draw from: the trainer's ``gen``, torch's global CPU (and,
+    on a GPU, CUDA) generator, numpy's and Python's, as plain values and tensors."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"generator": gen.get_state(), "torch": torch.get_rng_state(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "python": random.getstate(), "cuda": None}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any], gen: torch.Generator, device: torch.device) -> None:
+    gen.set_state(state["generator"])
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_resume_state(out_dir) -> Dict[str, Any]:
+    """The training state of the run in ``out_dir`` (``checkpoints/latest/resume.pt``; the ``.old``
+    copy when a kill fell between the two renames that replace it), read without unpickling
+    arbitrary objects (``torch.load(weights_only=True)``), tensors on the CPU. A folder without one,
+    or an unreadable one, is a :class:`ResumeError` naming the file."""
+    out_dir = Path(out_dir)
+    root = out_dir / CHECKPOINTS
+    path = next((p for p in (root / "latest" / RESUME_FILE, root / "latest.old" / RESUME_FILE) if p.is_file()),
+                None)
+    if path is None:
+        why = ("no such folder" if not out_dir.is_dir() else
+               "it holds no training run" if not root.is_dir() else
+               "the run stopped before its first checkpoint (training.checkpoint_every)")
+        raise ResumeError(f"{out_dir}: no resume state ({CHECKPOINTS}/latest/{RESUME_FILE}): {why}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to read is a damaged file
+        raise ResumeError(f"{path}: unreadable resume state ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or state.get("format") != RESUME_FORMAT:
+        raise ResumeError(f"{path}: not a diffsim_ros resume state (format {RESUME_FORMAT!r})")
+    if state.get("format_version") != RESUME_FORMAT_VERSION:
+        raise ResumeError(f"{path}: resume state format_version {state.get('format_version')!r}, this version "
+                          f"reads {RESUME_FORMAT_VERSION}")
+    missing = [k for k in ("iteration", "env_steps", "diverged", "finished", "history", "policy", "optimizer",
+                           "rng", "train_config", "task") if k not in state]
+    if missing:
+        raise ResumeError(f"{path}: resume state without {', '.join(missing)}")
+    state["path"] = str(path)
+    return state
+
+
+def check_resume_state(state: Dict[str, Any], task: Task, cfg: TrainConfig) -> None:
+    """A :class:`ResumeError` unless ``state`` continues a run of ``task`` with ``cfg`` that has
+    iterations left; it names what differs."""
+    where = state.get("path", "resume state")
+    want = {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
+    diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
+            if state["task"].get(k) != v]
+    now = dataclasses.asdict(cfg)
+    diff += [f"training.{k}: {state['train_config'].get(k)!r} then, {v!r} now" for k, v in now.items()
+             if state["train_config"].get(k) != v]
+    if diff:
+        raise ResumeError(f"{where}: the run was started with another configuration ({'; '.join(diff)})")
+    if state["finished"] or int(state["iteration"]) >= cfg.iterations:
+        raise ResumeError(f"{where}: the run already finished (iteration {int(state['iteration'])} of "
+                          f"{cfg.iterations}); nothing to resume")
 
 
 def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps):
@@ -317,6 +611,7 @@ def _fit_critic(critic, opt, policy, cfg, obs_list, loss_list, task, ts):
 
 def write_history(history: List[Dict[str, float]], out_dir: Path, title: str = "") -> None:
     """training.csv and learning_curve.png (success rate and loss against environment steps)."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not history:
         return
@@ -324,6 +619,14 @@ def write_history(history: List[Dict[str, float]], out_dir: Path, title: str = "
         w = csv.DictWriter(f, fieldnames=list(history[0].keys()))
         w.writeheader()
         w.writerows(history)
+    plot_history(history, out_dir, title)
+
+
+def plot_history(history: List[Dict[str, float]], out_dir: Path, title: str = "") -> None:
+    """learning_curve.png: loss and success rate (training episodes, evaluations) against environment
+    steps; nothing without matplotlib or rows."""
+    if not history:
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -346,5 +649,5 @@ def write_history(history: List[Dict[str, float]], out_dir: Path, title: str = "
     a2.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out_dir / "learning_curve.png", dpi=100)
+    fig.savefig(Path(out_dir) / "learning_curve.png", dpi=100)
     plt.close(fig)

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..physics import ConfigError
 from ..tasks import Task
-from .apg import TrainResult, evaluate, write_history
+from .apg import RunLog, TrainResult, _clear_run, evaluate, plot_history
 from .policy import RunningNorm
 
 
@@ -177,7 +177,8 @@ def actor_from_sb3(model, venv_norm, task: Task) -> PPOPolicy:
 
 
 def make_model(task: Task, cfg: PPOConfig):
-    """(SB3 PPO model, its VecNormalize wrapper or None, the TaskVecEnv)."""
+    """(SB3 PPO model, its VecNormalize wrapper or None, the TaskVecEnv). The networks live on
+    the task's device (the simulator's)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -193,14 +194,16 @@ def make_model(task: Task, cfg: PPOConfig):
                 clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
                 policy_kwargs=dict(net_arch=dict(pi=list(cfg.hidden), vf=list(cfg.hidden)),
                                    log_std_init=cfg.log_std_init),
-                seed=cfg.seed, device="cpu", verbose=0)
+                seed=cfg.seed, device=str(task.model.device), verbose=0)
     return model, vn, raw
 
 
 def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] = None, progress: bool = True,
               callback: Optional[Callable[[Dict[str, float]], None]] = None) -> TrainResult:
     """Train ``task`` with PPO; history rows as :func:`diffsim_ros.learning.apg.train`
-    (``grad_norm`` is nan), ``training.csv`` and ``learning_curve.png`` in ``out_dir``.
+    (``grad_norm`` is nan). ``out_dir``: ``training.csv`` with one row appended (flushed) per
+    iteration, TensorBoard event files of the same numbers when ``tensorboard`` is importable
+    (:class:`~diffsim_ros.learning.apg.RunLog`), ``learning_curve.png`` at the end.
 
     One iteration is one rollout of ``num_envs * n_steps`` environment steps and
     its PPO update; ``env_steps`` counts every environment step taken. The
@@ -219,6 +222,10 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
         bar = tqdm(total=iterations * cfg.rollout_steps, desc=f"ppo {task.name}", unit="step", leave=False)
     t_start = time.perf_counter()
     policy = None
+    log = None
+    if out_dir is not None:
+        _clear_run(Path(out_dir))     # an earlier run's checkpoints and event files would mix with this one
+        log = RunLog(Path(out_dir))
     try:
         for it in range(iterations):
             model.learn(total_timesteps=cfg.rollout_steps, reset_num_timesteps=(it == 0), progress_bar=False)
@@ -226,7 +233,8 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
             loss, train_success = raw.pop_stats()
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": loss, "grad_norm": float("nan"), "train_success": train_success,
-                   "eval_success": float("nan"), "diverged": 0}    # apg's columns; SB3 has no retry
+                   "eval_success": float("nan"), "diverged": 0,     # apg's columns; SB3 has no retry
+                   "lr": cfg.learning_rate}
             last = it + 1 == iterations
             if env_steps >= next_eval or last:
                 while next_eval <= env_steps:
@@ -236,6 +244,8 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
             history.append(row)
+            if log is not None:
+                log.append(row)
             if callback is not None:
                 callback(row)
             if bar is not None:
@@ -246,9 +256,11 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
     finally:
         if bar is not None:
             bar.close()
+        if log is not None:
+            log.close()
         raw.close()
     if policy is None or not history or math.isnan(history[-1]["eval_success"]):
         policy = actor_from_sb3(model, vn, task)
     if out_dir is not None:
-        write_history(history, Path(out_dir), title=f"{task.name}: PPO (Stable-Baselines3)")
+        plot_history(history, Path(out_dir), title=f"{task.name}: PPO (Stable-Baselines3)")
     return TrainResult(policy, history, solved_steps, solved_time)
