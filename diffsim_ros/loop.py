@@ -302,7 +302,8 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
     """``diffsim-ros train`` in this process; returns the checkpoint folder."""
     from . import cli
 
-    argv = ["train", "--config", config, "--out", str(out), "--threads", str(threads)]
+    # out is the loop's own policy/ folder: a rerun into the same --out retrains it (--force).
+    argv = ["train", "--config", config, "--out", str(out), "--threads", str(threads), "--force"]
     if iterations is not None:
         argv += ["--iterations", str(iterations)]
     rc = cli.main(argv)

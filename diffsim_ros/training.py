@@ -70,6 +70,18 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
              "config": json_safe(params), "config_file": os.path.abspath(source)}
     files = save_checkpoint(result.policy, task, out, extra=extra)
+    # rollout.gif beside learning_curve.png: one episode of the final policy, 160x120, <= 40 frames
+    # (diffsim_ros.evaluation.training_video). DIFFSIM_NO_VIDEO=1 skips it; a rendering problem is
+    # a warning, never a failed training run.
+    if os.environ.get("DIFFSIM_NO_VIDEO", "").strip().lower() not in ("1", "true", "yes"):
+        try:
+            from .evaluation import training_video
+
+            files["video"] = training_video(task, result.policy, params, out, source)
+        except Exception as exc:  # noqa: BLE001 - the checkpoint is written; the video is a courtesy
+            import sys
+
+            print(f"warning: no rollout video of the final policy: {type(exc).__name__}: {exc}", file=sys.stderr)
     return task, result, files
 
 
@@ -104,6 +116,20 @@ def _differences(then: Any, now: Any, where: str = "") -> List[str]:
     return [] if then == now else [where or "(all)"]
 
 
+def _summarise(names: List[str], per_section: int = 3) -> str:
+    """The differing entries, at most ``per_section`` named per top-level section (its ``type``
+    first: another task says more than its weights)."""
+    sections: Dict[str, List[str]] = {}
+    for n in names:
+        sections.setdefault(n.split(".")[0], []).append(n)
+    parts = []
+    for top, entries in sections.items():
+        entries.sort(key=lambda n: n.rsplit(".", 1)[-1] != "type")
+        more = len(entries) - per_section
+        parts.append(", ".join(entries[:per_section]) + (f" (and {more} more in {top})" if more > 0 else ""))
+    return ", ".join(parts)
+
+
 def _check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
     """A ResumeError naming what differs when ``run_info`` (the configuration given now) is not
     the one the run in ``state`` started with: another parameter, or a URDF whose content changed."""
@@ -116,7 +142,7 @@ def _check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
         raise ResumeError(f"{where}: the resume state does not record its configuration")
     diff = _differences(json_safe(then["config"]), json_safe(run_info["config"]))
     if diff:
-        shown = ", ".join(diff[:8]) + (f" and {len(diff) - 8} more" if len(diff) > 8 else "")
+        shown = _summarise(diff)
         raise ResumeError(f"{where}: the run was started with another configuration ({then.get('config_file')}): "
                           f"{shown} differ; resume with the same training file and options, or train afresh "
                           f"into another folder")
