@@ -1,0 +1,530 @@
+"""Evaluating a trained policy: success on fresh episodes with a confidence interval, the
+ways it fails, and a video of a few rollouts (``diffsim-ros eval``).
+
+    report = evaluate_checkpoint("policies/reach_arm", episodes=256, seed=2024, video="reach.gif")
+    print(format_report(report))             # success, 95 % Wilson interval, failure-mode table
+    report.to_dict()                         # what --json writes
+
+The checkpoint's metadata rebuilds robot, simulator and task exactly as the controller
+does (``learning.deploy.task_from_metadata``), in the training file's precision; the
+episodes are the task's own reset distribution drawn from ``seed`` (default 2024: not the
+trainer's evaluation seed, 12345, nor the usual training seed, 0) and the verdict is the
+task's own success metric on the final state, as ``learning.apg.evaluate`` computes it.
+The simulator's NaN guard is off here, so an episode that diverges is counted instead of
+stopping the evaluation.
+
+Failure modes, each counted per episode (an episode counts once per mode, whatever the
+number of steps; the modes overlap), from the recorded states of every control step
+(the reset state included):
+
+- ``joint_at_limit``: an actuated joint (``simulator.actuated_joints``: the ones the policy
+  drives) with finite URDF limits within ``limit_margin`` (rad, or m for prismatic joints;
+  default 0.01) of its lower or upper limit, or past it;
+- ``over_speed_limit``: an actuated joint faster than its URDF velocity limit (|v| > limit;
+  joints whose URDF gives no limit, 0, are not judged);
+- ``fall`` (floating base only): the locomotion task's own fall (base below
+  ``fall_height`` x base height or tipped past 60 degrees) and, for velocity-command
+  locomotion, its strict bounds (base below ``min_height`` x base height, roll or pitch
+  beyond ``max_tilt``); for other floating-base robots (the quadrotor) a crash: the base
+  below ``ground_height + crash_height`` (default 0.1 m) or upside down;
+- ``non_finite``: a NaN or Inf in the positions or velocities.
+
+No rclpy here.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+__all__ = ["DEFAULT_SEED", "DEFAULT_EPISODES", "EvalError", "Rollout", "EvalReport", "wilson_interval", "rollout",
+           "failure_modes", "evaluate_task", "load_checkpoint_task", "evaluate_checkpoint", "rollout_video",
+           "training_video", "mujoco_scene", "format_report", "add_parser", "cmd_eval"]
+
+DEFAULT_SEED = 2024
+DEFAULT_EPISODES = 256
+DEFAULT_VIDEO_EPISODES = 3
+MODES = ("joint_at_limit", "over_speed_limit", "fall", "non_finite")
+#: analysis.video.RENDERERS, spelled here so that the CLI's --help does not import the analysis package.
+RENDERER_CHOICES = ("auto", "mujoco", "matplotlib")
+
+
+class EvalError(ValueError):
+    """An evaluation that cannot run as asked (bad episode count, margin, ...)."""
+
+
+# ---------------------------------------------------------------------------- statistics
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Tuple[float, float]:
+    """Wilson score interval for a binomial proportion: ``successes`` of ``n`` trials.
+
+    With z the two-sided normal quantile of ``confidence`` (1.96 for 0.95) and p = k/n:
+    centre (p + z^2/2n) / (1 + z^2/n), half-width z / (1 + z^2/n) sqrt(p(1-p)/n + z^2/4n^2).
+    Unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or n."""
+    if n < 1:
+        raise EvalError(f"a confidence interval needs at least one episode, got n = {n}")
+    if not 0 <= successes <= n:
+        raise EvalError(f"successes must lie in [0, {n}], got {successes}")
+    if not 0 < confidence < 1:
+        raise EvalError(f"confidence must lie in (0, 1), got {confidence}")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# ---------------------------------------------------------------------------- rollouts
+@dataclass
+class Rollout:
+    """Recorded episodes: ``q`` (T+1, B, nq) and ``v`` (T+1, B, nv) at every control step (float64,
+    CPU, reset state first), ``target`` (B, d), the task's ``success`` (B,) bool on the final state,
+    its final bookkeeping ``extra``, the control step ``dt`` (s) and the ``seed``."""
+    q: Any
+    v: Any
+    target: Any
+    success: Any
+    extra: Dict[str, Any]
+    dt: float
+    seed: int
+
+    @property
+    def episodes(self) -> int:
+        return int(self.q.shape[1])
+
+
+def rollout(task, policy: Callable, episodes: int, seed: int = DEFAULT_SEED) -> Rollout:
+    """Run ``policy`` (obs -> action in [-1, 1]) on ``episodes`` fresh episodes of ``task`` (reset
+    drawn from ``seed``), no gradients, recording every state: the same episodes and the same
+    verdicts as ``apg.evaluate(task, policy, episodes, seed)``."""
+    import torch
+
+    if episodes < 1:
+        raise EvalError(f"episodes must be at least 1, got {episodes}")
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        ts = task.reset(int(episodes), gen)
+        qs, vs = [ts.sim.q], [ts.sim.v]
+        for _ in range(task.horizon):
+            ts = task.step(ts, policy(task.observe(ts)))
+            qs.append(ts.sim.q)
+            vs.append(ts.sim.v)
+        success = task.success(ts).to(torch.bool)
+    cpu = lambda x: x.detach().to(device="cpu", dtype=torch.float64)  # noqa: E731
+    return Rollout(q=cpu(torch.stack(qs)), v=cpu(torch.stack(vs)), target=cpu(ts.target), success=success.cpu(),
+                   extra={k: v.detach().cpu() for k, v in ts.extra.items()}, dt=float(task.dt), seed=int(seed))
+
+
+def _fall(task, roll: Rollout, crash_height: float):
+    """(B,) bool per episode and the criterion in words; None for a fixed base."""
+    import torch
+
+    from .physics.spatial import quat_to_matrix
+    from .tasks.locomotion import LocomotionTask, roll_pitch
+
+    if not task.model.floating_base:
+        return None, "fixed base"
+    q = roll.q
+    z = q[..., 2]
+    if isinstance(task, LocomotionTask):
+        fell = roll.extra["fallen"].to(torch.bool).clone()
+        words = (f"base below {task.fall_height:.3g} m or tipped past 60 deg (the task's fall)")
+        if task.command_speed:
+            r, p = roll_pitch(q[..., 3:7])
+            strict = (z < task.min_height) | (r.abs() > task.max_tilt) | (p.abs() > task.max_tilt)
+            fell |= strict.any(0)
+            words += f"; base below {task.min_height:.3g} m or roll/pitch beyond {task.max_tilt:g} rad (strict)"
+        return fell, words
+    ground = float(task.sim_config.ground_height)
+    up = quat_to_matrix(q[..., 3:7])[..., 2, 2]
+    fell = ((z < ground + crash_height) | (up < 0)).any(0)
+    return fell, f"base below {ground + crash_height:.3g} m (ground + {crash_height:g} m) or upside down"
+
+
+def failure_modes(task, roll: Rollout, limit_margin: float = 0.01, crash_height: float = 0.1) -> Dict[str, Any]:
+    """Per-episode failure flags of a recorded rollout (see the module doc): ``flags`` {mode: (B,)
+    bool tensor or None where the mode does not apply}, ``per_joint`` {mode: {joint: episodes}},
+    ``max_speed_ratio`` {joint: max |v| / limit}, ``criteria`` {mode: words}."""
+    import torch
+
+    if not limit_margin >= 0:
+        raise EvalError(f"limit_margin must be >= 0 (rad or m), got {limit_margin}")
+    m = task.model
+    # The joints the policy drives (simulator.actuated_joints): a passive joint resting on its stop
+    # (a gripper finger at 0) is no failure of the policy.
+    idx = task.sim.act_index.detach().cpu()
+    names = list(task.sim.actuated_joints)
+    off_q, off_v = (7, 6) if m.floating_base else (0, 0)
+    qj, vj = roll.q[..., off_q:][..., idx], roll.v[..., off_v:][..., idx]
+    lo = m.lower.detach().cpu().to(torch.float64)[idx]
+    hi = m.upper.detach().cpu().to(torch.float64)[idx]
+    vmax = m.velocity_limit.detach().cpu().to(torch.float64)[idx]
+    has_lo, has_hi = torch.isfinite(lo), torch.isfinite(hi)
+    at_limit = ((qj <= lo + limit_margin) & has_lo) | ((qj >= hi - limit_margin) & has_hi)   # (T+1, B, nj)
+    judged = torch.isfinite(vmax) & (vmax > 0)
+    over = (vj.abs() > vmax) & judged
+    at_limit_ep, over_ep = at_limit.any(0), over.any(0)                                     # (B, nj)
+    finite = torch.isfinite(roll.q).all(-1) & torch.isfinite(roll.v).all(-1)
+    non_finite = (~finite).any(0)
+    fall, fall_words = _fall(task, roll, crash_height)
+    # A mode that no joint can show (no joints, no finite limits, no URDF velocity limits) is None.
+    flags = {"joint_at_limit": at_limit_ep.any(-1) if bool((has_lo | has_hi).any()) else None,
+             "over_speed_limit": over_ep.any(-1) if bool(judged.any()) else None,
+             "fall": fall, "non_finite": non_finite}
+    ratio = {}
+    with torch.no_grad():
+        speeds = torch.nan_to_num(vj.abs(), nan=0.0, posinf=0.0).amax(dim=(0, 1)) if names else torch.zeros(0)
+    for i, n in enumerate(names):
+        if bool(judged[i]):
+            ratio[n] = float(speeds[i] / vmax[i])
+    return {"flags": flags,
+            "per_joint": {"joint_at_limit": {n: int(at_limit_ep[:, i].sum()) for i, n in enumerate(names)
+                                             if bool(has_lo[i] | has_hi[i])},
+                          "over_speed_limit": {n: int(over_ep[:, i].sum()) for i, n in enumerate(names)
+                                               if bool(judged[i])}},
+            "max_speed_ratio": ratio,
+            "criteria": {"joint_at_limit": (f"within {limit_margin:g} rad (m) of a URDF position limit, or past it, "
+                                            "at any step") if flags["joint_at_limit"] is not None
+                         else "no actuated joint with URDF position limits",
+                         "over_speed_limit": "|v| above the URDF velocity limit at any step"
+                         if flags["over_speed_limit"] is not None else "no actuated joint with a URDF velocity limit",
+                         "fall": fall_words, "non_finite": "NaN or Inf in q or v at any step"}}
+
+
+# ---------------------------------------------------------------------------- reports
+@dataclass
+class EvalReport:
+    """What an evaluation found (see :meth:`to_dict` for the JSON form)."""
+    checkpoint: str
+    task: str
+    robot: str
+    episodes: int
+    seed: int
+    successes: int
+    confidence: float
+    interval: Tuple[float, float]
+    horizon: int
+    dt: float
+    failures: Dict[str, Optional[int]]
+    failure_details: Dict[str, Any]
+    per_episode: List[Dict[str, Any]] = field(default_factory=list)
+    video: Optional[Dict[str, Any]] = None
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "task": self.task, "robot": self.robot, "episodes": self.episodes,
+                "seed": self.seed, "horizon_steps": self.horizon, "dt_s": self.dt, "successes": self.successes,
+                "success_rate": self.success_rate,
+                "confidence_interval": {"level": self.confidence, "method": "wilson",
+                                        "low": self.interval[0], "high": self.interval[1]},
+                "failures": dict(self.failures), "failure_criteria": self.failure_details["criteria"],
+                "failures_per_joint": self.failure_details["per_joint"],
+                "max_speed_ratio": self.failure_details["max_speed_ratio"],
+                "per_episode": self.per_episode, "video": self.video}
+
+
+def evaluate_task(task, policy: Callable, episodes: int = DEFAULT_EPISODES, seed: int = DEFAULT_SEED,
+                  limit_margin: float = 0.01, crash_height: float = 0.1, confidence: float = 0.95,
+                  checkpoint: str = "", robot: Optional[str] = None) -> Tuple[EvalReport, Rollout]:
+    """Roll ``policy`` out on ``episodes`` fresh episodes of ``task`` and judge them: (report, rollout)."""
+    roll = rollout(task, policy, episodes, seed)
+    fm = failure_modes(task, roll, limit_margin, crash_height)
+    k = int(roll.success.sum())
+    counts = {mode: (None if fm["flags"][mode] is None else int(fm["flags"][mode].sum())) for mode in MODES}
+    per = []
+    for b in range(roll.episodes):
+        per.append({"episode": b + 1, "success": bool(roll.success[b]),
+                    **{mode: (None if fm["flags"][mode] is None else bool(fm["flags"][mode][b])) for mode in MODES}})
+    report = EvalReport(checkpoint=checkpoint, task=task.name, robot=robot or task.model.name, episodes=roll.episodes,
+                        seed=int(seed), successes=k, confidence=confidence,
+                        interval=wilson_interval(k, roll.episodes, confidence), horizon=int(task.horizon),
+                        dt=float(task.dt), failures=counts, failure_details=fm, per_episode=per)
+    return report, roll
+
+
+def format_report(report: EvalReport) -> str:
+    """The report as text: the success line, its interval, and the failure-mode table."""
+    lo, hi = report.interval
+    lines = [f"eval: {report.checkpoint or report.task}: task {report.task} on robot {report.robot}, "
+             f"{report.episodes} episodes (seed {report.seed}) of {report.horizon} x {report.dt:g} s",
+             f"success         {report.success_rate:.3f} ({report.successes} of {report.episodes}), "
+             f"{100 * report.confidence:g} % CI [{lo:.3f}, {hi:.3f}] (Wilson)", ""]
+    rows = []
+    details = report.failure_details
+    for mode in MODES:
+        n = report.failures[mode]
+        name = mode.replace("_", " ")
+        crit = details["criteria"][mode]
+        if n is None:
+            rows.append([name, "n/a", "", crit])
+            continue
+        joints = details["per_joint"].get(mode, {})
+        hit = ", ".join(f"{j} {c}" for j, c in joints.items() if c)
+        rows.append([name, str(n), f"{n / report.episodes:.3f}", crit + (f" [{hit}]" if hit else "")])
+    head = ["failure mode", "episodes", "fraction", "criterion"]
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(3)]
+    fmt = lambda r: "  ".join((r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3]))  # noqa: E731
+    lines += [fmt(head), "  ".join("-" * w for w in widths) + "  " + "-" * len(head[3])]
+    lines += [fmt(r).rstrip() for r in rows]
+    ratios = details.get("max_speed_ratio") or {}
+    if ratios:
+        worst = max(ratios, key=lambda j: ratios[j])
+        lines.append(f"fastest joint   {worst} at {ratios[worst]:.2f} x its URDF velocity limit")
+    if report.video:
+        v = report.video
+        lines.append(f"video           {v['path']} ({v['frames']} frames, {v['width']}x{v['height']}, "
+                     f"{v['fps']:.3g} frames/s, renderer {v['renderer']}"
+                     + (f"; MuJoCo unavailable: {v['fallback_reason']}" if v.get("fallback_reason") else "") + ")")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def _policy_fn(module, device):
+    """A task-side callable around an exported (float32, CPU) TorchScript policy."""
+    import torch
+
+    module = module.to(device)
+
+    def act(obs):
+        return module(obs.to(device=device, dtype=torch.float32)).to(obs.dtype)
+    return act
+
+
+def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu"):
+    """(task, policy, meta, params) of a checkpoint: the task rebuilt from its metadata (the training
+    configuration's precision, float32 when it is not recorded) with the NaN guard off; ``policy``
+    maps the task's observations to actions; ``params`` is a parameter mapping the MuJoCo stand-in
+    can read (urdf resolved on this machine, floating_base, simulator)."""
+    import torch
+
+    from . import config
+    from .learning import deploy
+    from .learning.checkpoint import load_checkpoint, load_metadata
+
+    where = os.fspath(checkpoint)
+    meta = load_metadata(checkpoint)
+    cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    dtype = config.torch_dtype(cfg, where, default="float32")
+    judged = dict(meta, simulator=dict(meta["simulator"], nan_check=False))
+    model, task = deploy.task_from_metadata(judged, where, dtype=dtype)
+    policy, meta = load_checkpoint(checkpoint, model=model)      # refuses another robot
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        task = deploy._build_task(judged, where, model.to(device=dev))
+    params = {"urdf": deploy.resolve_urdf_source(meta, where), "floating_base": bool(meta["robot"]["floating_base"]),
+              "simulator": deploy._finite_floats(dict(meta["simulator"]))}
+    return task, _policy_fn(policy, dev), meta, params
+
+
+def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEFAULT_EPISODES,
+                        seed: int = DEFAULT_SEED, device: str = "cpu", video: Optional[str] = None,
+                        video_episodes: int = DEFAULT_VIDEO_EPISODES, renderer: str = "auto", width: int = 320,
+                        height: int = 240, fps: float = 25.0, limit_margin: float = 0.01,
+                        crash_height: float = 0.1) -> EvalReport:
+    """Evaluate a checkpoint folder (or its policy.pt / policy.json); with ``video`` (a .gif or .mp4
+    path) also draw its first ``video_episodes`` episodes. Bad input raises CheckpointError,
+    EvalError or VideoError naming what is wrong, before anything runs."""
+    from .analysis.video import RENDERERS, VideoError, check_video_path
+
+    if episodes < 1:
+        raise EvalError(f"episodes must be at least 1, got {episodes}")
+    if video is not None:
+        check_video_path(video)
+        if renderer not in RENDERERS:
+            raise VideoError(f"unknown renderer '{renderer}' (one of {', '.join(RENDERERS)})")
+        if video_episodes < 1:
+            raise EvalError(f"video episodes must be at least 1, got {video_episodes}")
+    task, policy, meta, params = load_checkpoint_task(checkpoint, device)
+    report, roll = evaluate_task(task, policy, episodes, seed, limit_margin, crash_height,
+                                 checkpoint=os.fspath(checkpoint), robot=meta["robot"]["name"])
+    if video is not None:
+        report.video = rollout_video(task, roll, video, params, os.fspath(checkpoint),
+                                     list(range(min(video_episodes, roll.episodes))), report, renderer, width, height,
+                                     fps)
+    return report
+
+
+# ---------------------------------------------------------------------------- video
+def mujoco_scene(params: Dict[str, Any], source: str = ""):
+    """A :class:`~diffsim_ros.analysis.video.MujocoScene` of the robot of ``params`` (urdf,
+    floating_base, simulator): the MuJoCo stand-in's model of the same URDF, with the collision
+    primitives as geoms and a ground plane (drawn only: nothing is stepped)."""
+    from .analysis.video import MujocoScene
+    from .plant.mujoco_plant import MujocoPlant
+
+    sim = dict(params.get("simulator") or {})
+    sim["ground"] = True           # the plant adds its geoms (collision primitives) with the ground
+    plant = MujocoPlant({"urdf": params["urdf"], "floating_base": params.get("floating_base", False),
+                         "simulator": sim}, source)
+    return MujocoScene(plant.model, plant.data, lambda q: plant.set_state(q))
+
+
+def _marks(task, target) -> Tuple[Optional[List[float]], float, str]:
+    """(point to draw or None, its radius m, caption) of one episode's goal."""
+    from .tasks import LocomotionTask, QuadrotorTask, ReachTask
+
+    t = [float(x) for x in target.reshape(-1).tolist()]
+    xyz = lambda v: "(" + ", ".join(f"{x:.2f}" for x in v) + ")"  # noqa: E731
+    if isinstance(task, ReachTask):
+        return t, float(task.success_distance), f"target {xyz(t)} m"
+    if isinstance(task, QuadrotorTask):
+        if task.mode == "velocity":
+            return None, 0.0, f"velocity command {xyz(t)} m/s"
+        return t, float(task.success_distance), f"{'setpoint' if task.mode == 'hover' else 'waypoint'} {xyz(t)} m"
+    if isinstance(task, LocomotionTask):
+        if task.command_speed and t:
+            return None, 0.0, f"forward speed command {t[0]:.2f} m/s"
+        return None, 0.0, f"forward, faster than {task.success_speed:g} m/s"
+    return None, 0.0, ""
+
+
+def rollout_video(task, roll: Rollout, path: Union[str, os.PathLike], params: Optional[Dict[str, Any]] = None,
+                  source: str = "", episodes: Sequence[int] = (0, 1, 2), report: Optional[EvalReport] = None,
+                  renderer: str = "auto", width: int = 320, height: int = 240, fps: float = 25.0,
+                  max_frames: Optional[int] = None) -> Dict[str, Any]:
+    """Draw the recorded ``episodes`` (indices) of ``roll`` into ``path`` (.gif or .mp4); returns
+    {path, frames, width, height, fps, renderer, fallback_reason, episodes}. ``params`` (urdf,
+    floating_base, simulator) lets MuJoCo draw; without it only matplotlib can."""
+    from .analysis.video import Episode, render_episodes, save_video
+
+    eps = []
+    for b in episodes:
+        point, radius, caption = _marks(task, roll.target[b])
+        ok = bool(roll.success[b])
+        verdict = "success" if ok else "failed"
+        if report is not None:
+            bad = [m.replace("_", " ") for m in MODES if report.per_episode[b].get(m)]
+            if bad:
+                verdict += " (" + ", ".join(bad) + ")"
+        eps.append(Episode(q=roll.q[:, b].numpy(), target=point, target_radius=radius, caption=caption,
+                           verdict=verdict, ok=ok, label=f"episode {b + 1}"))
+    scene = None if params is None else (lambda: mujoco_scene(params, source))
+    ground = float(task.sim_config.ground_height) if tuple(task.sim_config.ground_normal) == (0.0, 0.0, 1.0) else None
+    out = render_episodes(task.model, eps, roll.dt, renderer=renderer, width=width, height=height, fps=fps,
+                          max_frames=max_frames, mujoco_scene=scene, ground_height=ground)
+    written = save_video(path, out.frames, out.fps)
+    h, w = out.frames[0].shape[:2]
+    return {"path": str(written), "frames": len(out.frames), "width": int(w), "height": int(h), "fps": out.fps,
+            "renderer": out.renderer, "fallback_reason": out.fallback_reason, "episodes": [b + 1 for b in episodes]}
+
+
+def training_video(task, policy: Callable, params: Dict[str, Any], out_dir: Union[str, os.PathLike],
+                   source: str = "", name: str = "rollout.gif", episodes: int = 1, width: int = 160,
+                   height: int = 120, max_frames: int = 40) -> Path:
+    """The small video ``diffsim-ros train`` writes beside learning_curve.png: ``episodes`` fresh
+    episodes (seed DEFAULT_SEED) of the final ``policy``, at most ``max_frames`` frames of
+    ``width`` x ``height`` pixels (default 1 episode, 40 frames, 160 x 120)."""
+    roll = rollout(task, policy, episodes, DEFAULT_SEED)
+    path = Path(os.fspath(out_dir)) / name
+    info = rollout_video(task, roll, path, params, source, list(range(episodes)), None, "auto", width, height,
+                         25.0, max_frames)
+    return Path(info["path"])
+
+
+# ---------------------------------------------------------------------------- CLI
+def _size(text: str) -> Tuple[int, int]:
+    from .cli import CliError
+
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise CliError(f"--size takes WIDTHxHEIGHT in pixels (e.g. 320x240), got {text!r}") from None
+    if w < 16 or h < 16 or w > 4096 or h > 4096 or w % 2 or h % 2:
+        raise CliError(f"--size {text}: width and height must be even numbers of pixels in 16..4096")
+    return w, h
+
+
+def cmd_eval(args) -> int:
+    """``diffsim-ros eval``: see :func:`add_parser`."""
+    from .cli import CliError, _describe, _device, _input_errors, _positive
+
+    _positive("--episodes", args.episodes)
+    _positive("--threads", args.threads)
+    _positive("--video-episodes", args.video_episodes)
+    if not args.fps > 0:
+        raise CliError(f"--fps must be positive, got {args.fps}")
+    width, height = _size(args.size)
+    if not os.path.exists(args.checkpoint):
+        raise CliError(f"{args.checkpoint}: no such checkpoint (give a folder written by diffsim-ros train, "
+                       "or its policy.pt / policy.json)")
+    from .analysis.video import VideoError
+
+    if args.video is not None:
+        try:
+            from .analysis.video import check_video_path
+            check_video_path(args.video)
+        except VideoError as exc:
+            raise CliError(f"--video {exc}") from None
+    import torch
+
+    torch.set_num_threads(args.threads)
+    device = _device(args.device)
+    errors = _input_errors() + (EvalError, VideoError)
+    import warnings
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, str(device), args.video,
+                                         args.video_episodes, args.renderer, width, height, args.fps,
+                                         args.limit_margin, args.crash_height)
+    except errors as exc:
+        raise CliError(_describe(exc, args.checkpoint)) from None
+    seen = set()
+    for w in caught:
+        if issubclass(w.category, UserWarning) and str(w.message) not in seen:
+            seen.add(str(w.message))
+            print(f"warning: {w.message}", file=sys.stderr)
+    print(format_report(report))
+    if args.json:
+        from .learning.checkpoint import json_safe
+
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(json_safe(report.to_dict()), indent=2) + "\n")
+        except OSError as exc:
+            raise CliError(f"--json {args.json}: {exc.strerror or exc}") from None
+        print(f"json            {args.json}")
+    sys.stdout.flush()
+    return 0
+
+
+def add_parser(sub) -> None:
+    """Register ``diffsim-ros eval`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "eval", help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
+        description="Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros train, run "
+                    "the policy on fresh episodes, and print the task's own success rate with its 95 %% Wilson "
+                    "interval and how many episodes put a joint at its URDF position limit, over its URDF "
+                    "velocity limit, fell (floating base) or went non-finite. --video draws a few of the "
+                    "episodes (MuJoCo's offscreen renderer where EGL or OSMesa works, else matplotlib).")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder (or its policy.pt / policy.json)")
+    p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, metavar="N",
+                   help=f"fresh episodes (default {DEFAULT_EPISODES})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seed of the episodes' reset draws (default {DEFAULT_SEED}; the trainer's own evaluation "
+                        "uses 12345)")
+    p.add_argument("--device", default="cpu", help="torch device of the simulation (default cpu; e.g. cuda)")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch intra-op threads (default 1)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--video", default=None, metavar="FILE", help="write a video of the first episodes: .gif or .mp4")
+    p.add_argument("--video-episodes", type=int, default=DEFAULT_VIDEO_EPISODES, metavar="N",
+                   help=f"episodes in the video (default {DEFAULT_VIDEO_EPISODES})")
+    p.add_argument("--renderer", choices=RENDERER_CHOICES, default="auto",
+                   help="auto (MuJoCo where OpenGL works, else matplotlib), mujoco or matplotlib (default auto)")
+    p.add_argument("--size", default="320x240", metavar="WxH", help="video frame size in pixels (default 320x240)")
+    p.add_argument("--fps", type=float, default=25.0,
+                   help="frames per second of simulated time (default 25; played in real time)")
+    p.add_argument("--limit-margin", type=float, default=0.01, metavar="RAD",
+                   help="distance to a URDF position limit counted as at the limit, rad or m (default 0.01)")
+    p.add_argument("--crash-height", type=float, default=0.1, metavar="M",
+                   help="quadrotor: base height above the ground counted as a crash, m (default 0.1)")
+    p.set_defaults(func=cmd_eval)
