@@ -840,6 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sysid(sub)
     _add_loop(sub)
     _add_bag(sub)
+    from diffsim_ros import evaluation   # diffsim-ros eval (torch loads inside the command)
+
+    evaluation.add_parser(sub)
     return parser
 
 
