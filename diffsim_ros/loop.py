@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -94,7 +95,7 @@ class _Processes:
     def check_alive(self, what: str) -> None:
         for name, p in self.procs.items():
             if p.poll() is not None:
-                raise LoopError(f"{name} exited with status {p.returncode} while {what}; its log "
+                raise LoopError(f"{NODES.get(name, name)} exited with status {p.returncode} while {what}; its log "
                                 f"({self.log_dir / (name + '.log')}) ends with:\n{self.log(name)}")
 
     def stop(self, name: str, timeout: float = 20.0) -> Optional[int]:
@@ -115,6 +116,148 @@ class _Processes:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+#: The loop's names of the deployment's nodes and their executables (launch prefixes output with them).
+NODES = {"controller": "policy_controller", "plant": "mujoco_plant", "recorder": "trajectory_recorder"}
+
+
+def ros2_executable() -> Optional[str]:
+    """The ``ros2`` command next to this interpreter (a venv), else on PATH, else None."""
+    import shutil
+
+    here = Path(sys.executable).parent / "ros2"
+    return str(here) if here.is_file() else shutil.which("ros2")
+
+
+def launch_unavailable() -> Optional[str]:
+    """Why ``ros2 launch diffsim_ros deploy.launch.py`` cannot run here, or None when it can: launch
+    and launch_ros importable, the ``ros2`` command installed, and this package in the ament index
+    with its executables (scripts/bootstrap.sh; on a ROS 2 machine, colcon and install/setup.bash)."""
+    import importlib.util
+
+    for module in ("launch", "launch_ros"):
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        # A folder named launch/ without __init__ (this repository's own) is a namespace, not launch.
+        if spec is None or spec.origin is None:
+            return (f"{module} is not importable (scripts/bootstrap.sh installs launch, launch_ros and the ros2 "
+                    f"command from ../shared/vendor when it exists; on a ROS 2 machine source its setup.bash)")
+    if ros2_executable() is None:
+        return "the ros2 command (ros2cli) is not installed next to this interpreter nor on PATH"
+    try:
+        from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+    except ImportError:
+        return "ament_index_python is not importable"
+    try:
+        prefix = Path(get_package_prefix("diffsim_ros"))
+    except PackageNotFoundError:
+        return (f"diffsim_ros is not in the ament index (AMENT_PREFIX_PATH={os.environ.get('AMENT_PREFIX_PATH', '')!r}): "
+                "run scripts/bootstrap.sh, which registers it in the venv, and put the venv on AMENT_PREFIX_PATH "
+                "(scripts/run.sh and scripts/test.sh do), or colcon build and source install/setup.bash")
+    missing = [exe for exe in sorted(NODES.values()) if not os.access(prefix / "lib" / "diffsim_ros" / exe, os.X_OK)]
+    if missing:
+        return f"{prefix}/lib/diffsim_ros/ lacks the executables {missing}: run scripts/bootstrap.sh"
+    return None
+
+
+def _launch_preexec() -> None:
+    """preexec_fn of ``ros2 launch``: it dies with the loop (its nodes then get SIGINT from launch, and
+    SIGTERM from their own death signal if launch is killed), and SIGINT is default and unblocked: a
+    process that starts with SIGINT ignored (inherited, as in some test runners) never sees Ctrl-C,
+    since Python then installs no handler and launch's rides on Python's."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+class _Launch:
+    """The deployment as a user starts it: ``ros2 launch diffsim_ros deploy.launch.py ARG:=VALUE ...`` on
+    one ROS domain, its output in ``logs/launch.log`` (split per node into ``logs/<node>.log`` at the
+    end). The same interface as ``_Processes`` where the loop needs it."""
+
+    def __init__(self, log_dir: Path, domain: int):
+        self.log_dir, self.domain = log_dir, domain
+        self.path = log_dir / "launch.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.command: List[str] = []
+
+    def start(self, arguments: Dict[str, Any]) -> None:
+        args = []
+        for key, val in arguments.items():
+            if isinstance(val, bool):
+                val = "true" if val else "false"
+            elif isinstance(val, (list, tuple)):
+                val = json.dumps([float(x) for x in val])
+            args.append(f"{key}:={val}")
+        self.command = [ros2_executable() or "ros2", "launch", "diffsim_ros", "deploy.launch.py", *args]
+        env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                   RCUTILS_COLORIZED_OUTPUT="0", ROS_LOG_DIR=str(self.log_dir / "ros"),
+                   # The nodes set their own death signal (nodes/common.run_node): launch killed, they end.
+                   DIFFSIM_DIE_WITH_PARENT="1")
+        log = open(self.path, "w")
+        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_launch_preexec)
+        log.close()
+
+    def _text(self) -> str:
+        return self.path.read_text(errors="replace") if self.path.exists() else ""
+
+    def log(self, name: str, tail: int = 4000) -> str:
+        """What node ``name`` (controller, plant, recorder) printed, from launch's output."""
+        prefix = f"[{NODES[name]}-"
+        lines = [ln.split("] ", 1)[1] if "] " in ln else ln for ln in self._text().splitlines()
+                 if ln.startswith(prefix)]
+        return "\n".join(lines)[-tail:]
+
+    def started(self, name: str) -> bool:
+        """launch has started node ``name``'s process."""
+        return re.search(rf"\[INFO\] \[{NODES[name]}-\d+\]: process started", self._text()) is not None
+
+    def exit_statuses(self) -> Dict[str, Optional[int]]:
+        """Exit status of each node as launch reported it (None: not reported)."""
+        text, out = self._text(), {}
+        for name, exe in NODES.items():
+            if re.search(rf"\[{exe}-\d+\]: process has finished cleanly", text):
+                out[name] = 0
+            else:
+                m = re.search(rf"\[{exe}-\d+\]: process has died \[pid \d+, exit code (-?\d+)", text)
+                out[name] = int(m.group(1)) if m else None
+        return out
+
+    def check_alive(self, what: str) -> None:
+        if self.proc is None or self.proc.poll() is None:
+            return
+        died = {n: rc for n, rc in self.exit_statuses().items() if rc is not None}
+        if died:
+            # The one that failed (the others were stopped by the shutdown it caused), else the first.
+            name, rc = sorted(died.items(), key=lambda item: item[1] == 0)[0]
+            raise LoopError(f"{NODES[name]} exited with status {rc} while {what}, which ended the deployment "
+                            f"({' '.join(self.command[:4])}; its log {self.path}); {NODES[name]} printed:\n"
+                            f"{self.log(name)}")
+        raise LoopError(f"ros2 launch exited with status {self.proc.returncode} while {what}; its log "
+                        f"({self.path}) ends with:\n{self._text()[-4000:]}")
+
+    def stop(self, timeout: float = 60.0) -> Dict[str, Optional[int]]:
+        """SIGINT to launch (what Ctrl-C does: it passes SIGINT to every node; the recorder drains what is
+        queued and closes the bag), bounded; returns the nodes' exit statuses and writes their logs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for name in NODES:
+            (self.log_dir / f"{name}.log").write_text(self.log(name, tail=1 << 30) + "\n")
+        return self.exit_statuses()
+
+    def kill_all(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 class _Clock:
@@ -172,6 +315,20 @@ class _Clock:
         rclpy.shutdown(context=self.ctx)
 
 
+def _write_params(path: Path, node: str, params: Dict[str, Any]) -> None:
+    """A ROS 2 parameter file for one node (dotted names nested, as ROS reads them)."""
+    import yaml
+
+    nested: Dict[str, Any] = {}
+    for key, val in params.items():
+        *parents, leaf = key.split(".")
+        d = nested
+        for part in parents:
+            d = d.setdefault(part, {})
+        d[leaf] = val
+    path.write_text(yaml.safe_dump({node: {"ros__parameters": nested}}, sort_keys=False))
+
+
 def recorded_types(floating_base: bool, kind: Optional[str] = None) -> List[str]:
     """'topic:type' of everything the loop records (doc/interfaces.md); ``kind`` 'legged': odometry,
     IMU and joint states in, joint position commands out."""
@@ -200,6 +357,26 @@ def bag_counts(bag: Path) -> Dict[str, int]:
     return counts
 
 
+def _recorded_training_file(ckpt: Path, recorded: Dict[str, Any]) -> Dict[str, Any]:
+    """The parameters of the training file an older checkpoint names (``config: {file, task}``): that
+    path, else the file of the same name in this package's config/, accepted only when its task
+    section is the one recorded (another task's file would deploy the policy on the wrong task)."""
+    from . import config as cfgmod
+
+    name = Path(recorded["file"])
+    share = cfgmod.package_share()
+    for path in [name] + ([share / "config" / name.name] if share is not None else []):
+        if not path.is_file():
+            continue
+        params = cfgmod.load_yaml(str(path))
+        if "task" in recorded and params.get("task") != recorded["task"]:
+            raise LoopError(f"{ckpt}: the checkpoint was trained with {name}; {path} has another task section "
+                            "now; pass --config with the robot's training YAML")
+        return dict(params, urdf=str(cfgmod.resolve_urdf(params, str(path))))
+    raise LoopError(f"{ckpt}: the checkpoint names its training file {name}, which is not there (nor in "
+                    "the package's config/); pass --config with the robot's training YAML")
+
+
 def checkpoint_config(ckpt: Path, out: Path) -> str:
     """A ROS parameter file for the stand-in made from the checkpoint's own training configuration
     (robot, simulator, task), with the URDF the checkpoint names resolved to a path."""
@@ -210,6 +387,8 @@ def checkpoint_config(ckpt: Path, out: Path) -> str:
 
     meta = load_metadata(ckpt)
     params = meta.get("config")
+    if isinstance(params, dict) and "urdf" not in params and isinstance(params.get("file"), str):
+        params = _recorded_training_file(ckpt, params)
     if not isinstance(params, dict) or "urdf" not in params:
         raise LoopError(f"{ckpt}: the checkpoint does not carry its training configuration ('config' in "
                         "policy.json); pass --config with the robot's training YAML")
@@ -338,14 +517,17 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
              perturbation: Optional[Dict[str, Any]] = None, start: Optional[Sequence[float]] = None,
              threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
              timeout: float = 600.0, first_state_timeout: float = 30.0,
-             targets: Optional[Sequence[Sequence[float]]] = None, n_targets: int = 3, log=print) -> Dict[str, Any]:
+             targets: Optional[Sequence[Sequence[float]]] = None, n_targets: int = 3,
+             use_launch: Optional[bool] = None, log=print) -> Dict[str, Any]:
     """Train (or take ``checkpoint``), deploy on the MuJoCo stand-in, record, analyse.
 
     ``config`` None with a ``checkpoint``: the robot, simulator and task the checkpoint was
     trained with (its stored configuration). ``first_state_timeout``: seconds the stand-in has
     to publish its first states before the loop stops with the likely cause. Arms: ``targets``
     (points, m; default ``n_targets`` drawn from the task's reset distribution) are reached in
-    sequence, each for ``duration`` simulated seconds.
+    sequence, each for ``duration`` simulated seconds. ``use_launch``: deploy through
+    ``ros2 launch diffsim_ros deploy.launch.py`` (True), start the nodes one by one (False), or the
+    first where launch is installed and the package is in the ament index (None).
     Returns a summary dict (also written to ``out/summary.json``)."""
     import torch
 
@@ -399,53 +581,77 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     hold_s = float(duration)
     total = hold_s * (len(targets) if runner.kind == "arm" else 1)
     domain = random.randint(101, 232) if domain is None else int(domain)
+    why_not = launch_unavailable() if use_launch is not False else "the subprocess path was asked for"
+    if use_launch and why_not:
+        raise LoopError(f"cannot deploy through deploy.launch.py: {why_not}")
     log(f"[loop] 2/4 deploying on the MuJoCo stand-in (ROS_DOMAIN_ID={domain}, perturbation "
         f"{json.dumps(perturbation)}), recording to {bag}")
-    procs = _Processes(logs, domain)
+    if why_not:
+        log(f"[loop]     nodes started one by one ({why_not})")
+        procs: Any = _Processes(logs, domain)
+    else:
+        procs = _Launch(logs, domain)
     clock = None
     interrupted = False
     t1 = time.perf_counter()
+    if runner.model.floating_base:
+        from nav_msgs.msg import Odometry as state_type
+        state_topic = "/odom"
+    else:
+        from sensor_msgs.msg import JointState as state_type
+        state_topic = "/joint_states"
+    controller = {"state_timeout_s": 5.0, "stats_file": str(logs / "controller_stats.json")}
+    plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in perturbation.items()}
+    if start is not None:
+        plant["initial_positions"] = [float(x) for x in start]
     try:
-        # Types given up front: the recorder subscribes at once instead of discovering the
-        # publishers, so the first states are not lost to discovery.
-        procs.start("recorder", "trajectory_recorder", {
-            "output_dir": str(bag), "drain_s": 1.0,
-            "types": json.dumps(recorded_types(runner.model.floating_base, runner.kind))})
-        plant = {"config": config, "mode": "lockstep"}
-        plant.update({f"perturbation.{k}": v for k, v in perturbation.items()})
-        if start is not None:
-            plant["initial_positions"] = [float(x) for x in start]
-        procs.start("plant", "mujoco_plant", plant)
-        if runner.model.floating_base:
-            from nav_msgs.msg import Odometry as state_type
-            state_topic = "/odom"
+        if isinstance(procs, _Launch):
+            # The user's path: deploy.launch.py starts controller, plant and recorder together; the
+            # controller holds its first command until the plant and the recorder listen.
+            _write_params(logs / "controller_params.yaml", "policy_controller", controller)
+            _write_params(logs / "plant_params.yaml", "mujoco_plant", plant)
+            arguments: Dict[str, Any] = {
+                "target": "mujoco", "checkpoint": str(ckpt), "config": config, "lockstep": True, "record": True,
+                "bag": str(bag), "controller_params": str(logs / "controller_params.yaml"),
+                "plant_params": str(logs / "plant_params.yaml")}
+            if runner.kind == "arm":
+                arguments["target_point"] = targets[0]
+            procs.start(arguments)
+            log(f"[loop]     {' '.join(procs.command)}")
         else:
-            from sensor_msgs.msg import JointState as state_type
-            state_topic = "/joint_states"
+            # Types given up front: the recorder subscribes at once instead of discovering the
+            # publishers, so the first states are not lost to discovery.
+            procs.start("recorder", "trajectory_recorder", {
+                "output_dir": str(bag), "drain_s": 1.0,
+                "types": json.dumps(recorded_types(runner.model.floating_base, runner.kind))})
+            procs.start("plant", "mujoco_plant", dict(plant, config=config, mode="lockstep"))
         clock = _Clock(domain, state_topic, state_type)
         # Until its first command the lockstep plant republishes its initial state every second.
         # Two of them seen here mean the plant's publishers are discovered, so the recorder
         # (subscribed since its start) does not miss the first states once the controller runs.
         end = time.monotonic() + timeout
-        first = time.monotonic() + min(first_state_timeout, timeout)
+        first = None if isinstance(procs, _Launch) else time.monotonic() + min(first_state_timeout, timeout)
         while clock.states < 2:
             procs.check_alive("waiting for the stand-in's first states")
-            if time.monotonic() > first:
+            if first is None and procs.started("plant"):
+                # Counted from the plant's start: launch itself takes a while to import and start it.
+                first = time.monotonic() + first_state_timeout
+            if time.monotonic() > (end if first is None else min(first, end)):
                 raise LoopError(
                     f"mujoco_plant published no state on {state_topic} within {first_state_timeout:g} s. Likely "
                     f"causes: the stand-in is still starting on a loaded machine, or its robot is not the "
                     f"checkpoint's ({runner.kind}: {state_topic} expected); mujoco_plant's log "
                     f"({logs / 'plant.log'}) ends with:\n{procs.log('plant', 1500)}")
             time.sleep(0.05)
-        procs.start("controller", "policy_controller", {
-            "checkpoint": str(ckpt), "config": config, "lockstep": True, "state_timeout_s": 5.0,
-            # The plant stamps its states with simulated time and publishes it on /clock: the
-            # controller's stamp rule compares against that clock.
-            "use_sim_time": True,
-            # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
-            "wait_for_subscribers": 2, "wait_for_recorders": 1,
-            "stats_file": str(logs / "controller_stats.json"),
-            **({"target": targets[0]} if runner.kind == "arm" else {})})
+        if not isinstance(procs, _Launch):
+            procs.start("controller", "policy_controller", dict(controller, **{
+                "checkpoint": str(ckpt), "config": config, "lockstep": True,
+                # The plant stamps its states with simulated time and publishes it on /clock: the
+                # controller's stamp rule compares against that clock.
+                "use_sim_time": True,
+                # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
+                "wait_for_subscribers": 2, "wait_for_recorders": 1,
+                **({"target": targets[0]} if runner.kind == "arm" else {})}))
         shown = -1
         next_target = 1
         while clock.t < total:
@@ -468,39 +674,31 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     finally:
         if clock is not None:
             clock.close()
-        # Producers first, then the recorder, which drains what is queued and closes the bag.
-        rc_ctrl = procs.stop("controller")
-        rc_plant = procs.stop("plant")
-        time.sleep(0.5)
-        rc_rec = procs.stop("recorder", timeout=60.0)
+        if isinstance(procs, _Launch):
+            statuses = procs.stop()
+        else:
+            # Producers first, then the recorder, which drains what is queued and closes the bag.
+            statuses = {"controller": procs.stop("controller"), "plant": procs.stop("plant")}
+            time.sleep(0.5)
+            statuses["recorder"] = procs.stop("recorder", timeout=60.0)
         procs.kill_all()
     t_deploy = time.perf_counter() - t1
     if interrupted:
         raise KeyboardInterrupt
-    for name, rc in (("policy_controller", rc_ctrl), ("mujoco_plant", rc_plant), ("trajectory_recorder", rc_rec)):
+    for name, rc in statuses.items():
         if rc not in (0, None, -signal.SIGINT):
-            raise LoopError(f"{name} ended with status {rc}; see {logs}")
+            raise LoopError(f"{NODES[name]} ended with status {rc}; see {logs}")
 
     log(f"[loop] 3/4 analysing {bag}")
     from . import analysis
 
+    summary = _run_summary(ckpt, bag, perturbation, logs, {"train": t_train, "deploy": t_deploy},
+                           " ".join(procs.command) if isinstance(procs, _Launch) else "nodes started one by one")
     if runner.kind == "legged":
-        return _legged_summary(out_dir, ckpt, bag, runner, perturbation, logs, t_train, t_deploy, log)
+        return _legged_summary(out_dir, bag, runner, summary, log)
     data = analysis.read_bag(str(bag))
     metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
-    summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
-                               "simulated_s": data.duration_s, "states_recorded": int(len(data.t_state)),
-                               "wall_s": {"train": t_train, "deploy": t_deploy}}
-    stats_file = logs / "controller_stats.json"
-    if stats_file.exists():
-        stats = json.loads(stats_file.read_text())
-        summary["controller"] = {k: stats[k] for k in ("published", "states_rejected", "safe_commands")
-                                 if k in stats}
-        counts = bag_counts(bag)
-        summary["bag_counts"] = counts
-        # Nothing the controller published may be missing from the bag.
-        summary["lost"] = {t: n - counts.get(t, 0) for t, n in stats.get("published", {}).items()
-                           if counts.get(t, 0) != n}
+    summary.update({"simulated_s": data.duration_s, "states_recorded": int(len(data.t_state))})
     if data.kind == "quadrotor" and hasattr(task, "success_distance"):
         target = runner.target_tensor(None)[0].numpy()
         summary["task"] = dict(_hover_result(data, task, target), target=target.tolist())
@@ -534,25 +732,34 @@ def _check_same_robot(config: str, runner) -> None:
                         "the checkpoint's own robot")
 
 
-def _legged_summary(out_dir, ckpt, bag, runner, perturbation, logs, t_train, t_deploy, log) -> Dict[str, Any]:
+def _run_summary(ckpt: Path, bag: Path, perturbation: Dict[str, Any], logs: Path, wall_s: Dict[str, float],
+                 deployment: str) -> Dict[str, Any]:
+    """What every run reports: its inputs, how it was deployed, what the controller published and
+    whether the bag holds every message of it (``lost``: topic -> messages missing)."""
+    summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
+                               "deployment": deployment, "wall_s": wall_s}
+    stats_file = logs / "controller_stats.json"
+    if stats_file.exists():
+        stats = json.loads(stats_file.read_text())
+        summary["controller"] = {k: stats[k] for k in ("published", "states_rejected", "safe_commands")
+                                 if k in stats}
+        counts = bag_counts(bag)
+        summary["bag_counts"] = counts
+        summary["lost"] = {t: n - counts.get(t, 0) for t, n in stats.get("published", {}).items()
+                           if counts.get(t, 0) != n}
+    return summary
+
+
+def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     """Summary of a legged run: the task's verdict from the bag and the bag's completeness (the
     sim-vs-real velocity comparison covers arm and multirotor bags only so far)."""
     from .analysis.legged import legged_report
 
     res = _legged_result(bag, runner)
     rep = legged_report(bag, out_dir / "analysis")
-    summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
-                               "kind": "legged", "task": res, "gait": rep["gait"], "analysis_files": rep["files"],
-                               "wall_s": {"train": t_train, "deploy": t_deploy}, "velocity_error": None,
-                               "note": "sim-vs-real velocity analysis is not implemented for legged bags yet"}
-    stats_file = logs / "controller_stats.json"
-    if stats_file.exists():
-        stats = json.loads(stats_file.read_text())
-        counts = bag_counts(bag)
-        summary["controller"] = {k: stats[k] for k in ("published", "states_rejected", "safe_commands") if k in stats}
-        summary["bag_counts"] = counts
-        summary["lost"] = {t: n - counts.get(t, 0) for t, n in stats.get("published", {}).items()
-                           if counts.get(t, 0) != n}
+    summary.update({"kind": "legged", "task": res, "gait": rep["gait"], "analysis_files": rep["files"],
+                    "velocity_error": None,
+                    "note": "sim-vs-real velocity analysis is not implemented for legged bags yet"})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     log("[loop] 4/4 summary (legged)")
     log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")

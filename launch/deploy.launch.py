@@ -17,13 +17,23 @@ target:=gazebo    robot_state_publisher + ros_gz_sim (gz sim, spawns the URDF fr
 target:=hardware  nothing but the controller and the recorder: the robot's own drivers must
                   publish /joint_states (or /odom and /imu) and take the selected command interface.
 
+Any checkpoint: checkpoint:=<folder> without robot:= deploys the robot the checkpoint was trained
+on (arm, quadrotor or legged, read from its policy.json), with the robot, simulator and task of its
+stored training configuration unless config:= names another file:
+
+    ros2 launch diffsim_ros deploy.launch.py checkpoint:=runs/ur5 target_point:="[0.4, 0.1, 0.4]"
+    ros2 launch diffsim_ros deploy.launch.py checkpoint:=runs/solo12 lockstep:=true
+
 Recording is on by default (record:=false turns it off): trajectory_recorder writes a rosbag2
-(MCAP) of states, commands, predictions, metadata and diagnostics into bag:=<folder>.
+(MCAP) of states, commands, predictions, metadata and diagnostics into bag:=<folder>. When any
+node exits, the whole deployment shuts down (shutdown_on_exit:=false keeps the others running).
+`diffsim-ros loop` (scripts/run.sh) deploys through this file whenever launch is installed.
 """
 import os
+from pathlib import Path
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction, Shutdown
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
@@ -37,22 +47,12 @@ ROBOTS = {
     "arm": ("config/reach_arm.yaml", "policies/reach_arm", "urdf/diffsim_arm.urdf"),
 }
 TARGETS = ("mujoco", "gazebo", "hardware")
-#: robot -> the topics trajectory_recorder subscribes at its start (types known up front, so the first
-#: states and commands are not lost to discovery); others are still found by discovery.
-RECORDED = {
-    "quadrotor": ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu", "/cmd_ctbr:geometry_msgs/msg/TwistStamped",
-                  "/diffsim/predicted_state:nav_msgs/msg/Odometry"],
-    "arm": ["/joint_states:sensor_msgs/msg/JointState",
-            "/position_controller/commands:std_msgs/msg/Float64MultiArray",
-            "/diffsim/predicted_state:sensor_msgs/msg/JointState"],
-}
-RECORDED_COMMON = ["/diffsim/command:std_msgs/msg/Float64MultiArray", "/diffsim/metadata:std_msgs/msg/String",
-                   "/diagnostics:diagnostic_msgs/msg/DiagnosticArray", "/clock:rosgraph_msgs/msg/Clock"]
-
 ARGUMENTS = [
     ("target", "mujoco", "where the robot is: mujoco | gazebo | hardware"),
-    ("robot", "quadrotor", "quadrotor (hover policy) or arm (reach policy)"),
-    ("config", "", "robot/training config file (default: config/hover.yaml or config/reach_arm.yaml)"),
+    ("robot", "auto", "quadrotor (shipped hover policy), arm (shipped reach policy), or auto: the robot of "
+                      "checkpoint:= (arm, quadrotor or legged), else quadrotor"),
+    ("config", "", "robot/training config file (default: the checkpoint's own training configuration; "
+                   "config/hover.yaml or config/reach_arm.yaml for the shipped policies)"),
     ("checkpoint", "", "policy checkpoint folder (default: policies/hover or policies/reach_arm)"),
     ("interface", "auto", "policy_controller interface: forward_command | joint_trajectory | ctbr | rotor_thrust | "
                           "cmd_vel_legacy | auto"),
@@ -62,10 +62,12 @@ ARGUMENTS = [
     ("record", "true", "record a rosbag2 (MCAP) with trajectory_recorder"),
     ("bag", "bags/deploy", "output folder of the bag"),
     ("controller_params", "", "extra parameter file for policy_controller (e.g. config/controller_*.yaml)"),
+    ("plant_params", "", "extra parameter file for mujoco_plant (e.g. perturbation.mass_scale, initial_positions)"),
+    ("shutdown_on_exit", "true", "end the whole deployment when any node exits"),
 ]
 
 
-def gazebo_description(robot: str, urdf_rel: str) -> str:
+def gazebo_description(robot: str, urdf: str) -> str:
     """The robot_description Gazebo spawns: for the arm, its xacro with the <ros2_control> tag and
     the gz_ros2_control plugin (controllers from config/controller_arm_gazebo.yaml); the same
     physics as the plain URDF the policy was trained on."""
@@ -76,7 +78,7 @@ def gazebo_description(robot: str, urdf_rel: str) -> str:
                                  mappings={"ros2_control": "true",
                                            "controllers": _share("config/controller_arm_gazebo.yaml")})
         return doc.toxml()
-    with open(_share(urdf_rel)) as f:
+    with open(urdf) as f:
         return f.read()
 
 
@@ -100,16 +102,51 @@ def _bool(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _robot(get):
+    """(kind, config file, checkpoint folder, URDF file) of the robot:= / checkpoint:= / config:= arguments."""
+    robot, checkpoint, config = get("robot"), get("checkpoint"), get("config")
+    if robot not in ROBOTS and robot != "auto":
+        raise RuntimeError(f"deploy.launch.py: robot:={robot} is not one of {', '.join(ROBOTS)}, auto")
+    if robot == "auto" and not checkpoint:
+        robot = "quadrotor"
+    if robot in ROBOTS:
+        cfg_rel, ckpt_rel, _ = ROBOTS[robot]
+        checkpoint = checkpoint or _share(ckpt_rel)
+        config = config or _share(cfg_rel)
+    from diffsim_ros.learning.checkpoint import CheckpointError, load_metadata, robot_kind
+    from diffsim_ros.loop import LoopError, checkpoint_config
+
+    try:
+        meta = load_metadata(checkpoint)
+        kind = robot_kind(meta)
+        if robot in ROBOTS and kind != robot:
+            raise RuntimeError(f"deploy.launch.py: checkpoint:={checkpoint} is a policy for the {kind} kind of "
+                               f"robot, not for robot:={robot} (leave robot:= out to deploy the checkpoint's "
+                               "own robot)")
+        if not config:
+            import tempfile
+
+            config = checkpoint_config(Path(checkpoint).resolve(), Path(tempfile.mkdtemp(prefix="diffsim_deploy_")))
+    except (CheckpointError, LoopError) as e:
+        raise RuntimeError(f"deploy.launch.py: {e}") from None
+    return kind, config, checkpoint, _config_urdf(config)
+
+
+def _config_urdf(config: str) -> str:
+    from diffsim_ros import config as cfgmod
+
+    return str(cfgmod.resolve_urdf(cfgmod.load_yaml(config), config))
+
+
 def _setup(context, *args, **kwargs):
     get = lambda name: LaunchConfiguration(name).perform(context)  # noqa: E731
-    target, robot = get("target"), get("robot")
+    target = get("target")
     if target not in TARGETS:
         raise RuntimeError(f"deploy.launch.py: target:={target} is not one of {', '.join(TARGETS)}")
-    if robot not in ROBOTS:
-        raise RuntimeError(f"deploy.launch.py: robot:={robot} is not one of {', '.join(ROBOTS)}")
-    cfg_rel, ckpt_rel, urdf_rel = ROBOTS[robot]
-    config = get("config") or _share(cfg_rel)
-    checkpoint = get("checkpoint") or _share(ckpt_rel)
+    kind, config, checkpoint, urdf = _robot(get)
+    # Any node ending ends the deployment: a controller without its plant (or a plant without its
+    # controller) is not a deployment, and the recorder must close its bag.
+    on_exit = [Shutdown(reason="a deployment node exited")] if _bool(get("shutdown_on_exit")) else None
     lockstep = _bool(get("lockstep")) and target == "mujoco"
     actions = []
 
@@ -136,34 +173,40 @@ def _setup(context, *args, **kwargs):
     if get("controller_params"):
         params.append(get("controller_params"))
     actions.append(Node(package=PACKAGE, executable="policy_controller", name="policy_controller",
-                        output="screen", parameters=params))
+                        output="screen", parameters=params, on_exit=on_exit))
 
     if target == "mujoco":
-        plant_params = {"config": config, "mode": "lockstep" if lockstep else "realtime"}
+        plant_params = {"config": config, "mode": "lockstep" if lockstep else "realtime",
+                        # No state before the controller (and the recorder) listen: none is lost, and the
+                        # robot does not fall or drift while the controller is still starting.
+                        "wait_for_subscribers": 2 if _bool(get("record")) else 1}
+        plant_files = [get("plant_params")] if get("plant_params") else []
         if _installed("robot_state_publisher"):
             # RViz/Foxglove: robot_state_publisher gives /robot_description and the links' /tf from
             # the stand-in's /joint_states; the stand-in adds world -> base for a floating base.
             # Without it the stand-in publishes both itself.
-            with open(_share(urdf_rel)) as f:
+            with open(urdf) as f:
                 description = f.read()
             actions.append(Node(package="robot_state_publisher", executable="robot_state_publisher",
                                 output="screen", parameters=[{"robot_description": description,
                                                               "use_sim_time": True}]))
             plant_params.update({"publish_link_tf": False, "robot_description_topic": ""})
         actions.append(Node(package=PACKAGE, executable="mujoco_plant", name="mujoco_plant", output="screen",
-                            parameters=[plant_params]))
+                            parameters=[plant_params] + plant_files, on_exit=on_exit))
     elif target == "gazebo":
-        description = gazebo_description(robot, urdf_rel)
+        if kind == "legged":
+            raise RuntimeError("deploy.launch.py: target:=gazebo deploys the arm and the quadrotor only")
+        description = gazebo_description(kind, urdf)
         actions.append(Node(package="robot_state_publisher", executable="robot_state_publisher", output="screen",
                             parameters=[{"robot_description": description, "use_sim_time": True}]))
         gz_launch = os.path.join(FindPackageShare("ros_gz_sim").perform(context), "launch", "gz_sim.launch.py")
         actions.append(IncludeLaunchDescription(PythonLaunchDescriptionSource(gz_launch),
                                                 launch_arguments={"gz_args": "-r empty.sdf"}.items()))
         actions.append(Node(package="ros_gz_sim", executable="create", output="screen",
-                            arguments=["-topic", "robot_description", "-name", robot, "-z", "0.1"]))
+                            arguments=["-topic", "robot_description", "-name", kind, "-z", "0.1"]))
         actions.append(Node(package="ros_gz_bridge", executable="parameter_bridge", output="screen",
                             arguments=["/clock@rosgraph_msgs/msg/Clock[gz.msgs.Clock"]))
-        if robot == "arm":
+        if kind == "arm":
             # gz_ros2_control starts the controller_manager inside gz sim from the URDF's <ros2_control> tag.
             for ctrl in ("joint_state_broadcaster", "position_controller"):
                 actions.append(Node(package="controller_manager", executable="spawner", output="screen",
@@ -171,9 +214,11 @@ def _setup(context, *args, **kwargs):
     # hardware: the robot's own drivers publish the states and take the commands.
 
     if _bool(get("record")):
+        from diffsim_ros.loop import recorded_types
+
         actions.append(Node(package=PACKAGE, executable="trajectory_recorder", name="trajectory_recorder",
-                            output="screen", parameters=[{
-                                "output_dir": get("bag"), "types": RECORDED[robot] + RECORDED_COMMON,
+                            output="screen", on_exit=on_exit, parameters=[{
+                                "output_dir": get("bag"), "types": recorded_types(kind != "arm", kind),
                                 # SIGINT reaches every process at once: take what is still queued.
                                 "drain_s": 1.0}]))
     return actions

@@ -304,3 +304,13 @@ def test_legged_command_matches_task(tmp_path, robot):
                                    atol=1e-12, rtol=0)
     with pytest.raises(StateError, match="not a multirotor"):
         runner.quadrotor_state([0, 0, 1], [0, 0, 0, 1], [0] * 3, [0] * 3)
+
+
+@pytest.mark.parametrize("cfg_name,kind", [("hover", "quadrotor"), ("reach_arm", "arm"), ("locomotion", "legged")])
+def test_robot_kind_from_metadata_alone_matches_the_runner(cfg_name, kind, tmp_path):
+    """robot_kind (what deploy.launch.py reads to pick topics, without building the robot) agrees with
+    PolicyRunner.kind, which builds the robot and its simulator."""
+    from diffsim_ros.learning.checkpoint import load_metadata, robot_kind
+
+    make_checkpoint(cfg_name, tmp_path / "ckpt")
+    assert robot_kind(load_metadata(tmp_path / "ckpt")) == PolicyRunner(tmp_path / "ckpt").kind == kind

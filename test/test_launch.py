@@ -18,7 +18,6 @@ import ast
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, ros_domain
+
+from diffsim_ros.loop import launch_unavailable, ros2_executable
 
 LAUNCH_DIR = REPO_ROOT / "launch"
 LAUNCH_FILES = sorted(LAUNCH_DIR.glob("*.launch.py"))
@@ -182,30 +183,19 @@ ROBOTS = {  # robot -> (command topic, its message type, state topic, its messag
 }
 
 
-def ros2_executable() -> Optional[str]:
-    here = Path(sys.executable).parent / "ros2"
-    return str(here) if here.is_file() else shutil.which("ros2")
-
-
 def tooling_missing() -> Optional[str]:
-    """Why `ros2 launch diffsim_ros ...` cannot run here, or None."""
+    """Why `ros2 launch diffsim_ros ...` cannot run here, or None (the loop's own check, plus
+    launch_pytest and every console script in the index)."""
     if not HAVE_LAUNCH:
         return ("launch, launch_ros and launch_pytest are not importable (not on the package index here: "
                 "scripts/bootstrap.sh installs them from ../shared/vendor/install-ros-launch.sh when that "
                 "exists; on a ROS 2 machine source its setup.bash)")
-    if ros2_executable() is None:
-        return "the ros2 command (ros2cli) is not installed next to this interpreter nor on PATH"
-    try:
-        from ament_index_python.packages import PackageNotFoundError, get_package_prefix
-    except ImportError:
-        return "ament_index_python is not importable"
-    try:
-        prefix = Path(get_package_prefix(PACKAGE))
-    except PackageNotFoundError:
-        return (f"{PACKAGE} is not in the ament index (AMENT_PREFIX_PATH="
-                f"{os.environ.get('AMENT_PREFIX_PATH', '')!r}): run scripts/bootstrap.sh, which registers it "
-                f"in the venv, and put the venv on AMENT_PREFIX_PATH (scripts/test.sh does), or colcon build "
-                f"and source install/setup.bash")
+    reason = launch_unavailable()
+    if reason is not None:
+        return reason
+    from ament_index_python.packages import get_package_prefix
+
+    prefix = Path(get_package_prefix(PACKAGE))
     missing = [s for s in sorted(console_scripts()) if not os.access(prefix / "lib" / PACKAGE / s, os.X_OK)]
     if missing:
         return f"{prefix}/lib/{PACKAGE}/ lacks the executables {missing}: run scripts/bootstrap.sh"
@@ -602,6 +592,20 @@ def test_deploy_launch_sigint_shuts_down_cleanly_and_the_bag_holds_every_command
         assert published[topic] >= 25, published
         assert counts.get(topic) == published[topic] == by_channel.get(topic), (topic, counts, published, by_channel)
     assert counts.get(deployment.state_topic, 0) > 0, counts
+
+
+def test_deploy_launch_refuses_a_checkpoint_for_another_robot(ros_tooling, tmp_path):
+    """robot:=quadrotor with the arm's checkpoint: the launch stops before starting any node, naming
+    both (the topics and interface would be the quadrotor's, the policy the arm's)."""
+    env = _env(ros_domain(), tmp_path)
+    res = subprocess.run([ros2_executable(), "launch", PACKAGE, "deploy.launch.py", "robot:=quadrotor",
+                          f"checkpoint:={_share() / 'policies' / 'reach_arm'}", "record:=false"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT,
+                         stdin=subprocess.DEVNULL)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "policy for the arm kind of robot, not for robot:=quadrotor" in out, out
+    assert "process started" not in out, out
 
 
 # ---------------------------------------------------------------------------- launch_pytest: train.launch.py

@@ -4,6 +4,7 @@ the sim-vs-real summary checked against an analytic value of the gap."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -14,13 +15,28 @@ pytest.importorskip("rosbags", reason="bags are written and read with rosbags")
 from conftest import REPO_ROOT, ros_domain  # noqa: E402
 
 from diffsim_ros import cli  # noqa: E402
-from diffsim_ros.loop import LoopError, run_loop  # noqa: E402
+from diffsim_ros.loop import LoopError, launch_unavailable, run_loop  # noqa: E402
 
 
-def test_loop_on_the_perturbed_stand_in(tmp_path):
+def deploy_path(path: str) -> bool:
+    """use_launch for run_loop: 'launch' (deploy.launch.py; required in CI, where bootstrap installs
+    the tooling) or 'nodes' (the nodes started one by one, the path of machines without launch)."""
+    if path == "launch":
+        reason = launch_unavailable()
+        if reason is not None:
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"CI must deploy through deploy.launch.py: {reason}")
+            pytest.skip(reason)
+    return path == "launch"
+
+
+@pytest.mark.parametrize("path", ["launch", "nodes"])
+def test_loop_on_the_perturbed_stand_in(tmp_path, path):
     out = tmp_path / "loop"
     summary = run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(out), checkpoint=str(REPO_ROOT / "policies" / "hover"),
-                       duration=2.5, perturbation={"mass_scale": 1.1}, log=lambda *_: None, domain=ros_domain())
+                       duration=2.5, perturbation={"mass_scale": 1.1}, log=lambda *_: None, domain=ros_domain(),
+                       use_launch=deploy_path(path))
+    assert summary["deployment"].startswith("nodes") != (path == "launch"), summary["deployment"]
     # The hover holds on a 10 % heavier quadrotor, and nothing the controller published is missing.
     assert summary["task"]["success"], summary["task"]
     assert summary["lost"] == {}
@@ -42,6 +58,42 @@ def test_loop_on_the_perturbed_stand_in(tmp_path):
     with pytest.raises(LoopError, match="already exists"):
         run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(out), checkpoint=str(REPO_ROOT / "policies" / "hover"),
                  duration=0.5, log=lambda *_: None)
+
+
+@pytest.mark.parametrize("path", ["launch", "nodes"])
+def test_loop_names_the_node_that_ended_the_deployment(tmp_path, path):
+    """A node that exits (here the stand-in refusing a negative mass scale at start) ends the run at
+    once with its name and what it printed, on both deployment paths; every log is kept."""
+    use_launch = deploy_path(path)
+    with pytest.raises(LoopError) as err:
+        run_loop(None, str(tmp_path / "loop"), checkpoint=str(REPO_ROOT / "policies" / "hover"), duration=1.0,
+                 perturbation={"mass_scale": -1.0}, log=lambda *_: None, domain=ros_domain(), use_launch=use_launch)
+    msg = str(err.value)
+    assert "mujoco_plant exited with status 2" in msg and "'perturbation.mass_scale' must be > 0" in msg, msg
+    assert "must be > 0" in (tmp_path / "loop" / "logs" / "plant.log").read_text()
+
+
+def test_loop_deploys_an_old_checkpoint_from_the_training_file_it_names(tmp_path):
+    """policies/hover records only its training file and task ({file, task}): the loop finds that file
+    (or the package's file of the same name) and refuses one whose task section differs."""
+    from diffsim_ros.loop import checkpoint_config
+
+    path = checkpoint_config(REPO_ROOT / "policies" / "hover", tmp_path)
+    import yaml
+
+    params = yaml.safe_load(open(path))["/**"]["ros__parameters"]
+    assert params["task"] == yaml.safe_load(open(REPO_ROOT / "config" / "hover.yaml"))["/**"]["ros__parameters"]["task"]
+    assert params["urdf"].endswith("diffsim_quadrotor.urdf")
+    # The same checkpoint recording another task: refused, naming the file.
+    import shutil
+
+    ckpt = tmp_path / "old"
+    shutil.copytree(REPO_ROOT / "policies" / "hover", ckpt)
+    meta = json.loads((ckpt / "policy.json").read_text())
+    meta["config"]["task"] = dict(meta["config"]["task"], settle_time=0.25)
+    (ckpt / "policy.json").write_text(json.dumps(meta))
+    with pytest.raises(LoopError, match="another task section"):
+        checkpoint_config(ckpt, tmp_path)
 
 
 def test_loop_cli_rejects_bad_perturbation(capsys):

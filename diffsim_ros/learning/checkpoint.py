@@ -58,7 +58,7 @@ META_FILE = "policy.json"
 PathLike = Union[str, os.PathLike]
 
 __all__ = ["CheckpointError", "FORMAT", "FORMAT_VERSION", "POLICY_FILE", "META_FILE", "save_checkpoint",
-           "load_checkpoint", "load_metadata", "check_compatible", "export_policy", "command_mapping",
+           "robot_kind", "load_checkpoint", "load_metadata", "check_compatible", "export_policy", "command_mapping",
            "training_summary", "json_safe", "package_version"]
 
 #: Top-level fields written by :func:`save_checkpoint`; ``extra`` may not replace them.
@@ -452,6 +452,15 @@ def load_metadata(path_or_dir: PathLike) -> Dict[str, Any]:
     """The validated ``policy.json`` of a checkpoint (a folder, its policy.json, or its policy.pt)."""
     meta, _, _ = _read_meta(path_or_dir)
     return meta
+
+
+def robot_kind(meta: Mapping[str, Any]) -> str:
+    """'arm' (fixed base), 'quadrotor' (floating base with rotors) or 'legged' (floating base, joints
+    and no rotors) from validated metadata alone: what ``PolicyRunner.kind`` finds by building the
+    robot, for callers that only need to know which topics the robot speaks (launch files)."""
+    if not meta["robot"]["floating_base"]:
+        return "arm"
+    return "quadrotor" if meta.get("simulator", {}).get("rotors") else "legged"
 
 
 def _paths(path_or_dir: PathLike) -> Tuple[Path, Optional[Path]]:

@@ -62,6 +62,10 @@ PARAMETERS = [
     ("publish_rate_hz", 0.0, "realtime mode: state publishing rate, Hz (0: after every control step)"),
     ("lockstep_republish_s", 1.0, "lockstep mode: period (s) at which the initial state is republished until "
                                   "the first command arrives (0: never)"),
+    ("wait_for_subscribers", 0, "publish no state and start no clock until each state topic (/joint_states, "
+                                "/odom) has at least this many matched subscriptions (a controller and a recorder: "
+                                "2), so that nothing the stand-in publishes is missed and a robot does not fall "
+                                "before its controller listens (0: start at once)"),
     ("controller_joints", [""], "order of the entries of the Float64MultiArray commands (the ros2_control "
                                 "controller's 'joints'); empty: the config's actuated joints"),
     ("position_command_topic", "/position_controller/commands", "arm position commands (Float64MultiArray, rad)"),
@@ -207,10 +211,8 @@ def _build_node_class():
             self.create_service(Trigger, "~/reset", self._on_reset)
             # ---- timing
             self._got_command = False
-            if self.lockstep:
-                period = float(p["lockstep_republish_s"])
-                self.idle_timer = self.create_timer(period, self._republish_idle) if period > 0 else None
-            else:
+            self.idle_timer = self.timer = None
+            if not self.lockstep:
                 rtf = float(p["real_time_factor"])
                 if not rtf > 0:
                     raise common.StartupError(f"parameter 'real_time_factor' must be > 0, got {rtf}")
@@ -218,11 +220,38 @@ def _build_node_class():
                 if rate < 0:
                     raise common.StartupError(f"parameter 'publish_rate_hz' must be >= 0, got {rate}")
                 self.publish_every = max(1, int(round(1.0 / (rate * plant.dt)))) if rate > 0 else 1
-                self.timer = self.create_timer(plant.dt / rtf, self._tick)
+                self._period = plant.dt / rtf
+            self.wait_subs = int(p["wait_for_subscribers"])
+            if self.wait_subs < 0:
+                raise common.StartupError(f"parameter 'wait_for_subscribers' must be >= 0, got {self.wait_subs}")
             self.get_logger().info(
                 f"{plant.physics_model.name}: {mode}, dt {plant.dt:g} s in {plant.substeps} substeps, interfaces "
                 f"{', '.join(plant.interfaces)} (start: {plant.interface}), joints {plant.joint_names}; "
                 f"commands on {', '.join(topics)}; perturbation {plant.perturbation.to_dict()}")
+            self.gate_timer = None
+            if self._subscribers_matched():
+                self._start()
+            else:
+                self.gate_timer = self.create_timer(0.02, self._check_gate)
+
+        def _subscribers_matched(self) -> bool:
+            """wait_for_subscribers: every state publisher has that many matched subscriptions."""
+            pubs = [pub for pub in (self.pub_js, self.pub_odom) if pub is not None]
+            return all(pub.get_subscription_count() >= self.wait_subs for pub in pubs)
+
+        def _check_gate(self):
+            if self._subscribers_matched():
+                self.gate_timer.cancel()
+                self.get_logger().info(f"state subscribers matched ({self.wait_subs} each): starting")
+                self._start()
+
+        def _start(self):
+            """The first state out; then the clock runs (realtime) or waits for commands (lockstep)."""
+            if self.lockstep:
+                period = float(self.p["lockstep_republish_s"])
+                self.idle_timer = self.create_timer(period, self._republish_idle) if period > 0 else None
+            else:
+                self.timer = self.create_timer(self._period, self._tick)
             self._publish()
 
         # ------------------------------------------------------------------ state
