@@ -9,6 +9,12 @@
 #                 import rclpy (a sourced ROS 2 install, whose rclpy is built
 #                 for that interpreter), else python3.11 if present (the ROS 2
 #                 wheels are built for CPython 3.11), else python3.
+#   DIFFSIM_TORCH cpu (default): torch exactly as requirements.txt pins it (the CPU build on the
+#                 development machines). cuda: the CUDA build of that same torch version, from
+#                 DIFFSIM_TORCH_INDEX (default https://download.pytorch.org/whl/cu130; e.g. .../cu128
+#                 or .../cu126 for an older NVIDIA driver), installed before the requirements, which
+#                 it then satisfies (a CPU torch already in the venv is replaced). Back to the CPU
+#                 build: remove the venv and bootstrap again without DIFFSIM_TORCH.
 #
 # ROS 2 launch tooling: when `import launch` (launch_ros, launch_pytest) fails in the venv and
 # ../shared/vendor/install-ros-launch.sh exists beside the repository, that installer puts the
@@ -24,6 +30,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
 STAMP="$VENV/.diffsim_ros_stamp"
 VENDOR_LAUNCH="$ROOT/../shared/vendor/install-ros-launch.sh"
+TORCH_VARIANT="${DIFFSIM_TORCH:-cpu}"
+TORCH_INDEX="${DIFFSIM_TORCH_INDEX:-https://download.pytorch.org/whl/cu130}"
+case "$TORCH_VARIANT" in
+    cpu|cuda) ;;
+    *) echo "[bootstrap] DIFFSIM_TORCH must be cpu or cuda, got '$TORCH_VARIANT'" >&2; exit 2 ;;
+esac
 
 # Run from / so that the repository's own launch/ folder is not taken for the `launch` package.
 have_launch() { (cd / && "$VENV/bin/python" -c "import launch.actions, launch_ros.actions, launch_pytest") >/dev/null 2>&1; }
@@ -79,6 +91,8 @@ fi
 # The stamp covers the requirement files and setup.py; a second one this script, the vendored
 # launch installer and scripts/tf2_msgs (the ROS tooling steps).
 WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+# A CUDA torch is another installation (the default's stamp is left as it was).
+if [ "$TORCH_VARIANT" = cuda ]; then WANT="$WANT torch=cuda $TORCH_INDEX"; fi
 TOOLS_STAMP="$VENV/.diffsim_ros_tools_stamp"
 TOOLS_WANT="$(cat "${BASH_SOURCE[0]}" "$ROOT"/scripts/tf2_msgs/CMakeLists.txt "$ROOT"/scripts/tf2_msgs/msg/*.msg \
         $( [ -f "$VENDOR_LAUNCH" ] && echo "$VENDOR_LAUNCH" "$(dirname "$VENDOR_LAUNCH")/ros-launch/VERSIONS.txt" ) \
@@ -89,6 +103,18 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -f "$TOOLS_STAMP" ] \
     exit 0
 fi
 echo "[bootstrap] installing pinned dependencies into $VENV (first run: a few minutes, ~2 GB)" >&2
+if [ "$TORCH_VARIANT" = cuda ] && \
+        ! (cd / && "$VENV/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)") >/dev/null 2>&1; then
+    TORCH_PIN="$(grep -E '^torch==' "$ROOT/requirements.txt" | head -n 1)"
+    echo "[bootstrap] DIFFSIM_TORCH=cuda: the CUDA build of $TORCH_PIN from $TORCH_INDEX (several GB)" >&2
+    "$VENV/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y torch >/dev/null 2>&1 || true
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --index-url "$TORCH_INDEX" "$TORCH_PIN"
+    if ! (cd / && "$VENV/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)") >/dev/null 2>&1; then
+        echo "[bootstrap] DIFFSIM_TORCH=cuda: the torch installed is not a CUDA build (a pip find-links or" \
+             "mirror in the pip configuration may have served the CPU one); see DIFFSIM_TORCH_INDEX" >&2
+        exit 1
+    fi
+fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt"
 # ROS 2 client libraries: only when no rclpy is importable (a sourced ROS 2
 # install provides its own, which must win).
