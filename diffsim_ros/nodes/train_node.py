@@ -11,7 +11,11 @@ parameter, the ``robot_description`` parameter, or the latched robot_description
 topic) and progress on ROS topics: one std_msgs/Float64 on ``loss_topic`` and one
 diagnostic_msgs/DiagnosticArray on ``diagnostics_topic`` per iteration. It writes
 the checkpoint (policy.pt, policy.json, training.csv, learning_curve.png) into
-``out`` and exits 0; bad input (config, URDF) exits 2 with the reason.
+``out`` and exits 0; bad input (config, URDF) exits 2 with the reason. On the way,
+as ``diffsim-ros train`` does: training.csv row by row, TensorBoard event files,
+checkpoints/latest and checkpoints/best; a run into an ``out`` that holds an earlier
+run replaces it (the node has no --force; ``diffsim-ros train --resume out``
+continues a run it left unfinished).
 
 A URDF taken from robot_description is written to ``<out>/robot_description.urdf``
 and trained on; the checkpoint records its sha256, so the controller refuses it
@@ -33,7 +37,8 @@ NODE_NAME = "train_node"
 PARAMETERS: Dict[str, Any] = {
     "config": ("config/hover.yaml", "training file (config/<task>.yaml: urdf, simulator, task, training): absolute, "
                                     "relative to the working directory, or to the diffsim_ros share folder"),
-    "out": ("runs/train_node", "output folder: policy.pt, policy.json, training.csv, learning_curve.png"),
+    "out": ("runs/train_node", "output folder: policy.pt, policy.json, training.csv, learning_curve.png, "
+                               "TensorBoard event files, checkpoints/ (an earlier run there is replaced)"),
     "urdf": ("", "URDF file to train on instead of the config's 'urdf' (empty: the config's)"),
     "robot_description": ("", "URDF XML to train on (as robot_state_publisher's parameter); empty: not used"),
     "robot_description_topic": ("", "take the URDF from this latched std_msgs/String topic (e.g. /robot_description); "
