@@ -285,9 +285,13 @@ def test_resume_refuses_a_folder_without_a_resume_state(tmp_path, capsys):
     assert rc == 2 and "unreadable resume state" in err and "Traceback" not in err, err
     rc, _, err = run_main(capsys, "train", "--out", tmp_path / "x")
     assert rc == 2 and "--config" in err and "--resume" in err, err
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early" / "training.csv").write_text("iteration,loss\n1,0.5\n")
+    rc, _, err = run_main(capsys, "train", "--resume", tmp_path / "early")
+    assert rc == 2 and "stopped before its first checkpoint" in err, err
 
 
-def test_resume_refuses_another_configuration(stopped_run, tmp_path, capsys):
+def test_resume_refuses_another_configuration(stopped_run, tiny_config, tmp_path, capsys):
     hover = ROOT / "config" / "hover.yaml"
     rc, _, err = run_main(capsys, "train", "--resume", stopped_run, "--config", hover)
     assert rc == 2 and err.startswith("error: ") and "another configuration" in err, err
@@ -296,6 +300,9 @@ def test_resume_refuses_another_configuration(stopped_run, tmp_path, capsys):
     assert rc == 2 and "training.iterations" in err, err
     rc, _, err = run_main(capsys, "train", "--resume", stopped_run, "--out", tmp_path / "elsewhere")
     assert rc == 2 and "continues in its own folder" in err, err
+    # A fresh run over it is refused too (it would throw the unfinished run away).
+    rc, _, err = run_main(capsys, "train", "--config", tiny_config, "--out", stopped_run)
+    assert rc == 2 and "unfinished training run" in err and "--resume" in err and "--force" in err, err
     # Nothing was changed by the refusals: it still resumes, from iteration 2.
     assert resume_state(stopped_run)["iteration"] == 2
     rc, out, err = run_main(capsys, "train", "--resume", stopped_run, "--no-progress")

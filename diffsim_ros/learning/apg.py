@@ -507,9 +507,10 @@ def load_resume_state(out_dir) -> Dict[str, Any]:
     path = next((p for p in (root / "latest" / RESUME_FILE, root / "latest.old" / RESUME_FILE) if p.is_file()),
                 None)
     if path is None:
+        started = root.is_dir() or (out_dir / "training.csv").is_file()
         why = ("no such folder" if not out_dir.is_dir() else
-               "it holds no training run" if not root.is_dir() else
-               "the run stopped before its first checkpoint (training.checkpoint_every)")
+               "the run stopped before its first checkpoint (every training.checkpoint_every iterations)"
+               if started else "it holds no training run")
         raise ResumeError(f"{out_dir}: no resume state ({CHECKPOINTS}/latest/{RESUME_FILE}): {why}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
