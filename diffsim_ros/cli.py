@@ -847,7 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bag(sub)
     from diffsim_ros import evaluation   # diffsim-ros eval (torch loads inside the command)
 
-    evaluation.add_parser(sub)
+    evaluation.add_parser(sub, sys.modules[__name__])   # this module (__main__ under python -m): its CliError
     return parser
 
 

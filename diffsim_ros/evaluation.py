@@ -336,6 +336,8 @@ def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEF
 
     if episodes < 1:
         raise EvalError(f"episodes must be at least 1, got {episodes}")
+    if not limit_margin >= 0:
+        raise EvalError(f"the limit margin must be >= 0 (rad or m), got {limit_margin}")
     if video is not None:
         check_video_path(video)
         if renderer not in RENDERERS:
@@ -430,9 +432,7 @@ def training_video(task, policy: Callable, params: Dict[str, Any], out_dir: Unio
 
 
 # ---------------------------------------------------------------------------- CLI
-def _size(text: str) -> Tuple[int, int]:
-    from .cli import CliError
-
+def _size(text: str, CliError) -> Tuple[int, int]:
     try:
         w, h = (int(x) for x in text.lower().split("x"))
     except ValueError:
@@ -442,16 +442,19 @@ def _size(text: str) -> Tuple[int, int]:
     return w, h
 
 
-def cmd_eval(args) -> int:
-    """``diffsim-ros eval``: see :func:`add_parser`."""
-    from .cli import CliError, _describe, _device, _input_errors, _positive
-
+def cmd_eval(args, cli=None) -> int:
+    """``diffsim-ros eval``: see :func:`add_parser`. ``cli``: the CLI module whose CliError its
+    ``main`` catches (default diffsim_ros.cli)."""
+    if cli is None:
+        from . import cli
+    CliError, _describe, _device, _input_errors, _positive = (cli.CliError, cli._describe, cli._device,
+                                                              cli._input_errors, cli._positive)
     _positive("--episodes", args.episodes)
     _positive("--threads", args.threads)
     _positive("--video-episodes", args.video_episodes)
     if not args.fps > 0:
         raise CliError(f"--fps must be positive, got {args.fps}")
-    width, height = _size(args.size)
+    width, height = _size(args.size, CliError)
     if not os.path.exists(args.checkpoint):
         raise CliError(f"{args.checkpoint}: no such checkpoint (give a folder written by diffsim-ros train, "
                        "or its policy.pt / policy.json)")
@@ -497,8 +500,9 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    """Register ``diffsim-ros eval`` on the CLI's subparsers."""
+def add_parser(sub, cli=None) -> None:
+    """Register ``diffsim-ros eval`` on the CLI's subparsers. ``cli``: the CLI module registering it
+    (under ``python -m diffsim_ros.cli`` that is ``__main__``, whose CliError its main catches)."""
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
         description="Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros train, run "
@@ -527,4 +531,4 @@ def add_parser(sub) -> None:
                    help="distance to a URDF position limit counted as at the limit, rad or m (default 0.01)")
     p.add_argument("--crash-height", type=float, default=0.1, metavar="M",
                    help="quadrotor: base height above the ground counted as a crash, m (default 0.1)")
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=lambda args: cmd_eval(args, cli))

@@ -222,3 +222,16 @@ def test_cli_eval_bad_input_is_exit_2(tmp_path, capsys):
     assert "unknown video type '.avi'" in run(str(REPO / "policies" / "hover"), "--video", str(tmp_path / "v.avi"))
     assert "--size" in run(str(REPO / "policies" / "hover"), "--size", "big")
     assert not (tmp_path / "v.avi").exists()
+
+
+def test_python_dash_m_reports_bad_input_as_exit_2(tmp_path):
+    """Under ``python -m diffsim_ros.cli`` the CLI module is __main__: eval's errors must still be
+    the CliError its main catches (one line, exit 2), not a traceback."""
+    import subprocess
+    import sys
+
+    for argv, words in ((["--episodes", "0"], "--episodes must be at least 1"),
+                        (["--video", str(tmp_path / "v.webm")], "unknown video type")):
+        proc = subprocess.run([sys.executable, "-m", "diffsim_ros.cli", "eval", str(REPO / "policies" / "hover"),
+                               *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
