@@ -221,9 +221,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(_table(["dof", "q", "M_ii", "g(q)", "qdd|tau=0"], rows))
     print()
 
-    last = model.link_names[-1]
-    p = poses[0, -1, :3, 3].tolist()
-    print(f"forward kinematics: link {last!r} of state 0 at "
+    last, p = _tip_position(model, poses[0])
+    print(f"forward kinematics: link {last!r} (the tip of the longest chain) of state 0 at "
           f"x={p[0]:+.4f} y={p[1]:+.4f} z={p[2]:+.4f} m (world frame)")
     cond = torch.linalg.cond(mass_matrix.to(torch.float64))
     print(f"mass matrix: condition number {float(cond[0]):.4g} for state 0 "
@@ -260,6 +259,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"timing: aba on {args.batch} states: {elapsed / reps * 1e3:.3f} ms per call, "
           f"{args.batch * reps / elapsed:,.0f} steps/s ({reps} calls)")
     return 0
+
+
+def _tip_position(model, poses):
+    """(name, world position) of the link at the end of the longest kinematic chain (ties: the last
+    such link) from one state's link poses (n_links, 4, 4) (``forward_kinematics``)."""
+    def depth(b: int) -> int:
+        d = 0
+        while b >= 0:
+            b, d = model.parent[b], d + 1
+        return d
+    k = max(range(len(model.link_names)), key=lambda i: (depth(model.link_body[i]), i))
+    return model.link_names[k], poses[k, :3, 3].tolist()
 
 
 def _add_demo(sub) -> None:

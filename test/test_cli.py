@@ -185,3 +185,32 @@ def test_bootstrap_fast_path_on_this_venv():
     assert res.returncode == 0, res.stderr
     assert res.stderr == "", res.stderr
     assert stamp.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("robot", ["panda_description/urdf/panda.urdf", "ur_description/urdf/ur5_robot.urdf",
+                                   "diffsim_arm"])
+def test_demo_reports_the_tip_of_the_longest_chain_where_pinocchio_puts_it(robot, robots_dir):
+    """The demo's forward-kinematics line: the link at the end of the longest chain (Panda's finger,
+    UR5's tool0, the project arm's ee_link, not the base), at Pinocchio's frame placement of it for
+    a random configuration."""
+    import numpy as np
+    import pinocchio as pin
+    import torch
+
+    from conftest import REPO_ROOT
+    from diffsim_ros import physics
+    from diffsim_ros.cli import _tip_position
+
+    path = str(REPO_ROOT / "urdf" / "diffsim_arm.urdf") if robot == "diffsim_arm" else str(robots_dir / robot)
+    model = physics.load_urdf(path, dtype=torch.float64)
+    q = torch.rand(model.nq, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) - 0.5
+    name, p = _tip_position(model, physics.forward_kinematics(model, q[None])[0])
+    assert name == {"diffsim_arm": "ee_link", "panda_description/urdf/panda.urdf": "panda_rightfinger",
+                    "ur_description/urdf/ur5_robot.urdf": "tool0"}[robot]
+    pm = pin.buildModelFromUrdf(path)
+    data = pm.createData()
+    qp = pin.neutral(pm)
+    for j, jn in enumerate(model.joint_names):
+        qp[pm.idx_qs[pm.getJointId(jn)]] = float(q[j])
+    pin.framesForwardKinematics(pm, data, qp)
+    np.testing.assert_allclose(p, data.oMf[pm.getFrameId(name)].translation, atol=1e-9)
