@@ -859,6 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
     from diffsim_ros import evaluation   # diffsim-ros eval (torch loads inside the command)
 
     evaluation.add_parser(sub, sys.modules[__name__])   # this module (__main__ under python -m): its CliError
+    from diffsim_ros import init_config   # diffsim-ros init: a training file for a URDF
+
+    init_config.add_parser(sub, sys.modules[__name__])
     return parser
 
 
