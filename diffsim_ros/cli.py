@@ -414,6 +414,46 @@ def _training_device(name: str):
         raise
 
 
+def _train_context(args: argparse.Namespace):
+    """This process's place in a data-parallel run (torchrun's RANK, WORLD_SIZE, LOCAL_RANK; required
+    with --distributed), or the single-process context. A batch the ranks cannot share evenly is
+    refused here, before any process waits for the others, when the training file is readable."""
+    from diffsim_ros.learning import distributed as ddp
+
+    try:
+        ctx = ddp.from_environment(required=args.distributed)
+        if ctx.active and args.config is not None and os.path.isfile(args.config):
+            n = args.num_envs
+            if n is None:
+                from diffsim_ros import config
+                from diffsim_ros.learning.apg import TrainConfig
+
+                try:
+                    training = config.load_yaml(args.config).get("training") or {}
+                    n = int(training.get("num_envs", TrainConfig.num_envs))
+                except Exception:  # noqa: BLE001 - a broken file is reported when it is loaded
+                    n = None
+            if n is not None:
+                ddp.check_divisible(n, ctx.world_size, "--num-envs" if args.num_envs else "training.num_envs")
+    except ddp.DistributedError as exc:
+        raise CliError(str(exc)) from None
+    return ctx
+
+
+def _train_folder(args: argparse.Namespace):
+    """The checks and the listing of train's folder (rank 0's alone in a distributed run): (the stored
+    parameters, training file and iterations done of the run resumed, or None; names in the folder
+    before the run)."""
+    if args.resume is not None:
+        if not os.path.isdir(args.resume):
+            raise CliError(f"--resume {args.resume}: no such folder")
+        from diffsim_ros.training import resume_source
+
+        return resume_source(args.resume), set(os.listdir(args.out))
+    _refuse_overwrite(args.out, args.force)
+    return None, None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     for name in ("iterations", "num_envs"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
@@ -423,39 +463,52 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.out is not None and os.path.abspath(args.out) != os.path.abspath(args.resume):
             raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
                            f"folder; give --resume alone")
-        if not os.path.isdir(args.resume):
-            raise CliError(f"--resume {args.resume}: no such folder")
         args.out = args.resume
-    else:
-        _refuse_overwrite(args.out, args.force)
+    ctx = _train_context(args)
     device = _training_device(args.device)
     errors = _input_errors()
     source = args.config
-    try:
-        from diffsim_ros.training import resume_source, train_from_params
+    from diffsim_ros.learning import distributed as ddp
 
-        if args.resume is not None:
-            stored, stored_file, done = resume_source(args.resume)
+    try:
+        device = ddp.rank_device(ctx, device)
+        ddp.init(ctx, device)
+    except ddp.DistributedError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        # rank 0 alone looks at the folder (a node of a multi-node run may have none); the others
+        # raise what it raised
+        resumed, before = ctx.from_rank0(lambda: _train_folder(args))
+        from diffsim_ros.training import train_from_params
+
+        if resumed is not None:
+            stored, stored_file, done = resumed
             if args.config is None:       # the run's own parameters
                 args.config = source = stored_file
                 params, task, model = _load_training_setup(args, device, params=stored)
             else:
                 params, task, model = _load_training_setup(args, device)
-            print(f"train: resuming {args.resume} after iteration {done}", flush=True)
-            before = set(os.listdir(args.out))
+            if ctx.is_main:
+                print(f"train: resuming {args.resume} after iteration {done}", flush=True)
         else:
             params, task, model = _load_training_setup(args, device)
-            before = _prepare_out(args.out)
+            before = ctx.from_rank0(lambda: _prepare_out(args.out))
+        if ctx.active and ctx.is_main:
+            print(f"train: data-parallel over {ctx.world_size} processes ({ctx.backend}, {device.type}), "
+                  f"each simulating 1/{ctx.world_size} of the environments", flush=True)
         t0 = time.perf_counter()
         overrides = {"iterations": args.iterations, "num_envs": args.num_envs, "seed": args.seed,
                      "stop_at_success": False if args.keep_training else None}
         task, result, _ = train_from_params(params, args.config, args.out, overrides,
-                                            progress=not args.no_progress, task=task,
-                                            resume=args.resume is not None)
+                                            progress=not args.no_progress and ctx.is_main, task=task,
+                                            resume=args.resume is not None, distributed=ctx)
         wall = time.perf_counter() - t0
     except errors as exc:
         raise CliError(_describe(exc, source or args.out)) from None
-    _summary("train", task, model, result, None, args.out, _written(args.out, before), wall)
+    finally:
+        ddp.shutdown(ctx)
+    if ctx.is_main:
+        _summary("train", task, model, result, None, args.out, _written(args.out, before), wall)
     return 0
 
 
@@ -539,6 +592,11 @@ def _add_train(sub) -> None:
     p.add_argument("--keep-training", action="store_true",
                    help="run all the iterations even after the success threshold is reached "
                         "(default: the file's training.stop_at_success)")
+    p.add_argument("--distributed", action="store_true",
+                   help="require a data-parallel run under torchrun (torchrun --nproc_per_node=N -m "
+                        "diffsim_ros.cli train ...; its RANK, WORLD_SIZE and LOCAL_RANK are detected "
+                        "without this flag too): each process simulates num_envs / N environments, "
+                        "gradients are averaged, rank 0 writes --out")
     p.set_defaults(func=cmd_train)
 
 

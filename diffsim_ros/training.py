@@ -14,6 +14,9 @@ continues the run in ``out`` where it stopped, refusing another configuration:
 
     params, source, done = resume_source("runs/hover")    # the configuration the run started with
     task, result, files = train_from_params(params, source, "runs/hover", resume=True)
+
+Under torchrun (``distributed=``, see :mod:`diffsim_ros.learning.distributed`) every rank calls
+it alike; rank 0 alone reads the resume state (the others get a copy) and writes ``out``.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.PathLike],
                       overrides: Optional[Dict[str, Any]] = None, callback=None, progress: bool = False,
-                      task=None, resume: bool = False):
+                      task=None, resume: bool = False, distributed=None):
     """Train on ``params`` (read from ``source``) into ``out``; returns (task, result, files).
 
     ``overrides`` replace entries of the ``training`` section (None values are ignored);
@@ -33,10 +36,15 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     to train on. ``resume``: continue the run in ``out`` from ``out/checkpoints/latest`` (bit for
     bit); a :class:`~diffsim_ros.learning.apg.ResumeError` (a ConfigError) when there is no resume
     state there, or when ``params`` with ``overrides``, or the URDF's content, differ from the
-    run's."""
+    run's.
+
+    ``distributed``: this process's :class:`~diffsim_ros.learning.distributed.Context` in a
+    data-parallel run (process group set up): rank 0 reads the resume state and hands it to the
+    others, and alone writes ``out`` (checkpoint, log, video); the other ranks return no files."""
     from . import config
     from .learning.apg import TrainConfig, load_resume_state, train
     from .learning.checkpoint import json_safe, save_checkpoint, training_summary
+    from .learning.distributed import SINGLE
 
     if task is None:
         config.check_keys(params, config.TRAINING_FILE_KEYS, source)
@@ -53,11 +61,16 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     effective["training"] = copy.deepcopy(training)
     run_info = {"config": effective, "config_file": os.path.abspath(source),
                 "urdf_sha256": task.model.urdf_sha256}
+    dist = distributed or SINGLE
     state = None
     if resume:
-        state = load_resume_state(out)
-        _check_same_run(state, run_info)
-    out.mkdir(parents=True, exist_ok=True)
+        def read():
+            st = load_resume_state(out)
+            _check_same_run(st, run_info)
+            return st
+        state = dist.from_rank0(read)
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
 
     def export(policy, partial, folder, info):
         """checkpoints/latest and checkpoints/best: the final checkpoint's metadata, so far."""
@@ -66,7 +79,9 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
             "config": json_safe(params), "config_file": os.path.abspath(source), "checkpoint": info})
 
     result = train(task, cfg, out_dir=out, progress=progress, callback=callback, resume=state, export=export,
-                   run_info=run_info)
+                   run_info=run_info, distributed=dist)
+    if not dist.is_main:
+        return task, result, {}
     extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
              "config": json_safe(params), "config_file": os.path.abspath(source)}
     files = save_checkpoint(result.policy, task, out, extra=extra)

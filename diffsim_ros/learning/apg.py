@@ -30,6 +30,7 @@ import torch
 from ..physics import ConfigError, SimulationError, Simulator
 from ..physics.parameters import apply_values
 from ..tasks import Task
+from .distributed import SINGLE, Context, slice_state
 from .policy import MLPPolicy, ValueNet
 
 
@@ -187,7 +188,8 @@ def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> 
 
 def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress: bool = True,
           callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
-          export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
+          export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None,
+          distributed: Optional[Context] = None) -> TrainResult:
     """Train a policy for ``task``.
 
     ``out_dir``: the run's folder. ``training.csv`` gets one row per iteration as it ends (flushed),
@@ -210,7 +212,19 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     A simulation that diverges in more than ``cfg.max_divergences`` iterations stops training with a
     SimulationError naming the iteration and the quantity; with ``out_dir`` the last completed
     iteration is then in ``checkpoints/latest/``.
+
+    ``distributed``: this process's place in a data-parallel run (:mod:`.distributed`, process group
+    set up): every rank draws the full batch of ``cfg.num_envs`` episodes and simulates its slice,
+    gradients and the logged means are averaged over the ranks, the normaliser sees the whole
+    batch, rank 0 evaluates, a divergence on one rank is retried by all; the result equals the
+    single-process run's up to rounding. Only rank 0 writes ``out_dir`` (the others ignore it and
+    show no progress bar); every rank returns the same result. ``resume`` must then be given to
+    every rank. A DistributedError (a ConfigError) when ``cfg.num_envs`` does not split evenly.
     """
+    dist = distributed or SINGLE
+    dist.shard(cfg.num_envs)            # refuses a batch the ranks cannot share evenly
+    if not dist.is_main:
+        out_dir, progress = None, False
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     dtype, device = task.model.dtype, task.model.device
@@ -239,6 +253,11 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         it, env_steps, diverged = int(resume["iteration"]), int(resume["env_steps"]), int(resume["diverged"])
         solved_steps, solved_time, best = resume["solved_env_steps"], resume["solved_time"], resume["best"]
         _set_rng_state(resume["rng"], gen, device)
+    # Same seed, same weights on every rank; rank 0's are copied anyway (another build or device
+    # could initialise differently).
+    dist.broadcast_module(policy)
+    if critic is not None:
+        dist.broadcast_module(critic)
     # wall_time continues the clock of the run resumed
     t_start = time.perf_counter() - (float(history[-1]["wall_time"]) if history else 0.0)
     log = checkpoints = None
@@ -297,7 +316,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                         copy.deepcopy(critic_opt.state_dict()) if critic is not None else None)
             try:
                 ts, total_loss, grad_norm, env_steps = _iteration(task, cfg, policy, opt, critic, critic_opt, gen,
-                                                                  env_steps)
+                                                                  env_steps, dist)
             except SimulationError as exc:
                 diverged += 1
                 policy.load_state_dict(snapshot[0])
@@ -316,16 +335,19 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                     raise SimulationError(f"iteration {it + 1}: {exc} (the simulation diverged in {diverged} "
                                           f"iterations, more than training.max_divergences = "
                                           f"{cfg.max_divergences}){kept}") from None
-                warnings.warn(f"iteration {it + 1}: {exc}; dropped and retried on fresh episodes "
-                              f"({diverged} of at most {cfg.max_divergences})", RuntimeWarning)
+                if dist.is_main:
+                    warnings.warn(f"iteration {it + 1}: {exc}; dropped and retried on fresh episodes "
+                                  f"({diverged} of at most {cfg.max_divergences})", RuntimeWarning)
                 continue
             train_success = float(task.success(ts).to(torch.float64).mean())
+            if dist.active:     # the ranks' slices are equal: the mean of their means is the batch's
+                total_loss, train_success = dist.mean([total_loss, train_success])
             task.sim = nominal_sim
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": total_loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
                    "eval_success": float("nan"), "diverged": diverged, "lr": lr}
             if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
-                row["eval_success"] = evaluate(task, policy, cfg.eval_envs)
+                row["eval_success"] = dist.from_rank0(lambda: evaluate(task, policy, cfg.eval_envs))
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
                 if _better(row, best):
@@ -546,11 +568,15 @@ def check_resume_state(state: Dict[str, Any], task: Task, cfg: TrainConfig) -> N
                           f"{cfg.iterations}); nothing to resume")
 
 
-def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps):
+def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist: Context = SINGLE):
     """One training iteration over ``cfg.num_envs`` fresh episodes, truncated back-propagation
     every ``cfg.window`` steps. A non-finite gradient is a SimulationError (as a non-finite
-    state is): the update it would make is not taken."""
+    state is): the update it would make is not taken. Distributed (``dist``): this rank's slice
+    of the episodes, gradients averaged over the ranks before clipping; the returned loss is
+    this rank's (``train`` averages it)."""
     ts = task.reset(cfg.num_envs, gen)
+    if dist.active:
+        ts = slice_state(ts, dist.shard(cfg.num_envs))
     total_loss = 0.0
     grad_norm = 0.0
     while ts.step < task.horizon:
@@ -560,9 +586,9 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps):
         for k in range(k_end):
             obs = task.observe(ts)
             if cfg.normalize_obs:
-                policy.norm.update(obs)
+                policy.norm.update(dist.gather_batch(obs))
             action = policy(obs)
-            ts = task.step(ts, action)
+            ts = dist.agreed(task.step, ts, action)
             step_loss = task.step_loss(ts, action)
             loss = loss + (cfg.gamma ** k if critic is not None else 1.0) * step_loss
             if critic is not None:
@@ -575,13 +601,14 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps):
         objective = loss.mean() / task.horizon
         opt.zero_grad()
         objective.backward()
+        dist.average_gradients(policy.parameters())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
         if not math.isfinite(grad_norm):
             opt.zero_grad()
             raise SimulationError(f"non-finite policy gradient at step {ts.step} (loss {float(objective):.4g})")
         opt.step()
         if critic is not None:
-            _fit_critic(critic, critic_opt, policy, cfg, obs_list, loss_list, task, ts)
+            _fit_critic(critic, critic_opt, policy, cfg, obs_list, loss_list, task, ts, dist)
         ts = ts.detach()
     return ts, total_loss, grad_norm, env_steps
 
@@ -592,8 +619,9 @@ def _critic_input(policy, cfg, task, obs, step):
     return torch.cat((x, torch.full_like(x[..., :1], step / task.horizon)), -1)
 
 
-def _fit_critic(critic, opt, policy, cfg, obs_list, loss_list, task, ts):
-    """Regress V(obs_t, t) on the discounted loss-to-go inside the window, bootstrapped at its end."""
+def _fit_critic(critic, opt, policy, cfg, obs_list, loss_list, task, ts, dist: Context = SINGLE):
+    """Regress V(obs_t, t) on the discounted loss-to-go inside the window, bootstrapped at its end
+    (distributed: on this rank's environments, the gradients averaged over the ranks)."""
     with torch.no_grad():
         boot = (critic(_critic_input(policy, cfg, task, task.observe(ts), ts.step)) if ts.step < task.horizon
                 else torch.zeros_like(loss_list[-1]))
@@ -607,6 +635,7 @@ def _fit_critic(critic, opt, policy, cfg, obs_list, loss_list, task, ts):
     for _ in range(cfg.critic_updates):
         opt.zero_grad()
         ((critic(X) - Y) ** 2).mean().backward()
+        dist.average_gradients(critic.parameters())
         opt.step()
 
 
