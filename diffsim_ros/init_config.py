@@ -54,6 +54,7 @@ DEFAULT_DAMPING_RATIO = 1.0
 STANCE_BEND = 0.8          # rad, hip pitch of the heuristic stance (the knee bends twice as far back)
 STAND_SAG = 0.1            # rad, largest joint deflection under the standing load a legged servo allows
 FRICTION_ERROR = 0.01     # rad, largest static error the URDF's Coulomb friction may leave against kp
+CONTACT_STEP = 0.8        # largest product of a substep and the foot contact's frequency (legged robots)
 GAIN_SAMPLES = 64          # configurations M_ii is maximised over (besides the nominal one)
 SRDF_STATES = ("standing", "stand", "straight_standing", "home", "default", "ready", "init")
 
@@ -589,9 +590,16 @@ def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float
     stance = [float(q[7 + i]) for i in idx.tolist()]
     p.info.update(stance=stance, base_height=base_height, stance_source=how, lowest_link=link,
                   hold_torque=dict(zip(model.joint_names, hold)))
+    # Substeps: the penalty contact k gap^2 under a foot's share of the weight F is a spring of stiffness
+    # 2 sqrt(k F) on the foot body; its frequency on the lightest foot body times the substep stays below
+    # CONTACT_STEP (explicit contact forces), substeps rounded up to a multiple of 5.
+    stiffness, dt = 1.0e7, 0.01
+    m_foot = min(float(model.mass[f]) for f in feet)
+    w_contact = math.sqrt(2 * math.sqrt(stiffness * weight / len(feet)) / m_foot)
+    substeps = 5 * math.ceil(dt * w_contact / CONTACT_STEP / 5)
     sim = p.params.setdefault("simulator", {})
-    sim.update(dt=0.01, substeps=5, integrator="semi_implicit", gravity=[0.0, 0.0, -9.81], ground=True,
-               ground_height=0.0, contact_stiffness=1.0e7, contact_damping=3.0e4, friction=0.8,
+    sim.update(dt=dt, substeps=substeps, integrator="semi_implicit", gravity=[0.0, 0.0, -9.81], ground=True,
+               ground_height=0.0, contact_stiffness=stiffness, contact_damping=3.0e4, friction=0.8,
                friction_smoothing=0.01, joint_limits=True, actuator="position", actuated_joints=list(actuated),
                kp=[g.kp for g in p.gains], kd=[g.kd for g in p.gains], effort_saturation=True)
     p.params["task"] = dict(type="locomotion", stance=stance, base_height=base_height, horizon=100,
@@ -614,6 +622,12 @@ def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float
     il["simulator.actuated_joints"] = "action order (leg by leg)"
     il["simulator.kp"] = "N m/rad, per actuated joint"
     il["simulator.kd"] = "N m s/rad, per actuated joint"
+    c["simulator.substeps"] = [
+        f"substeps: the contact under a foot's share of the weight ({weight / len(feet):.3g} N) is a spring of "
+        f"2 sqrt(k F) = {2 * math.sqrt(stiffness * weight / len(feet)):.4g} N/m on the lightest foot body "
+        f"({m_foot:.4g} kg): {w_contact:.0f} rad/s; each substep (dt / substeps) times it stays below "
+        f"{CONTACT_STEP:g}, substeps rounded up to a multiple of 5"]
+    il["simulator.dt"] = "s, control step (100 Hz policy)"
     il["simulator.contact_stiffness"] = "N/m^2, k in lambda_n = k max(0, -gap)^2"
     il["simulator.contact_damping"] = "N s/m^2, c in lambda_d = -c max(0, -gap) dgap/dt"
     il["task.stance"] = "rad, standing pose in actuated_joints order"
