@@ -414,6 +414,55 @@ def _training_device(name: str):
         raise
 
 
+class _SharedError(Exception):
+    """An error every process of a distributed run met alike, reported by rank 0 already: exit 2."""
+
+
+def _shared(ctx, message: str) -> Exception:
+    """The exception for an error every process meets alike: a CliError in a single process; in a
+    distributed run rank 0 prints it, and no process leaves before it has (torchrun stops the others
+    as soon as one exits), all exiting with 2."""
+    if not ctx.active:
+        return CliError(message)
+    if ctx.is_main:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    ctx.barrier(quiet=True)
+    return _SharedError(message)
+
+
+def _own(ctx, message: str) -> CliError:
+    """An error of this process alone, before the processes can talk (its device): named by rank and host."""
+    if not ctx.active:
+        return CliError(message)
+    import socket
+
+    return CliError(f"rank {ctx.rank} on {socket.gethostname()}: {message}")
+
+
+def _on_every_rank(ctx, fn, source: str):
+    """``fn()`` (reading the training file, building the task) in every process; where it fails in
+    some, rank 0 reports the failure once (naming ranks and hosts unless all failed alike: a node
+    without the file, say) and every process stops."""
+    if not ctx.active:
+        return fn()
+    import socket
+
+    result, msg = None, None
+    try:
+        result = fn()
+    except CliError as exc:
+        msg = str(exc)
+    except _input_errors() as exc:
+        msg = _describe(exc, source)
+    seen = ctx.gather_objects((msg, socket.gethostname()))
+    failed = [(r, host, m) for r, (m, host) in enumerate(seen) if m is not None]
+    if not failed:
+        return result
+    if len(failed) == ctx.world_size and len({m for _, _, m in failed}) == 1:
+        raise _shared(ctx, failed[0][2])
+    raise _shared(ctx, "; ".join(f"rank {r} on {host}: {m}" for r, host, m in failed))
+
+
 def _train_context(args: argparse.Namespace):
     """This process's place in a data-parallel run (torchrun's RANK, WORLD_SIZE, LOCAL_RANK; required
     with --distributed), or the single-process context. A batch the ranks cannot share evenly is
@@ -422,7 +471,11 @@ def _train_context(args: argparse.Namespace):
 
     try:
         ctx = ddp.from_environment(required=args.distributed)
-        if ctx.active and args.config is not None and os.path.isfile(args.config):
+    except ddp.DistributedError as exc:
+        raise CliError(str(exc)) from None
+    # Rank 0 alone: the others meet it in the trainer, or are stopped by torchrun when rank 0 exits.
+    try:
+        if ctx.active and ctx.is_main and args.config is not None and os.path.isfile(args.config):
             n = args.num_envs
             if n is None:
                 from diffsim_ros import config
@@ -464,17 +517,27 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
                            f"folder; give --resume alone")
         args.out = args.resume
-    ctx = _train_context(args)
-    device = _training_device(args.device)
-    errors = _input_errors()
-    source = args.config
+    try:
+        return _train(args, _train_context(args))
+    except _SharedError:        # rank 0 has reported it
+        return 2
+
+
+def _train(args: argparse.Namespace, ctx) -> int:
+    """cmd_train after its argument checks, as process ``ctx`` of the run (errors every process meets
+    alike are reported by rank 0 alone: :func:`_shared`)."""
     from diffsim_ros.learning import distributed as ddp
 
     try:
+        device = _training_device(args.device)
         device = ddp.rank_device(ctx, device)
         ddp.init(ctx, device)
     except ddp.DistributedError as exc:
-        raise CliError(str(exc)) from None
+        raise _own(ctx, str(exc)) from None
+    except CliError as exc:
+        raise _own(ctx, str(exc)) from None
+    errors = _input_errors()
+    source = args.config
     try:
         # rank 0 alone looks at the folder (a node of a multi-node run may have none); the others
         # raise what it raised
@@ -485,13 +548,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             stored, stored_file, done = resumed
             if args.config is None:       # the run's own parameters
                 args.config = source = stored_file
-                params, task, model = _load_training_setup(args, device, params=stored)
+                params, task, model = _on_every_rank(
+                    ctx, lambda: _load_training_setup(args, device, params=stored), source)
             else:
-                params, task, model = _load_training_setup(args, device)
+                params, task, model = _on_every_rank(ctx, lambda: _load_training_setup(args, device), source)
             if ctx.is_main:
                 print(f"train: resuming {args.resume} after iteration {done}", flush=True)
         else:
-            params, task, model = _load_training_setup(args, device)
+            params, task, model = _on_every_rank(ctx, lambda: _load_training_setup(args, device), source)
             before = ctx.from_rank0(lambda: _prepare_out(args.out))
         if ctx.active and ctx.is_main:
             print(f"train: data-parallel over {ctx.world_size} processes ({ctx.backend}, {device.type}), "
@@ -503,8 +567,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                             progress=not args.no_progress and ctx.is_main, task=task,
                                             resume=args.resume is not None, distributed=ctx)
         wall = time.perf_counter() - t0
+    except CliError as exc:         # in a distributed run: what rank 0 met, or every rank alike
+        raise _shared(ctx, str(exc)) from None
     except errors as exc:
-        raise CliError(_describe(exc, source or args.out)) from None
+        raise _shared(ctx, _describe(exc, source or args.out)) from None
     finally:
         ddp.shutdown(ctx)
     if ctx.is_main:

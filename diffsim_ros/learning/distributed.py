@@ -168,11 +168,28 @@ class Context:
         r = next(i for i, m in enumerate(messages) if m is not None)
         raise SimulationError(f"rank {r}: {messages[r]}")
 
-    def barrier(self) -> None:
-        if self.active:
-            import torch.distributed as dist
+    def gather_objects(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        import torch.distributed as dist
 
+        out: List[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self, quiet: bool = False) -> None:
+        """Wait until every rank is here. ``quiet``: on the way out after an error, where a rank may
+        have left already: nothing to wait for then, and no error."""
+        if not self.active or self.backend is None:
+            return
+        import torch.distributed as dist
+
+        try:
             dist.barrier()
+        except Exception:  # noqa: BLE001 - the peers are gone
+            if not quiet:
+                raise
 
 
 SINGLE = Context()      # the single-process run
