@@ -46,6 +46,14 @@ class SimConfig:
     kp: position gain, N m/rad (scalar or one per actuated joint).               100
     kd: velocity gain, N m s/rad (scalar or one per actuated joint).             10
     effort_saturation: smooth tanh saturation at the URDF effort limit.          True
+    velocity_limits: honour the URDF velocity limits in the drives: the torque
+        in the direction of motion fades to zero at the limit and brakes beyond
+        it (a torque-speed envelope; needs effort_saturation and an effort
+        limit), with the PD and brake terms secant-linearised in the implicit
+        step. Light links need substeps of a few ms: after a large command
+        jump a joint may overshoot its limit for a control step or two.         False
+    velocity_limit_band: width of that fade, as a fraction of the limit (full
+        torque below about 1 - 2 x band of it).                                  0.1
     actuator_lag: first-order time constant of the torque, s (0: none).          0.0
     command_delay: whole control steps between an action and its effect.        0
     rotors: RotorConfig (or mapping) for multirotors.                            None
@@ -82,6 +90,8 @@ class SimConfig:
     kp: Union[float, Tuple[float, ...]] = 100.0
     kd: Union[float, Tuple[float, ...]] = 10.0
     effort_saturation: bool = True
+    velocity_limits: bool = False
+    velocity_limit_band: float = 0.1
     actuator_lag: float = 0.0
     command_delay: int = 0
     rotors: Optional[RotorConfig] = None
@@ -104,7 +114,7 @@ class SimConfig:
                   "actuator_lag"):
             if not getattr(self, k) >= 0:
                 raise ConfigError(f"'{k}' must be >= 0, got {getattr(self, k)}")
-        for k in ("friction_smoothing", "joint_friction_smoothing"):
+        for k in ("friction_smoothing", "joint_friction_smoothing", "velocity_limit_band"):
             if not getattr(self, k) > 0:
                 raise ConfigError(f"'{k}' must be > 0, got {getattr(self, k)}")
         for k in ("gravity", "ground_normal"):

@@ -103,6 +103,7 @@ class System:
     kp: torch.Tensor                 # (na,) N m/rad
     kd: torch.Tensor                 # (na,) N m s/rad
     effort_limit: torch.Tensor       # (na,)
+    velocity_limit: torch.Tensor     # (na,) rad/s or m/s (inf where the URDF gives none)
     actuator_lag: torch.Tensor       # () s: first-order torque lag (a state only if config.actuator_lag > 0)
     ground_normal: torch.Tensor      # (3,) unit
     ground_height: torch.Tensor      # () m
@@ -141,6 +142,11 @@ class System:
         """The same system rebuilt for another dtype/device (parameters kept by value)."""
         return build_system(self.model.to(dtype=dtype, device=device), self.config,
                             nominal=self.nominal.to(dtype=dtype, device=device))
+
+
+def _velocity_limits(lim: torch.Tensor) -> torch.Tensor:
+    """URDF velocity limits, with a missing or zero one (URDF's "none given") as inf."""
+    return torch.where(lim > 0, lim, torch.full_like(lim, float("inf")))
 
 
 def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
@@ -227,6 +233,7 @@ def build_system(model: Model, config: Optional[SimConfig] = None, nominal: Opti
     return System(
         model=model, nominal=nominal, config=cfg, actuated_joints=tuple(names), act_index=act_index,
         kp=gains(cfg.kp, "kp"), kd=gains(cfg.kd, "kd"), effort_limit=model.effort_limit[act_index],
+        velocity_limit=_velocity_limits(model.velocity_limit[act_index]),
         actuator_lag=scalar(cfg.actuator_lag), ground_normal=n / torch.linalg.vector_norm(n),
         ground_height=scalar(cfg.ground_height), contact_stiffness=scalar(cfg.contact_stiffness),
         contact_damping=scalar(cfg.contact_damping), friction=scalar(cfg.friction),

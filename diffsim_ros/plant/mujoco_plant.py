@@ -19,7 +19,9 @@ drives and flight controller compute:
   ``kp (q* - q) - kd v`` or ``kd (v* - v)`` or the effort, plus gravity compensation
   (MuJoCo's bias force at zero velocity, on the *nominal* model: the drive does not
   know the perturbed masses) when ``gravity_compensation`` is on, saturated smoothly at
-  the URDF effort limit ``L tanh(u / L)``, through the optional first-order torque lag.
+  the URDF effort limit ``L tanh(u / L)`` (with ``velocity_limits``: inside the drive's
+  torque-speed window, which honours the URDF velocity limit), through the optional
+  first-order torque lag.
   Applied as ``qfrc_applied``. Without a lag, with the Euler integrator, the PD gains
   are integrated linearly implicitly as the simulator does: ``s kd + h s kp`` (s: the
   saturation's slope) is added to MuJoCo's implicitly integrated ``dof_damping`` and
@@ -193,6 +195,8 @@ class MujocoPlant:
             return arr
         self.kp, self.kd = gains(cfg.kp, "kp"), gains(cfg.kd, "kd")
         self.effort_limit = pm.effort_limit.numpy()[self._act].astype(np.float64) if na else np.zeros(0)
+        vlim = pm.velocity_limit.numpy()[self._act].astype(np.float64) if na else np.zeros(0)
+        self.velocity_limit = np.where(vlim > 0, vlim, np.inf)
 
         # ---- rotors
         self.rotor_links: List[str] = []
@@ -562,6 +566,43 @@ class MujocoPlant:
         mujoco.mj_fwdVelocity(m0, d0)
         return d0.qfrc_bias[self._dadr[self._act]].copy()
 
+    def _saturate(self, u: np.ndarray, va: np.ndarray):
+        """The drives' smooth saturation (torque, slope d/du, brake -d/dv): ``L tanh(u / L)`` at the effort limit L, or,
+        with ``velocity_limits``, ``mid + half tanh((u - mid) / half)`` inside the torque-speed window
+        hi = L tanh((v_max - v) / (b v_max)), lo = -L tanh((v_max + v) / (b v_max)) (the simulator's
+        law, physics/stages/actuation.py, written here for the stand-in's firmware)."""
+        cfg, lim = self.sim_config, self.effort_limit
+        out, slope = np.array(u, dtype=np.float64), np.ones_like(u, dtype=np.float64)
+        brake = np.zeros_like(out)
+        ok = np.isfinite(lim) & (lim > 0)
+        th = np.tanh(u[ok] / lim[ok])
+        out[ok], slope[ok] = lim[ok] * th, 1.0 - th * th
+        if not cfg.velocity_limits:
+            return out, slope, brake
+        vmax = self.velocity_limit
+        ok = ok & np.isfinite(vmax)
+        L, V, band = lim[ok], vmax[ok], cfg.velocity_limit_band * vmax[ok]
+
+        def window(v):
+            """(torque, slope d/du, tangent -d/dv) inside the torque-speed window at speeds v."""
+            hi, lo = L * np.tanh((V - v) / band), -L * np.tanh((V + v) / band)
+            mid, half = 0.5 * (hi + lo), np.maximum(0.5 * (hi - lo), 1e-3 * L)
+            x = (u[ok] - mid) / half
+            th = np.tanh(x)
+            dhi, dlo = -(L / band) * (1.0 - (hi / L) ** 2), -(L / band) * (1.0 - (lo / L) ** 2)
+            dmid, dhalf = 0.5 * (dhi + dlo), 0.5 * (dhi - dlo)
+            return mid + half * th, 1.0 - th * th, -(dmid * th * th + dhalf * (th - x * (1.0 - th * th)))
+        v = va[ok]
+        tau, sl, tangent = window(v)
+        # Beyond the limit the brake's secant to the nearest speed within it (see window_damping).
+        inside = np.clip(v, -V, V)
+        gap = v - inside
+        beyond = np.abs(gap) > 1e-9 * V
+        secant = -(tau - window(inside)[0]) / np.where(beyond, gap, 1.0)
+        out[ok], slope[ok] = tau, sl
+        brake[ok] = np.maximum(np.where(beyond, np.maximum(tangent, secant), tangent), 0.0)
+        return out, slope, brake
+
     def _joint_actuation(self, interface, cmd, applied, damping):
         """The simulator's joint actuator (see the module doc) into ``applied`` and ``damping``."""
         d, cfg, h = self.data, self.sim_config, self.h
@@ -575,14 +616,20 @@ class MujocoPlant:
             u = np.array(cmd, dtype=np.float64)
         # The simulator's implicit gains use the saturation slope of the PD part alone.
         s = np.ones_like(u)
-        lim = self.effort_limit
-        finite = np.isfinite(lim) & (lim > 0)
-        if cfg.effort_saturation:
-            s[finite] = 1.0 - np.tanh(u[finite] / lim[finite]) ** 2
+        if cfg.effort_saturation and not cfg.velocity_limits:
+            s = self._saturate(u, va)[1]
+        pd = u
         if cfg.gravity_compensation:
             u = u + self._gravity_torque()
+        brake = np.zeros_like(u)
         if cfg.effort_saturation:
-            u[finite] = lim[finite] * np.tanh(u[finite] / lim[finite])
+            total, s_total, brake = self._saturate(u, va)
+            if cfg.velocity_limits:
+                # The secant of the saturated torque over the PD part (physics/stages/actuation.py).
+                lim = np.where(np.isfinite(self.effort_limit), self.effort_limit, 1.0)
+                small = np.abs(pd) <= 1e-9 * lim
+                s = np.where(small, s_total, (total - self._saturate(u - pd, va)[0]) / np.where(small, 1.0, pd))
+            u = total
         if self.torque_lag > 0:
             self._torque = self._torque + (1.0 - math.exp(-h / self.torque_lag)) * (u - self._torque)
             applied[dof] += self._torque
@@ -590,14 +637,16 @@ class MujocoPlant:
             return
         self._effort = u
         applied[dof] += u
-        if interface == "effort" or not cfg.implicit_damping:
+        if not cfg.implicit_damping:
             return
         euler = self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER
         # Linearly implicit PD: D_act = s kd (+ h s kp under Euler) joins MuJoCo's implicit
         # damping; adding s kd v back keeps the explicit force u - h s kp v as the simulator's.
-        extra = s * self.kd + (h * s * self.kp if (interface == "position" and euler) else 0.0)
+        # The velocity-limit brake's stiffness joins it the same way (all interfaces).
+        kd = s * self.kd if interface != "effort" else np.zeros_like(u)
+        extra = kd + brake + (h * s * self.kp if (interface == "position" and euler) else 0.0)
         damping[dof] += extra
-        applied[dof] += s * self.kd * va
+        applied[dof] += (kd + brake) * va
 
     def _rotor_forces(self) -> np.ndarray:
         """Generalised force of the rotor thrusts and torques and of the body drag, from the

@@ -1,5 +1,6 @@
 """Actuation: the delayed command becomes joint torques (effort, velocity-PD or
-position-PD interfaces, as ros2_control's, smoothly saturated at the URDF effort limit,
+position-PD interfaces, as ros2_control's, smoothly saturated at the URDF effort limit and,
+with ``velocity_limits``, within a torque-speed envelope that honours the URDF velocity limit,
 through an optional first-order lag) or rotor speeds (per-rotor thrust or CTBR through
 the rate loop and mixer, with the motors' first-order lag).
 
@@ -37,13 +38,73 @@ def joint_command(sys: System, qa: torch.Tensor, va: torch.Tensor, command: torc
     return sys.kp * (command - qa) - sys.kd * va
 
 
-def saturate(sys: System, cmd: torch.Tensor):
-    """Smooth tanh saturation at the URDF effort limit: (torque, its slope d/dcmd)."""
+def torque_window(sys: System, va: torch.Tensor):
+    """(lo, hi, ok): the torques the drives can give at joint speeds ``va`` (N m or N), where ``ok``.
+
+    A drive's torque-speed envelope, as DC-motor actuator models have it (``velocity_limits``):
+    the torque pushing further in the direction of motion fades smoothly to zero at the URDF
+    velocity limit and turns into braking beyond it, hi = L tanh((v_max - v) / (b v_max)),
+    lo = -L tanh((v_max + v) / (b v_max)), with L the effort limit and b ``velocity_limit_band``;
+    below about (1 - 2b) v_max the full effort is there. A joint then does not drive itself past
+    its speed limit (gravity or a collision may push it there; the drive brakes it back).
+    ``ok``: joints with a finite positive effort limit and a velocity limit."""
+    lim, vmax = sys.effort_limit, sys.velocity_limit
+    ok = torch.isfinite(vmax) & torch.isfinite(lim) & (lim > 0)
+    safe_v = torch.where(ok, vmax, torch.ones_like(vmax))
+    safe_l = torch.where(ok, lim, torch.ones_like(lim))
+    band = sys.config.velocity_limit_band * safe_v
+    return -safe_l * torch.tanh((safe_v + va) / band), safe_l * torch.tanh((safe_v - va) / band), ok
+
+
+def window_damping(sys: System, cmd: torch.Tensor, va: torch.Tensor) -> torch.Tensor:
+    """The brake's damping for the linearly implicit step, N m s/rad (0 where a joint has no window).
+
+    Inside the limit, -d torque / d va at fixed command (the window's stiffness). Beyond it the
+    window has closed on full braking and its tangent is flat, so the secant to the limit is
+    used instead, (torque(v) - torque(v*)) / (v - v*) with v* the nearest speed within the
+    limit: the implicit step then lands at most on the limit instead of braking past it and
+    oscillating (a light joint brakes in a fraction of a substep)."""
+    lim, vmax = sys.effort_limit, sys.velocity_limit
+    lo, hi, ok = torque_window(sys, va)
+    safe_v = torch.where(ok, vmax, torch.ones_like(vmax))
+    band = sys.config.velocity_limit_band * safe_v
+    safe_l = torch.where(ok, lim, torch.ones_like(lim))
+    dhi = -(safe_l / band) * (1.0 - (hi / safe_l) ** 2)        # d hi / d v = -(L / B) sech^2
+    dlo = -(safe_l / band) * (1.0 - (lo / safe_l) ** 2)
+    mid, half = 0.5 * (hi + lo), torch.maximum(0.5 * (hi - lo), 1e-3 * safe_l)
+    dmid, dhalf = 0.5 * (dhi + dlo), 0.5 * (dhi - dlo)
+    u = (cmd - mid) / half
+    th = torch.tanh(u)
+    tangent = -(dmid * th * th + dhalf * (th - u * (1.0 - th * th)))
+    inside = torch.minimum(torch.maximum(va, -safe_v), safe_v)
+    gap = va - inside
+    beyond = gap.abs() > 1e-9 * safe_v
+    tau_v = saturate(sys, cmd, va)[0]
+    tau_in = saturate(sys, cmd, inside)[0]
+    secant = -(tau_v - tau_in) / torch.where(beyond, gap, torch.ones_like(gap))
+    damping = torch.where(beyond, torch.maximum(tangent, secant), tangent)
+    return torch.where(ok, damping.clamp_min(0.0), torch.zeros_like(damping))
+
+
+def saturate(sys: System, cmd: torch.Tensor, va: Optional[torch.Tensor] = None):
+    """Smooth saturation of the torque command: (torque, its slope d/dcmd).
+
+    ``L tanh(cmd / L)`` at the URDF effort limit L; with ``velocity_limits`` (and ``va``, the
+    joint speeds), ``mid + half tanh((cmd - mid) / half)`` with mid and half the centre and
+    half-width of ``torque_window`` (which at rest is L tanh(cmd / L) again)."""
     lim = sys.effort_limit
     finite = torch.isfinite(lim)
     safe = torch.where(finite, lim, torch.ones_like(lim))
     th = torch.tanh(cmd / safe)
-    return torch.where(finite, safe * th, cmd), torch.where(finite, 1.0 - th * th, torch.ones_like(cmd))
+    out, slope = torch.where(finite, safe * th, cmd), torch.where(finite, 1.0 - th * th, torch.ones_like(cmd))
+    if va is None or not sys.config.velocity_limits:
+        return out, slope
+    lo, hi, ok = torque_window(sys, va)
+    mid = 0.5 * (hi + lo)
+    # Far beyond the limit the window closes on -L..-L: a floor on its width keeps the slope finite.
+    half = torch.maximum(0.5 * (hi - lo), 1e-3 * torch.where(ok, lim, torch.ones_like(lim)))
+    th = torch.tanh((cmd - mid) / half)
+    return torch.where(ok, mid + half * th, out), torch.where(ok, 1.0 - th * th, slope)
 
 
 def rotor_speeds(sys: System, v: torch.Tensor, command: torch.Tensor, act_state: torch.Tensor, h: float):
@@ -80,10 +141,23 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
         if cfg.effort_saturation:
             # The implicit gains take the saturation's slope at the PD part alone (as the
             # MuJoCo stand-in's implicit dof damping does), the torque saturates all of it.
-            slope = saturate(sys, cmd)[1]
+            slope = saturate(sys, cmd, va)[1]
         cmd = cmd + gravity[..., idx]
-    if cfg.effort_saturation:
-        cmd, s = saturate(sys, cmd)
+    brake = None
+    if cfg.effort_saturation and cfg.velocity_limits:
+        pd = cmd - gravity[..., idx] if cfg.gravity_compensation else cmd
+        brake = window_damping(sys, cmd, va)
+        total, s = saturate(sys, cmd, va)
+        # The PD gains enter the implicit step with the secant of the saturated torque over the
+        # PD part, (W(c) - W(c - pd)) / pd, not its tangent: a saturated light joint keeps its
+        # damping (the tangent is ~0 there, and the explicit full torque overshoots).
+        small = pd.abs() <= 1e-9 * torch.where(torch.isfinite(sys.effort_limit), sys.effort_limit,
+                                                torch.ones_like(sys.effort_limit))
+        without = saturate(sys, cmd - pd, va)[0]
+        slope = torch.where(small, s, (total - without) / torch.where(small, torch.ones_like(pd), pd))
+        cmd = total
+    elif cfg.effort_saturation:
+        cmd, s = saturate(sys, cmd, va)
         slope = s if slope is None else slope
     new = act_state
     if cfg.actuator_lag > 0:
@@ -95,4 +169,6 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
         kd = sys.kd if slope is None else sys.kd * slope
         if cfg.actuator == "position":
             kp = sys.kp if slope is None else sys.kp * slope
+    if brake is not None and cfg.actuator_lag == 0:
+        kd = brake if kd is None else kd + brake
     return Actuation(tau, new, None, kd, kp)
