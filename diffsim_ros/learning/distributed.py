@@ -166,7 +166,7 @@ class Context:
         messages: List[Optional[str]] = [None] * self.world_size
         dist.all_gather_object(messages, None if failure is None else str(failure))
         r = next(i for i, m in enumerate(messages) if m is not None)
-        raise SimulationError(f"rank {r}: {messages[r]}")
+        raise SimulationError(f"rank {r}: {messages[r]} (environments numbered within rank {r}'s share)")
 
     def gather_objects(self, obj: Any) -> List[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
