@@ -95,3 +95,8 @@ def ros_domain(span: int = 1) -> int:
         raise RuntimeError(f"{count} pytest workers leave {size} ROS domains each, fewer than the {span} asked for")
     lo = 1 + (int(worker) if worker.isdigit() else 0) * size
     return random.randint(lo, lo + size - span)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test of more than about 30 s (training runs); "
+                                       "deselect with -m 'not slow' for a quick pass")

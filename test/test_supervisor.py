@@ -517,3 +517,43 @@ def test_legged_pairs_joint_states_and_odometry(tmp_path):
         sup.on_odometry(odom(t + k), 7, t)
         assert sup.on_joint_state(joints(t + k), 7, t).accepted
     assert sup.tick(8).policy
+
+
+def test_position_rate_limit_moves_commands_at_most_the_velocity_limit_per_step(arm):
+    """position_rate_limit: a policy asking for a far goal at once gets commands that move each joint at
+    most its URDF velocity limit (read with urdf_parser_py) x dt from the previous one, starting from
+    the measured position and again after a safe command; without the setting the jump goes through."""
+    runner, _ = arm
+    n = len(runner.joint_names)
+    _, _, vel = urdf_limits(REPO_ROOT / "urdf" / "diffsim_arm.urdf", runner.actuated_joints)
+    step = vel * runner.dt
+    far = np.clip(np.full(n, 2.0), runner.command_low, runner.command_high)
+
+    class Far:
+        command, clamped = far, False
+
+    def run(cfg, events):
+        sup = Supervisor(runner, cfg, policy=lambda state, target: Far())
+        sup.set_target(TARGET)
+        q, out, t = np.zeros(n), [], CLOCK0
+        for e in events:
+            t += int(runner.dt * 1e9)
+            if e == "state":
+                assert sup.on_joint_state(JointStateIn(runner.joint_names, q, np.zeros(n), (), t), t, t).accepted
+            tick = sup.tick(t if e == "state" else t + 10 ** 9)       # "stale": a second without states
+            out.append((tick.policy, tick.command))
+        return out
+
+    limited = run(SupervisorConfig(position_rate_limit=True, recover_states=1), ["state"] * 5 + ["stale"] + ["state"] * 3)
+    prev = np.zeros(n)                       # the measured position
+    for policy, cmd in limited:
+        if not policy:
+            prev = np.zeros(n)               # after a safe command: from the measured position again
+            continue
+        assert np.all(np.abs(cmd - prev) <= step + 1e-12), (cmd, prev, step)
+        assert np.allclose(np.abs(cmd - prev), np.minimum(np.abs(far - prev), step))
+        prev = cmd
+    assert not limited[5][0] and limited[6][0]
+    free = run(SupervisorConfig(), ["state"] * 2)
+    np.testing.assert_array_equal(free[0][1], far)           # the check can fail: unlimited, the jump is sent
+    assert np.abs(far).max() > 2 * step.max()

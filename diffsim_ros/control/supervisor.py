@@ -66,9 +66,9 @@ class SupervisorConfig:
     #: rad or m, how far beyond its URDF limits a joint position may be measured
     position_margin: float = 0.1
     #: measured joint speed bound, as a multiple of the URDF velocity limit. A plausibility bound
-    #: against broken sensors, not the robot's velocity limit: neither the simulator nor the MuJoCo
-    #: stand-in enforce URDF velocity limits, and the shipped reach policies reach 3.8x (panda) and
-    #: 7.4x (diffsim_arm) of them on the stand-in
+    #: against broken sensors, not the robot's velocity limit: the shipped reach policies, trained
+    #: without simulator.velocity_limits, reach 3.8x (panda) and 7.4x (diffsim_arm) of them on the
+    #: stand-in
     velocity_limit_factor: float = 10.0
     #: rad/s or m/s, joint speed bound where the URDF gives no velocity limit
     default_velocity_limit: float = 20.0
@@ -94,6 +94,10 @@ class SupervisorConfig:
     safe_mode: str = "auto"
     #: N, quadrotors: collective thrust of the safe command (0: motors off)
     safe_thrust: float = 0.0
+    #: position interfaces: each policy command moves each joint at most its URDF velocity limit x
+    #: one control step from the previous command sent (from the measured position at the start
+    #: and after a safe command), as ros2_control's joint limiters do; joints without a limit free
+    position_rate_limit: bool = False
 
     def __post_init__(self):
         pos = ("state_timeout_s", "velocity_limit_factor", "default_velocity_limit", "max_linear_speed",
@@ -113,6 +117,8 @@ class SupervisorConfig:
                 or not (lo < hi).all():
             raise SupervisorConfigError(f"'workspace_min' {list(self.workspace_min)} and 'workspace_max' "
                                         f"{list(self.workspace_max)} must be 3 finite numbers each, min < max")
+        if not isinstance(self.position_rate_limit, bool):
+            raise SupervisorConfigError(f"'position_rate_limit' must be true or false, got {self.position_rate_limit!r}")
         if self.safe_mode not in ("auto", "hold", "zero"):
             raise SupervisorConfigError(f"'safe_mode' must be auto, hold or zero, got {self.safe_mode!r}")
 
@@ -242,6 +248,13 @@ class Supervisor:
         self.vel_bound = np.where(vlim > 0, vlim * cfg.velocity_limit_factor, cfg.default_velocity_limit)
         self.cmd_low, self.cmd_high = runner.command_low, runner.command_high
         self.n_cmd = len(self.cmd_low)
+        # position_rate_limit: the largest step of a position command per control step (actuated joints)
+        self.rate_step: Optional[np.ndarray] = None
+        if cfg.position_rate_limit and self.kind != "quadrotor" and runner.interface == "position":
+            act = runner.sim.act_index.cpu().numpy()
+            va = vlim[act]
+            self.rate_step = np.where(va > 0, va * float(runner.dt), np.inf)
+        self.last_command: Optional[np.ndarray] = None          # the last policy command sent
         self.target = None
         self.timeout_ns = int(cfg.state_timeout_s * 1e9)
         # ------------------------------------------------------------ machine state
@@ -524,9 +537,13 @@ class Supervisor:
                 if not np.isfinite(cmd).all():
                     raise ValueError(f"the policy gave a non-finite command {cmd.tolist()}")
                 lim = np.minimum(np.maximum(cmd, self.cmd_low), self.cmd_high)
+                if self.rate_step is not None:
+                    ref = self.last_command if self.last_command is not None else self.runner.joint_positions(state)
+                    lim = np.minimum(np.maximum(lim, ref - self.rate_step), ref + self.rate_step)
                 clamped = bool(getattr(d, "clamped", False)) or bool(np.any(lim != cmd))
                 self.counts["policy_commands"] += 1
                 self.counts["commands_clamped"] += int(clamped)
+                self.last_command = lim
                 return Tick(lim, True, "", stamp, state, clamped)
             except Exception as e:  # noqa: BLE001 - any failure of the control path latches
                 self.counts["errors"] += 1
@@ -535,6 +552,7 @@ class Supervisor:
         cmd = self.safe_command()
         if cmd is not None:
             self.counts["safe_commands"] += 1
+        self.last_command = None            # the rate limit starts again from the measured position
         return Tick(cmd, False, reason, stamp, state)
 
     def safe_command(self) -> Optional[np.ndarray]:

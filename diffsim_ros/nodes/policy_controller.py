@@ -152,6 +152,10 @@ SUPERVISOR_PARAMETERS: Dict[str, Any] = {
                                   "auto (hold for position and joint_trajectory, zero for effort and velocity)"),
     "safe_thrust": (_SUP.safe_thrust, "N, quadrotors: collective thrust of the safe command (body rates zero); "
                                       "0: motors off"),
+    "position_rate_limit": (_SUP.position_rate_limit, "position interfaces: each command moves each joint at most "
+                                                      "its URDF velocity limit x one control step from the previous "
+                                                      "command (from the measured position at the start and after a "
+                                                      "safe command), as ros2_control's joint limiters do"),
 }
 PARAMETERS.update(SUPERVISOR_PARAMETERS)
 
