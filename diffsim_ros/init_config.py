@@ -175,33 +175,33 @@ def _gripper_word(*names: str) -> Optional[str]:
 
 
 def choose_joints(desc, model, include: Sequence[str] = ()) -> List[JointChoice]:
-    """Actuated or not, with the reason, for every moving joint of ``model`` (q order)."""
+    """Actuated or not, with the reason, for every moving joint of ``model`` (the full tree's order:
+    ``model.full_joint_names``, mimic joints included)."""
     by_name = {j.name: j for j in desc.joints}
     include = list(include)
     for name in include:
-        if name not in model.joint_names:
+        if name not in model.full_joint_names:
             raise InitError(f"--include-joints: '{name}' is not a moving joint of '{model.name}' "
-                            f"(moving joints: {', '.join(model.joint_names)})")
+                            f"(moving joints: {', '.join(model.full_joint_names)})")
         mim = by_name[name].mimic
         if mim is not None:
             raise InitError(f"--include-joints: '{name}' mimics '{mim.joint}' and follows it; a mimic joint "
                             f"is never actuated (include '{mim.joint}' instead)")
     # Bodies with a moving joint below them; prismatic leaves per parent body (a gripper's jaws).
     has_child = set(p for p in model.parent if p >= 0)
-    body_of = {n: i + (1 if model.floating_base else 0) for i, n in enumerate(model.joint_names)}
+    body_of = {n: i + (1 if model.floating_base else 0) for i, n in enumerate(model.full_joint_names)}
     jaws: Dict[int, List[str]] = {}
-    for name in model.joint_names:
+    for name in model.full_joint_names:
         b = body_of[name]
         if model.joint_type[b] == "prismatic" and b not in has_child:
             jaws.setdefault(model.parent[b], []).append(name)
     out = []
-    for name in model.joint_names:
+    for name in model.full_joint_names:
         j = by_name[name]
         if j.mimic is not None:
             out.append(JointChoice(name, False, f"mimics '{j.mimic.joint}' (x {j.mimic.multiplier:g}, offset "
                                                 f"{j.mimic.offset:g}): it follows its leader and is never actuated "
-                                                f"(the simulator does not couple it yet: it moves freely within its "
-                                                f"limits)"))
+                                                f"(the simulator couples it: it is no coordinate of q/v)"))
             continue
         if name in include:
             out.append(JointChoice(name, True, "asked for by --include-joints"))
@@ -283,10 +283,10 @@ def heuristic_stance(model, actuated: Sequence[str]) -> Tuple[List[float], str]:
         pitch = []
         for b in _chain(model, foot):
             if model.joint_type[b] in ("revolute", "continuous"):
-                name = model.joint_names[b - 1]
+                name = model.full_joint_names[b - 1]
                 s = float((Rw[b] @ model.axis[b])[1])      # joint axis, world y component
                 if abs(s) > 0.9 and name in actuated:
-                    pitch.append((b - 1, math.copysign(1.0, s)))
+                    pitch.append((model.joint_names.index(name), math.copysign(1.0, s)))
         if len(pitch) < 2:
             continue
         (i, si), (k, sk) = pitch[-2], pitch[-1]
@@ -434,7 +434,7 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     # End effector: the tip of the longest chain (the demo's choice), unless that tip is not moved by an
     # actuated joint (a finger): then the link fixed to the deepest actuated body farthest from its origin.
     poses = physics.forward_kinematics(model, model.neutral_configuration()[None])[0]
-    act_bodies = set(int(i) for i in idx.tolist())
+    act_bodies = set(model.full_joint_names.index(n) for n in actuated)   # fixed base: body = full joint index
     if ee_link is None:
         tip, _ = _tip_position(model, poses)
         body = model.link_body[model.link_names.index(tip)]

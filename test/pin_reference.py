@@ -11,6 +11,13 @@ coordinates (cos θ, sin θ), so everything here maps by joint *name*:
 For a floating base both sides use the free-flyer convention: q starts with
 ``x y z qx qy qz qw`` and v with ``v_lin v_ang`` in the body frame, so the
 first 7 / 6 entries are copied unchanged.
+
+A URDF with ``<mimic>`` joints (the panda's second finger) is read with
+Pinocchio's ``mimic=True`` (JointModelMimic: the mimic joint is no coordinate), as
+ours couples them. Pinocchio 4 runs FK, rnea and crba on such a model but not aba
+or the ABA derivatives; there the reference is M⁻¹(τ − nle) from Pinocchio's crba
+and rnea, and its central finite differences. (Its crba there needs a fresh Data
+per call: see ``_crba_pin``.)
 """
 from __future__ import annotations
 
@@ -216,10 +223,12 @@ class PinReference:
                  link_names: Sequence[str]):
         if pin is None:  # pragma: no cover
             raise RuntimeError("pinocchio (pip package 'pin') is not installed")
+        with open(urdf_path, encoding="utf-8") as fh:
+            self.mimic = "<mimic" in fh.read()
         if floating:
-            self.model = pin.buildModelFromUrdf(urdf_path, pin.JointModelFreeFlyer())
+            self.model = pin.buildModelFromUrdf(urdf_path, pin.JointModelFreeFlyer(), mimic=self.mimic)
         else:
-            self.model = pin.buildModelFromUrdf(urdf_path)
+            self.model = pin.buildModelFromUrdf(urdf_path, mimic=self.mimic)
         self.data = self.model.createData()
         self.floating = floating
         self.joint_names = list(joint_names)
@@ -230,7 +239,8 @@ class PinReference:
         self.nv = self.nvb + len(self.joint_names)
 
         pm = self.model
-        pin_joint_names = [pm.names[i] for i in range(1, pm.njoints)]
+        pin_joint_names = [pm.names[i] for i in range(1, pm.njoints)
+                           if pm.joints[i].shortname() != "JointModelMimic"]
         if floating:
             assert pm.joints[1].shortname() == "JointModelFreeFlyer", pm.joints[1].shortname()
             assert pm.joints[1].idx_q == 0 and pm.joints[1].idx_v == 0
@@ -307,18 +317,33 @@ class PinReference:
         return self.v_from_pin(pin.rnea(self.model, self.data, self.q_to_pin(q),
                                         self.v_to_pin(v), self.v_to_pin(a)))
 
+    def _crba_pin(self, qp):
+        # Pinocchio 4.1's crba with mimic joints leaves entries of an earlier call in a
+        # reused Data (seen on test_mimic's tree): a fresh Data each time there.
+        data = self.model.createData() if self.mimic else self.data
+        return symmetrised(pin.crba(self.model, data, qp))
+
     def crba(self, q):
-        return self.mat_from_pin(symmetrised(pin.crba(self.model, self.data, self.q_to_pin(q))))
+        return self.mat_from_pin(self._crba_pin(self.q_to_pin(q)))
 
     def aba(self, q, v, tau):
-        return self.v_from_pin(pin.aba(self.model, self.data, self.q_to_pin(q),
-                                       self.v_to_pin(v), self.v_to_pin(tau)))
+        qp, vp, tp = self.q_to_pin(q), self.v_to_pin(v), self.v_to_pin(tau)
+        if self.mimic:  # Pinocchio's aba has no mimic joints: solve its own M and nle
+            M = self._crba_pin(qp)
+            return self.v_from_pin(np.linalg.solve(M, tp - pin.nonLinearEffects(self.model, self.data, qp, vp)))
+        return self.v_from_pin(pin.aba(self.model, self.data, qp, vp, tp))
 
     def aba_derivatives(self, q, v, tau):
         """(ddq_dq, ddq_dv, Minv) in our v order, rows and columns.
 
         ddq_dq is Pinocchio's: with respect to the tangent perturbation
         q ⊕ δ (pin.integrate), δ in our v order."""
+        if self.mimic:  # no ABA derivatives with mimic joints: central differences of aba
+            h, eye = 1e-6, np.eye(self.nv)
+            dq = np.stack([(self.aba(self.integrate(q, h * e), v, tau)
+                            - self.aba(self.integrate(q, -h * e), v, tau)) / (2 * h) for e in eye], 1)
+            dv = np.stack([(self.aba(q, v + h * e, tau) - self.aba(q, v - h * e, tau)) / (2 * h) for e in eye], 1)
+            return dq, dv, np.linalg.inv(self.crba(q))
         ddq_dq, ddq_dv, minv = pin.computeABADerivatives(
             self.model, self.data, self.q_to_pin(q), self.v_to_pin(v), self.v_to_pin(tau))
         return (self.mat_from_pin(ddq_dq), self.mat_from_pin(ddq_dv),

@@ -512,6 +512,10 @@ def check_compatible(meta: Dict[str, Any], model=None, expect_joints: Optional[S
     robot = meta["robot"]
     if model is not None:
         theirs, ours = list(robot["joint_names"]), list(model.joint_names)
+        # A checkpoint written before <mimic> joints became coupled coordinates lists them
+        # among the joints (the model's full tree): the same robot, accepted.
+        if theirs != ours and model.mimic_joints and theirs == list(model.full_joint_names):
+            theirs = ours
         if theirs != ours:
             missing = [j for j in theirs if j not in ours]
             extra = [j for j in ours if j not in theirs]

@@ -22,6 +22,16 @@ Two choices make the batched code fast:
   times faster than batched GEMM on tiny matrices.
 
 Spatial vectors are ``[linear; angular]`` (Pinocchio's order).
+
+Mimic joints (see :mod:`.model`): the public functions take the reduced q/v/a/tau
+and return reduced results. Inside, q and v are mapped to the full tree
+(``q_full = G q + c``, ``v_full = G v``), the recursions run on the full tree, and
+joint-space results are projected: ``tau = G^T tau_full``, ``M = G^T M_full G``,
+``J = J_full G``. Forward dynamics with mimic joints solves the reduced
+``M qdd = tau - b`` densely instead of running the O(n) ABA. The batch-last helpers
+(``kinematics_batch_last``, ``joint_forces``, ``joint_space_inertia``, ...) follow
+the same rule: kinematic quantities (S, twists) are full-tree, joint-space inputs
+and outputs reduced. Without mimic joints every map is skipped.
 """
 from __future__ import annotations
 
@@ -171,6 +181,39 @@ def _batch_last(x: torch.Tensor, batch, B: int) -> torch.Tensor:
     return x.expand(batch + inner).reshape((B,) + inner).movedim(0, -1)
 
 
+# ------------------------------------------------------------- mimic coupling
+def _full_q(model: Model, qf: torch.Tensor) -> torch.Tensor:
+    """Reduced batch-last q (nq, B) -> the full tree's (nq_full, B); q itself without mimic joints."""
+    if not model.mimic_joints:
+        return qf
+    G, c = model.mimic_G, model.mimic_offset[:, None]
+    if model.floating_base:
+        return torch.cat((qf[0:7], G[6:, 6:] @ qf[7:]), 0) + c
+    return G @ qf + c
+
+
+def _full_v(model: Model, vf: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Reduced batch-last v or a (nv, B) -> the full tree's (nv_full, B): G v."""
+    if not model.mimic_joints or vf is None:
+        return vf
+    return model.mimic_G @ vf
+
+
+def _reduce(model: Model, tau: torch.Tensor) -> torch.Tensor:
+    """Full-tree generalised forces (nv_full, B) -> reduced (nv, B): G^T tau."""
+    if not model.mimic_joints:
+        return tau
+    return model.mimic_G.T @ tau
+
+
+def _reduce_matrix(model: Model, M: torch.Tensor) -> torch.Tensor:
+    """Full-tree joint-space matrix (nv_full, nv_full, B) -> reduced (nv, nv, B): G^T M G."""
+    if not model.mimic_joints:
+        return M
+    G = model.mimic_G
+    return torch.einsum("ia,ijb,jc->acb", G, M, G)
+
+
 # ------------------------------------------------------------------ kinematics
 def _joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each body frame in its parent body frame at q (nq, B): R (nb, 3, 3, B), p (nb, 3, B)."""
@@ -235,14 +278,14 @@ def _chain_homogeneous(model: Model, R: torch.Tensor, p: torch.Tensor) -> Tuple[
 def joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pose of each body frame in its parent body frame: R (..., nb, 3, 3), p (..., nb, 3)."""
     batch, (qf,) = _flatten(model, q)
-    R, p = _joint_placements(model, qf)
+    R, p = _joint_placements(model, _full_q(model, qf))
     return _unflatten(R, batch), _unflatten(p, batch)
 
 
 def body_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """World pose of each body frame: R (..., nb, 3, 3), p (..., nb, 3)."""
     batch, (qf,) = _flatten(model, q)
-    R, p = _body_placements(model, qf)
+    R, p = _body_placements(model, _full_q(model, qf))
     return _unflatten(R, batch), _unflatten(p, batch)
 
 
@@ -252,8 +295,10 @@ def kinematics_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor):
     Returns R (nb, 3, 3, B), positions relative to the point o (nb, 3, B), o
     (1, 3, B: the floating base's position, or the world origin) and body twists
     (nb, 6, B) in world axes at o (the velocity of the body point at o, then w).
+    With mimic joints, q and v are the reduced coordinates.
     """
     topo = _topo(model)
+    qf, vf = _full_q(model, qf), _full_v(model, vf)
     Rw, pw = _body_placements(model, qf, relative=True)
     o = _frame_origin(model, qf)
     S = _motion_subspaces(model, Rw, pw)
@@ -281,7 +326,7 @@ def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
     batch, (qf,) = _flatten(model, q)
     B = qf.shape[-1]
     topo = _topo(model)
-    Rw, pw = _body_placements(model, qf)
+    Rw, pw = _body_placements(model, _full_q(model, qf))
     # Links fixed to the world hang from a virtual body with identity pose (index nb).
     eye = torch.eye(3, dtype=qf.dtype, device=qf.device)[None, :, :, None].expand(1, 3, 3, B)
     Rw = torch.cat((Rw, eye), 0)[topo.link_src]
@@ -306,13 +351,16 @@ def link_kinematics(model: Model, q: torch.Tensor, link: int) -> Tuple[torch.Ten
     if body < 0:                                   # fixed to the world
         p = model.link_p[link][:, None].expand(3, B)
         return _unflatten(p, batch), _unflatten(torch.zeros(3, model.nv, B, dtype=qf.dtype, device=qf.device), batch)
-    Rw, pw = _body_placements(model, qf)
-    S = _motion_subspaces(model, Rw, pw)                                 # (nv, 6, B) at the world origin
+    Rw, pw = _body_placements(model, _full_q(model, qf))
+    S = _motion_subspaces(model, Rw, pw)                                 # (nv_full, 6, B) at the world origin
     p = pw[body] + _mv(Rw[body], model.link_p[link][:, None])            # (3, B)
     # A dof's twist (v_O, w) at the world origin moves the point p at v_O + w x p.
     lin = S[:, 0:3] + _cross(S[:, 3:6], p[None].expand_as(S[:, 3:6]))    # (nv, 3, B)
-    moves = topo.anc[body][topo.body_of_dof]                             # (nv,)
-    return _unflatten(p, batch), _unflatten((lin * moves[:, None, None]).transpose(0, 1), batch)
+    moves = topo.anc[body][topo.body_of_dof]                             # (nv_full,)
+    J = (lin * moves[:, None, None]).transpose(0, 1)                     # (3, nv_full, B)
+    if model.mimic_joints:
+        J = torch.einsum("kib,ia->kab", J, model.mimic_G)
+    return _unflatten(p, batch), _unflatten(J, batch)
 
 
 def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
@@ -400,6 +448,7 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     """
     batch, (qf, vf, af) = _flatten(model, q, v, a)
     topo = _topo(model)
+    qf, vf = _full_q(model, qf), _full_v(model, vf)            # af stays reduced: joint_forces maps it
     S, I, o, _, _ = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], model.nb)            # joint twists (nb, 6, B)
     vel = _tree_sum(topo.anc, vJ)                              # body twists
@@ -411,49 +460,50 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
 def joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor, vJ: torch.Tensor, vel: torch.Tensor,
                  af: Optional[torch.Tensor] = None, f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
     """RNEA on batch-last kinematics (all at the point o, world axes): motion subspaces
-    S (nv, 6, B), inertias I (nb, 6, 6, B), joint and body twists vJ, vel (nb, 6, B),
-    accelerations af (nv, B) (None: zero) and external wrenches f_ext (nb, 6, B) about o.
-    Returns tau (nv, B); with af None it is the bias ``b(q, v) - J^T f_ext``."""
+    S (nv_full, 6, B), inertias I (nb, 6, 6, B), joint and body twists vJ, vel (nb, 6, B),
+    accelerations af (nv, B) (None: zero; reduced coordinates) and external wrenches f_ext
+    (nb, 6, B) about o. Returns tau (nv, B) (reduced: G^T tau_full with mimic joints); with
+    af None it is the bias ``b(q, v) - J^T f_ext``."""
     topo = _topo(model)
     # a_i = a_parent + S_i qdd_i + v_i x S_i qd_i (the last term is dS_i/dt qd_i in the world frame).
     c = _cross_motion(vel, vJ)
     if af is not None:
-        c = c + _body_sum(topo, S * af[:, None], model.nb)
+        c = c + _body_sum(topo, S * _full_v(model, af)[:, None], model.nb)
     acc = _tree_sum(topo.anc, c) + _gravity_acc(model)
     f = _mv(I, acc) + _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
         f = f - f_ext
     F = _tree_sum(topo.anc, f, subtree=True)                   # wrench transmitted by each joint
-    return (S * F[topo.body_of_dof]).sum(1)
+    return _reduce(model, (S * F[topo.body_of_dof]).sum(1))
 
 
 def gravity_joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
     """The joint forces that hold the bodies against gravity at rest, ``rnea(q, 0, 0)``, on
-    batch-last S (nv, 6, B) and inertias I (nb, 6, 6, B) at o: (nv, B)."""
+    batch-last S (nv_full, 6, B) and inertias I (nb, 6, 6, B) at o: (nv, B) (reduced)."""
     topo = _topo(model)
     f = _mv(I, _gravity_acc(model))
     F = _tree_sum(topo.anc, f, subtree=True)
-    return (S * F[topo.body_of_dof]).sum(1)
+    return _reduce(model, (S * F[topo.body_of_dof]).sum(1))
 
 
 # ----------------------------------------------------------------- mass matrix
 def crba(model: Model, q: torch.Tensor) -> torch.Tensor:
     """Composite-rigid-body algorithm: the joint-space mass matrix M(q), (..., nv, nv)."""
     batch, (qf,) = _flatten(model, q)
-    S, I, _, _, _ = _world_quantities(model, qf)
+    S, I, _, _, _ = _world_quantities(model, _full_q(model, qf))
     return _unflatten(joint_space_inertia(model, S, I), batch)
 
 
 def joint_space_inertia(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
-    """CRBA on batch-last quantities at o: S (nv, 6, B), body inertias I (nb, 6, 6, B)
-    -> M (nv, nv, B). Any symmetric per-body 6x6 blocks (a contact's friction damping,
-    say) map to joint space the same way."""
+    """CRBA on batch-last quantities at o: S (nv_full, 6, B), body inertias I (nb, 6, 6, B)
+    -> M (nv, nv, B) (reduced: G^T M_full G with mimic joints). Any symmetric per-body 6x6
+    blocks (a contact's friction damping, say) map to joint space the same way."""
     topo = _topo(model)
     Ic = _tree_sum(topo.anc, I, subtree=True)                  # composite inertias
     F = _mv(Ic[topo.body_of_dof], S)                           # (nv, 6, B)
     G = (F[:, None] * S[None]).sum(2)                          # G[d, e] = S_e . Ic_{body(d)} S_d
     L = G * topo.dof_anc[..., None]
-    return L + L.transpose(0, 1) + G * topo.dof_same[..., None]
+    return _reduce_matrix(model, L + L.transpose(0, 1) + G * topo.dof_same[..., None])
 
 
 # ------------------------------------------------------------ forward dynamics
@@ -474,10 +524,13 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
                    f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
     """ABA on batch-last inputs q (nq, B), v (nv, B), tau (nv, B) -> qdd (nv, B).
 
-    f_ext (nb, 6, B): world-origin wrenches, as in :func:`aba`.
+    f_ext (nb, 6, B): world-origin wrenches, as in :func:`aba`. With mimic joints
+    (reduced q, v, tau) the reduced ``M qdd = tau - b`` is solved densely.
     """
     nb = model.nb
     topo = _topo(model)
+    if model.mimic_joints:
+        return _coupled_forward_dynamics(model, qf, vf, tf, f_ext)
     S, I, o, Rw, pw = _world_quantities(model, qf)
     vJ = _body_sum(topo, S * vf[:, None], nb)
     vel = _tree_sum(topo.anc, vJ)
@@ -528,6 +581,20 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
             qdd.append(x[None])
         acc.append(ai)
     return torch.cat(qdd, 0)
+
+
+def _coupled_forward_dynamics(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.Tensor,
+                              f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Forward dynamics of a model with mimic joints: reduced q (nq, B), v, tau (nv, B)
+    -> qdd (nv, B) from M = G^T M_full G and b = G^T b_full (the ABA recursion has no
+    place for a coordinate shared by two bodies)."""
+    topo = _topo(model)
+    S, I, o, _, _ = _world_quantities(model, _full_q(model, qf))
+    vJ = _body_sum(topo, S * _full_v(model, vf)[:, None], model.nb)
+    vel = _tree_sum(topo.anc, vJ)
+    fe = None if f_ext is None else _shift_wrench(f_ext, o)
+    bias = joint_forces(model, S, I, vJ, vel, None, fe)
+    return solve_spd(joint_space_inertia(model, S, I), tf - bias)
 
 
 def solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

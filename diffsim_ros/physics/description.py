@@ -80,7 +80,7 @@ class Joint:
     effort: float = np.inf           # N m or N
     damping: float = 0.0             # N m s/rad or N s/m
     friction: float = 0.0            # N m or N (Coulomb)
-    mimic: Optional[Mimic] = None    # kept for information; mimic joints are independent DOFs
+    mimic: Optional[Mimic] = None    # q = multiplier * q_leader + offset: not a DOF (see model.py)
 
 
 @dataclass

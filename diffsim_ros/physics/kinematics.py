@@ -16,8 +16,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .algorithms import _body_placements, _body_sum, _flatten, _frame_origin, _motion_subspaces, _mm, _mv, \
-    _spatial_inertia, _topo, _tree_sum
+from .algorithms import _body_placements, _body_sum, _flatten, _frame_origin, _full_q, _full_v, _motion_subspaces, \
+    _mm, _mv, _spatial_inertia, _topo, _tree_sum
 from .model import Model
 
 
@@ -25,7 +25,8 @@ class Kinematics(NamedTuple):
     """Batch-last kinematics of one state (B environments).
 
     R (nb, 3, 3, B): body orientations in the world; p (nb, 3, B): body origins
-    relative to ``o`` (1, 3, B); S (nv, 6, B): every dof's motion subspace at ``o``;
+    relative to ``o`` (1, 3, B); S (nv_full, 6, B): every dof's motion subspace at ``o``
+(the full tree's: mimic joints included);
     vJ (nb, 6, B): the joints' twists; vel (nb, 6, B): the bodies' twists at ``o``
     (``[velocity of the body point at o; angular velocity]``; zero without v);
     batch: the leading batch shape of the inputs.
@@ -48,8 +49,11 @@ class Kinematics(NamedTuple):
 
 def kinematics_record(model: Model, qf: torch.Tensor, vf: Optional[torch.Tensor] = None,
                       batch: Tuple[int, ...] = ()) -> Kinematics:
-    """The record for batch-last q (nq, B) and v (nv, B) (v None: at rest)."""
+    """The record for batch-last q (nq, B) and v (nv, B) (v None: at rest). With mimic
+    joints q and v are the reduced coordinates; the record is of the full tree (``S`` has
+    one column per moving joint, mimic joints included: nv_full)."""
     topo = _topo(model)
+    qf, vf = _full_q(model, qf), _full_v(model, vf)
     R, p = _body_placements(model, qf, relative=True)
     o = _frame_origin(model, qf)
     S = _motion_subspaces(model, R, p)

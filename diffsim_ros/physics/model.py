@@ -11,6 +11,18 @@ order of the bodies.
 Physical parameters (``mass``, ``com``, ``inertia``, ``damping``, ``friction``,
 ...) are ordinary tensors: ``model.replace(mass=m)`` with ``m.requires_grad``
 makes every algorithm differentiable in them.
+
+A URDF ``<mimic>`` joint is not a degree of freedom: its position is
+``multiplier * q_leader + offset`` and its velocity and acceleration are
+``multiplier`` times the leader's. The tree keeps a body for it (``parent``,
+``joint_type``, ``q_start``/``v_start`` and the inertias describe the *full* tree,
+with ``nq_full``/``nv_full`` coordinates), while ``q``, ``v``, ``nq``, ``nv`` and
+``joint_names`` are the reduced, independent coordinates. The map between them is
+constant: ``v_full = G v`` and ``q_full = G q + c`` (``mimic_G``, ``mimic_offset``;
+for a floating base the base block of G is the identity on q's seven and v's six
+entries). The algorithms compute on the full tree and project, ``tau = G^T tau_full``,
+``M = G^T M_full G``. A model without mimic joints has no map and takes the plain
+code path.
 """
 from __future__ import annotations
 
@@ -54,6 +66,17 @@ class Model:
     Per actuated joint (``len(joint_names)``, in q/v order after the floating
     base): limits ``lower``/``upper`` (rad or m), ``velocity_limit``,
     ``effort_limit``, and ``<dynamics>`` ``damping`` and ``friction``.
+
+    Mimic joints (see the module doc): ``mimic_joints`` their names, ``mimic_leader``
+    the independent joint each follows (a mimic of a mimic is resolved to the
+    independent joint at the end of the chain, multipliers and offsets composed),
+    ``full_joint_names`` the moving joints of the full tree in body order (the same
+    list as ``joint_names`` without mimic joints), ``mimic_G`` (nv_full, nv) and
+    ``mimic_offset`` (nq_full,) the coordinate map (None without mimic joints). A
+    mimic joint's URDF damping and Coulomb friction act through the coupling: they
+    are folded into its leader's ``damping`` (+ multiplier^2 d) and ``friction``
+    (+ |multiplier| f), which is exact for viscous damping and for unsmoothed Coulomb
+    friction; its limits, velocity and effort limits are not used (the leader's are).
     """
     name: str
     floating_base: bool
@@ -85,6 +108,11 @@ class Model:
     collisions: Tuple[Collision, ...]
     urdf_sha256: str
     source: str
+    full_joint_names: Tuple[str, ...] = ()
+    mimic_joints: Tuple[str, ...] = ()
+    mimic_leader: Tuple[str, ...] = ()
+    mimic_G: Optional[torch.Tensor] = None        # (nv_full, nv): v_full = G v
+    mimic_offset: Optional[torch.Tensor] = None   # (nq_full,): q_full = G q + offset
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -95,6 +123,37 @@ class Model:
     def nj(self) -> int:
         """Number of actuated joints (``nv`` minus the 6 of a floating base)."""
         return len(self.joint_names)
+
+    @property
+    def has_mimic(self) -> bool:
+        """True when some joint is a ``<mimic>`` of another (coordinates reduced)."""
+        return bool(self.mimic_joints)
+
+    @property
+    def nq_full(self) -> int:
+        """Coordinates of the full tree, mimic joints included (``nq`` without them)."""
+        return self.nq + len(self.mimic_joints)
+
+    @property
+    def nv_full(self) -> int:
+        """Velocities of the full tree, mimic joints included (``nv`` without them)."""
+        return self.nv + len(self.mimic_joints)
+
+    def full_configuration(self, q: torch.Tensor) -> torch.Tensor:
+        """Reduced q (..., nq) -> full-tree coordinates (..., nq_full), mimic joints at
+        ``multiplier * q_leader + offset`` (q itself without mimic joints)."""
+        if not self.mimic_joints:
+            return q
+        G = self.mimic_G
+        if self.floating_base:
+            return torch.cat((q[..., 0:7], q[..., 7:] @ G[6:, 6:].T), -1) + self.mimic_offset
+        return q @ G.T + self.mimic_offset
+
+    def full_velocity(self, v: torch.Tensor) -> torch.Tensor:
+        """Reduced v (or an acceleration) (..., nv) -> full tree (..., nv_full): ``G v``."""
+        if not self.mimic_joints:
+            return v
+        return v @ self.mimic_G.T
 
     @property
     def dtype(self) -> torch.dtype:
@@ -127,6 +186,10 @@ class Model:
         try:
             return self.joint_names.index(name)
         except ValueError:
+            if name in self.mimic_joints:
+                lead = self.mimic_leader[self.mimic_joints.index(name)]
+                raise KeyError(f"joint '{name}' of model '{self.name}' is a <mimic> of '{lead}': it follows "
+                               f"its leader and is not a coordinate of q/v") from None
             raise KeyError(f"joint '{name}' is not an actuated joint of model '{self.name}' "
                            f"(joints: {', '.join(self.joint_names)})") from None
 
@@ -272,18 +335,39 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
     def t(x):
         return torch.tensor(np.asarray(x, dtype=np.float64), dtype=dtype, device=device)
 
+    mimic_of = _resolve_mimic(desc, joints)
+    indep = [j for j in joints if j.name not in mimic_of]   # the degrees of freedom, body order
+
     def jt(attr):
-        return t([getattr(j, attr) for j in joints]).reshape(len(joints))
+        return t([getattr(j, attr) for j in indep]).reshape(len(indep))
 
     lower, upper = jt("lower"), jt("upper")
-    cont = torch.tensor([j.type == "continuous" for j in joints], dtype=torch.bool, device=device)
+    cont = torch.tensor([j.type == "continuous" for j in indep], dtype=torch.bool, device=device)
     lower = torch.where(cont, torch.full_like(lower, -np.inf), lower)
     upper = torch.where(cont, torch.full_like(upper, np.inf), upper)
+    damping, friction = jt("damping"), jt("friction")
+    mimic = {}
+    if mimic_of:
+        mimic = _mimic_map(joints, indep, mimic_of, floating_base, nq, nv)
+        # A mimic joint's viscous damping d and Coulomb friction f act on the leader through
+        # the coupling: G^T (-d G v) adds multiplier^2 d, G^T (-f sign(G v)) adds |multiplier| f.
+        col = {j.name: k for k, j in enumerate(indep)}
+        extra_d, extra_f = np.zeros(len(indep)), np.zeros(len(indep))
+        for j in joints:
+            if j.name in mimic_of:
+                lead, mult, _ = mimic_of[j.name]
+                extra_d[col[lead]] += mult * mult * j.damping
+                extra_f[col[lead]] += abs(mult) * j.friction
+        damping, friction = damping + t(extra_d), friction + t(extra_f)
+        mimic = dict(mimic_G=t(mimic["G"]), mimic_offset=t(mimic["offset"]),
+                     mimic_joints=tuple(j.name for j in joints if j.name in mimic_of),
+                     mimic_leader=tuple(mimic_of[j.name][0] for j in joints if j.name in mimic_of))
+        nq, nv = nq - len(mimic_of), nv - len(mimic_of)
 
     return Model(
         name=desc.name,
         floating_base=floating_base,
-        joint_names=[j.name for j in joints],
+        joint_names=[j.name for j in indep],
         body_names=body_names,
         parent=tuple(parent),
         joint_type=tuple(jtype),
@@ -301,8 +385,8 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         upper=upper,
         velocity_limit=jt("velocity"),
         effort_limit=jt("effort"),
-        damping=jt("damping"),
-        friction=jt("friction"),
+        damping=damping,
+        friction=friction,
         gravity=t([0.0, 0.0, -9.81]),
         link_names=link_names,
         link_body=tuple(link_body),
@@ -311,7 +395,55 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         collisions=tuple(collisions),
         urdf_sha256=hashlib.sha256(desc.xml.encode("utf-8")).hexdigest(),
         source=desc.source,
+        full_joint_names=tuple(j.name for j in joints),
+        **mimic,
     )
+
+
+def _resolve_mimic(desc: RobotDescription, joints: List[Joint]) -> Dict[str, Tuple[str, float, float]]:
+    """Mimic joint name -> (independent leader, multiplier, offset), a chain of mimics
+    composed: q = multiplier * q_leader + offset. Raises UrdfError for a leader that is
+    not a moving joint and for a cycle of mimics."""
+    moving = {j.name: j for j in joints}
+    out: Dict[str, Tuple[str, float, float]] = {}
+    for j in joints:
+        if j.mimic is None:
+            continue
+        mult, off, seen, cur = 1.0, 0.0, [j.name], j
+        while cur.mimic is not None:
+            lead = moving.get(cur.mimic.joint)
+            if lead is None:
+                raise UrdfError(f"{desc.source}: joint '{cur.name}': <mimic> names joint '{cur.mimic.joint}', "
+                                "which is not a moving (revolute, continuous or prismatic) joint of the tree")
+            # q_cur = m q_lead + o, so q_j = mult q_cur + off = (mult m) q_lead + (mult o + off).
+            off = mult * cur.mimic.offset + off
+            mult = mult * cur.mimic.multiplier
+            if lead.name in seen:
+                raise UrdfError(f"{desc.source}: joint '{j.name}': the <mimic> chain "
+                                f"{' -> '.join(seen + [lead.name])} is a cycle")
+            seen.append(lead.name)
+            cur = lead
+        out[j.name] = (cur.name, mult, off)
+    return out
+
+
+def _mimic_map(joints: List[Joint], indep: List[Joint], mimic_of: Dict[str, Tuple[str, float, float]],
+               floating_base: bool, nq_full: int, nv_full: int) -> Dict[str, np.ndarray]:
+    """The constant map from reduced to full coordinates: G (nv_full, nv) with v_full = G v,
+    and the offsets (nq_full,) with q_full = G q + offset (base block: identity)."""
+    nb_v, nb_q = (6, 7) if floating_base else (0, 0)
+    col = {j.name: k for k, j in enumerate(indep)}
+    G = np.zeros((nv_full, nb_v + len(indep)))
+    G[:nb_v, :nb_v] = np.eye(nb_v)
+    offset = np.zeros(nq_full)
+    for k, j in enumerate(joints):
+        if j.name in mimic_of:
+            lead, mult, off = mimic_of[j.name]
+            G[nb_v + k, nb_v + col[lead]] = mult
+            offset[nb_q + k] = off
+        else:
+            G[nb_v + k, nb_v + col[j.name]] = 1.0
+    return {"G": G, "offset": offset}
 
 
 def load_urdf(source, floating_base: bool = False, dtype: torch.dtype = torch.float64, device="cpu",

@@ -248,10 +248,11 @@ class MujocoPlant:
 
     # ------------------------------------------------------------------ MuJoCo model
     def _compile(self, payload: bool = False):
-        """MuJoCo model of the URDF: visuals, collisions and <mimic> stripped (the simulator
-        keeps mimic joints independent; collisions come from the physics model when the
-        ground is on), a free joint on the root link for a floating base, the simulator's
-        substep, gravity, integrator and switches."""
+        """MuJoCo model of the URDF: visuals, collisions and <mimic> stripped (collisions come
+        from the physics model when the ground is on), a free joint on the root link for a
+        floating base, the simulator's substep, gravity, integrator and switches. The
+        simulator couples a mimic joint to its leader; here it stays a free joint that is
+        not reported (MuJoCo's equality constraints are soft, and switched off here)."""
         mujoco = self._mj
         from ..physics.urdf import _read_source
 
