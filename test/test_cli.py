@@ -207,10 +207,11 @@ def test_demo_reports_the_tip_of_the_longest_chain_where_pinocchio_puts_it(robot
     name, p = _tip_position(model, physics.forward_kinematics(model, q[None])[0])
     assert name == {"diffsim_arm": "ee_link", "panda_description/urdf/panda.urdf": "panda_rightfinger",
                     "ur_description/urdf/ur5_robot.urdf": "tool0"}[robot]
-    pm = pin.buildModelFromUrdf(path)
+    pm = pin.buildModelFromUrdf(path)          # without its mimic option: every joint set from q_full
     data = pm.createData()
     qp = pin.neutral(pm)
-    for j, jn in enumerate(model.joint_names):
-        qp[pm.idx_qs[pm.getJointId(jn)]] = float(q[j])
+    q_full = model.full_configuration(q)       # the Panda's second finger follows the first (mimic)
+    for j, jn in enumerate(model.full_joint_names):
+        qp[pm.idx_qs[pm.getJointId(jn)]] = float(q_full[j])
     pin.framesForwardKinematics(pm, data, qp)
     np.testing.assert_allclose(p, data.oMf[pm.getFrameId(name)].translation, atol=1e-9)
