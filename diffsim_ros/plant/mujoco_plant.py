@@ -568,10 +568,10 @@ class MujocoPlant:
         return d0.qfrc_bias[self._dadr[self._act]].copy()
 
     def _saturate(self, u: np.ndarray, va: np.ndarray):
-        """The drives' smooth saturation (torque, slope d/du, brake -d/dv): ``L tanh(u / L)`` at the effort limit L, or,
-        with ``velocity_limits``, ``mid + half tanh((u - mid) / half)`` inside the torque-speed window
-        hi = L tanh((v_max - v) / (b v_max)), lo = -L tanh((v_max + v) / (b v_max)) (the simulator's
-        law, physics/stages/actuation.py, written here for the stand-in's firmware)."""
+        """The drives' smooth saturation (torque, slope d/du, brake -d/dv): ``L tanh(u / L)`` at the
+        effort limit L, or, with ``velocity_limits``, ``mid + half tanh((u - mid) / half)`` inside the
+        torque-speed window hi = L tanh((v_max - v) / (b v_max)), lo = -L tanh((v_max + v) / (b v_max))
+        (the simulator's law, physics/stages/actuation.py, written here for the stand-in's firmware)."""
         cfg, lim = self.sim_config, self.effort_limit
         out, slope = np.array(u, dtype=np.float64), np.ones_like(u, dtype=np.float64)
         brake = np.zeros_like(out)
@@ -615,21 +615,20 @@ class MujocoPlant:
             u = self.kd * (cmd - va)
         else:
             u = np.array(cmd, dtype=np.float64)
-        # The simulator's implicit gains use the saturation slope of the PD part alone.
-        s = np.ones_like(u)
-        if cfg.effort_saturation and not cfg.velocity_limits:
-            s = self._saturate(u, va)[1]
         pd = u
         if cfg.gravity_compensation:
             u = u + self._gravity_torque()
-        brake = np.zeros_like(u)
+        s, brake = np.ones_like(u), np.zeros_like(u)
         if cfg.effort_saturation:
-            total, s_total, brake = self._saturate(u, va)
-            if cfg.velocity_limits:
+            total, s, brake = self._saturate(u, va)
+            if cfg.velocity_limits and interface != "effort":
                 # The secant of the saturated torque over the PD part (physics/stages/actuation.py).
                 lim = np.where(np.isfinite(self.effort_limit), self.effort_limit, 1.0)
                 small = np.abs(pd) <= 1e-9 * lim
-                s = np.where(small, s_total, (total - self._saturate(u - pd, va)[0]) / np.where(small, 1.0, pd))
+                s = np.where(small, s, (total - self._saturate(u - pd, va)[0]) / np.where(small, 1.0, pd))
+            elif cfg.gravity_compensation:
+                # The simulator's implicit gains use the saturation slope of the PD part alone.
+                s = self._saturate(pd, va)[1]
             u = total
         if self.torque_lag > 0:
             self._torque = self._torque + (1.0 - math.exp(-h / self.torque_lag)) * (u - self._torque)

@@ -56,14 +56,15 @@ def torque_window(sys: System, va: torch.Tensor):
     return -safe_l * torch.tanh((safe_v + va) / band), safe_l * torch.tanh((safe_v - va) / band), ok
 
 
-def window_damping(sys: System, cmd: torch.Tensor, va: torch.Tensor) -> torch.Tensor:
+def window_damping(sys: System, cmd: torch.Tensor, va: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     """The brake's damping for the linearly implicit step, N m s/rad (0 where a joint has no window).
 
     Inside the limit, -d torque / d va at fixed command (the window's stiffness). Beyond it the
     window has closed on full braking and its tangent is flat, so the secant to the limit is
     used instead, (torque(v) - torque(v*)) / (v - v*) with v* the nearest speed within the
     limit: the implicit step then lands at most on the limit instead of braking past it and
-    oscillating (a light joint brakes in a fraction of a substep)."""
+    oscillating (a light joint brakes in a fraction of a substep). ``tau``: saturate(sys, cmd, va)'s
+    torque, which the caller has already."""
     lim, vmax = sys.effort_limit, sys.velocity_limit
     lo, hi, ok = torque_window(sys, va)
     safe_v = torch.where(ok, vmax, torch.ones_like(vmax))
@@ -79,9 +80,8 @@ def window_damping(sys: System, cmd: torch.Tensor, va: torch.Tensor) -> torch.Te
     inside = torch.minimum(torch.maximum(va, -safe_v), safe_v)
     gap = va - inside
     beyond = gap.abs() > 1e-9 * safe_v
-    tau_v = saturate(sys, cmd, va)[0]
     tau_in = saturate(sys, cmd, inside)[0]
-    secant = -(tau_v - tau_in) / torch.where(beyond, gap, torch.ones_like(gap))
+    secant = -(tau - tau_in) / torch.where(beyond, gap, torch.ones_like(gap))
     damping = torch.where(beyond, torch.maximum(tangent, secant), tangent)
     return torch.where(ok, damping.clamp_min(0.0), torch.zeros_like(damping))
 
@@ -135,30 +135,29 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
     nb = sys.nbase
     idx = sys.act_index
     qa, va = q[..., (7 if nb else 0):][..., idx], v[..., nb:][..., idx]   # q holds 7 base coordinates, v 6
-    cmd = joint_command(sys, qa, va, command)
-    slope = None
+    cmd = pd = joint_command(sys, qa, va, command)
     if cfg.gravity_compensation:
-        if cfg.effort_saturation:
+        cmd = cmd + gravity[..., idx]
+    slope = brake = None
+    if cfg.effort_saturation:
+        total, s = saturate(sys, cmd, va)
+        if cfg.velocity_limits:
+            brake = window_damping(sys, cmd, va, total)
+            if cfg.actuator in ("velocity", "position"):
+                # The PD gains enter the implicit step with the secant of the saturated torque over
+                # the PD part, (W(c) - W(c - pd)) / pd, not its tangent: a saturated light joint keeps
+                # its damping (the tangent is ~0 there, and the explicit full torque overshoots).
+                lim = sys.effort_limit
+                small = pd.abs() <= 1e-9 * torch.where(torch.isfinite(lim), lim, torch.ones_like(lim))
+                without = saturate(sys, cmd - pd, va)[0]
+                slope = torch.where(small, s, (total - without) / torch.where(small, torch.ones_like(pd), pd))
+        elif cfg.gravity_compensation:
             # The implicit gains take the saturation's slope at the PD part alone (as the
             # MuJoCo stand-in's implicit dof damping does), the torque saturates all of it.
-            slope = saturate(sys, cmd, va)[1]
-        cmd = cmd + gravity[..., idx]
-    brake = None
-    if cfg.effort_saturation and cfg.velocity_limits:
-        pd = cmd - gravity[..., idx] if cfg.gravity_compensation else cmd
-        brake = window_damping(sys, cmd, va)
-        total, s = saturate(sys, cmd, va)
-        # The PD gains enter the implicit step with the secant of the saturated torque over the
-        # PD part, (W(c) - W(c - pd)) / pd, not its tangent: a saturated light joint keeps its
-        # damping (the tangent is ~0 there, and the explicit full torque overshoots).
-        small = pd.abs() <= 1e-9 * torch.where(torch.isfinite(sys.effort_limit), sys.effort_limit,
-                                                torch.ones_like(sys.effort_limit))
-        without = saturate(sys, cmd - pd, va)[0]
-        slope = torch.where(small, s, (total - without) / torch.where(small, torch.ones_like(pd), pd))
+            slope = saturate(sys, pd)[1]
+        else:
+            slope = s
         cmd = total
-    elif cfg.effort_saturation:
-        cmd, s = saturate(sys, cmd, va)
-        slope = s if slope is None else slope
     new = act_state
     if cfg.actuator_lag > 0:
         new = act_state + lag_factor(h, sys.actuator_lag) * (cmd - act_state)
