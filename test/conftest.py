@@ -97,6 +97,30 @@ def ros_domain(span: int = 1) -> int:
     return random.randint(lo, lo + size - span)
 
 
+def rcl_parameters(path) -> dict:
+    """The parameters rcl's own parser reads from the ROS 2 parameter file ``path`` (through rclpy, a
+    node declaring its overrides), nested as config.load_yaml gives them, arrays as lists."""
+    import rclpy
+    from rclpy.node import Node
+
+    from diffsim_ros import config
+
+    ctx = rclpy.Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(path)], context=ctx)
+    try:
+        node = Node("diffsim_param_file_check", context=ctx, start_parameter_services=False,
+                    automatically_declare_parameters_from_overrides=True)
+        try:
+            flat = {n: p.value for n, p in node._parameters.items()
+                    if n not in ("use_sim_time", "start_type_description_service")}
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
+    return config.unflatten({k: (list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v)
+                             for k, v in flat.items()})
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test of more than about 30 s (training runs); "
                                        "deselect with -m 'not slow' for a quick pass")

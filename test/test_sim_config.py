@@ -96,28 +96,15 @@ def test_quadrotor_yaml_climbs_and_turns():
 def test_yaml_is_a_valid_ros2_parameter_file():
     """rcl's own parser (through rclpy) accepts each shipped file and reads the same
     values as config.load_yaml: no nested lists, no mixed-type lists, no nulls."""
-    rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")
-    from rclpy.node import Node
-
+    pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")
     import yaml
+
+    from conftest import rcl_parameters
 
     for path in sorted((REPO / "config").glob("*.yaml")):
         if "/**" not in (yaml.safe_load(path.read_text()) or {}):
             continue        # another node's file (e.g. ros2_control's controller_manager parameters)
-        ours = config.load_yaml(path)
-        ctx = rclpy.Context()
-        rclpy.init(args=["--ros-args", "--params-file", str(path)], context=ctx)
-        try:
-            node = Node("diffsim_config_check", context=ctx, start_parameter_services=False,
-                        automatically_declare_parameters_from_overrides=True)
-            try:
-                flat = {name: p.value for name, p in node._parameters.items()
-                        if name not in ("use_sim_time", "start_type_description_service")}
-            finally:
-                node.destroy_node()
-        finally:
-            rclpy.shutdown(context=ctx)
-        assert _plain(config.unflatten(flat)) == _plain(ours), path.name
+        assert _plain(rcl_parameters(path)) == _plain(config.load_yaml(path)), path.name
 
 
 def _plain(x):
