@@ -65,6 +65,15 @@ def die_with_parent() -> None:
         pass
 
 
+def _ros_value(val: Any) -> str:
+    """A value as the text of a ROS command line (``-p key:=value``, ``arg:=value``)."""
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, (list, tuple)):
+        return json.dumps(list(val))
+    return str(val)
+
+
 class _Processes:
     """Child processes on one ROS domain, each with its own log file."""
 
@@ -75,11 +84,7 @@ class _Processes:
     def start(self, name: str, script: str, params: Dict[str, Any]) -> None:
         args = [console_script(script), "--ros-args"]
         for key, val in params.items():
-            if isinstance(val, bool):
-                val = "true" if val else "false"
-            elif isinstance(val, (list, tuple)):
-                val = json.dumps(list(val))
-            args += ["-p", f"{key}:={val}"]
+            args += ["-p", f"{key}:={_ros_value(val)}"]
         env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         log = open(self.log_dir / f"{name}.log", "w")
         # A new session: a Ctrl-C in the terminal reaches this process only, which then
@@ -185,13 +190,7 @@ class _Launch:
         self.command: List[str] = []
 
     def start(self, arguments: Dict[str, Any]) -> None:
-        args = []
-        for key, val in arguments.items():
-            if isinstance(val, bool):
-                val = "true" if val else "false"
-            elif isinstance(val, (list, tuple)):
-                val = json.dumps([float(x) for x in val])
-            args.append(f"{key}:={val}")
+        args = [f"{key}:={_ros_value(val)}" for key, val in arguments.items()]
         self.command = [ros2_executable() or "ros2", "launch", "diffsim_ros", "deploy.launch.py", *args]
         env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                    RCUTILS_COLORIZED_OUTPUT="0", ROS_LOG_DIR=str(self.log_dir / "ros"),

@@ -41,10 +41,11 @@ from launch_ros.substitutions import FindPackageShare
 
 PACKAGE = "diffsim_ros"
 
-#: robot -> (training/robot config, default checkpoint, URDF) inside the package share folder.
+#: robot -> (training/robot config, default checkpoint) inside the package share folder; the URDF is
+#: the config's.
 ROBOTS = {
-    "quadrotor": ("config/hover.yaml", "policies/hover", "urdf/diffsim_quadrotor.urdf"),
-    "arm": ("config/reach_arm.yaml", "policies/reach_arm", "urdf/diffsim_arm.urdf"),
+    "quadrotor": ("config/hover.yaml", "policies/hover"),
+    "arm": ("config/reach_arm.yaml", "policies/reach_arm"),
 }
 TARGETS = ("mujoco", "gazebo", "hardware")
 ARGUMENTS = [
@@ -110,7 +111,7 @@ def _robot(get):
     if robot == "auto" and not checkpoint:
         robot = "quadrotor"
     if robot in ROBOTS:
-        cfg_rel, ckpt_rel, _ = ROBOTS[robot]
+        cfg_rel, ckpt_rel = ROBOTS[robot]
         checkpoint = checkpoint or _share(ckpt_rel)
         config = config or _share(cfg_rel)
     from diffsim_ros.learning.checkpoint import CheckpointError, load_metadata, robot_kind

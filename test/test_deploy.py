@@ -308,9 +308,12 @@ def test_legged_command_matches_task(tmp_path, robot):
 
 @pytest.mark.parametrize("cfg_name,kind", [("hover", "quadrotor"), ("reach_arm", "arm"), ("locomotion", "legged")])
 def test_robot_kind_from_metadata_alone_matches_the_runner(cfg_name, kind, tmp_path):
-    """robot_kind (what deploy.launch.py reads to pick topics, without building the robot) agrees with
-    PolicyRunner.kind, which builds the robot and its simulator."""
+    """robot_kind (what deploy.launch.py and PolicyRunner read, without building the robot) agrees
+    with the robot and simulator PolicyRunner builds: a fixed base is an arm, rotors a quadrotor."""
     from diffsim_ros.learning.checkpoint import load_metadata, robot_kind
 
     make_checkpoint(cfg_name, tmp_path / "ckpt")
-    assert robot_kind(load_metadata(tmp_path / "ckpt")) == PolicyRunner(tmp_path / "ckpt").kind == kind
+    runner = PolicyRunner(tmp_path / "ckpt")
+    assert robot_kind(load_metadata(tmp_path / "ckpt")) == runner.kind == kind
+    assert runner.model.floating_base == (kind != "arm")
+    assert (runner.sim.rotors is not None) == (kind == "quadrotor")

@@ -43,7 +43,7 @@ from .. import physics
 from ..physics import SimConfig, Simulator, State
 from ..tasks import make_task
 from ..tasks.base import TaskState
-from .checkpoint import CheckpointError, load_checkpoint, load_metadata
+from .checkpoint import CheckpointError, load_checkpoint, load_metadata, robot_kind
 
 __all__ = ["PolicyRunner", "Decision", "StateError", "ARM", "QUADROTOR", "LEGGED", "task_from_metadata"]
 
@@ -183,7 +183,7 @@ class PolicyRunner:
         self.sim: Simulator = self.task.sim
         self._predictor: Simulator = Simulator(self.sim.system, compile=True) if compile_prediction else self.sim
         self.dtype = dtype
-        self.kind = ARM if not model.floating_base else (QUADROTOR if self.sim.rotors is not None else LEGGED)
+        self.kind = robot_kind(meta)
         cmd = self.meta["command"]
         self.interface: str = cmd["interface"]
         self.command_names = list(cmd["names"])
