@@ -175,7 +175,11 @@ def main(argv=None) -> int:
 
     path = find_panda()
     share = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
-    model = physics.load_urdf(path, dtype=torch.float32, package_dirs=[share], collision=False)
+    # The finger <mimic> removed (a coupled coordinate in ours): the same 9 free joints as the peers,
+    # which load the file without their mimic options.
+    with open(path) as f:
+        xml = re.sub(r"<mimic\b[^>]*/>", "", f.read())
+    model = physics.load_urdf(xml, dtype=torch.float32, package_dirs=[share], collision=False)
     default_threads = torch.get_num_threads()
     log("diffsim_ros aba benchmark: panda (%s), nq = nv = %d, float32 ours / float64 peers" % (path, model.nv))
     log("torch %s, %s, %s; os.cpu_count() = %s, torch default threads = %d, timing window %.2g s (best of 3)"
@@ -187,7 +191,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     states = random_states(model.lower.double().numpy(), model.upper.double().numpy(), model.nv, 4096, rng)
     # τ = rnea(q, v, a): torques that give accelerations of order one.
-    m64 = physics.load_urdf(path, dtype=torch.float64, package_dirs=[share], collision=False)
+    m64 = physics.load_urdf(xml, dtype=torch.float64, package_dirs=[share], collision=False)
     with torch.no_grad():
         tau = physics.rnea(m64, *(torch.as_tensor(x) for x in states)).numpy()
     states = (states[0], states[1], tau)
