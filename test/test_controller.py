@@ -216,10 +216,15 @@ def test_stale_state_and_estop_latch(ros, ckpts):
         last = np.array(h.got["/position_controller/commands"][-1].data)
         np.testing.assert_allclose(last, q + 0.1)           # hold the latest valid measurement
         assert "emergency stop" in h.ctrl.diagnostics_values()["watchdog"]
+        # Fresh states at 50 Hz from before the release on, as a robot sends them: the release (a
+        # service round trip, 0.4 s on a loaded machine) must not leave the latest state stale, which
+        # would latch the watchdog instead and test another rule.
+        keep = h.robot.create_timer(0.02, lambda: pub.publish(joint_state(names, q, v)))
+        h.spin_until(lambda: False, 0.1)
         fut = cli.call_async(SetBool.Request(data=False))
         assert h.spin_until(fut.done) and fut.result().success
-        pub.publish(joint_state(names, q, v))
         assert h.spin_until(lambda: h.ctrl.counts["policy_commands"] > n0, 2.0)
+        h.robot.destroy_timer(keep)
     finally:
         h.close()
 
