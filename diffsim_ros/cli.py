@@ -345,8 +345,8 @@ def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
     return params, task, model
 
 
-def _last_eval(history) -> Optional[float]:
-    vals = [h.get("eval_success") for h in history]
+def _last_eval(history, key: str = "eval_success") -> Optional[float]:
+    vals = [h.get(key) for h in history]
     vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
     return float(vals[-1]) if vals else None
 
@@ -362,6 +362,11 @@ def _summary(kind: str, task, model, result, cfg, out_dir: str, files, wall: flo
     print(f"env steps       {int(last.get('env_steps', 0)):,}")
     print(f"final success   {'n/a' if ev is None else f'{ev:.3f}'} (evaluation on fresh episodes; "
           f"threshold {task.success_threshold:g})")
+    at_limit, over = _last_eval(history, "eval_at_limit"), _last_eval(history, "eval_over_speed")
+    if at_limit is not None or over is not None:
+        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+        print(f"joint limits    {fmt(at_limit)} of those episodes put a joint at its URDF position limit, "
+              f"{fmt(over)} drove one past its URDF velocity limit")
     if result.solved_env_steps is not None:
         print(f"solved after    {result.solved_env_steps:,} env steps, "
               f"{result.solved_time:.1f} s")

@@ -154,20 +154,16 @@ def failure_modes(task, roll: Rollout, limit_margin: float = 0.01, crash_height:
 
     if not limit_margin >= 0:
         raise EvalError(f"limit_margin must be >= 0 (rad or m), got {limit_margin}")
-    m = task.model
+    from .tasks.base import actuated_limits, has_velocity_limit, joint_limit_flags
+
     # The joints the policy drives (simulator.actuated_joints): a passive joint resting on its stop
     # (a gripper finger at 0) is no failure of the policy.
-    idx = task.sim.act_index.detach().cpu()
     names = list(task.sim.actuated_joints)
-    off_q, off_v = (7, 6) if m.floating_base else (0, 0)
-    qj, vj = roll.q[..., off_q:][..., idx], roll.v[..., off_v:][..., idx]
-    lo = m.lower.detach().cpu().to(torch.float64)[idx]
-    hi = m.upper.detach().cpu().to(torch.float64)[idx]
-    vmax = m.velocity_limit.detach().cpu().to(torch.float64)[idx]
+    lo, hi, vmax = (x.detach().cpu().to(torch.float64) for x in actuated_limits(task))
     has_lo, has_hi = torch.isfinite(lo), torch.isfinite(hi)
-    at_limit = ((qj <= lo + limit_margin) & has_lo) | ((qj >= hi - limit_margin) & has_hi)   # (T+1, B, nj)
-    judged = torch.isfinite(vmax) & (vmax > 0)
-    over = (vj.abs() > vmax) & judged
+    judged = has_velocity_limit(vmax)
+    at_limit, over = joint_limit_flags(task, roll.q, roll.v, limit_margin)                    # (T+1, B, nj)
+    vj = roll.v[..., (6 if task.model.floating_base else 0):][..., task.sim.act_index.detach().cpu()]
     at_limit_ep, over_ep = at_limit.any(0), over.any(0)                                     # (B, nj)
     finite = torch.isfinite(roll.q).all(-1) & torch.isfinite(roll.v).all(-1)
     non_finite = (~finite).any(0)

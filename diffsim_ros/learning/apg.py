@@ -186,6 +186,22 @@ def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> 
     return task.rollout_success(policy, episodes, gen)
 
 
+def evaluation_columns(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> Dict[str, float]:
+    """The evaluation columns of a training row, over the same fresh episodes as :func:`evaluate`:
+    ``eval_success``, and the fractions of episodes with an actuated joint at its URDF position
+    limit (``eval_at_limit``) or over its URDF velocity limit (``eval_over_speed``) at any step
+    (nan for a robot without such limits): a policy can meet the task by leaning on a stop or by
+    moving faster than the real drives would."""
+    gen = torch.Generator().manual_seed(seed)
+    rep = task.rollout_report(policy, episodes, gen)
+    return {"eval_success": rep["success"], "eval_at_limit": rep["at_limit"], "eval_over_speed": rep["over_speed"]}
+
+
+#: training.csv's columns, in order (both trainers write all of them; nan where a value does not apply).
+COLUMNS = ("iteration", "env_steps", "wall_time", "loss", "grad_norm", "train_success", "eval_success",
+           "eval_at_limit", "eval_over_speed", "diverged", "lr")
+
+
 def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress: bool = True,
           callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
           export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None,
@@ -345,9 +361,10 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
             task.sim = nominal_sim
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": total_loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
-                   "eval_success": float("nan"), "diverged": diverged, "lr": lr}
+                   "eval_success": float("nan"), "eval_at_limit": float("nan"), "eval_over_speed": float("nan"),
+                   "diverged": diverged, "lr": lr}
             if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
-                row["eval_success"] = dist.from_rank0(lambda: evaluate(task, policy, cfg.eval_envs))
+                row.update(dist.from_rank0(lambda: evaluation_columns(task, policy, cfg.eval_envs)))
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
                 if _better(row, best):
@@ -547,6 +564,9 @@ def load_resume_state(out_dir) -> Dict[str, Any]:
                            "rng", "train_config", "task") if k not in state]
     if missing:
         raise ResumeError(f"{path}: resume state without {', '.join(missing)}")
+    # A run saved before a column existed continues with nan there, so training.csv keeps one header.
+    state["history"] = [{k: row.get(k, float("nan")) for k in COLUMNS} | {k: v for k, v in row.items()}
+                        for row in state["history"]]
     state["path"] = str(path)
     return state
 

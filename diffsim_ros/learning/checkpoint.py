@@ -275,6 +275,11 @@ def export_policy(policy: nn.Module, obs_dim: int) -> Tuple[torch.jit.ScriptModu
     return scripted, how
 
 
+def _last_finite(history, key: str) -> Optional[float]:
+    vals = [h.get(key) for h in history if isinstance(h.get(key), (int, float)) and math.isfinite(h.get(key))]
+    return float(vals[-1]) if vals else None
+
+
 def training_summary(result, cfg=None) -> Dict[str, Any]:
     """JSON-safe summary of a ``TrainResult`` (and its config) for ``extra={"training": ...}``."""
     history = list(getattr(result, "history", []) or [])
@@ -286,6 +291,8 @@ def training_summary(result, cfg=None) -> Dict[str, Any]:
            "wall_time": float(last.get("wall_time", 0.0)) if history else 0.0,
            "final_eval_success": float(evals[-1]) if evals else None,
            "final_train_success": float(last["train_success"]) if "train_success" in last else None,
+           # The last evaluation's fractions of episodes at a joint limit / over a velocity limit.
+           **{f"final_{k}": _last_finite(history, k) for k in ("eval_at_limit", "eval_over_speed")},
            "solved_env_steps": getattr(result, "solved_env_steps", None),
            "solved_time": getattr(result, "solved_time", None)}
     out["success"] = out["solved_env_steps"] is not None

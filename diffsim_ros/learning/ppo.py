@@ -29,7 +29,7 @@ from torch import nn
 
 from ..physics import ConfigError
 from ..tasks import Task
-from .apg import RunLog, TrainResult, _clear_run, evaluate, plot_history
+from .apg import RunLog, TrainResult, _clear_run, evaluation_columns, plot_history
 from .policy import RunningNorm
 
 
@@ -233,14 +233,15 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
             loss, train_success = raw.pop_stats()
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
                    "loss": loss, "grad_norm": float("nan"), "train_success": train_success,
-                   "eval_success": float("nan"), "diverged": 0,     # apg's columns; SB3 has no retry
+                   "eval_success": float("nan"), "eval_at_limit": float("nan"), "eval_over_speed": float("nan"),
+                   "diverged": 0,     # apg's columns; SB3 has no retry
                    "lr": cfg.learning_rate}
             last = it + 1 == iterations
             if env_steps >= next_eval or last:
                 while next_eval <= env_steps:
                     next_eval += cfg.eval_every_steps
                 policy = actor_from_sb3(model, vn, task)
-                row["eval_success"] = evaluate(task, policy, cfg.eval_envs)
+                row.update(evaluation_columns(task, policy, cfg.eval_envs))
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
             history.append(row)

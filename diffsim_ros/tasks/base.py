@@ -17,6 +17,10 @@ import torch
 from ..physics import Model, SimConfig, Simulator, State
 
 
+#: rad (or m for prismatic joints): how close to a URDF position limit counts as at the limit.
+LIMIT_MARGIN = 0.01
+
+
 @dataclass
 class TaskState:
     """A batch of episodes: the simulator state, the goal of each episode
@@ -100,11 +104,53 @@ class Task:
 
     def rollout_success(self, policy, batch: int, generator: Optional[torch.Generator] = None) -> float:
         """Success rate of ``policy`` (obs -> action) over ``batch`` fresh episodes, no gradients."""
+        return self.rollout_report(policy, batch, generator)["success"]
+
+    def rollout_report(self, policy, batch: int, generator: Optional[torch.Generator] = None,
+                       limit_margin: float = LIMIT_MARGIN) -> Dict[str, float]:
+        """``policy`` (obs -> action) on ``batch`` fresh episodes, no gradients: the fractions of
+        episodes that succeed (``success``), that put an actuated joint at its URDF position limit
+        at any step (``at_limit``, within ``limit_margin``) and that drive one past its URDF velocity
+        limit at any step (``over_speed``); nan for a mode no joint of the robot can show (no joints
+        with limits). The same episodes as :meth:`rollout_success` for the same generator."""
         with torch.no_grad():
             ts = self.reset(batch, generator)
+            at_limit, over = joint_limit_flags(self, ts.sim.q, ts.sim.v, limit_margin)
             for _ in range(self.horizon):
                 ts = self.step(ts, policy(self.observe(ts)))
-            return float(self.success(ts).to(torch.float64).mean())
+                a, o = joint_limit_flags(self, ts.sim.q, ts.sim.v, limit_margin)
+                at_limit, over = at_limit | a, over | o
+            frac = lambda flags, applies: (float(flags.any(-1).to(torch.float64).mean())   # noqa: E731
+                                           if applies else float("nan"))
+            lo, hi, vmax = actuated_limits(self)
+            return {"success": float(self.success(ts).to(torch.float64).mean()),
+                    "at_limit": frac(at_limit, bool((torch.isfinite(lo) | torch.isfinite(hi)).any())),
+                    "over_speed": frac(over, bool(has_velocity_limit(vmax).any()))}
+
+
+def actuated_limits(task: Task):
+    """The actuated joints' URDF (lower, upper, velocity) limits, in the model's dtype and device."""
+    idx = task.sim.act_index
+    m = task.model
+    return m.lower[idx], m.upper[idx], m.velocity_limit[idx]
+
+
+def has_velocity_limit(vmax: torch.Tensor) -> torch.Tensor:
+    """Joints whose URDF gives a velocity limit (0 or missing: not judged)."""
+    return torch.isfinite(vmax) & (vmax > 0)
+
+
+def joint_limit_flags(task: Task, q: torch.Tensor, v: torch.Tensor, limit_margin: float = LIMIT_MARGIN):
+    """Per actuated joint (``simulator.actuated_joints``, the joints the policy drives): (at_limit,
+    over_speed), bool tensors of shape (..., n_actuated) for configurations q (..., nq) and speeds
+    v (..., nv). at_limit: within ``limit_margin`` of a finite URDF position limit, or past it;
+    over_speed: |v| above the URDF velocity limit (joints without one are never over)."""
+    off_q, off_v = (7, 6) if task.model.floating_base else (0, 0)
+    idx = task.sim.act_index.to(q.device)
+    qj, vj = q[..., off_q:][..., idx], v[..., off_v:][..., idx]
+    lo, hi, vmax = (x.to(qj) for x in actuated_limits(task))
+    at_limit = ((qj <= lo + limit_margin) & torch.isfinite(lo)) | ((qj >= hi - limit_margin) & torch.isfinite(hi))
+    return at_limit, (vj.abs() > vmax) & has_velocity_limit(vmax)
 
 
 def uniform(shape, low, high, generator=None, dtype=torch.float64, device="cpu") -> torch.Tensor:
