@@ -49,18 +49,18 @@ def _position_steps(params, q0, target, steps=75):
     return np.array(vs), state.q.numpy(), model
 
 
-#: 4 ms substeps (reach_arm.yaml's 20 ms control step in 5): the drive's brake acts within a
-#: substep. At the file's 10 ms substeps the arm's light distal links are under-resolved: a large
-#: position step throws them past their limits within the first control step (seen: 2.3x, and 15x
-#: in one draw where the braking of the proximal joints kicks the wrist), then the brake holds them.
-SUBSTEPS = 5
+#: 10 ms substeps (reach_arm.yaml's 20 ms control step in 2). Before the servo iterations
+#: (SimConfig.servo_iterations; test_servo_solve.py) the arm's light distal links were under-resolved
+#: there: a large position step threw them past their limits within the first control step (seen:
+#: 2.3x, and 15x in one draw), and this test needed 4 ms substeps; with them 1.08x over 8 seeds.
+SUBSTEPS = 2
 TRANSIENT = 3       # control steps after the command jump in which a limit may be overshot
 
 
 def test_position_steps_stay_within_the_urdf_velocity_limits():
     """Random position steps across the arm's range from random starts (a batch of 6, seed
     printed): with velocity_limits every joint stays within its URDF velocity limit (read here with
-    urdf_parser_py; 5 % for the brake's response) after the first control steps and within 30 % in
+    urdf_parser_py; 5 % for the brake's response) after the first control steps and within 15 % in
     them, and the targets are still reached; without velocity_limits the same steps exceed the
     limits (the check can fail)."""
     seed = int(os.environ.get("DIFFSIM_VLIM_SEED", random.randrange(1 << 30)))
@@ -74,7 +74,7 @@ def test_position_steps_stay_within_the_urdf_velocity_limits():
     vmax = np.array([limits[n] for n in model.joint_names])
     ratio_on, ratio_off = np.abs(on) / vmax, np.abs(off) / vmax          # (steps, batch, joints)
     assert ratio_on[TRANSIENT:].max() <= 1.05, (seed, ratio_on.max(axis=(0, 1)))
-    assert ratio_on.max() <= 1.3, (seed, ratio_on.max(axis=(0, 1)))
+    assert ratio_on.max() <= 1.15, (seed, ratio_on.max(axis=(0, 1)))
     assert np.abs(q_on - target).max() < 0.02, (seed, q_on, target)
     assert ratio_off[TRANSIENT:].max() > 1.3, (seed, ratio_off.max())
 
@@ -162,7 +162,7 @@ def test_window_gradients_match_finite_differences():
 
 def test_an_example_robot_data_arm_stays_within_its_velocity_limits(robots_dir):
     """example-robot-data's UR5 (limits 3.15-3.2 rad/s, 28-150 N m; a servo set here, kp 300, kd 20,
-    gravity compensation, 4 ms substeps), random position steps (seed printed): within 1.1x its URDF
+    gravity compensation, 10 ms substeps), random position steps (seed printed): within 1.1x its URDF
     velocity limits (measured 1.06x: the brake holds its heavy links against gravity a little past the
     limit), the targets reached; without velocity_limits the same steps go past 2x."""
     import warnings

@@ -23,7 +23,7 @@ import torch
 from .algorithms import gravity_joint_forces
 from .kinematics import Kinematics, kinematics_record
 from .stages.acceleration import acceleration
-from .stages.actuation import actuation
+from .stages.actuation import Servo, actuation, servo_slope
 from .stages.aerodynamics import aerodynamics
 from .stages.contact import Contact, contact
 from .stages.integration import qdot, rk4_combine, semi_implicit_euler
@@ -50,6 +50,7 @@ class _Forces(NamedTuple):
     contact: Contact
     D: Optional[torch.Tensor]         # (B, nv) implicit damping diagonal
     K: Optional[torch.Tensor]         # (B, nv) implicit stiffness diagonal
+    servo: Optional[Servo] = None     # a saturated joint servo to re-linearise (servo_iterations)
 
 
 def _pad(sys: System, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,34 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
                 Kj = Kj.index_add(-1, sys.act_index, a.kp.expand(Kj.shape[:-1] + a.kp.shape[-1:]))
             D, K = _pad(sys, Dj), _pad(sys, Kj)
     implicit_friction = (implicit and cfg.ground and sys.contact.n > 0 and cfg.friction > 0)
-    return _Forces(tau, a.state, contact(sys, kin, implicit_friction), D, K)
+    servo = a.servo if (implicit and D is not None) else None
+    return _Forces(tau, a.state, contact(sys, kin, implicit_friction), D, K, servo)
+
+
+def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
+    """The implicit diagonals (D, K), batch-last, with the saturated servo's slopes re-taken from
+    a predicted end of the substep (accelerations qdd, batch-last): each call moves them half way
+    to servo_slope's secants there (relaxed, so that the iteration settles where a plain one
+    would alternate between a flat and a steep secant)."""
+    nb, idx, servo = sys.nbase, sys.act_index, f.servo
+    cur = [servo.slope, servo.brake]
+
+    def refine(qdd: torch.Tensor):
+        va_next = (v + h * qdd.T)[:, nb:][:, idx]
+        slope, brake = servo_slope(sys, servo, va_next, h)
+        cur[0] = 0.5 * (cur[0] + slope)
+        ds = cur[0] - servo.slope
+        dd = sys.kd * ds
+        if brake is not None:
+            cur[1] = 0.5 * (cur[1] + brake)
+            dd = dd + (cur[1] - servo.brake)
+        zero = torch.zeros_like(v[:, nb:])
+        D = f.D + _pad(sys, zero.index_add(-1, idx, dd))
+        K = f.K
+        if sys.config.actuator == "position":
+            K = K + _pad(sys, zero.index_add(-1, idx, sys.kp * ds))
+        return D.T, K.T
+    return refine
 
 
 def _substep(sys: System, q, v, command, act, h: float):
@@ -92,9 +120,10 @@ def _substep(sys: System, q, v, command, act, h: float):
     kin = kinematics_record(m, q.T, v.T)
     if cfg.integrator == "semi_implicit":
         f = _forces(sys, kin, q, v, command, act, h, cfg.implicit_damping)
+        refine = (_servo_refinement(sys, f, v, h) if f.servo is not None and cfg.servo_iterations else None)
         qdd = acceleration(sys, kin, f.tau.T, f.contact.wrench, h,
                            None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
-                           f.contact.damping).T
+                           f.contact.damping, refine, cfg.servo_iterations).T
         q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
         return q_new, v_new, f.act, qdd, kin, f.contact
 

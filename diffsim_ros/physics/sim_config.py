@@ -64,6 +64,12 @@ class SimConfig:
     implicit_damping: with semi_implicit, integrate the joint-space springs and
         dampers (URDF damping, friction slope, joint limits, actuator kp/kd)
         linearly implicitly, so stiff joint terms on light links stay stable.    True
+    servo_iterations: with implicit_damping, corrections per substep of a
+        saturated position or velocity servo's implicit gains, each half way to
+        the secant of the drive's torque from the substep's start to its
+        predicted end (0: the tangent at the start, with which a saturated
+        drive on a light link acts explicitly and can oscillate from substep
+        to substep).                                                             4
     nan_check: raise SimulationError on a non-finite state.                      True
     """
     dt: float = 1e-3
@@ -97,6 +103,7 @@ class SimConfig:
     rotors: Optional[RotorConfig] = None
     gravity_compensation: bool = False
     implicit_damping: bool = True
+    servo_iterations: int = 4
     nan_check: bool = True
 
     def __post_init__(self):
@@ -108,6 +115,8 @@ class SimConfig:
             raise ConfigError(f"'integrator' must be one of {INTEGRATORS}, got '{self.integrator}'")
         if self.actuator not in ACTUATORS:
             raise ConfigError(f"'actuator' must be one of {ACTUATORS}, got '{self.actuator}'")
+        if int(self.servo_iterations) != self.servo_iterations or self.servo_iterations < 0:
+            raise ConfigError(f"'servo_iterations' must be an integer >= 0, got {self.servo_iterations}")
         if int(self.command_delay) != self.command_delay or self.command_delay < 0:
             raise ConfigError(f"'command_delay' must be an integer >= 0, got {self.command_delay}")
         for k in ("contact_stiffness", "contact_damping", "friction", "limit_stiffness", "limit_damping",

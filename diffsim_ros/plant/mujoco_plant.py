@@ -248,11 +248,13 @@ class MujocoPlant:
 
     # ------------------------------------------------------------------ MuJoCo model
     def _compile(self, payload: bool = False):
-        """MuJoCo model of the URDF: visuals, collisions and <mimic> stripped (collisions come
-        from the physics model when the ground is on), a free joint on the root link for a
-        floating base, the simulator's substep, gravity, integrator and switches. The
-        simulator couples a mimic joint to its leader; here it stays a free joint that is
-        not reported (MuJoCo's equality constraints are soft, and switched off here)."""
+        """MuJoCo model of the URDF: visuals and collisions stripped (collisions come from the
+        physics model when the ground is on), a free joint on the root link for a floating
+        base, the simulator's substep, gravity, integrator and switches. A <mimic> joint is
+        coupled to its leader by the equality constraint MuJoCo's URDF reader makes of it
+        (q = multiplier q_leader + offset), stiff (time constant two substeps), as a gear or
+        a tendon couples a real gripper's fingers; it is not reported (the simulator's
+        coordinates are the leaders)."""
         mujoco = self._mj
         from ..physics.urdf import _read_source
 
@@ -260,7 +262,6 @@ class MujocoPlant:
         text, _ = _read_source(str(self.urdf_path), str(self.urdf_path), None)
         text = re.sub(r"<visual\b.*?</visual>", "", text, flags=re.S)
         text = re.sub(r"<collision\b.*?</collision>", "", text, flags=re.S)
-        text = re.sub(r"<mimic\b[^>]*/>", "", text)
         # URDF inertials only (links without one stay massless, as in the physics model);
         # fixed links stay separate bodies so that their frames keep their names.
         text = re.sub(r"</robot>\s*$", '<mujoco><compiler discardvisual="true" fusestatic="false" '
@@ -282,8 +283,10 @@ class MujocoPlant:
         opt.gravity = list(cfg.gravity)
         opt.integrator = (mujoco.mjtIntegrator.mjINT_RK4 if cfg.integrator == "rk4"
                           else mujoco.mjtIntegrator.mjINT_EULER)
+        for eq in spec.equalities:             # the mimic couplings: as stiff as the substep allows
+            eq.solref = [2.0 * self.h, 1.0]
         bit = mujoco.mjtDisableBit
-        flags = int(bit.mjDSBL_EQUALITY)
+        flags = 0 if spec.equalities else int(bit.mjDSBL_EQUALITY)
         if not cfg.ground:
             flags |= int(bit.mjDSBL_CONTACT)
         if not cfg.joint_limits:
@@ -519,7 +522,10 @@ class MujocoPlant:
             applied = np.zeros(m.nv)
             damping = self._dof_damping.copy()
             if interface_k in JOINT_INTERFACES:
-                self._joint_actuation(interface_k, cmd_k, applied, damping)
+                servo = self._joint_actuation(interface_k, cmd_k, applied, damping)
+                if (servo is not None and self.sim_config.servo_iterations and self.flight is None
+                        and m.opt.integrator == mujoco.mjtIntegrator.mjINT_EULER):
+                    self._servo_refine(interface_k, servo, applied, damping)
             m.dof_damping[:] = damping
             v_prev = d.qvel[0:3].copy() if self.floating_base else None
             if self.flight is not None:
@@ -605,10 +611,12 @@ class MujocoPlant:
         return out, slope, brake
 
     def _joint_actuation(self, interface, cmd, applied, damping):
-        """The simulator's joint actuator (see the module doc) into ``applied`` and ``damping``."""
+        """The simulator's joint actuator (see the module doc) into ``applied`` and ``damping``.
+        Returns what :meth:`_servo_refine` needs for a saturated position or velocity servo
+        (base, pd, va, torque, slope, brake), else None."""
         d, cfg, h = self.data, self.sim_config, self.h
         dof = self._dadr[self._act]
-        qa, va = d.qpos[self._qadr[self._act]], d.qvel[dof]
+        qa, va = d.qpos[self._qadr[self._act]], d.qvel[dof].copy()
         if interface == "position":
             u = self.kp * (cmd - qa) - self.kd * va
         elif interface == "velocity":
@@ -618,6 +626,7 @@ class MujocoPlant:
         pd = u
         if cfg.gravity_compensation:
             u = u + self._gravity_torque()
+        base = u - pd
         s, brake = np.ones_like(u), np.zeros_like(u)
         if cfg.effort_saturation:
             total, s, brake = self._saturate(u, va)
@@ -634,19 +643,61 @@ class MujocoPlant:
             self._torque = self._torque + (1.0 - math.exp(-h / self.torque_lag)) * (u - self._torque)
             applied[dof] += self._torque
             self._effort = self._torque.copy()
-            return
+            return None
         self._effort = u
         applied[dof] += u
         if not cfg.implicit_damping:
-            return
+            return None
+        self._implicit_gains(interface, s, brake, va, applied, damping)
+        if cfg.effort_saturation and interface != "effort":
+            return base, pd, va, u, s, brake
+        return None
+
+    def _implicit_gains(self, interface, s, brake, va, applied, damping, sign: float = 1.0):
+        """Adds (``sign`` 1) or takes back (-1) the drive's linearly implicit terms: D_act = s kd
+        (+ h s kp under Euler) joins MuJoCo's implicit damping; adding s kd v back keeps the explicit
+        force u - h s kp v as the simulator's. The velocity-limit brake's stiffness joins it the same
+        way (all interfaces)."""
+        dof = self._dadr[self._act]
         euler = self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER
-        # Linearly implicit PD: D_act = s kd (+ h s kp under Euler) joins MuJoCo's implicit
-        # damping; adding s kd v back keeps the explicit force u - h s kp v as the simulator's.
-        # The velocity-limit brake's stiffness joins it the same way (all interfaces).
-        kd = s * self.kd if interface != "effort" else np.zeros_like(u)
-        extra = kd + brake + (h * s * self.kp if (interface == "position" and euler) else 0.0)
-        damping[dof] += extra
-        applied[dof] += (kd + brake) * va
+        kd = s * self.kd if interface != "effort" else np.zeros_like(va)
+        extra = kd + brake + (self.h * s * self.kp if (interface == "position" and euler) else 0.0)
+        damping[dof] += sign * extra
+        applied[dof] += sign * (kd + brake) * va
+
+    def _servo_refine(self, interface, servo, applied, damping):
+        """The simulator's servo_iterations (physics/stages/actuation.py, servo_slope): the
+        saturated servo's implicit gains moved half way to the secants from the substep's start to
+        the end MuJoCo predicts with the current ones (a trial step, undone), ``servo_iterations``
+        times."""
+        mujoco, m, d, cfg, h = self._mj, self.model, self.data, self.sim_config, self.h
+        base, pd, va, torque, s, brake = servo
+        dof = self._dadr[self._act]
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        saved = np.empty(mujoco.mj_stateSize(m, spec))
+        mujoco.mj_getState(m, d, saved, spec)
+        lim = np.where(np.isfinite(self.effort_limit), self.effort_limit, 1.0)
+        vmax = np.where(np.isfinite(self.velocity_limit), self.velocity_limit, 1.0)
+        for _ in range(cfg.servo_iterations):
+            m.dof_damping[:] = damping
+            d.qfrc_applied[:] = applied
+            mujoco.mj_step(m, d)
+            v1 = d.qvel[dof].copy()
+            mujoco.mj_setState(m, d, saved, spec)
+            dv = v1 - va
+            dpd = self.kd * dv + (h * self.kp * v1 if interface == "position" else 0.0)
+            c1 = base + pd - dpd
+            end = self._saturate(c1, va)[0]
+            small = np.abs(dpd) <= 1e-9 * lim
+            s1 = np.where(small, s, (torque - end) / np.where(small, 1.0, dpd))
+            b1 = brake
+            if cfg.velocity_limits:
+                still = np.abs(dv) <= 1e-9 * vmax
+                moved = self._saturate(c1, v1)[0]
+                b1 = np.maximum(np.where(still, brake, -(moved - end) / np.where(still, 1.0, dv)), 0.0)
+            self._implicit_gains(interface, s, brake, va, applied, damping, -1.0)
+            s, brake = 0.5 * (s + s1), 0.5 * (brake + b1)      # half way, as the simulator
+            self._implicit_gains(interface, s, brake, va, applied, damping)
 
     def _rotor_forces(self) -> np.ndarray:
         """Generalised force of the rotor thrusts and torques and of the body drag, from the

@@ -11,7 +11,7 @@ the same world-frame quantities, so one substep computes the placements once.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -22,21 +22,31 @@ from ..system import System
 
 def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optional[torch.Tensor] = None,
                  h: float = 0.0, D: Optional[torch.Tensor] = None, K: Optional[torch.Tensor] = None,
-                 vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None,
+                 refine: Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None,
+                 iterations: int = 0) -> torch.Tensor:
     """qdd (nv, B) from batch-last tau (nv, B), body wrenches f_ext (nb, 6, B) about o, and,
     for the implicit step, h, the diagonals D and K (nv, B), v (nv, B) and the friction
-    damping blocks (nb, 6, 6, B)."""
+    damping blocks (nb, 6, 6, B). ``refine(qdd) -> (D, K)``: new diagonals from a solution,
+    applied ``iterations`` times (the same M and bias; one more solve each)."""
     m = sys.model
     I = kin.inertia(m)
-    rhs = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
-    A = joint_space_inertia(m, kin.S, I if damping is None else I + h * damping)
-    if D is not None or K is not None:
-        diag = 0.0
-        if D is not None:
-            diag = h * D
-        if K is not None:
-            diag = diag + (h * h) * K
-            rhs = rhs - h * K * vf
-        eye = torch.eye(m.nv, dtype=A.dtype, device=A.device)[:, :, None]
-        A = A + eye * diag[None]
-    return solve_spd(A, rhs)
+    rhs0 = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
+    A0 = joint_space_inertia(m, kin.S, I if damping is None else I + h * damping)
+
+    def solve(D, K):
+        A, rhs = A0, rhs0
+        if D is not None or K is not None:
+            diag = 0.0
+            if D is not None:
+                diag = h * D
+            if K is not None:
+                diag = diag + (h * h) * K
+                rhs = rhs - h * K * vf
+            eye = torch.eye(m.nv, dtype=A.dtype, device=A.device)[:, :, None]
+            A = A + eye * diag[None]
+        return solve_spd(A, rhs)
+    qdd = solve(D, K)
+    for _ in range(iterations if refine is not None else 0):
+        qdd = solve(*refine(qdd))
+    return qdd

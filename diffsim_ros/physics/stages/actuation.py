@@ -21,6 +21,17 @@ class Actuation(NamedTuple):
     speed: Optional[torch.Tensor]   # (B, n_rotors) rotor speeds acting in this substep
     kd: Optional[torch.Tensor]      # (B, na) -d tau/d v of the actuated joints (for the implicit solve)
     kp: Optional[torch.Tensor]      # (B, na) -d tau/d q
+    servo: Optional["Servo"] = None  # a saturated PD servo's linearisation, for servo_slope
+
+
+class Servo(NamedTuple):
+    """What :func:`servo_slope` needs to re-linearise a saturated position or velocity servo."""
+    base: torch.Tensor              # (B, na) the drive command's part outside the PD (gravity compensation)
+    pd: torch.Tensor                # (B, na) the PD part at the substep's start
+    va: torch.Tensor                # (B, na) the actuated joints' speeds there
+    torque: torch.Tensor            # (B, na) the saturated torque applied in the substep
+    slope: torch.Tensor             # (B, na) the slope in the kd, kp of the Actuation
+    brake: Optional[torch.Tensor]   # (B, na) the velocity-limit brake in its kd (velocity_limits), else None
 
 
 def lag_factor(h: float, tau: torch.Tensor) -> torch.Tensor:
@@ -107,6 +118,37 @@ def saturate(sys: System, cmd: torch.Tensor, va: Optional[torch.Tensor] = None):
     return torch.where(ok, mid + half * th, out), torch.where(ok, 1.0 - th * th, slope)
 
 
+def servo_slope(sys: System, servo: Servo, va_next: torch.Tensor, h: float):
+    """(slope, brake): the saturated servo's linearisation for the implicit gains (kd slope + brake,
+    kp slope), given the actuated joints' speeds ``va_next`` (B, na) predicted at the end of the
+    substep, as secants of the drive's torque T(c, v) = W(base + pd, v) between the start and that
+    end instead of its tangents at the start. slope = (T(c0, v0) - T(c1, v0)) / (pd0 - pd1), with
+    pd1 = pd0 - kd (v1 - v0) - h kp v1 for a position servo (the linearly implicit step's own
+    prediction of q and v) and pd0 - kd (v1 - v0) for a velocity servo; with velocity_limits,
+    brake = -(T(c1, v1) - T(c1, v0)) / (v1 - v0), the torque-speed window's part (else None).
+    In the linear range these are the tangents; saturated, they are the average slopes over what
+    the substep crosses, so a drive that would flip from full effort one way to full effort the
+    other within a substep (a light link behind a strong servo) is integrated implicitly instead
+    of overshooting. Iterated, the step solves the drive's nonlinear law at the end of the substep."""
+    dv = va_next - servo.va
+    dpd = sys.kd * dv
+    if sys.config.actuator == "position":
+        dpd = dpd + h * sys.kp * va_next
+    c1 = servo.base + servo.pd - dpd
+    end = saturate(sys, c1, servo.va)[0]
+    lim = sys.effort_limit
+    scale = torch.where(torch.isfinite(lim), lim, torch.ones_like(lim))
+    small = dpd.abs() <= 1e-9 * scale
+    slope = torch.where(small, servo.slope, (servo.torque - end) / torch.where(small, torch.ones_like(dpd), dpd))
+    if servo.brake is None:
+        return slope, None
+    vmax = sys.velocity_limit
+    still = dv.abs() <= 1e-9 * torch.where(torch.isfinite(vmax), vmax, torch.ones_like(vmax))
+    moved = saturate(sys, c1, va_next)[0]
+    brake = torch.where(still, servo.brake, -(moved - end) / torch.where(still, torch.ones_like(dv), dv))
+    return slope, brake.clamp_min(0.0)
+
+
 def rotor_speeds(sys: System, v: torch.Tensor, command: torch.Tensor, act_state: torch.Tensor, h: float):
     """Rotor speeds (B, n) after this substep's motor response, and the new actuator state."""
     rot, act = sys.rotors, sys.config.actuator
@@ -138,6 +180,7 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
     cmd = pd = joint_command(sys, qa, va, command)
     if cfg.gravity_compensation:
         cmd = cmd + gravity[..., idx]
+    cmd_in = cmd
     slope = brake = None
     if cfg.effort_saturation:
         total, s = saturate(sys, cmd, va)
@@ -170,4 +213,7 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
             kp = sys.kp if slope is None else sys.kp * slope
     if brake is not None and cfg.actuator_lag == 0:
         kd = brake if kd is None else kd + brake
-    return Actuation(tau, new, None, kd, kp)
+    servo = None
+    if cfg.effort_saturation and cfg.actuator in ("velocity", "position") and cfg.actuator_lag == 0:
+        servo = Servo(cmd_in - pd, pd, va, cmd, slope, brake)
+    return Actuation(tau, new, None, kd, kp, servo)
