@@ -156,9 +156,10 @@ def launch_unavailable() -> Optional[str]:
         from ament_index_python.packages import PackageNotFoundError, get_package_prefix
     except ImportError:
         return "ament_index_python is not importable"
+    venv_on_ament_path()
     try:
         prefix = Path(get_package_prefix("diffsim_ros"))
-    except PackageNotFoundError:
+    except (PackageNotFoundError, OSError):     # OSError: AMENT_PREFIX_PATH unset or empty
         return (f"diffsim_ros is not in the ament index (AMENT_PREFIX_PATH={os.environ.get('AMENT_PREFIX_PATH', '')!r}): "
                 "run scripts/bootstrap.sh, which registers it in the venv, and put the venv on AMENT_PREFIX_PATH "
                 "(scripts/run.sh and scripts/test.sh do), or colcon build and source install/setup.bash")
@@ -166,6 +167,21 @@ def launch_unavailable() -> Optional[str]:
     if missing:
         return f"{prefix}/lib/diffsim_ros/ lacks the executables {missing}: run scripts/bootstrap.sh"
     return None
+
+
+def venv_on_ament_path() -> bool:
+    """Put this interpreter's prefix on AMENT_PREFIX_PATH (for this process and what it starts) when
+    the package is registered there (scripts/bootstrap.sh registers it in the venv) and it is not on
+    the path yet, as scripts/run.sh does; so `.venv/bin/diffsim-ros loop` run by hand finds the
+    launch file and the nodes. Returns whether it changed the path."""
+    prefix = Path(sys.prefix)
+    if not (prefix / "share" / "ament_index" / "resource_index" / "packages" / "diffsim_ros").exists():
+        return False
+    paths = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    if any(Path(p).resolve() == prefix.resolve() for p in paths if os.path.isdir(p)):
+        return False
+    os.environ["AMENT_PREFIX_PATH"] = os.pathsep.join([str(prefix)] + paths)
+    return True
 
 
 def _launch_preexec() -> None:

@@ -690,13 +690,21 @@ def plot_history(history: List[Dict[str, float]], out_dir: Path, title: str = ""
     a1.set_ylabel("loss per step")
     a1.set_yscale("symlog", linthresh=1e-3)
     ev = [(h["env_steps"], h["eval_success"]) for h in history if not math.isnan(h["eval_success"])]
-    a2.plot(steps, [h["train_success"] for h in history], label="training episodes")
+    a2.plot(steps, [h["train_success"] for h in history], label="success: training episodes")
     if ev:
-        a2.plot(*zip(*ev), "o-", label="evaluation")
+        a2.plot(*zip(*ev), "o-", label="success: evaluation")
+    over = [(h["env_steps"], h["eval_over_speed"]) for h in history
+            if isinstance(h.get("eval_over_speed"), (int, float)) and math.isfinite(h["eval_over_speed"])]
+    if over:
+        a2.plot(*zip(*over), "x--", color="tab:red", label="evaluation: over a URDF velocity limit")
     a2.set_xlabel("environment steps")
-    a2.set_ylabel("success rate")
+    a2.set_ylabel("fraction of episodes")
     a2.set_ylim(-0.05, 1.05)
     a2.legend()
+    from matplotlib.ticker import EngFormatter
+
+    for ax in (a1, a2):
+        ax.xaxis.set_major_formatter(EngFormatter())      # 100k, not 100000 run into its neighbour
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(Path(out_dir) / "learning_curve.png", dpi=100)
