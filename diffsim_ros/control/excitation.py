@@ -7,8 +7,9 @@ sends instead of a policy's commands, through the same supervisor and outputs.
 
 Arms (position interface): joint position targets about a safe centre (the middle of each
 joint's URDF range). ``signal: multisine``: a sum of harmonics of ``1 / period`` between
-``f_min`` and ``f_max``, each joint on its own harmonics (interleaved, so the joints move
-independently of each other: an orthogonal multisine), with Schroeder's phases (a low crest
+``f_min`` and ``f_max``, each joint on its own harmonics (dealt out in turn, in an order drawn
+from the seed, so the joints move independently of each other: an orthogonal multisine, and
+each joint gets one of the lowest harmonics), with Schroeder's phases (a low crest
 factor: large motion for a given peak) and amplitudes falling as 1 / f (about the same speed
 in every band); ``signal: chirp``: a sine sweeping from ``f_min`` to ``f_max`` over the
 duration, each joint with its own phase, its amplitude cut where the speed would exceed the
@@ -28,7 +29,7 @@ from the seed): an attitude step (a roll/pitch set-point offset of up to ``ampli
 body-rate step (up to ``amplitude`` x ``rate_max``; roll/pitch rate steps only while the
 measured tilt is below ``tilt_max``), and a short rest at hover in between. Bounds that hold
 for every state: the tilt set-point within ``tilt_max``, the collective thrust within
-``(1 +- thrust_fraction)`` x hover, every body rate within ``rate_max``. Beyond
+``(1 +- thrust_limit)`` x hover, every body rate within ``rate_max``. Beyond
 ``arena_radius`` m from home no step is added (the hold alone brings it back).
 
 Everything is deterministic from ``seed``; the time base is the control step (the n-th
@@ -72,11 +73,14 @@ class ExcitationConfig:
     #: largest target speed as a fraction of the URDF velocity limit (arms)
     velocity_fraction: float = 0.8
     #: s, fade in and out of the signal
-    ramp: float = 0.5
+    ramp: float = 1.0
     #: rad, largest tilt set-point (multirotors)
     tilt_max: float = 0.35
-    #: largest collective thrust change as a fraction of hover thrust (multirotors)
-    thrust_fraction: float = 0.25
+    #: largest thrust step as a fraction of hover thrust (multirotors)
+    thrust_fraction: float = 0.2
+    #: bound of the collective thrust command: (1 +- this) x hover thrust (multirotors; at least
+    #: thrust_fraction: the hold needs room beside the step, more so on a heavier vehicle)
+    thrust_limit: float = 0.5
     #: rad/s, largest body-rate step and commanded rate (multirotors)
     rate_max: float = 2.0
     #: s, shortest step (multirotors)
@@ -91,13 +95,18 @@ class ExcitationConfig:
     position_gain: float = 2.0
     #: 1/s, velocity gain of the hold (multirotors)
     velocity_gain: float = 1.8
+    #: 1/s^2, position gain of the hold along z (multirotors; stiffer than x/y: thrust steps and a
+    #: mass other than the nominal one push along z)
+    height_gain: float = 6.0
+    #: 1/s, velocity gain of the hold along z (multirotors)
+    height_velocity_gain: float = 4.0
     #: 1/s, attitude gain: body rate per rad of attitude error (multirotors)
     attitude_gain: float = 8.0
     #: the kinds of step (multirotors): attitude, thrust, rate; empty (or "none"): the hold alone, a hover
     steps: Tuple[str, ...] = ("attitude", "thrust", "rate")
-    #: 1/s^3, integral gain of the hold (a heavier or weaker vehicle than the nominal one still
-    #: holds its height; the integral's acceleration is kept within 0.3 g)
-    integral_gain: float = 0.8
+    #: 1/s^3, integral gain of the hold along z (a heavier or weaker vehicle than the nominal one
+    #: still holds its height; the integral's acceleration is kept within 0.4 g)
+    integral_gain: float = 3.0
 
     def __post_init__(self):
         def bad(key, why, val):
@@ -106,9 +115,10 @@ class ExcitationConfig:
         a = self.amplitude
         if not (isinstance(a, (int, float)) and math.isfinite(a) and 0.0 < a <= 1.0):
             bad("amplitude", "must be a number in (0, 1] (a fraction of the joint range or of the step bounds)", a)
-        for key in ("duration", "f_min", "f_max", "velocity_fraction", "tilt_max", "thrust_fraction", "rate_max",
+        for key in ("duration", "f_min", "f_max", "velocity_fraction", "tilt_max", "thrust_fraction", "thrust_limit",
+                    "rate_max",
                     "hold_min", "hold_max", "arena_radius", "position_gain", "velocity_gain", "attitude_gain",
-                    "integral_gain"):
+                    "integral_gain", "height_gain", "height_velocity_gain"):
             val = getattr(self, key)
             if not (isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val) and val > 0):
                 bad(key, "must be a finite number > 0", val)
@@ -125,8 +135,11 @@ class ExcitationConfig:
             bad("f_max", f"must be above excitation.f_min ({self.f_min})", self.f_max)
         if not self.tilt_max < 1.2:
             bad("tilt_max", "must be below 1.2 rad", self.tilt_max)
-        if not self.thrust_fraction < 1.0:
-            bad("thrust_fraction", "must be below 1 (a fraction of hover thrust)", self.thrust_fraction)
+        if not self.thrust_limit < 1.0:
+            bad("thrust_limit", "must be below 1 (a fraction of hover thrust)", self.thrust_limit)
+        if not self.thrust_fraction <= self.thrust_limit:
+            bad("thrust_fraction", f"must be at most excitation.thrust_limit ({self.thrust_limit})",
+                self.thrust_fraction)
         if not self.hold_min <= self.hold_max:
             bad("hold_max", f"must be at least excitation.hold_min ({self.hold_min})", self.hold_max)
         if self.signal not in SIGNALS:
@@ -224,8 +237,9 @@ class ArmExcitation:
         self.max_step = cfg.velocity_fraction * vl * self.dt          # largest target change per step
         steps = int(round(cfg.duration / self.dt))
         self.t = np.arange(steps + 1) * self.dt
+        self.T = steps * self.dt                               # the sampled duration
         raw = self._multisine() if cfg.signal == "multisine" else self._chirp()          # (N, n), peak 1
-        win = _smooth_window(self.t, cfg.duration, cfg.ramp)[:, None]
+        win = _smooth_window(self.t, self.T, cfg.ramp)[:, None]
         x = raw * win * (cfg.amplitude * self.half)[None, :]
         # Speed bound: scale a joint down where its fastest step is too fast (the window is part of it).
         step = np.abs(np.diff(x, axis=0)).max(axis=0) if len(x) > 1 else np.zeros(n)
@@ -246,10 +260,10 @@ class ArmExcitation:
             raise ExcitationError(f"'excitation.f_max' {cfg.f_max} Hz leaves {len(k)} harmonics of f_min "
                                   f"{cfg.f_min} Hz for {n} joints; raise f_max or lower f_min")
         gen = np.random.default_rng(cfg.seed)
-        k = k[gen.permutation(len(k))]
+        order = gen.permutation(n)                             # which joint takes the 1st, 2nd, ... harmonic
         out = np.zeros((len(self.t), n))
         for j in range(n):
-            kj = np.sort(k[j::n])                              # this joint's own harmonics
+            kj = k[int(np.nonzero(order == j)[0][0])::n]       # this joint's own harmonics (a zipper)
             m = len(kj)
             i = np.arange(1, m + 1)
             phase = -np.pi * i * (i - 1) / m                    # Schroeder's phases
@@ -263,7 +277,7 @@ class ArmExcitation:
     def _chirp(self) -> np.ndarray:
         cfg, n = self.cfg, self.n
         gen = np.random.default_rng(cfg.seed)
-        T = max(cfg.duration, self.dt)
+        T = max(self.T, self.dt)
         f = cfg.f_min + (cfg.f_max - cfg.f_min) * self.t / T
         phase = 2 * np.pi * (cfg.f_min * self.t + 0.5 * (cfg.f_max - cfg.f_min) * self.t ** 2 / T)
         out = np.zeros((len(self.t), n))
@@ -334,14 +348,16 @@ class QuadrotorExcitation:
             raise ExcitationError(f"the vehicle's mass must be > 0, got {mass}")
         self.cfg, self.dt, self.mass, self.g = cfg, float(dt), float(mass), float(gravity)
         self.hover = self.mass * self.g
-        lo, hi = self.hover * (1 - cfg.thrust_fraction), self.hover * (1 + cfg.thrust_fraction)
+        lo, hi = self.hover * (1 - cfg.thrust_limit), self.hover * (1 + cfg.thrust_limit)
         if hi > max_thrust:
-            raise ExcitationError(f"'excitation.thrust_fraction' {cfg.thrust_fraction}: hover x (1 + it) = {hi:.3g} N "
+            raise ExcitationError(f"'excitation.thrust_limit' {cfg.thrust_limit}: hover x (1 + it) = {hi:.3g} N "
                                   f"exceeds what the rotors give ({max_thrust:.3g} N)")
         self.thrust_low, self.thrust_high = lo, hi
         self.rate_bound = min(cfg.rate_max, max_rate)
         self.home = np.asarray(cfg.home, dtype=np.float64)
         self.tan_tilt = math.tan(cfg.tilt_max)
+        self.kp = np.array([cfg.position_gain, cfg.position_gain, cfg.height_gain])
+        self.kd = np.array([cfg.velocity_gain, cfg.velocity_gain, cfg.height_velocity_gain])
         # The step schedule: (start s, end s, kind, value (3,)); a rest at hover after each step.
         gen = np.random.default_rng(cfg.seed)
         sched = []
@@ -365,7 +381,7 @@ class QuadrotorExcitation:
             t = end + float(gen.uniform(0.5, 1.0)) * cfg.hold_min      # rest
         self.schedule = sched
         self._starts = np.array([s[0] for s in sched]) if sched else np.zeros(0)
-        self.integral = np.zeros(3)          # m s: the hold's integrated position error
+        self.integral = np.zeros(3)          # m s: the hold's integrated position error (z only)
 
     @property
     def steps(self) -> int:
@@ -392,9 +408,9 @@ class QuadrotorExcitation:
         kind, val = self.step_at(k * self.dt) if k < self.steps else (None, np.zeros(3))
         if np.linalg.norm(err) > cfg.arena_radius:
             kind, val = None, np.zeros(3)                   # outside the arena: the hold alone
-        lim = 0.3 * self.g / cfg.integral_gain
-        self.integral = np.clip(self.integral + err * self.dt, -lim, lim)
-        a = cfg.position_gain * err - cfg.velocity_gain * vw + cfg.integral_gain * self.integral
+        lim = 0.4 * self.g / cfg.integral_gain
+        self.integral = np.clip(self.integral + err * self.dt * np.array([0.0, 0.0, 1.0]), -lim, lim)
+        a = self.kp * err - self.kd * vw + cfg.integral_gain * self.integral
         # Tilt set-point: z_des ~ (a_x / g + step, a_y / g + step, 1), tilt within tilt_max.
         tilt = a[:2] / self.g
         if kind == "attitude":
@@ -426,7 +442,7 @@ class QuadrotorExcitation:
         cfg = self.cfg
         q = np.asarray(q, dtype=np.float64)
         R = _rot(q[3:7] / max(np.linalg.norm(q[3:7]), 1e-9))
-        a = (cfg.position_gain * (self.home - q[0:3]) - cfg.velocity_gain * (R @ np.asarray(v, float)[0:3])
+        a = (self.kp * (self.home - q[0:3]) - self.kd * (R @ np.asarray(v, float)[0:3])
              + cfg.integral_gain * self.integral)
         kind, val = self.step_at(k * self.dt) if k < self.steps else (None, np.zeros(3))
         if np.linalg.norm(self.home - q[0:3]) > cfg.arena_radius:

@@ -179,15 +179,18 @@ def _excitation_parameters() -> Dict[str, Any]:
             "margin": "arms: fraction of each joint range kept clear at both ends",
             "velocity_fraction": "arms: largest target speed as a fraction of the URDF velocity limit",
             "ramp": "s, fade in and out", "tilt_max": "rad, multirotors: largest tilt set-point",
-            "thrust_fraction": "multirotors: collective thrust within (1 +- this) x hover thrust",
+            "thrust_fraction": "multirotors: largest thrust step, a fraction of hover thrust",
+            "thrust_limit": "multirotors: collective thrust command within (1 +- this) x hover thrust",
             "rate_max": "rad/s, multirotors: largest body-rate command and step",
             "hold_min": "s, multirotors: shortest step", "hold_max": "s, multirotors: longest step",
             "arena_radius": "m, multirotors: no step beyond this distance from home (the hold brings it back)",
             "home": "m, multirotors: [x, y, z] the position hold keeps",
-            "position_gain": "1/s^2, multirotors: position gain of the hold",
-            "velocity_gain": "1/s, multirotors: velocity gain of the hold",
+            "position_gain": "1/s^2, multirotors: position gain of the hold along x and y",
+            "velocity_gain": "1/s, multirotors: velocity gain of the hold along x and y",
             "attitude_gain": "1/s, multirotors: body rate per rad of attitude error",
-            "integral_gain": "1/s^3, multirotors: integral gain of the hold",
+            "height_gain": "1/s^2, multirotors: position gain of the hold along z",
+            "height_velocity_gain": "1/s, multirotors: velocity gain of the hold along z",
+            "integral_gain": "1/s^3, multirotors: integral gain of the hold along z",
             "steps": "multirotors: the kinds of step (attitude, thrust, rate); none: the hold alone (a hover)"}
     for f in dataclasses.fields(ExcitationConfig):
         default = getattr(ExcitationConfig(), f.name)
