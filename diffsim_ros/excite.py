@@ -81,7 +81,11 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     else:
         from sensor_msgs.msg import JointState as state_type
         state_topic = "/joint_states"
-    plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in (perturbation or {}).items()}
+    plant: Dict[str, Any] = {}
+    for k, v in (perturbation or {}).items():
+        if k == "sensor_noise" and not isinstance(v, (list, tuple)):
+            v = [float(v), float(v)]            # one number: the same on positions and velocities
+        plant[f"perturbation.{k}"] = v
     if initial is not None:
         plant["initial_positions"] = initial
     controller: Dict[str, Any] = {"mode": "excite", "config": params_file(params, out_dir), "lockstep": True,
@@ -206,7 +210,7 @@ def add_parser(sub, cli) -> None:
                    help="multirotors: step kinds among attitude,thrust,rate (default all); none: a hover")
     p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",
                    help="stand-in perturbation (mass_scale, joint_damping_scale, drag_scale, actuator_lag, latency, "
-                        "...; default none)")
+                        "sensor_noise, ...; default none)")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wall-clock limit (default 600)")
     p.set_defaults(func=lambda args: cmd_excite(args, cli))
