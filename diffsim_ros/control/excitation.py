@@ -460,9 +460,10 @@ def identifiable_parameters(floating_base: bool, rotors: bool) -> Tuple[str, ...
       ``latency``. Not ``joint_friction``: the stand-in's friction law and the simulator's
       still differ under a position servo (issue 16, item 3), so it cannot be checked here;
     * multirotors: ``mass_scale``, ``inertia_scale``, ``drag_scale``, ``motor_time_constant``,
-      ``latency``. Not ``thrust_scale`` beside ``mass_scale``: with the thrust commanded, one
-      factor on every force and on the mass leaves every acceleration the same, so only their
-      ratio is in the data (fit one of them); ``drag_scale`` rather than ``drag_linear`` and
+      ``latency``. Not ``thrust_scale`` beside ``mass_scale`` and ``drag_scale``: with the thrust
+      commanded, one factor on every force (thrust, rotor torques, drag) and on the mass and
+      inertia leaves every acceleration the same, so only two ratios of the three are in the
+      data (fit two of them; the stand-in has no thrust perturbation); ``drag_scale`` rather than ``drag_linear`` and
       ``drag_quadratic`` apart: at the speeds of a bounded excitation (1-2 m/s) the quadratic
       term changes the predictions too little to be told from the linear one.
 
