@@ -198,7 +198,8 @@ def _smooth_window(t: np.ndarray, duration: float, ramp: float) -> np.ndarray:
     if ramp <= 0:
         return ((t >= 0) & (t <= duration)).astype(float)
     r = min(ramp, duration / 2)
-    w = np.ones_like(t)
+    if r <= 0:                                  # no time to fade in: no motion
+        return np.zeros_like(t)
     up = np.clip(t / r, 0.0, 1.0)
     down = np.clip((duration - t) / r, 0.0, 1.0)
     w = np.minimum(0.5 - 0.5 * np.cos(np.pi * up), 0.5 - 0.5 * np.cos(np.pi * down))
