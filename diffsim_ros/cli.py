@@ -8,7 +8,8 @@ the command so that ``--help`` stays fast.
 Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
 through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline),
 ``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag),
-``bag repair`` (rebuild the index of a bag whose recorder was killed).
+``bag repair`` (rebuild the index of a bag whose recorder was killed), ``excite`` (an
+identification motion on the MuJoCo stand-in, recorded for ``sysid``).
 
 Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML, checkpoint or
 bag, bad option).
@@ -984,6 +985,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     _add_sysid(sub)
     _add_loop(sub)
+    from diffsim_ros import excite   # diffsim-ros excite: an identification motion, recorded
+
+    excite.add_parser(sub, sys.modules[__name__])
     _add_bag(sub)
     from diffsim_ros import evaluation   # diffsim-ros eval (torch loads inside the command)
 

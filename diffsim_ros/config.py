@@ -270,7 +270,7 @@ def load_model(params: Dict[str, Any], source: str = "", dtype=None, device="cpu
 
 # ---------------------------------------------------------------------------- training files
 #: Top-level keys of a training file (config/<task>.yaml) read by ``diffsim-ros train/baseline``.
-TRAINING_FILE_KEYS = ("urdf", "floating_base", "dtype", "simulator", "task", "training", "ppo")
+TRAINING_FILE_KEYS = ("urdf", "floating_base", "dtype", "simulator", "task", "training", "ppo", "excitation")
 DTYPES = ("float32", "float64")
 
 

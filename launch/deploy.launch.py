@@ -28,6 +28,12 @@ Recording is on by default (record:=false turns it off): trajectory_recorder wri
 (MCAP) of states, commands, predictions, metadata and diagnostics into bag:=<folder>. When any
 node exits, the whole deployment shuts down (shutdown_on_exit:=false keeps the others running).
 `diffsim-ros loop` (scripts/run.sh) deploys through this file whenever launch is installed.
+
+mode:=excite runs policy_controller's identification motion instead of a policy (the robot from
+config:=; a recording for `diffsim-ros sysid`; settings excitation.* in controller_params:=):
+
+    ros2 launch diffsim_ros deploy.launch.py mode:=excite config:=config/reach_arm.yaml lockstep:=true bag:=bags/excite
+    ros2 launch diffsim_ros deploy.launch.py mode:=excite target:=hardware config:=my_robot.yaml controller_params:=excite.yaml
 """
 import os
 from pathlib import Path
@@ -58,6 +64,8 @@ ARGUMENTS = [
     ("interface", "auto", "policy_controller interface: forward_command | joint_trajectory | ctbr | rotor_thrust | "
                           "cmd_vel_legacy | auto"),
     ("target_point", "[]", "goal [x, y, z] (m); required for the arm"),
+    ("mode", "policy", "policy_controller mode: policy, or excite (an identification motion for diffsim-ros sysid: "
+                       "the robot from config:=, no checkpoint; excitation.* settings in controller_params:=)"),
     ("rate_hz", "0.0", "control rate (0: the policy's own)"),
     ("lockstep", "false", "one command per state (mujoco target only: the plant steps per command)"),
     ("record", "true", "record a rosbag2 (MCAP) with trajectory_recorder"),
@@ -133,6 +141,21 @@ def _robot(get):
     return kind, config, checkpoint, _config_urdf(config)
 
 
+def _excite_robot(get):
+    """mode:=excite: (kind, config, checkpoint, URDF) from config:= (or robot:='s shipped config); no checkpoint."""
+    from diffsim_ros import config as cfgmod
+
+    config, robot = get("config"), get("robot")
+    if not config:
+        if robot not in ROBOTS:
+            raise RuntimeError("deploy.launch.py: mode:=excite needs config:= (the robot's training/robot file) or "
+                               f"robot:= one of {', '.join(ROBOTS)}")
+        config = _share(ROBOTS[robot][0])
+    params = cfgmod.load_yaml(config)
+    kind = "quadrotor" if params.get("floating_base", False) else "arm"
+    return kind, config, "", _config_urdf(config)
+
+
 def _config_urdf(config: str) -> str:
     from diffsim_ros import config as cfgmod
 
@@ -144,7 +167,12 @@ def _setup(context, *args, **kwargs):
     target = get("target")
     if target not in TARGETS:
         raise RuntimeError(f"deploy.launch.py: target:={target} is not one of {', '.join(TARGETS)}")
-    kind, config, checkpoint, urdf = _robot(get)
+    if get("mode") not in ("policy", "excite"):
+        raise RuntimeError(f"deploy.launch.py: mode:={get('mode')} is not one of policy, excite")
+    if get("mode") == "excite":
+        kind, config, checkpoint, urdf = _excite_robot(get)
+    else:
+        kind, config, checkpoint, urdf = _robot(get)
     # Any node ending ends the deployment: a controller without its plant (or a plant without its
     # controller) is not a deployment, and the recorder must close its bag.
     on_exit = [Shutdown(reason="a deployment node exited")] if _bool(get("shutdown_on_exit")) else None
@@ -152,6 +180,7 @@ def _setup(context, *args, **kwargs):
     actions = []
 
     controller_params = {
+        "mode": get("mode"),
         "checkpoint": checkpoint,
         "config": config,
         "interface": get("interface"),

@@ -376,3 +376,58 @@ def test_lockstep_answers_a_republished_state_once_the_gates_open(ros, ckpts):
         assert len(h.got["/position_controller/commands"]) == 1
     finally:
         h.close()
+
+
+def test_excite_mode_sends_the_excitation_through_the_same_path(ros):
+    """mode excite: no checkpoint; the commands on the controller's output topic and on
+    /diffsim/command are the excitation's own sequence (a separate ArmExcitation of the same
+    settings: the node and the supervisor pass it on unchanged), the metadata says so and carries the config for sysid, and the e-stop and
+    a NaN state still give the safe hold."""
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray, String
+    from std_srvs.srv import SetBool
+    from rclpy.qos import DurabilityPolicy, QoSProfile
+
+    from diffsim_ros import config as cfgmod
+    from diffsim_ros.control.excitation import ExcitationConfig, ExcitationRunner
+
+    config = str(REPO_ROOT / "config/reach_arm.yaml")
+    h = Harness(ros, {"mode": "excite", "config": config, "lockstep": True, "state_timeout_s": 60.0,
+                      "excitation.seed": 4, "excitation.amplitude": 0.3, "excitation.duration": 2.0})
+    try:
+        params = cfgmod.load_yaml(config)
+        ref = ExcitationRunner(params, ExcitationConfig(seed=4, amplitude=0.3, duration=2.0)).signal
+        h.listen(Float64MultiArray, "/position_controller/commands")
+        h.listen(Float64MultiArray, "/diffsim/command")
+        h.listen(String, "/diffsim/metadata", QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+        h.wait_matched(pub)
+        names = h.ctrl.runner.joint_names
+        q0 = np.array([0.2, -0.1, 0.3, 0.0])
+        ref.start(q0)
+        t0 = time.time_ns()
+        q = q0.copy()
+        for k in range(30):
+            pub.publish(joint_state(names, q, np.zeros(4), t0 + k * 20_000_000))
+            assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == k + 1)
+            q = np.array(h.got["/position_controller/commands"][k].data)      # a robot that follows exactly
+        sent = np.array([m.data for m in h.got["/position_controller/commands"]])
+        np.testing.assert_allclose(sent, np.array([ref.command(k) for k in range(30)]), rtol=0, atol=1e-12)
+        assert h.spin_until(lambda: len(h.got["/diffsim/command"]) >= 30)
+        np.testing.assert_allclose(np.array([m.data for m in h.got["/diffsim/command"][:30]]), sent, atol=1e-12)
+        assert h.spin_until(lambda: len(h.got["/diffsim/metadata"]) >= 1)
+        meta = json.loads(h.got["/diffsim/metadata"][0].data)
+        assert meta["mode"] == "excite" and meta["checkpoint"] is None
+        assert meta["config"]["urdf"].endswith("diffsim_arm.urdf") and meta["excitation"]["seed"] == 4
+        assert h.ctrl.diagnostics_values()["controller_mode"] == "excite"
+        # The supervisor as for a policy: e-stop -> hold the latest measured position.
+        cli = h.robot.create_client(SetBool, "/policy_controller/emergency_stop")
+        assert h.spin_until(cli.service_is_ready, 5.0)
+        fut = cli.call_async(SetBool.Request(data=True))
+        assert h.spin_until(fut.done) and fut.result().success
+        pub.publish(joint_state(names, q, np.zeros(4), t0 + 30 * 20_000_000))
+        assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == 31)
+        np.testing.assert_allclose(h.got["/position_controller/commands"][30].data, q, atol=1e-12)
+        assert h.ctrl.runner.k == 30                        # the excitation did not advance
+    finally:
+        h.close()

@@ -696,3 +696,43 @@ def test_gazebo_arm_description_carries_ros2_control_for_the_policys_joints():
     # The launch file builds Gazebo's description this way.
     text = (REPO_ROOT / "launch" / "deploy.launch.py").read_text()
     assert '"ros2_control": "true"' in text and "controller_arm_gazebo.yaml" in text
+
+
+def test_deploy_launch_excite_mode_records_a_bag_sysid_reads(ros_tooling, tmp_path):
+    """`ros2 launch diffsim_ros deploy.launch.py mode:=excite`: no checkpoint, the arm of config:=,
+    lockstep on the stand-in; the motion runs to its end, Ctrl-C closes the bag, and the bag holds
+    every command the controller sent and the metadata `diffsim-ros sysid` rebuilds the robot from."""
+    from diffsim_ros.analysis import read_bag, sim_setup
+    from diffsim_ros.loop import _launch_preexec, bag_counts
+
+    exc = tmp_path / "excite.yaml"
+    exc.write_text("policy_controller:\n  ros__parameters:\n    state_timeout_s: 5.0\n    stats_file: "
+                   f"{tmp_path / 'stats.json'}\n    excitation:\n      duration: 2.0\n      seed: 3\n")
+    bag = tmp_path / "bag"
+    log = tmp_path / "launch.log"
+    cmd = [ros2_executable(), "launch", PACKAGE, "deploy.launch.py", "mode:=excite",
+           f"config:={REPO_ROOT / 'config/reach_arm.yaml'}", "lockstep:=true", f"bag:={bag}",
+           f"controller_params:={exc}"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_env(ros_domain(), tmp_path), start_new_session=True, preexec_fn=_launch_preexec)
+    try:
+        end = time.monotonic() + 120
+        while "excitation finished" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < end, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    counts = bag_counts(bag)
+    for topic, n in stats["published"].items():
+        assert counts.get(topic, 0) == n, (topic, counts, stats["published"])
+    assert stats["policy_commands"] >= 100 and stats["states_rejected"] == 0, stats
+    data = read_bag(str(bag))
+    assert data.metadata["mode"] == "excite" and data.metadata["checkpoint"] is None
+    setup = sim_setup(data)
+    assert setup.model.joint_names == ["arm_joint1", "arm_joint2", "arm_joint3", "arm_joint4"]

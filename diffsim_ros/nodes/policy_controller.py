@@ -66,6 +66,10 @@ QUAD_INTERFACES = ("ctbr", "rotor_thrust", "cmd_vel_legacy", "actuator_msgs", "p
 
 #: name -> (default, description). Every parameter the node reads is declared from this table.
 PARAMETERS: Dict[str, Any] = {
+    "mode": ("policy", "policy: run the checkpoint's policy; excite: drive an identification motion instead "
+                       "(diffsim_ros/control/excitation.py: multisine or chirp joint targets for arms, attitude/"
+                       "thrust/rate steps around hover for multirotors; settings excitation.*), the robot and "
+                       "simulator from 'config', no checkpoint; the supervisor, limits and outputs are the same"),
     "checkpoint": ("policies/hover", "checkpoint folder (policy.pt + policy.json): absolute, relative to the working "
                                      "directory, or to the diffsim_ros share folder"),
     "urdf": ("", "URDF file of the robot being controlled; the checkpoint is refused if it was made for another "
@@ -159,6 +163,46 @@ SUPERVISOR_PARAMETERS: Dict[str, Any] = {
 }
 PARAMETERS.update(SUPERVISOR_PARAMETERS)
 
+
+def _excitation_parameters() -> Dict[str, Any]:
+    """``excitation.*``: the fields of control.excitation.ExcitationConfig with their defaults (mode excite)."""
+    import dataclasses
+
+    from ..control.excitation import ExcitationConfig
+
+    out = {}
+    docs = {"amplitude": "fraction (0, 1] of the bounds used: arms the safe half range of each joint, multirotors "
+                         "the tilt/thrust/rate step bounds",
+            "duration": "s, length of the motion (arms: after the lead-in to the centre of the ranges)",
+            "seed": "random seed of the signal", "signal": "arms: multisine or chirp",
+            "f_min": "Hz, lowest frequency", "f_max": "Hz, highest frequency",
+            "margin": "arms: fraction of each joint range kept clear at both ends",
+            "velocity_fraction": "arms: largest target speed as a fraction of the URDF velocity limit",
+            "ramp": "s, fade in and out", "tilt_max": "rad, multirotors: largest tilt set-point",
+            "thrust_fraction": "multirotors: largest thrust step, a fraction of hover thrust",
+            "thrust_limit": "multirotors: collective thrust command within (1 +- this) x hover thrust",
+            "rate_max": "rad/s, multirotors: largest body-rate command and step",
+            "hold_min": "s, multirotors: shortest step", "hold_max": "s, multirotors: longest step",
+            "arena_radius": "m, multirotors: no step beyond this distance from home (the hold brings it back)",
+            "home": "m, multirotors: [x, y, z] the position hold keeps",
+            "position_gain": "1/s^2, multirotors: position gain of the hold along x and y",
+            "velocity_gain": "1/s, multirotors: velocity gain of the hold along x and y",
+            "attitude_gain": "1/s, multirotors: body rate per rad of attitude error",
+            "height_gain": "1/s^2, multirotors: position gain of the hold along z",
+            "height_velocity_gain": "1/s, multirotors: velocity gain of the hold along z",
+            "integral_gain": "1/s^3, multirotors: integral gain of the hold along z",
+            "steps": "multirotors: the kinds of step (attitude, thrust, rate); none: the hold alone (a hover)"}
+    for f in dataclasses.fields(ExcitationConfig):
+        default = getattr(ExcitationConfig(), f.name)
+        if isinstance(default, tuple):
+            default = list(default)
+        out[f"excitation.{f.name}"] = (default, docs.get(f.name, f.name))
+    return out
+
+
+EXCITATION_PARAMETERS: Dict[str, Any] = _excitation_parameters()
+PARAMETERS.update(EXCITATION_PARAMETERS)
+
 #: Element type of the list parameters (an empty default cannot say it).
 ARRAY_TYPES = {"controller_joints": "string", "target": "double", "workspace_min": "double",
                "workspace_max": "double"}
@@ -229,10 +273,16 @@ def make_node_class():
             if dtype is None:
                 raise StartupError(f"parameter 'dtype' must be float64 or float32, got {p('dtype')!r}")
             urdf = self._robot_urdf()
-            try:
-                self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype)
-            except CheckpointError as e:
-                raise StartupError(f"refusing checkpoint {ckpt}: {e}") from None
+            self.mode = p("mode")
+            if self.mode not in ("policy", "excite"):
+                raise StartupError(f"parameter 'mode' must be policy or excite, got {self.mode!r}")
+            if self.mode == "excite":
+                self.runner = self._excitation_runner(urdf, dtype)
+            else:
+                try:
+                    self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype)
+                except CheckpointError as e:
+                    raise StartupError(f"refusing checkpoint {ckpt}: {e}") from None
             r = self.runner
             self.kind = r.kind
             self.dt = r.dt
@@ -311,9 +361,10 @@ def make_node_class():
                 self.sup.set_target(tgt)
             elif tgt:
                 raise StartupError(f"parameter 'target' needs 3 numbers (or none), got {tgt}")
-            if self.sup.target is None and r.kind == "arm":
+            if self.sup.target is None and r.kind == "arm" and self.mode == "policy":
                 raise StartupError("parameter 'target' is required for a reach policy: [x, y, z] in m, world frame")
             self.last_safe_reason = ""
+            self._excite_done = False
             self.last_answered: Optional[int] = None
             self._last_predicted: Optional[int] = None
             self.wait_subs, self.wait_recs = int(p("wait_for_subscribers")), int(p("wait_for_recorders"))
@@ -411,6 +462,25 @@ def make_node_class():
             if isinstance(val, (list, tuple)) or hasattr(val, "tolist"):
                 return list(val)
             return val
+
+        def _excitation_runner(self, urdf, dtype):
+            """mode excite: the robot and simulator of 'config', the motion of excitation.*."""
+            from .. import config as cfgmod
+            from ..control.excitation import ExcitationConfig, ExcitationError, ExcitationRunner
+
+            path = self._p("config")
+            if not path:
+                raise StartupError("mode excite needs parameter 'config': the robot's training/robot file "
+                                   "(urdf, floating_base, simulator), e.g. config/reach_arm.yaml")
+            path = str(resolve_path(path))
+            try:
+                params = cfgmod.load_yaml(path)
+                params["urdf"] = str(cfgmod.resolve_urdf(params, path))
+                values = {k.split(".", 1)[1]: self._p(k) for k in EXCITATION_PARAMETERS}
+                cfg = ExcitationConfig.from_mapping(values)
+                return ExcitationRunner(params, cfg, source=path, urdf=urdf, dtype=dtype)
+            except (cfgmod.ConfigError, ExcitationError) as e:
+                raise StartupError(f"mode excite: {e}") from None
 
         def _robot_urdf(self) -> Optional[str]:
             p = self._p
@@ -578,6 +648,10 @@ def make_node_class():
             if self.last_safe_reason:
                 self.get_logger().info(f"policy resumed (was safe: {self.last_safe_reason})")
                 self.last_safe_reason = ""
+            if self.mode == "excite" and self.runner.finished and not self._excite_done:
+                self._excite_done = True
+                self.get_logger().info(f"excitation finished after {self.runner.k} commands: holding "
+                                       f"{'the centre' if self.kind == 'arm' else 'hover'}")
             # One prediction per state: a timer faster than the state rate recomputes the command
             # from the same state, whose prediction is already out.
             n = self.sup.counts["policy_commands"]
@@ -723,11 +797,15 @@ def make_node_class():
 
         def _publish_metadata(self):
             r = self.runner
-            doc = {"checkpoint": r.meta, "config": r.meta.get("config"), "interface": self.iface,
+            excite = self.mode == "excite"
+            doc = {"checkpoint": None if excite else r.meta, "config": r.meta.get("config"), "interface": self.iface,
+                   "mode": self.mode,
                    "controller": self.controller if self.iface == "forward_command" else None,
                    "command_topic": self.out_topic, "controller_joints": self.controller_joints,
                    "lockstep": self.lockstep, "rate_hz": None if self.lockstep else self.rate,
                    "safe_command": self.sup.safe_description, "node": self.get_fully_qualified_name()}
+            if excite:
+                doc["excitation"] = dict(r.meta["excitation"], steps_total=int(r.signal.steps))
             from ..learning.checkpoint import json_safe
             m = String()
             m.data = json.dumps(json_safe(doc), allow_nan=False)
@@ -743,6 +821,10 @@ def make_node_class():
                     "period_ms_p50": f"{percentile(self.period_ms, 50):.3f}",
                     "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"})
             vals.update({k: str(v) for k, v in self.counts.items()})
+            vals["controller_mode"] = self.mode
+            if self.mode == "excite":
+                vals["excitation_commands"] = str(self.runner.k)
+                vals["excitation_finished"] = str(self.runner.finished).lower()
             return vals
 
         def _publish_diagnostics(self):
@@ -758,6 +840,9 @@ def make_node_class():
                         st.level, st.message = DiagnosticStatus.ERROR, "emergency stop latched"
                     elif blocked is not None:
                         st.level, st.message = DiagnosticStatus.WARN, f"safe command: {blocked}"
+                    elif self.mode == "excite":
+                        st.level = DiagnosticStatus.OK
+                        st.message = "excitation finished: holding" if self.runner.finished else "running the excitation"
                     else:
                         st.level, st.message = DiagnosticStatus.OK, "running the policy"
                     self.node_counts["diagnostics_sent"] += 1

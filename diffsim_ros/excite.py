@@ -1,0 +1,216 @@
+"""``diffsim-ros excite``: an identification motion on the MuJoCo stand-in, recorded for sysid.
+
+    diffsim-ros excite --config config/reach_arm.yaml --duration 12 --amplitude 0.5 --seed 3 --out runs/excite_arm
+    diffsim-ros sysid runs/excite_arm/bag --params mass_scale,joint_damping_scale,actuator_lag,latency --out runs/sysid
+
+Starts, as separate processes on one isolated ROS_DOMAIN_ID (as ``diffsim-ros loop`` does):
+``trajectory_recorder``, ``mujoco_plant`` (lockstep) and ``policy_controller`` with
+``mode: excite`` (control/excitation.py: the motion; the supervisor, the limits and the
+command outputs are the policy's own), runs the motion to its end, stops the nodes (the
+recorder closes the bag) and checks that the bag holds every command the controller sent.
+``--out`` gets ``bag/``, ``logs/`` and ``excite.json`` (settings, counts, the sysid command).
+
+On a robot: start only the controller in excite mode and the recorder, against the robot's
+own drivers (doc in the README, "Excitation").
+"""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from .loop import (LoopError, NODES, _Clock, _Processes, bag_counts, recorded_types)
+
+
+def excitation_settings(params: Dict[str, Any], overrides: Dict[str, Any], source: str = ""):
+    """The ExcitationConfig of a config file's ``excitation:`` section with ``overrides`` (CLI
+    options) on top; an ExcitationError names the bad key."""
+    from .control.excitation import ExcitationConfig, ExcitationError
+
+    sec = params.get("excitation", {}) or {}
+    if not isinstance(sec, dict):
+        raise ExcitationError(f"{source}: 'excitation' must be a mapping of settings, got {sec!r}")
+    values = dict(sec)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ExcitationConfig.from_mapping(values)
+
+
+def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None,
+               perturbation: Optional[Dict[str, Any]] = None, domain: Optional[int] = None,
+               timeout: float = 600.0, first_state_timeout: float = 60.0,
+               log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Run the excitation of ``config`` on the stand-in and record it into ``out/bag``; returns
+    the summary written to ``out/excite.json``. Bad settings raise ExcitationError (before any
+    process starts); a node that fails raises LoopError naming it and its log."""
+    from . import config as cfgmod
+    from .control.excitation import ExcitationRunner, identifiable_parameters
+
+    out_dir = Path(out)
+    bag = out_dir / "bag"
+    if bag.exists():
+        raise LoopError(f"{bag} exists already; choose another --out")
+    params = cfgmod.load_yaml(config)
+    params["urdf"] = str(cfgmod.resolve_urdf(params, config))
+    exc = excitation_settings(params, overrides or {}, config)
+    # Build it here first: a robot or setting the excitation refuses stops the run before any node starts.
+    runner = ExcitationRunner(params, exc, source=config)
+    floating = runner.model.floating_base
+    initial = None
+    if floating:
+        initial = [float(x) for x in exc.home]
+        lead = 0
+    else:
+        import numpy as np
+
+        lead = runner.signal.lead_steps(np.zeros(len(runner.actuated_joints)))
+    total_s = (runner.signal.steps + lead) * runner.dt
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = out_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    domain = random.randint(101, 232) if domain is None else int(domain)
+    log(f"[excite] {runner.describe()}")
+    log(f"[excite] on the MuJoCo stand-in (ROS_DOMAIN_ID={domain}, perturbation {json.dumps(perturbation or {})}), "
+        f"{total_s:.2f} s simulated, recording to {bag}")
+    procs = _Processes(logs, domain)
+    if floating:
+        from nav_msgs.msg import Odometry as state_type
+        state_topic = "/odom"
+    else:
+        from sensor_msgs.msg import JointState as state_type
+        state_topic = "/joint_states"
+    plant: Dict[str, Any] = {}
+    for k, v in (perturbation or {}).items():
+        if k == "sensor_noise" and not isinstance(v, (list, tuple)):
+            v = [float(v), float(v)]            # one number: the same on positions and velocities
+        plant[f"perturbation.{k}"] = v
+    if initial is not None:
+        plant["initial_positions"] = initial
+    controller: Dict[str, Any] = {"mode": "excite", "config": params_file(params, out_dir), "lockstep": True,
+                                  "use_sim_time": True, "state_timeout_s": 5.0, "wait_for_subscribers": 2,
+                                  "wait_for_recorders": 1, "stats_file": str(logs / "controller_stats.json")}
+    for k, v in exc.as_dict().items():
+        controller[f"excitation.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
+    if not controller["excitation.steps"]:
+        controller["excitation.steps"] = ["none"]
+    clock = None
+    interrupted = False
+    t0 = time.perf_counter()
+    try:
+        procs.start("recorder", "trajectory_recorder", {
+            "output_dir": str(bag), "drain_s": 1.0, "types": json.dumps(recorded_types(floating))})
+        procs.start("plant", "mujoco_plant", dict(plant, config=controller["config"], mode="lockstep"))
+        clock = _Clock(domain, state_topic, state_type)
+        end = time.monotonic() + timeout
+        first = time.monotonic() + min(first_state_timeout, timeout)
+        while clock.states < 2:
+            procs.check_alive("waiting for the stand-in's first states")
+            if time.monotonic() > first:
+                raise LoopError(f"mujoco_plant published no state on {state_topic} within {first_state_timeout:g} s; "
+                                f"its log ({logs / 'plant.log'}) ends with:\n{procs.log('plant', 1500)}")
+            time.sleep(0.05)
+        procs.start("controller", "policy_controller", controller)
+        shown = -1
+        while clock.t < total_s:
+            procs.check_alive("the excitation ran")
+            if time.monotonic() > end:
+                raise LoopError(f"the excitation did not reach {total_s:.2f} s of simulated time within {timeout:g} s "
+                                f"(reached {max(clock.t, 0):.2f} s); see the logs in {logs}")
+            if int(clock.t) > shown and clock.t >= 0:
+                shown = int(clock.t)
+                log(f"[excite]     simulated time {clock.t:.2f} s")
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        interrupted = True
+        log("[excite] interrupted: stopping the nodes and closing the bag")
+    finally:
+        if clock is not None:
+            clock.close()
+        statuses = {"controller": procs.stop("controller"), "plant": procs.stop("plant")}
+        time.sleep(0.5)
+        statuses["recorder"] = procs.stop("recorder", timeout=60.0)
+        procs.kill_all()
+    wall = time.perf_counter() - t0
+    if interrupted:
+        raise KeyboardInterrupt
+    for name, rc in statuses.items():
+        if rc not in (0, None, -signal.SIGINT):
+            raise LoopError(f"{NODES[name]} ended with status {rc}; see {logs}")
+    stats_file = logs / "controller_stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    counts = bag_counts(bag)
+    lost = {t: n - counts.get(t, 0) for t, n in stats.get("published", {}).items() if counts.get(t, 0) != n}
+    names = identifiable_parameters(floating, runner.sim.rotors is not None)
+    summary = {"config": str(config), "bag": str(bag), "excitation": exc.as_dict(), "perturbation": perturbation or {},
+               "simulated_s": total_s, "lead_in_steps": lead, "wall_s": wall, "domain_id": domain,
+               "controller": {k: stats.get(k) for k in ("published", "policy_commands", "safe_commands",
+                                                         "states_rejected", "commands_clamped", "faults")},
+               "bag_counts": counts, "lost": lost, "parameters": list(names),
+               "sysid": f"diffsim-ros sysid {bag} --params {','.join(names)} --out {out_dir / 'sysid'}"}
+    (out_dir / "excite.json").write_text(json.dumps(summary, indent=2, default=str))
+    c = summary["controller"]
+    log(f"[excite] done in {wall:.1f} s: {c.get('policy_commands')} excitation commands, "
+        f"{c.get('safe_commands')} safe commands, {c.get('states_rejected')} states rejected")
+    log("[excite] bag: every published message recorded" if not lost else f"[excite] bag: MISSING messages {lost}")
+    log(f"[excite] identify: {summary['sysid']}")
+    return summary
+
+
+def params_file(params: Dict[str, Any], out_dir: Path) -> str:
+    """The config (URDF resolved to a path) as a ROS parameter file in ``out_dir`` for the nodes."""
+    import yaml
+
+    path = out_dir / "robot.yaml"
+    path.write_text("# written by diffsim-ros excite\n"
+                    + yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
+    return str(path.resolve())
+
+
+def cmd_excite(args, cli) -> int:
+    from .analysis import AnalysisError
+    from .control.excitation import ExcitationError
+
+    overrides = {"duration": args.duration, "amplitude": args.amplitude, "seed": args.seed, "signal": args.signal,
+                 "steps": args.steps}
+    pert = cli._perturbation(args.perturb) if args.perturb else {}
+    try:
+        summary = run_excite(args.config, args.out, overrides, pert, domain=args.domain_id, timeout=args.timeout)
+    except ExcitationError as exc:
+        raise cli.CliError(f"{args.config}: {exc}" if args.config not in str(exc) else str(exc)) from None
+    except (LoopError, AnalysisError) as exc:
+        raise cli.CliError(str(exc)) from None
+    except cli._input_errors() as exc:
+        raise cli.CliError(cli._describe(exc, args.config)) from None
+    return 1 if summary["lost"] or summary["controller"].get("safe_commands") else 0
+
+
+def add_parser(sub, cli) -> None:
+    p = sub.add_parser(
+        "excite", help="drive an identification motion on the MuJoCo stand-in and record a bag for sysid",
+        description="Run policy_controller in excitation mode (multisine or chirp joint targets inside the URDF "
+                    "limits for arms; attitude, thrust and rate steps around hover with a position hold for "
+                    "multirotors; bounded by --amplitude, through the same safety supervisor and outputs as a "
+                    "policy) against the mujoco_plant stand-in in lockstep, with trajectory_recorder, and write "
+                    "OUT/bag for `diffsim-ros sysid`. The config's 'excitation:' section holds the other settings "
+                    "(control/excitation.py). Exit status 0: recorded, every command in the bag and no safe "
+                    "command; 1: a safe command or a lost message; 2: bad input.")
+    p.add_argument("--config", required=True, metavar="YAML",
+                   help="the robot's training/robot file (urdf, floating_base, simulator; optional excitation:)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (bag/, logs/, excite.json)")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="seconds of motion (default: the config's excitation.duration, else 12)")
+    p.add_argument("--amplitude", type=float, default=None, metavar="A",
+                   help="fraction (0, 1] of the bounds: arms the safe joint range, multirotors the tilt/thrust/rate "
+                        "steps (default 0.5)")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="seed of the signal (default 0)")
+    p.add_argument("--signal", choices=("multisine", "chirp"), default=None, help="arms: the signal (default multisine)")
+    p.add_argument("--steps", default=None, metavar="KIND,...",
+                   help="multirotors: step kinds among attitude,thrust,rate (default all); none: a hover")
+    p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",
+                   help="stand-in perturbation (mass_scale, joint_damping_scale, drag_scale, actuator_lag, latency, "
+                        "sensor_noise, ...; default none)")
+    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wall-clock limit (default 600)")
+    p.set_defaults(func=lambda args: cmd_excite(args, cli))

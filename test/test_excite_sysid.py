@@ -1,0 +1,201 @@
+"""`diffsim-ros excite` on the MuJoCo stand-in makes every parameter identifiable.
+
+Each run draws the stand-in's perturbation with a fresh seed (printed; replay with
+``DIFFSIM_EXCITE_SEED=<seed>``), records the excitation through the real nodes over DDS
+(`diffsim-ros excite`: mujoco_plant, policy_controller in excite mode, trajectory_recorder)
+and calibrates with `diffsim-ros sysid` every parameter the excitation is meant to identify
+(control.excitation.identifiable_parameters: one per physical quantity of the registry).
+sysid must call each of them identifiable (its unidentifiable list empty, none at a bound)
+and find each within 5 % of the drawn truth (latency within 0.15 steps); the truths are the
+registry's reading of the perturbation, independent of the fit. A steady hover of the same
+vehicle, recorded with the same sensor noise, leaves the drag unidentifiable.
+
+The arm runs with joint friction off on both sides (the friction laws still differ, issue 16,
+item 3). Known limits of the fit, not of the excitation (the old closed-loop exciter of
+analysis/record.py shows them too): an arm torque lag of 0.02 s or more leaves the truth
+unable to explain the stand-in's data (joint damping then comes back 6-22 % off, accepted;
+at 0.015 s everything is exact), and with 3 control steps of latency and a 0.025 s lag the
+fit lands at 2.9 steps; so the arm's lag is drawn in 0.008-0.015 s and latency in 1-2 steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("rosbags")
+pytest.importorskip("mujoco")
+pytest.importorskip("rclpy")
+
+from conftest import ros_domain  # noqa: E402
+
+from diffsim_ros import cli, physics  # noqa: E402
+from diffsim_ros import config as cfgmod  # noqa: E402
+from diffsim_ros.analysis.record import make_plant, record_bag, standard_params  # noqa: E402
+from diffsim_ros.control.excitation import ExcitationConfig, ExcitationRunner, identifiable_parameters  # noqa: E402
+from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
+
+SYSID = ["--window", "3", "--max-starts", "24", "--max-iter", "10", "--quiet"]
+NOISE = 3e-4           # the quadrotor's sensor noise (position m, velocity m/s), both recordings: at 1e-3 the
+                       # drag's std from 8 s of excitation is ~4 %, too close to the 5 % tolerance
+
+
+def _seed(name: str) -> int:
+    env = os.environ.get("DIFFSIM_EXCITE_SEED")
+    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
+    print(f"{name}: seed {seed} (replay: DIFFSIM_EXCITE_SEED={seed})")
+    return seed
+
+
+def _away(rng, lo, hi, nominal, gap):
+    while True:
+        x = float(rng.uniform(lo, hi))
+        if abs(x - nominal) >= gap:
+            return x
+
+
+def _draw(rng, kind):
+    pert = {"mass_scale": _away(rng, 0.85 if kind == "arm" else 0.8, 1.25, 1.0, 0.08),
+            "latency": 0.02 * int(rng.integers(1, 3))}            # 1-2 control steps of 20 ms
+    if kind == "arm":
+        pert["joint_damping_scale"] = float(np.exp(rng.uniform(np.log(0.6), np.log(3.0))))
+        pert["actuator_lag"] = float(rng.uniform(0.008, 0.015))
+    else:
+        pert["drag_scale"] = _away(rng, 0.5, 2.5, 1.0, 0.3)
+        pert["actuator_lag"] = _away(rng, 0.02, 0.08, 0.02, 0.01)   # the rotors' time constant
+        pert["sensor_noise"] = NOISE
+    return pert
+
+
+def _truth(setup_params, pert, names):
+    model = cfgmod.load_model(setup_params)
+    sys0 = physics.build_system(model, cfgmod.simulator_config(setup_params))
+    t = {k: v.tolist() for k, v in from_perturbation(sys0, pert).items()}
+    if "joint_damping" in names and "joint_damping_scale" in t:
+        t["joint_damping"] = (model.damping.double() * t.pop("joint_damping_scale")[0]).tolist()
+    t.setdefault("inertia_scale", [1.0])          # mass_scale scales the inertias with the masses
+    return t
+
+
+def _config(tmp_path, kind):
+    params = standard_params(kind)
+    if kind == "arm":
+        params["simulator"]["joint_friction"] = False
+    params["urdf"] = str(cfgmod.resolve_urdf(params))
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
+    return path, params
+
+
+def _sysid(bag, names, out, noise):
+    argv = ["sysid", str(bag), "--params", ",".join(names), "--out", str(out)] + SYSID
+    if noise:
+        argv += ["--velocity-noise", str(noise)]
+    rc = cli.main(argv)
+    return rc, json.loads((out / "sysid.json").read_text())
+
+
+def _table(res, truth, names):
+    print("| parameter | truth | recovered | std | identifiable |")
+    for n in names:
+        print(f"| {n} | {[round(x, 4) for x in truth[n]]} | {[round(x, 4) for x in res['fitted'][n]]} | "
+              f"{[float(f'{x:.2g}') for x in res['std'][n]]} | "
+              f"{not any(u == n or u.startswith(n + '[') for u in res['unidentifiable'])} |")
+    h = res["heldout"]
+    print(f"held-out RMSE {h['before']['rmse']:.4g} -> {h['after']['rmse']:.4g} ({h['improvement']:.1f}x), "
+          f"verdict {res['verdict']} {res['reasons']}, unidentifiable {res['unidentifiable']}, "
+          f"at bound {res['at_bound']}, {res['seconds']:.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["arm", "quadrotor"])
+def test_an_excite_recording_makes_every_parameter_identifiable(tmp_path, kind):
+    seed = _seed(f"excite {kind}")
+    rng = np.random.default_rng(seed)
+    pert = _draw(rng, kind)
+    cfg, params = _config(tmp_path, kind)
+    names = identifiable_parameters(kind == "quadrotor", kind == "quadrotor")
+    out = tmp_path / "run"
+    argv = ["excite", "--config", str(cfg), "--out", str(out), "--seed", str(seed % 100000),
+            "--duration", "6" if kind == "arm" else "8", "--amplitude", "0.5" if kind == "arm" else "0.8",
+            "--perturb", ",".join(f"{k}={v}" for k, v in pert.items()), "--domain-id", str(ros_domain())]
+    print("perturbation", pert)
+    rc = cli.main(argv)
+    summary = json.loads((out / "excite.json").read_text())
+    where = f"seed {seed}, perturbation {pert}"          # in every message: -s under xdist shows no prints
+    assert rc == 0, (where, summary)
+    assert summary["lost"] == {} and summary["controller"]["safe_commands"] == 0, (where, summary)
+    assert list(summary["parameters"]) == list(names)
+    rc, res = _sysid(out / "bag", names, tmp_path / "sysid", NOISE if kind == "quadrotor" else 0.0)
+    truth = _truth(params, pert, names)
+    _table(res, truth, names)
+    assert rc == 0, (where, res["reasons"])
+    assert res["unidentifiable"] == [] and res["at_bound"] == [], (where, res["unidentifiable"], res["at_bound"])
+    for n in names:
+        for fitted, true in zip(res["fitted"][n], truth[n]):
+            if n == "latency":
+                assert abs(fitted - true) < 0.15, (where, n, fitted, true)
+            else:
+                assert fitted == pytest.approx(true, rel=0.05), (where, n, fitted, true)
+    assert res["heldout"]["improvement"] >= 5.0, where
+
+
+@pytest.mark.slow
+def test_a_steady_hover_leaves_the_drag_unidentifiable(tmp_path):
+    """The contrast: a quadrotor drawn as above, in a steady hover (the excitation's position
+    hold alone, recorded once it has settled), with the same sensor noise: sysid flags the drag
+    (and the time constants) as unidentifiable and advises an excitation motion."""
+    seed = _seed("hover")
+    pert = _draw(np.random.default_rng(seed), "quadrotor")
+    print("perturbation", pert)
+    cfg, params = _config(tmp_path, "quadrotor")
+    names = identifiable_parameters(True, True)
+    hover = ExcitationRunner(params, ExcitationConfig(steps=(), duration=30.0))
+    plant = make_plant(params, pert)
+
+    def hold(k, q, v):
+        st = hover.sim.initial_state(torch.as_tensor(q)[None], torch.as_tensor(v)[None])
+        return hover.decide(st, None, predict=False).command
+
+    for k in range(750):                                    # 15 s to settle (not recorded)
+        _, q, v = plant.state()
+        plant.step(hold(k, q, v))
+    rec = record_bag(tmp_path / "hover", plant, hold, 400, params, predictions=False)
+    print("hover: largest speed", float(np.abs(rec["v"][:, 0:3]).max()), "m/s")
+    rc, res = _sysid(tmp_path / "hover", names, tmp_path / "sysid_hover", NOISE)
+    _table(res, _truth(params, pert, names), names)
+    assert "drag_scale" in res["unidentifiable"], (seed, pert, res["unidentifiable"])
+    assert any("diffsim-ros excite" in n for n in res["notes"]), res["notes"]
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation of sysid's verdict (issue 16, item 4): one factor on "
+                                       "thrust, drag and mass changes no acceleration, yet on noise-free data the "
+                                       "fit calls all three identifiable (std ~1e-8) while ending 9 % off")
+def test_sysid_flags_mass_thrust_and_drag_together_as_unidentifiable(tmp_path):
+    """Why identifiable_parameters leaves thrust_scale out: mass_scale, thrust_scale and drag_scale
+    together have a direction the data cannot see (all three times one factor)."""
+    from diffsim_ros.analysis import calibrate, read_bag, sim_setup
+
+    params = standard_params("quadrotor")
+    runner = ExcitationRunner(params, ExcitationConfig(amplitude=0.8, duration=6.0, seed=1))
+    plant = make_plant(params, {"mass_scale": 1.2, "drag_scale": 1.5})
+
+    def ctrl(k, q, v):
+        st = runner.sim.initial_state(torch.as_tensor(q)[None], torch.as_tensor(v)[None])
+        return runner.decide(st, None, predict=False).command
+
+    record_bag(tmp_path / "bag", plant, ctrl, 310, params, predictions=False)
+    data = read_bag(tmp_path / "bag")
+    r = calibrate(data, sim_setup(data), ["mass_scale", "thrust_scale", "drag_scale"], window=3, max_starts=32,
+                  max_iter=12)
+    f = r.fitted
+    print(f, r.std, r.unidentifiable)
+    # The ratios the data do hold come back either way.
+    assert f["mass_scale"][0] / f["thrust_scale"][0] == pytest.approx(1.2, rel=0.01)
+    assert f["drag_scale"][0] / f["thrust_scale"][0] == pytest.approx(1.5, rel=0.01)
+    assert r.unidentifiable, (f, r.std)
