@@ -497,7 +497,7 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     sim.update(dt=dt, substeps=2, integrator="semi_implicit", gravity=[0.0, 0.0, -9.81], ground=False,
                joint_limits=True, actuator="position", actuated_joints=list(actuated),
                kp=[g.kp for g in p.gains], kd=[g.kd for g in p.gains], effort_saturation=True,
-               velocity_limits=True, gravity_compensation=True)
+               velocity_limits=True, servo_iterations=4, gravity_compensation=True)
     p.params["task"] = dict(type="reach", ee_link=ee_link, horizon=horizon, target_margin=margin,
                             success_distance=0.02, success_speed=0.05, velocity_weight=0.0, speed_weight=0.05,
                             command_mode="delta", delta_scale=delta, jacobian_observation=True)
@@ -523,6 +523,8 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     il["simulator.gravity_compensation"] = "bool: the actuator adds the gravity torques rnea(q, 0, 0)"
     il["simulator.velocity_limits"] = ("bool: the drives honour the URDF velocity limits (a torque-speed "
                                        "envelope), as a real arm's do")
+    il["simulator.servo_iterations"] = ("saturated servos re-linearised per substep, so a light link behind "
+                                        "a strong servo stays stable at 10 ms substeps")
     il["task.ee_link"] = f"URDF link brought to the target ({why})"
     il["task.horizon"] = f"control steps per episode ({horizon} x {dt} s = {horizon * dt:g} s)"
     c["task.target_margin"] = [

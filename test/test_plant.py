@@ -168,7 +168,7 @@ def test_added_joint_damping_decays_free_joint():
     independent inertia); the decay follows the added damping, and joint_damping_scale 0
     removes the URDF part. (With I = 1e-3 kg m^2 and h = 10 ms, h b / I = 0.5: the discrete
     solution, not exp(-b t / I), is the reference.)"""
-    params = _params(ARM_YAML, joint_friction=False, actuator="effort")
+    params = _params(ARM_YAML, joint_friction=False, actuator="effort", velocity_limits=False)
     model = config.load_model(params, dtype=F64)
     inertia = float(physics.crba(model, torch.zeros(4, dtype=F64))[0, 0])
     b_urdf = float(model.damping[0])

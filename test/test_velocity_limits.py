@@ -175,7 +175,7 @@ def test_an_example_robot_data_arm_stays_within_its_velocity_limits(robots_dir):
     def params(on):
         return {"urdf": path, "floating_base": False, "simulator": {
             "dt": 0.02, "substeps": SUBSTEPS, "ground": False, "actuator": "position", "kp": 300.0, "kd": 20.0,
-            "gravity_compensation": True, "joint_friction": False, "velocity_limits": on}}
+            "gravity_compensation": True, "joint_friction": False, "velocity_limits": on, "servo_iterations": 4}}
     q0, target = rng.uniform(-0.5, 0.5, size=(6, 6)), rng.uniform(-1.5, 1.5, size=(6, 6))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # "mesh replaced by its bounding box"
