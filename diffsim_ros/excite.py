@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from .loop import (LoopError, NODES, _Clock, _Processes, bag_counts, recorded_types)
+from .loop import (LoopError, _Clock, _Processes, bag_counts, check_exits, recorded_types, stop_nodes)
 
 
 def excitation_settings(params: Dict[str, Any], overrides: Dict[str, Any], source: str = ""):
@@ -128,16 +127,11 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     finally:
         if clock is not None:
             clock.close()
-        statuses = {"controller": procs.stop("controller"), "plant": procs.stop("plant")}
-        time.sleep(0.5)
-        statuses["recorder"] = procs.stop("recorder", timeout=60.0)
-        procs.kill_all()
+        statuses = stop_nodes(procs)
     wall = time.perf_counter() - t0
     if interrupted:
         raise KeyboardInterrupt
-    for name, rc in statuses.items():
-        if rc not in (0, None, -signal.SIGINT):
-            raise LoopError(f"{NODES[name]} ended with status {rc}; see {logs}")
+    check_exits(statuses, logs)
     stats_file = logs / "controller_stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     counts = bag_counts(bag)

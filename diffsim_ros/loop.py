@@ -184,6 +184,26 @@ def venv_on_ament_path() -> bool:
     return True
 
 
+def stop_nodes(procs) -> Dict[str, Optional[int]]:
+    """Stop a deployment and return each node's exit status: producers first, then the recorder,
+    which drains what is queued and closes the bag (through launch: launch stops them)."""
+    if isinstance(procs, _Launch):
+        statuses = procs.stop()
+    else:
+        statuses = {"controller": procs.stop("controller"), "plant": procs.stop("plant")}
+        time.sleep(0.5)
+        statuses["recorder"] = procs.stop("recorder", timeout=60.0)
+    procs.kill_all()
+    return statuses
+
+
+def check_exits(statuses: Dict[str, Optional[int]], logs) -> None:
+    """A LoopError naming the first node that ended with an error status (0, None and SIGINT are fine)."""
+    for name, rc in statuses.items():
+        if rc not in (0, None, -signal.SIGINT):
+            raise LoopError(f"{NODES[name]} ended with status {rc}; see {logs}")
+
+
 def _launch_preexec() -> None:
     """preexec_fn of ``ros2 launch``: it dies with the loop (its nodes then get SIGINT from launch, and
     SIGTERM from their own death signal if launch is killed), and SIGINT is default and unblocked: a
@@ -689,20 +709,11 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     finally:
         if clock is not None:
             clock.close()
-        if isinstance(procs, _Launch):
-            statuses = procs.stop()
-        else:
-            # Producers first, then the recorder, which drains what is queued and closes the bag.
-            statuses = {"controller": procs.stop("controller"), "plant": procs.stop("plant")}
-            time.sleep(0.5)
-            statuses["recorder"] = procs.stop("recorder", timeout=60.0)
-        procs.kill_all()
+        statuses = stop_nodes(procs)
     t_deploy = time.perf_counter() - t1
     if interrupted:
         raise KeyboardInterrupt
-    for name, rc in statuses.items():
-        if rc not in (0, None, -signal.SIGINT):
-            raise LoopError(f"{NODES[name]} ended with status {rc}; see {logs}")
+    check_exits(statuses, logs)
 
     log(f"[loop] 3/4 analysing {bag}")
     from . import analysis

@@ -214,6 +214,7 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
     if brake is not None and cfg.actuator_lag == 0:
         kd = brake if kd is None else kd + brake
     servo = None
-    if cfg.effort_saturation and cfg.actuator in ("velocity", "position") and cfg.actuator_lag == 0:
+    if (cfg.servo_iterations and cfg.effort_saturation and cfg.actuator in ("velocity", "position")
+            and cfg.actuator_lag == 0):
         servo = Servo(cmd_in - pd, pd, va, cmd, slope, brake)
     return Actuation(tau, new, None, kd, kp, servo)
