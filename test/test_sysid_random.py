@@ -28,19 +28,16 @@ FAST = dict(window=3, max_starts=32, max_iter=12)
 STEPS = 300
 
 
-def record_standard(kind, path, pert, steps, seed, predictions=False):
-    """The standard recording, the arm with joint friction off on both sides: the simulator's
-    smoothed Coulomb friction and MuJoCo's frictionloss under a position servo still differ
-    (issue 16, item 3), which alone leaves a floor of ~0.04 rad/s that biases damping and
-    mass by up to 6 %; without it this checks the identification itself. And without the drives'
-    velocity limits, which config/reach_arm.yaml turns on: with them a drawn torque lag (applied
-    after the torque-speed window) made the four-parameter arm fit fail (seed 2388841268: rejected,
-    passing without them); sysid of velocity-limited lagged drives is open. And with the tangent-only
-    servo step (servo_iterations 0), as before config/reach_arm.yaml turned 4 on."""
+def record_standard(kind, path, pert, steps, seed, predictions=False, joint_friction=True):
+    """The standard recording. The arm keeps its URDF joint friction (the stand-in applies it as the
+    simulator does: doc/friction.md) and runs without the drives' velocity limits, which
+    config/reach_arm.yaml turns on: with them a drawn torque lag (applied after the torque-speed
+    window) made the four-parameter arm fit fail (seed 2388841268: rejected, passing without
+    them); sysid of velocity-limited lagged drives is open. And with the tangent-only servo step
+    (servo_iterations 0), as before config/reach_arm.yaml turned 4 on."""
     params = standard_params(kind)
     if kind == "arm":
-        params["simulator"]["joint_friction"] = False
-        params["simulator"].update(velocity_limits=False, servo_iterations=0)
+        params["simulator"].update(velocity_limits=False, servo_iterations=0, joint_friction=joint_friction)
     record_bag(path, make_plant(params, pert), exciter(params, seed), steps, params, predictions=predictions)
 
 
@@ -64,6 +61,10 @@ def _draw(rng, kind: str, names):
     for n in names:
         if n == "mass_scale":
             pert[n] = _away(rng, 0.7, 1.3, 1.0, 0.08)
+        elif n == "joint_friction":
+            pert["joint_friction_scale"] = float(np.exp(rng.uniform(np.log(0.4), np.log(2.5))))
+            if abs(np.log(pert["joint_friction_scale"])) < 0.3:
+                pert["joint_friction_scale"] = 2.5 if pert["joint_friction_scale"] > 1 else 0.4
         elif n == "drag_scale":
             pert[n] = _away(rng, 0.5, 2.5, 1.0, 0.3)
         elif n == "joint_damping_scale":
@@ -84,8 +85,9 @@ def _draw(rng, kind: str, names):
     return pert
 
 
-def _fit(tmp_path, kind, pert, names, seed):
-    record_standard(kind, tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False)
+def _fit(tmp_path, kind, pert, names, seed, joint_friction=True):
+    record_standard(kind, tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False,
+                    joint_friction=joint_friction)
     data = read_bag(tmp_path / "bag")
     setup = sim_setup(data)
     r = calibrate(data, setup, names, **FAST)
@@ -118,7 +120,7 @@ def _check(r, truth, names):
 
 @pytest.mark.parametrize("kind, pool", [
     ("quadrotor", ["mass_scale", "drag_scale", "motor_time_constant", "latency"]),
-    ("arm", ["mass_scale", "joint_damping_scale", "latency"]),
+    ("arm", ["mass_scale", "joint_damping_scale", "joint_friction", "latency"]),
 ])
 def test_sysid_recovers_one_drawn_parameter(tmp_path, kind, pool):
     seed = _seed(f"one {kind} parameter")
@@ -133,9 +135,14 @@ def test_sysid_recovers_one_drawn_parameter(tmp_path, kind, pool):
     ("arm", ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]),
 ])
 def test_sysid_recovers_four_drawn_parameters_at_once(tmp_path, kind, names):
+    """The arm recorded with its joint friction off on both sides: with it on, two of eight draws
+    ended 3-10 % off, accepted (seeds 210652499: damping 0.302 for 0.336, latency 1.035 steps;
+    1962970610: mass 0.796 for 0.824), though the true values explain the data exactly; more
+    iterations moved neither, 64 windows instead of 32 fixed the second. The four-parameter fit's
+    local minima are open (issue 16)."""
     seed = _seed(f"four {kind} parameters")
     rng = np.random.default_rng(seed)
-    r, truth = _fit(tmp_path, kind, _draw(rng, kind, names), names, seed)
+    r, truth = _fit(tmp_path, kind, _draw(rng, kind, names), names, seed, joint_friction=False)
     _check(r, truth, names)
 
 
@@ -214,9 +221,13 @@ def test_known_failure_slow_arm_actuator_among_four(tmp_path):
 @pytest.mark.xfail(strict=True, reason="known limitation: the four-parameter arm fit can settle on a wrong "
                                        "start (lag 0.004 s for 0.0134 s) and is then rejected (issue 16)")
 def test_known_failure_four_arm_parameters_from_a_wrong_start(tmp_path):
-    """Seed 2207095073 of test_sysid_recovers_four_drawn_parameters_at_once (the ranges above): the
-    fit ends at lag 0.0041 s for 0.0134 s and mass 0.976 for 0.893, and the verdict rejects it."""
+    """Seed 2207095073 of test_sysid_recovers_four_drawn_parameters_at_once (the ranges above), recorded
+    as it failed, with the arm's joint friction off on both sides: the fit ends at lag 0.0041 s for
+    0.0134 s and mass 0.976 for 0.893, and the verdict rejects it. With friction on (both engines'
+    law agreeing since doc/friction.md) the same draw is accepted, lag 0.0136 s, damping 4 % off:
+    the wrong start depends on the data, it is not gone."""
     names = ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
     seed = 2207095073
-    r, truth = _fit(tmp_path, "arm", _draw(np.random.default_rng(seed), "arm", names), names, seed)
+    r, truth = _fit(tmp_path, "arm", _draw(np.random.default_rng(seed), "arm", names), names, seed,
+                    joint_friction=False)
     _check(r, truth, names)

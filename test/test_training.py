@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -95,17 +96,29 @@ def test_task_loss_goes_down(make, iterations, lr):
     assert res.history[-1]["env_steps"] == iterations * cfg.num_envs * task.horizon
 
 
+def _train_seed(name: str) -> int:
+    """A training seed drawn per run (DIFFSIM_TRAIN_SEED replays one), printed and put in messages."""
+    env = os.environ.get("DIFFSIM_TRAIN_SEED")
+    seed = int(env) if env else int.from_bytes(os.urandom(2), "little")
+    print(f"{name}: seed {seed} (replay: DIFFSIM_TRAIN_SEED={seed})")
+    return seed
+
+
 def test_short_hover_run_reaches_success(tmp_path):
     """A small hover instance (starts within 10 cm, 1 s episodes judged over
     their last 0.2 s, 16 environments) reaches the success threshold of the
     task's own metric (every step after settling within 10 cm and 0.2 m/s),
-    judged on fresh evaluation episodes."""
+    judged on fresh evaluation episodes. The seed is drawn: at a step size of
+    1e-2 seed 1 passed on one CPU and failed on another (0.66 after 40
+    iterations, three of six seeds failing there); at 5e-3 nine seeds solved
+    it in 4-14 iterations."""
+    seed = _train_seed("hover")
     task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
-    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=1e-2, eval_every=2, eval_envs=32,
-                      stop_at_success=True, seed=1)
+    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=32,
+                      stop_at_success=True, seed=seed)
     res = train(task, cfg, out_dir=tmp_path, progress=False)
     assert res.solved_env_steps is not None, (
-        f"not solved in {cfg.iterations} iterations; last rows {res.history[-3:]}")
+        f"seed {seed}: not solved in {cfg.iterations} iterations; last rows {res.history[-3:]}")
     rows = list(csv.DictReader(open(tmp_path / "training.csv")))
     assert len(rows) == len(res.history) and float(rows[-1]["eval_success"]) >= task.success_threshold
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
@@ -116,14 +129,18 @@ def test_short_waypoint_run_reaches_success():
     start within 10 cm, 1 s episodes judged over their last 0.2 s, the distance loss with
     its speed term, 16 environments, a cosine step size. The task's own metric (every step
     after settling within 10 cm of the waypoint and slower than 0.2 m/s) reaches the
-    threshold, and holds on fresh episodes."""
+    threshold, and holds on fresh episodes. The seed is drawn (with the cosine step size of
+    before, seed 1 stalled at 0.84-0.88 on one CPU; at a constant 5e-3 six seeds solved it in
+    16-26 iterations)."""
+    seed = _train_seed("waypoint")
     task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="waypoint", waypoint_radius=0.15,
                        position_loss="distance")
-    cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=5e-3, lr_schedule="cosine",
-                      final_learning_rate=3e-4, eval_every=2, eval_envs=32, stop_at_success=True, seed=1)
+    cfg = TrainConfig(iterations=60, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=32,
+                      stop_at_success=True, seed=seed)
     res = train(task, cfg, progress=False)
-    assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
-    assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
+    assert res.solved_env_steps is not None, f"seed {seed}: not solved; last rows {res.history[-3:]}"
+    success = task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99))
+    assert success >= 0.8, f"seed {seed}: {success:.3f} on fresh episodes"
 
 
 def test_short_velocity_tracking_run_reaches_success():

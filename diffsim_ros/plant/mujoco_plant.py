@@ -11,8 +11,12 @@ The plant reads the same training/robot YAML as the simulator (``urdf``,
 ``floating_base`` and the ``simulator`` section; other sections are ignored), loads the
 same URDF into MuJoCo, and runs MuJoCo at the simulator's substep ``dt / substeps``
 with its gravity and integrator (semi_implicit -> MuJoCo's Euler, rk4 -> RK4). The
-rigid-body dynamics, URDF joint damping, Coulomb friction (``frictionloss``), joint
-limits and ground contact are MuJoCo's own. What is computed here is what a robot's
+rigid-body dynamics, URDF joint damping, joint limits and ground contact are MuJoCo's
+own. The URDF's Coulomb joint friction is the simulator's smoothed law ``-f tanh(v / eps)``
+applied as ``qfrc_applied``, its secant slope ``f tanh(v / eps) / v`` in MuJoCo's implicit
+damping as for the drives below, so that the unperturbed plant and the simulator agree to
+round-off (Perturbation ``constraint_friction`` puts MuJoCo's ``frictionloss`` constraint
+back, a friction model gap; doc/friction.md). What is computed here is what a robot's
 drives and flight controller compute:
 
 * joints (``position``, ``velocity``, ``effort``): the simulator's actuator law, PD
@@ -346,8 +350,15 @@ class MujocoPlant:
             d[self._dadr] = d[self._dadr] * p.joint_damping_scale + p.added_joint_damping
         self._dof_damping = d          # the passive damping; actuator terms are added per substep
         m.dof_damping[:] = d
-        if len(self._dadr) and p.joint_friction_scale != 1.0:
-            m.dof_frictionloss[self._dadr] = m.dof_frictionloss[self._dadr] * p.joint_friction_scale
+        self._friction = None          # the smoothed law's coefficients per joint, when it applies
+        if p.constraint_friction:
+            if len(self._dadr) and p.joint_friction_scale != 1.0:
+                m.dof_frictionloss[self._dadr] = m.dof_frictionloss[self._dadr] * p.joint_friction_scale
+        else:
+            m.dof_frictionloss[:] = 0.0  # a mimic follower's friction acts on its leader in the physics model
+            f = self.physics_model.friction.numpy().astype(np.float64) * p.joint_friction_scale
+            if self.sim_config.joint_friction and len(self._dadr) and f.any():
+                self._friction = f
 
     # ------------------------------------------------------------------ conventions
     @property
@@ -521,6 +532,8 @@ class MujocoPlant:
             interface_k, cmd_k = self._line.popleft()
             applied = np.zeros(m.nv)
             damping = self._dof_damping.copy()
+            if self._friction is not None:
+                self._joint_friction(applied, damping)
             if interface_k in JOINT_INTERFACES:
                 servo = self._joint_actuation(interface_k, cmd_k, applied, damping)
                 if (servo is not None and self.sim_config.servo_iterations and self.flight is None
@@ -562,6 +575,21 @@ class MujocoPlant:
             raise FloatingPointError(f"MuJoCo state became non-finite at t={self.time:.4f} s "
                                      f"(last command {entry[0]} {entry[1].tolist()})")
         return self._measure()
+
+    def _joint_friction(self, applied, damping):
+        """The simulator's smoothed Coulomb friction (physics/stages/passive.py) into ``applied``;
+        with the linearly implicit Euler its secant slope joins MuJoCo's implicit damping, and
+        adding slope x v back keeps the explicit force -f tanh(v / eps)."""
+        cfg, dof = self.sim_config, self._dadr
+        v, f, eps = self.data.qvel[dof], self._friction, cfg.joint_friction_smoothing
+        x = v / eps
+        applied[dof] -= f * np.tanh(x)
+        if cfg.implicit_damping and self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER:
+            small = np.abs(x) < 1e-3
+            ratio = np.where(small, 1.0 - x * x / 3.0, np.tanh(x) / np.where(small, 1.0, x))
+            slope = f / eps * ratio
+            damping[dof] += slope
+            applied[dof] += slope * v
 
     def _gravity_torque(self) -> np.ndarray:
         """Joint torques holding the nominal model against gravity at the current q (MuJoCo's

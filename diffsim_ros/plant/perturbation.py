@@ -34,8 +34,11 @@ class Perturbation:
     latency: delay between a command and its effect, s; rounded to whole physics
         substeps (dt / substeps) and added to ``simulator.command_delay``.   default 0.0
     seed: seed of the sensor-noise generator.                                default 0
-    joint_friction_scale: factor on the URDF ``<dynamics friction>`` (MuJoCo's
-        ``frictionloss``).                                                   default 1.0
+    joint_friction_scale: factor on the URDF ``<dynamics friction>``.        default 1.0
+    constraint_friction: the joints' Coulomb friction as MuJoCo's ``frictionloss``
+        constraint (dry friction that holds a joint at rest under a load below it)
+        instead of the simulator's smoothed law, which the stand-in otherwise applies
+        as the simulator does (doc/friction.md): a friction model gap.       default False
     wind_force: constant force on a multirotor's base, world frame, N, at its
         centre of mass; outside the simulator's model (sysid must reject it).  default (0, 0, 0)
     payload_mass: a point mass fixed to the last body (the base of a multirotor,
@@ -55,6 +58,7 @@ class Perturbation:
     latency: float = 0.0
     seed: int = 0
     joint_friction_scale: float = 1.0
+    constraint_friction: bool = False
     wind_force: Tuple[float, float, float] = (0.0, 0.0, 0.0)
     payload_mass: float = 0.0
     payload_offset: Tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -101,6 +105,8 @@ class Perturbation:
             if not isinstance(val, (list, tuple)) or len(val) != 3:
                 raise ConfigError(f"'{where}.{key}' must be [x, y, z], got {val!r}")
             object.__setattr__(self, key, tuple(number(key, x) for x in val))
+        if not isinstance(self.constraint_friction, bool):
+            raise ConfigError(f"'{where}.constraint_friction' must be true or false, got {self.constraint_friction!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"'{where}.seed' must be an integer, got {self.seed!r}")
 

@@ -1,5 +1,11 @@
 """Passive joint forces: URDF damping, smoothed Coulomb friction and the joint limits
-as a smooth penalty, with their slopes for the linearly implicit solve."""
+as a smooth penalty, with their slopes for the linearly implicit solve.
+
+The friction's slope is its secant through zero, ``f tanh(v / eps) / v``, not its tangent
+``f / eps (1 - tanh^2)``: with the secant the implicit step scales a joint's friction-only
+velocity by ``M / (M + h D)`` and never carries it across zero, where with the tangent
+(about 0 away from rest) the friction acts explicitly and a light joint flips sign from
+substep to substep (doc/friction.md)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -23,6 +29,13 @@ def limit_penetration(sys: System, qj: torch.Tensor):
     return pen_u, pen_l
 
 
+def tanh_ratio(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) / x, smooth through 0 (1 - x^2 / 3 there), with finite gradients everywhere."""
+    small = x.abs() < 1e-3
+    safe = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
+
+
 def passive(sys: System, qj: torch.Tensor, vj: torch.Tensor) -> Passive:
     """Joint positions qj (B, nj) and velocities vj (B, nj) -> torques and slopes."""
     m, cfg = sys.model, sys.config
@@ -34,9 +47,9 @@ def passive(sys: System, qj: torch.Tensor, vj: torch.Tensor) -> Passive:
         D = D + m.damping
     if cfg.joint_friction:
         eps = cfg.joint_friction_smoothing
-        th = torch.tanh(vj / eps)
-        tau = tau - m.friction * th
-        D = D + m.friction / eps * (1.0 - th * th)
+        x = vj / eps
+        tau = tau - m.friction * torch.tanh(x)
+        D = D + m.friction / eps * tanh_ratio(x)
     if cfg.joint_limits:
         pen_u, pen_l = limit_penetration(sys, qj)
         pen = pen_u + pen_l
