@@ -51,7 +51,8 @@ def _seed(name: str) -> int:
 def friction_urdf(robot: str, friction, out_dir) -> Path:
     """A copy of ``robot``'s URDF (``arm``: the project's, ``ur5``: example-robot-data's) in
     ``out_dir`` whose revolute joints carry ``friction`` (a number, or one per joint in file
-    order) N m of Coulomb friction; UR5, which has no <dynamics>, also gets 0.1 N m s/rad damping.
+    order) N m of Coulomb friction, each joint keeping its URDF damping (UR5's is 0; 0.1 N m s/rad
+    where a joint has no <dynamics>).
     Visuals and meshes are not needed: both engines use primitive or no collision geometry here."""
     if robot == "arm":
         src = PROJECT_URDFS["arm"]
