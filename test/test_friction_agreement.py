@@ -30,6 +30,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import PROJECT_URDFS, example_robot_data_dir
+from test_plant import _compare
 
 pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package 'mujoco')")
 
@@ -88,16 +89,7 @@ def robot_params(robot: str, urdf: Path):
 
 def _rollout(params, q0, commands, perturbation=None):
     """Max |v| difference per step between the stand-in and the simulator (float64)."""
-    plant = MujocoPlant(params, initial_q=q0, perturbation=perturbation)
-    model = config.load_model(params, dtype=F64)
-    sim = physics.Simulator(model, config.simulator_config(params))
-    state = sim.initial_state(torch.tensor(q0, dtype=F64))
-    dv = []
-    for c in commands:
-        state = sim.step(state, torch.tensor(c, dtype=F64))
-        plant.step(c)
-        dv.append(np.abs(plant.v - state.v.numpy()).max())
-    return np.array(dv)
+    return _compare(params, q0, commands, perturbation)[1]
 
 
 @pytest.mark.parametrize("robot", ["arm", "ur5"])

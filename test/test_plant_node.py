@@ -301,3 +301,28 @@ def test_common_message_helpers_map_by_name():
         common.float64_array(Float64MultiArray(data=[1.0, 2.0]), 3)
     with pytest.raises(common.MessageError, match=r"data\[1\] is inf"):
         common.float64_array(Float64MultiArray(data=[1.0, float("inf")]))
+
+
+def test_plant_node_friction_perturbation_parameters_reach_the_plant(ros):
+    """perturbation.joint_friction_scale and perturbation.constraint_friction (ROS parameters) set
+    the stand-in's friction: the smoothed law scaled by default, MuJoCo's frictionloss (the URDF's
+    0.02 N m on arm_joint1, scaled) with the constraint."""
+    from rclpy.parameter import Parameter
+
+    from diffsim_ros.nodes import mujoco_plant as node_mod
+
+    cls = node_mod._build_node_class()
+    arm = Parameter("config", value=str(REPO_ROOT / "config/reach_arm.yaml"))
+    for constraint in (False, True):
+        node = cls(context=ros, parameter_overrides=[arm, Parameter("perturbation.joint_friction_scale", value=1.5),
+                                                     Parameter("perturbation.constraint_friction", value=constraint)])
+        try:
+            plant = node.plant
+            dof = plant.model.joint("arm_joint1").dofadr[0]
+            assert plant.perturbation.constraint_friction is constraint
+            if constraint:
+                assert plant.model.dof_frictionloss[dof] == pytest.approx(0.03) and plant._friction is None
+            else:
+                assert plant.model.dof_frictionloss[dof] == 0.0 and plant._friction[0] == pytest.approx(0.03)
+        finally:
+            node.destroy_node()

@@ -105,9 +105,12 @@ PARAMETERS = [
                                               "(m/s, rad/s)]"),
     ("perturbation.latency", 0.0, "command latency, s (rounded to physics substeps)"),
     ("perturbation.seed", 0, "seed of the measurement noise"),
+    ("perturbation.joint_friction_scale", 1.0, "factor on the URDF joint Coulomb friction"),
+    ("perturbation.constraint_friction", False, "joint friction as MuJoCo's frictionloss constraint instead of "
+                                                "the simulator's smoothed law (a friction model gap)"),
 ]
 PERTURBATION_KEYS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "actuator_lag",
-                     "sensor_noise", "latency", "seed")
+                     "sensor_noise", "latency", "seed", "joint_friction_scale", "constraint_friction")
 
 
 def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):

@@ -36,7 +36,7 @@ class Perturbation:
     seed: seed of the sensor-noise generator.                                default 0
     joint_friction_scale: factor on the URDF ``<dynamics friction>``.        default 1.0
     constraint_friction: the joints' Coulomb friction as MuJoCo's ``frictionloss``
-        constraint (dry friction that holds a joint at rest under a load below it)
+        constraint (dry friction as a soft constraint, solved with the contacts)
         instead of the simulator's smoothed law, which the stand-in otherwise applies
         as the simulator does (doc/friction.md): a friction model gap.       default False
     wind_force: constant force on a multirotor's base, world frame, N, at its
