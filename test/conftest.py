@@ -25,6 +25,15 @@ PROJECT_URDFS: Dict[str, Path] = {
 }
 
 
+def drawn_seed(name: str, env: str, bits: int = 32) -> int:
+    """A seed drawn afresh for each run (``bits`` random bits), or the one in the environment
+    variable ``env`` (a replay); printed with the line that replays it."""
+    given = os.environ.get(env)
+    seed = int(given) if given else int.from_bytes(os.urandom(bits // 8), "little")
+    print(f"{name}: seed {seed} (replay: {env}={seed})")
+    return seed
+
+
 def example_robot_data_dir() -> Optional[Path]:
     """The ``example-robot-data/robots`` folder of the pip package, or None.
 

@@ -20,7 +20,6 @@ fit lands at 2.9 steps; so the arm's lag is drawn in 0.008-0.015 s and latency i
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 pytest.importorskip("rclpy")
 
-from conftest import ros_domain  # noqa: E402
+from conftest import drawn_seed, ros_domain  # noqa: E402
 
 from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros import config as cfgmod  # noqa: E402
@@ -45,10 +44,7 @@ NOISE = 3e-4           # the quadrotor's sensor noise (position m, velocity m/s)
 
 
 def _seed(name: str) -> int:
-    env = os.environ.get("DIFFSIM_EXCITE_SEED")
-    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
-    print(f"{name}: seed {seed} (replay: DIFFSIM_EXCITE_SEED={seed})")
-    return seed
+    return drawn_seed(name, "DIFFSIM_EXCITE_SEED")
 
 
 def _away(rng, lo, hi, nominal, gap):

@@ -18,8 +18,8 @@ Checked here against independent references:
 from __future__ import annotations
 
 import copy
+import functools
 import math
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -29,7 +29,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from conftest import PROJECT_URDFS, example_robot_data_dir
+from conftest import PROJECT_URDFS, drawn_seed, example_robot_data_dir
 from test_plant import _compare
 
 pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package 'mujoco')")
@@ -43,10 +43,7 @@ F64 = torch.float64
 
 
 def _seed(name: str) -> int:
-    env = os.environ.get("DIFFSIM_FRICTION_SEED")
-    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
-    print(f"{name}: seed {seed} (replay: DIFFSIM_FRICTION_SEED={seed})")
-    return seed
+    return drawn_seed(name, "DIFFSIM_FRICTION_SEED")
 
 
 def friction_urdf(robot: str, friction, out_dir) -> Path:
@@ -62,9 +59,9 @@ def friction_urdf(robot: str, friction, out_dir) -> Path:
         if robots is None:
             pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
         src = robots / "ur_description" / "urdf" / "ur5_robot.urdf"
-    blocks = re.findall(r"<joint\b[^>]*type=\"(?:revolute|continuous)\".*?</joint>", src.read_text(), flags=re.S)
-    values = np.broadcast_to(np.asarray(friction, dtype=np.float64), (len(blocks),))
     text = src.read_text()
+    blocks = re.findall(r"<joint\b[^>]*type=\"(?:revolute|continuous)\".*?</joint>", text, flags=re.S)
+    values = np.broadcast_to(np.asarray(friction, dtype=np.float64), (len(blocks),))
     for block, f in zip(blocks, values):
         found = re.search(r'damping="([^"]+)"', block)
         damping = found.group(1) if found else "0.1"
@@ -152,7 +149,8 @@ def test_stand_in_matches_the_simulator_with_joint_friction(robot, tmp_path):
 def test_the_implicit_friction_step_never_turns_a_joint_back(v, f, inertia, h, eps):
     """One linearly implicit step of a joint under friction alone, v' = v + h tau / (I + h D) with
     (tau, D) from the passive stage: same sign as v (or 0) and no faster, for all inputs."""
-    sys = _one_joint_system(f, eps)
+    sys = physics.build_system(_spinner_model().replace(friction=torch.tensor([f], dtype=F64)),
+                               physics.SimConfig(joint_friction_smoothing=eps, ground=False))
     out = passive(sys, torch.zeros(1, 1, dtype=F64), torch.tensor([[v]], dtype=F64))
     v1 = v + h * float(out.tau) / (inertia + h * float(out.D))
     assert v1 * v >= -1e-12 * max(1.0, v * v), (v, v1)
@@ -170,12 +168,14 @@ def test_the_tangent_slope_would_turn_a_light_joint_back():
     assert tangent < 0 < secant < v, (tangent, secant)
 
 
-def _one_joint_system(f: float, eps: float):
-    model = config.load_model({"urdf": str(_spinner_urdf(f)), "floating_base": False}, dtype=F64)
-    return physics.build_system(model, physics.SimConfig(joint_friction_smoothing=eps, ground=False))
+@functools.lru_cache(maxsize=1)
+def _spinner_model():
+    """The disc's physics model, loaded once (the property test varies its friction)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return config.load_model({"urdf": str(_spinner_urdf(tmp, 0.0)), "floating_base": False}, dtype=F64)
 
 
-def _spinner_urdf(friction: float, inertia: float = 0.01, damping: float = 0.0) -> Path:
+def _spinner_urdf(directory, friction: float, inertia: float = 0.01, damping: float = 0.0) -> Path:
     """A disc on a vertical revolute joint: one degree of freedom that gravity does not load."""
     text = f"""<robot name="spinner">
   <link name="base"/>
@@ -188,21 +188,21 @@ def _spinner_urdf(friction: float, inertia: float = 0.01, damping: float = 0.0) 
     <inertial><mass value="1.0"/><inertia ixx="{inertia}" iyy="{inertia}" izz="{inertia}" ixy="0" ixz="0" iyz="0"/></inertial>
   </link>
 </robot>"""
-    path = Path(tempfile.mkdtemp(prefix="diffsim_spinner_")) / "spinner.urdf"
+    path = Path(directory) / "spinner.urdf"
     path.write_text(text)
     return path
 
 
-def _spinner_params(friction: float, inertia: float, substeps: int = 2):
-    return {"urdf": str(_spinner_urdf(friction, inertia)), "floating_base": False,
+def _spinner_params(directory, friction: float, inertia: float, substeps: int = 2):
+    return {"urdf": str(_spinner_urdf(directory, friction, inertia)), "floating_base": False,
             "simulator": {"dt": 0.02, "substeps": substeps, "ground": False, "actuator": "effort",
                           "effort_saturation": False, "gravity_compensation": False}}
 
 
-def _spin_down(f, inertia, v0, t_end, substeps):
+def _spin_down(directory, f, inertia, v0, t_end, substeps):
     """Speeds of the spinning disc under friction alone, every control step, from the simulator;
     the stand-in checked against it within 1e-9 rad/s at every step."""
-    params = _spinner_params(f, inertia, substeps)
+    params = _spinner_params(directory, f, inertia, substeps)
     plant = MujocoPlant(params, initial_q=[0.0], initial_v=[v0])
     sim = physics.Simulator(config.load_model(params, dtype=F64), config.simulator_config(params))
     state = sim.initial_state(torch.zeros(1, dtype=F64), torch.tensor([v0], dtype=F64))
@@ -216,7 +216,7 @@ def _spin_down(f, inertia, v0, t_end, substeps):
     return np.array(vs), sim.config.joint_friction_smoothing
 
 
-def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops():
+def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops(tmp_path):
     """A disc of drawn inertia (1e-3-0.1 kg m^2) spun at 1-5 rad/s, no torque, its friction set so that
     Coulomb's law stops it at t_stop = I v0 / f in 0.2-1 s. At 10 ms substeps and at 2.5 ms: it
     never turns back; its deceleration over the first half of t_stop converges to Coulomb's f / I
@@ -232,7 +232,7 @@ def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops():
     print(f"I {inertia:.4g} kg m^2, f {f:.4g} N m, v0 {v0:.3g} rad/s: Coulomb stops it at {t_stop:.3f} s")
     errors = {}
     for substeps in (2, 8):
-        vs, eps = _spin_down(f, inertia, v0, t_stop + 0.2, substeps)
+        vs, eps = _spin_down(tmp_path, f, inertia, v0, t_stop + 0.2, substeps)
         t = 0.02 * np.arange(1, len(vs) + 1)
         assert (vs >= 0).all(), f"{substeps} substeps: the disc turned back, min v {vs.min():.3g} rad/s"
         half = t <= t_stop / 2
@@ -247,7 +247,7 @@ def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops():
     assert rate25 < rate10 / 3, errors
 
 
-def test_below_the_friction_torque_the_smoothed_law_creeps_at_its_fixed_point():
+def test_below_the_friction_torque_the_smoothed_law_creeps_at_its_fixed_point(tmp_path):
     """A constant torque tau of 20-80 % of the friction f on the disc: the smoothed law's steady
     speed is eps atanh(tau / f) (its fixed point, no damping), reached by both engines within 1 %
     in 2 s. (MuJoCo's frictionloss, a soft constraint, creeps too at its default solref: 0.5-9 mrad/s
@@ -256,7 +256,7 @@ def test_below_the_friction_torque_the_smoothed_law_creeps_at_its_fixed_point():
     rng = np.random.default_rng(seed)
     f, inertia = float(rng.uniform(0.05, 0.5)), float(rng.uniform(0.005, 0.05))
     tau = float(rng.uniform(0.2, 0.8)) * f
-    params = _spinner_params(f, inertia)
+    params = _spinner_params(tmp_path, f, inertia)
     sim = physics.Simulator(config.load_model(params, dtype=F64), config.simulator_config(params))
     creep = sim.config.joint_friction_smoothing * math.atanh(tau / f)
     state = sim.initial_state(torch.zeros(1, dtype=F64))

@@ -10,11 +10,12 @@ The truths are the registry's reading of the perturbation (``physics.parameters.
 from_perturbation``), an independent statement of what the plant was given."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
+
+from conftest import drawn_seed
 
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
@@ -42,10 +43,7 @@ def record_standard(kind, path, pert, steps, seed, predictions=False, joint_fric
 
 
 def _seed(name: str) -> int:
-    env = os.environ.get("DIFFSIM_SYSID_SEED")
-    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
-    print(f"{name}: seed {seed} (replay: DIFFSIM_SYSID_SEED={seed})")
-    return seed
+    return drawn_seed(name, "DIFFSIM_SYSID_SEED")
 
 
 def _away(rng, lo, hi, nominal, gap):
@@ -56,21 +54,26 @@ def _away(rng, lo, hi, nominal, gap):
             return x
 
 
+def _log_away(rng, lo, hi):
+    """A factor drawn log-uniformly in [lo, hi]; within e^0.3 of 1 it becomes the nearer end (a
+    perturbation to find)."""
+    x = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+    if abs(np.log(x)) < 0.3:
+        x = hi if x > 1 else lo
+    return x
+
+
 def _draw(rng, kind: str, names):
     pert = {}
     for n in names:
         if n == "mass_scale":
             pert[n] = _away(rng, 0.7, 1.3, 1.0, 0.08)
         elif n == "joint_friction":
-            pert["joint_friction_scale"] = float(np.exp(rng.uniform(np.log(0.4), np.log(2.5))))
-            if abs(np.log(pert["joint_friction_scale"])) < 0.3:
-                pert["joint_friction_scale"] = 2.5 if pert["joint_friction_scale"] > 1 else 0.4
+            pert["joint_friction_scale"] = _log_away(rng, 0.4, 2.5)
         elif n == "drag_scale":
             pert[n] = _away(rng, 0.5, 2.5, 1.0, 0.3)
         elif n == "joint_damping_scale":
-            pert[n] = float(np.exp(rng.uniform(np.log(0.3), np.log(3.0))))
-            if abs(np.log(pert[n])) < 0.3:
-                pert[n] = 3.0 if pert[n] > 1 else 0.3
+            pert[n] = _log_away(rng, 0.3, 3.0)
         elif n == "motor_time_constant":
             pert["actuator_lag"] = _away(rng, 0.02, 0.08, 0.02, 0.01)
         elif n == "actuator_lag":

@@ -11,12 +11,11 @@ from __future__ import annotations
 import csv
 import json
 import dataclasses
-import os
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, drawn_seed
 from diffsim_ros import config, physics
 from diffsim_ros.learning import MLPPolicy, TrainConfig, train
 from diffsim_ros.tasks import QuadrotorTask, ReachTask, make_task
@@ -97,11 +96,8 @@ def test_task_loss_goes_down(make, iterations, lr):
 
 
 def _train_seed(name: str) -> int:
-    """A training seed drawn per run (DIFFSIM_TRAIN_SEED replays one), printed and put in messages."""
-    env = os.environ.get("DIFFSIM_TRAIN_SEED")
-    seed = int(env) if env else int.from_bytes(os.urandom(2), "little")
-    print(f"{name}: seed {seed} (replay: DIFFSIM_TRAIN_SEED={seed})")
-    return seed
+    """A training seed drawn per run (16 bits), printed and put in messages."""
+    return drawn_seed(name, "DIFFSIM_TRAIN_SEED", bits=16)
 
 
 def test_short_hover_run_reaches_success(tmp_path):

@@ -53,9 +53,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import torch
 
 from .. import config as _config
 from ..physics import ConfigError, Rotors
+from ..physics.stages.passive import tanh_ratio
 from .flight import FlightController
 from .perturbation import Perturbation
 
@@ -157,8 +159,6 @@ class MujocoPlant:
     def __init__(self, params: Dict[str, Any], source: str = "", interface: Optional[str] = None,
                  perturbation: Union[Perturbation, Dict[str, Any], None] = None,
                  initial_q: Optional[Sequence[float]] = None, initial_v: Optional[Sequence[float]] = None):
-        import torch
-
         pre = f"{source}: " if source else ""
         if not isinstance(params, dict):
             raise ConfigError(f"{pre}parameters must be a mapping, got {type(params).__name__}")
@@ -585,9 +585,7 @@ class MujocoPlant:
         x = v / eps
         applied[dof] -= f * np.tanh(x)
         if cfg.implicit_damping and self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER:
-            small = np.abs(x) < 1e-3
-            ratio = np.where(small, 1.0 - x * x / 3.0, np.tanh(x) / np.where(small, 1.0, x))
-            slope = f / eps * ratio
+            slope = f / eps * tanh_ratio(torch.from_numpy(x)).numpy()
             damping[dof] += slope
             applied[dof] += slope * v
 
