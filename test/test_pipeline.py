@@ -133,10 +133,13 @@ def _point_jacobians(sys, q):
     return vel
 
 
-def test_friction_blocks_equal_the_point_jacobian_sum(robots):
-    """The friction damping mapped through the composite-rigid-body recursion equals
-    sum_p C_p J_p^T (1 - n n^T) J_p with J_p built from unit velocities."""
-    gen = _seed("friction blocks")
+def test_contact_blocks_equal_the_point_jacobian_sums(robots):
+    """The contact's implicit blocks mapped through the composite-rigid-body recursion equal
+    the per-point sums written out with J_p built from unit velocities: the damping
+    sum_p C_p J_p^T (1 - n n^T) J_p + d_p J_p^T n n^T J_p and the stiffness sum_p k_p J_p^T n n^T J_p,
+    with C = mu lambda / sqrt(|v_t|^2 + eps^2), d = c pen and k = 2 k pen where the
+    normal force is on (and zero elsewhere)."""
+    gen = _seed("contact blocks")
     for name, model in robots:
         if not model.floating_base:
             continue
@@ -148,12 +151,8 @@ def test_friction_blocks_equal_the_point_jacobian_sum(robots):
         _, gap, _ = physics.Simulator(sys).contact_forces(q, v)
         q[:, 2] -= float(gap.min()) + 0.004
         kin = kinematics_record(sys.model, q.T, v.T)
-        c = contact(sys, kin, implicit_friction=True, select=False)
-        assert c.damping is not None and float(c.normal.max()) > 0, name
         from diffsim_ros.physics.algorithms import joint_space_inertia
-        S = kin.S
-        got = joint_space_inertia(sys.model, S, c.damping)[..., 0]
-        # Reference: C from the normal force and slip speed, written out per point.
+        # Reference: the per-point quantities, written out.
         J = _point_jacobians(sys, q[0])
         n = sys.ground_normal
         Pm = torch.eye(3, dtype=F64) - torch.outer(n, n)
@@ -161,12 +160,30 @@ def test_friction_blocks_equal_the_point_jacobian_sum(robots):
         x = (R * sys.contact.local[:, None, :, None]).sum(2) + p
         xc = x - sys.contact.radius[:, None, None] * n[:, None]
         xd = (tw[:, 0:3] + torch.linalg.cross(tw[:, 3:6], xc, dim=1))[..., 0]
-        vt = xd - (xd @ n)[:, None] * n
-        lam = c.flat(sys.contact, c.normal, 0.0)[:, 0]
-        C = cfg.friction * lam / torch.sqrt((vt ** 2).sum(-1) + cfg.friction_smoothing ** 2)
-        want = torch.einsum("p,pid,ij,pje->de", C, J, Pm, J)
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-6 * float(want.abs().max()),
-                                   msg=lambda m: f"{name}: {m}")
+        vn = xd @ n
+        vt = xd - vn[:, None] * n
+        pen = torch.relu(-((x + kin.o)[..., 0] @ n - sys.contact.radius))
+        for normal in (False, True):
+            c = contact(sys, kin, implicit_friction=True, select=False, normal=normal)
+            assert c.damping is not None and float(c.normal.max()) > 0, name
+            assert (c.stiffness is not None) == normal, name
+            lam = c.flat(sys.contact, c.normal, 0.0)[:, 0]
+            torch.testing.assert_close(lam, torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vn))
+            C = cfg.friction * lam / torch.sqrt((vt ** 2).sum(-1) + cfg.friction_smoothing ** 2)
+            want = torch.einsum("p,pid,ij,pje->de", C, J, Pm, J)
+            on = (lam > 0).to(F64)
+            nn = torch.outer(n, n)
+            if normal:
+                want = want + torch.einsum("p,pid,ij,pje->de", cfg.contact_damping * pen * on, J, nn, J)
+            blocks = [(c.damping, want)]
+            if normal:
+                kn = 2 * cfg.contact_stiffness * pen * on
+                assert float(kn.min()) >= 0, name
+                blocks.append((c.stiffness, torch.einsum("p,pid,ij,pje->de", kn, J, nn, J)))
+            for got_blocks, ref in blocks:
+                got = joint_space_inertia(sys.model, kin.S, got_blocks)[..., 0]
+                torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-6 * float(ref.abs().max()),
+                                           msg=lambda m: f"{name} (normal={normal}): {m}")
 
 
 def test_skipping_distant_contact_groups_is_exact(robots):

@@ -112,10 +112,18 @@ def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _skew(w: torch.Tensor) -> torch.Tensor:
-    x, y, z = w.unbind(-2)
-    o = torch.zeros_like(x)
-    return torch.stack((torch.stack((o, -z, y), -2), torch.stack((z, o, -x), -2),
-                        torch.stack((-y, x, o), -2)), -3)
+    """(..., 3, B) -> the cross-product matrices (..., 3, 3, B), as one product with a constant."""
+    return (_skew_map(w.dtype, str(w.device)) @ w).unflatten(-2, (3, 3))
+
+
+@functools.lru_cache(maxsize=16)
+def _skew_map(dtype: torch.dtype, device: str) -> torch.Tensor:
+    """(9, 3): [w]x flattened row by row, as a linear map of w."""
+    with torch.inference_mode(False):
+        E = torch.zeros(3, 3, 3, dtype=dtype)
+        for i, j, k, sign in ((0, 1, 2, -1), (0, 2, 1, 1), (1, 0, 2, 1), (1, 2, 0, -1), (2, 0, 1, -1), (2, 1, 0, 1)):
+            E[i, j, k] = sign
+        return E.reshape(9, 3).to(device)
 
 
 def _mv(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -141,14 +149,26 @@ def _cross_force(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 
 def _quat_to_matrix(quat: torch.Tensor) -> torch.Tensor:
-    """(4, B) quaternion x, y, z, w (normalised here) -> (3, 3, B)."""
+    """(4, B) quaternion x, y, z, w (normalised here) -> (3, 3, B): the rotation's entries
+    are quadratic forms of the unit quaternion, one constant (9, 16) map of its outer product."""
     quat = quat / torch.linalg.vector_norm(quat, dim=0, keepdim=True)
-    x, y, z, w = quat.unbind(0)
-    return torch.stack((
-        torch.stack((1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y))),
-        torch.stack((2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x))),
-        torch.stack((2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y))),
-    ))
+    outer = (quat[:, None] * quat[None, :]).reshape(16, -1)
+    return (_quat_matrix_map(quat.dtype, str(quat.device)) @ outer).reshape((3, 3) + quat.shape[1:])
+
+
+@functools.lru_cache(maxsize=16)
+def _quat_matrix_map(dtype: torch.dtype, device: str) -> torch.Tensor:
+    """(9, 16): R[a, b] = sum_ij C[3 a + b, 4 i + j] q_i q_j for a unit quaternion q = (x, y, z, w)."""
+    with torch.inference_mode(False):
+        x, y, z, w = range(4)
+        rows = (((x, x, 1), (y, y, -1), (z, z, -1), (w, w, 1)), ((x, y, 2), (w, z, -2)), ((x, z, 2), (w, y, 2)),
+                ((x, y, 2), (w, z, 2)), ((x, x, -1), (y, y, 1), (z, z, -1), (w, w, 1)), ((y, z, 2), (w, x, -2)),
+                ((x, z, 2), (w, y, -2)), ((y, z, 2), (w, x, 2)), ((x, x, -1), (y, y, -1), (z, z, 1), (w, w, 1)))
+        C = torch.zeros(9, 16, dtype=dtype)
+        for r, terms in enumerate(rows):
+            for i, j, c in terms:
+                C[r, 4 * i + j] = c
+        return C.to(device)
 
 
 def _tree_sum(anc: torch.Tensor, x: torch.Tensor, subtree: bool = False) -> torch.Tensor:
@@ -224,18 +244,34 @@ def _joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torc
         ps.append(q[None, 0:3])
     if len(topo.jb):
         qj = q[topo.jq]                                             # (n1, B)
-        T_R, T_p, axis = model.tree_R[topo.jb], model.tree_p[topo.jb], model.axis[topo.jb]
-        K = skew(axis)
-        angle = (qj * topo.is_rev)[:, None, None, :]
-        # Rodrigues: R = T_R (1 + sin K + (1 - cos) K^2); identity for prismatic joints.
-        R = T_R[..., None] + torch.sin(angle) * (T_R @ K)[..., None] + (1.0 - torch.cos(angle)) * (T_R @ K @ K)[..., None]
-        p = T_p[..., None] + (qj * topo.is_pri)[:, None, :] * (T_R @ axis[..., None])
-        B = q.shape[-1]
+        T_R, T_p, RK, Ra = _joint_tables(model)
+        angle = qj * topo.is_rev
+        # Rodrigues: R = T_R (1 + sin K + (1 - cos) K^2), one product with the constant
+        # [T_R K, T_R K^2] (identity for prismatic joints: angle 0).
+        n1, B = qj.shape
+        R = T_R[..., None] + (RK @ torch.stack((torch.sin(angle), 1.0 - torch.cos(angle)), 1)).reshape(n1, 3, 3, B)
+        p = T_p[..., None] + (qj * topo.is_pri)[:, None, :] * Ra
         Rs.append(R.expand(-1, -1, -1, B))
         ps.append(p.expand(-1, -1, B))
     R = torch.cat(Rs, 0) if len(Rs) > 1 else Rs[0]
     p = torch.cat(ps, 0) if len(ps) > 1 else ps[0]
     return R, p
+
+
+def _joint_tables(model: Model):
+    """Per 1-DOF joint, constants of the model: T_R (n1, 3, 3), T_p (n1, 3), [T_R K, T_R K^2]
+    as (n1, 9, 2) with K the skew matrix of the axis, and T_R axis (n1, 3, 1). Kept in the
+    (frozen) model's instance dict: computed once per model, not per step."""
+    tables = model.__dict__.get("_joint_tables")
+    if tables is None:
+        with torch.inference_mode(False):
+            jb = _topo(model).jb
+            T_R, T_p, axis = model.tree_R[jb], model.tree_p[jb], model.axis[jb]
+            K = skew(axis)
+            RK = torch.stack(((T_R @ K).reshape(-1, 9), (T_R @ K @ K).reshape(-1, 9)), -1)
+            tables = (T_R, T_p, RK, T_R @ axis[..., None])
+        model.__dict__["_joint_tables"] = tables
+    return tables
 
 
 def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -249,29 +285,60 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
         p = torch.cat((torch.zeros_like(p[0:1]), p[1:]), 0)
     if q.shape[-1] < SMALL_BATCH and not torch.compiler.is_compiling():
         return _chain_homogeneous(model, R, p)
-    Rw: List[torch.Tensor] = []
-    pw: List[torch.Tensor] = []
-    for i, pi in enumerate(model.parent):
-        if pi < 0:
-            Rw.append(R[i])
-            pw.append(p[i])
-        else:
-            Rw.append(_mm(Rw[pi], R[i]))
-            pw.append(pw[pi] + _mv(Rw[pi], p[i]))
+    # Depth by depth: the bodies of one depth from their parents' poses in one product.
+    Rw: List[Optional[torch.Tensor]] = list(R.unbind(0))
+    pw: List[Optional[torch.Tensor]] = list(p.unbind(0))
+    for idx, par in _levels(model):
+        Rp = _gather(Rw, par)
+        Rn, pn = _mm(Rp, _gather(R, idx)), _gather(pw, par) + _mv(Rp, _gather(p, idx))
+        _scatter(Rw, idx, Rn)
+        _scatter(pw, idx, pn)
     return torch.stack(Rw), torch.stack(pw)
 
 
+def _levels(model: Model) -> List[Tuple[List[int], List[int]]]:
+    """Per depth >= 1 of the tree: its bodies and their parents (python ints)."""
+    return _level_lists(model.parent)
+
+
+@functools.lru_cache(maxsize=128)
+def _level_lists(parent: Tuple[int, ...]) -> List[Tuple[List[int], List[int]]]:
+    depth: List[int] = []
+    for p in parent:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return [([i for i, d in enumerate(depth) if d == k], [parent[i] for i, d in enumerate(depth) if d == k])
+            for k in range(1, max(depth, default=0) + 1)]
+
+
+def _gather(xs, idx: List[int]) -> torch.Tensor:
+    """Entries ``idx`` of a list of per-body tensors (or of a tensor's first dimension), stacked
+    (one body: as it is, with a leading 1)."""
+    if len(idx) == 1:
+        return xs[idx[0]][None]
+    if isinstance(xs, torch.Tensor) and idx == list(range(idx[0], idx[0] + len(idx))):
+        return xs[idx[0]:idx[0] + len(idx)]
+    return torch.stack([xs[i] for i in idx])
+
+
+def _scatter(xs: List, idx: List[int], values: torch.Tensor) -> None:
+    if len(idx) == 1:
+        xs[idx[0]] = values[0]
+    else:
+        for i, v in zip(idx, values.unbind(0)):
+            xs[i] = v
+
+
 def _chain_homogeneous(model: Model, R: torch.Tensor, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The same world poses for a few environments: one 4x4 product per body, batch first
-    (fewer, larger ops where per-op overhead dominates)."""
+    """The same world poses for a few environments: 4x4 products batch first, one per depth
+    of the tree (fewer, larger ops where per-op overhead dominates)."""
     nb, B = R.shape[0], R.shape[-1]
     X = torch.cat((torch.cat((R, p[:, :, None]), 2),
                    torch.eye(4, dtype=R.dtype, device=R.device)[3:].reshape(1, 1, 4, 1).expand(nb, 1, 4, B)), 1)
-    X = X.permute(3, 0, 1, 2)                                  # (B, nb, 4, 4)
-    T: List[torch.Tensor] = []
-    for i, pi in enumerate(model.parent):
-        T.append(X[:, i] if pi < 0 else T[pi] @ X[:, i])
-    W = torch.stack(T, 1).permute(1, 2, 3, 0)                  # (nb, 4, 4, B)
+    X = X.permute(0, 3, 1, 2)                                  # (nb, B, 4, 4)
+    T: List[torch.Tensor] = list(X.unbind(0))
+    for idx, par in _levels(model):
+        _scatter(T, idx, _gather(T, par) @ _gather(X, idx))
+    W = torch.stack(T).permute(0, 2, 3, 1)                     # (nb, 4, 4, B)
     return W[:, 0:3, 0:3], W[:, 0:3, 3]
 
 

@@ -83,8 +83,9 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
                 Kj = Kj.index_add(-1, sys.act_index, a.kp.expand(Kj.shape[:-1] + a.kp.shape[-1:]))
             D, K = _pad(sys, Dj), _pad(sys, Kj)
     implicit_friction = (implicit and cfg.ground and sys.contact.n > 0 and cfg.friction > 0)
+    normal = implicit and cfg.implicit_contact and cfg.ground and sys.contact.n > 0
     servo = a.servo if (implicit and D is not None) else None
-    return _Forces(tau, a.state, contact(sys, kin, implicit_friction), D, K, servo)
+    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo)
 
 
 def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
@@ -123,7 +124,7 @@ def _substep(sys: System, q, v, command, act, h: float):
         refine = (_servo_refinement(sys, f, v, h) if f.servo is not None and cfg.servo_iterations else None)
         qdd = acceleration(sys, kin, f.tau.T, f.contact.wrench, h,
                            None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
-                           f.contact.damping, refine, cfg.servo_iterations).T
+                           f.contact.damping, refine, cfg.servo_iterations, f.contact.stiffness).T
         q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
         return q_new, v_new, f.act, qdd, kin, f.contact
 

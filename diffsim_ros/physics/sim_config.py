@@ -70,6 +70,12 @@ class SimConfig:
         predicted end (4 is enough for arms at 10 ms substeps; 0: the tangent
         at the start, with which a saturated drive on a light link acts
         explicitly and can oscillate from substep to substep).                   0
+    implicit_contact: with implicit_damping, integrate the ground contact's
+        normal spring and damper linearly implicitly too (their slopes at each
+        touching point, 2 k pen and c pen along the normal, enter the
+        solve as per-body blocks, as the friction's damping does), so a light
+        foot on the ground stays stable at substeps of a few ms where the
+        explicit penalty rings and its gradients grow without bound.            True
     nan_check: raise SimulationError on a non-finite state.                      True
     """
     dt: float = 1e-3
@@ -104,6 +110,7 @@ class SimConfig:
     gravity_compensation: bool = False
     implicit_damping: bool = True
     servo_iterations: int = 0
+    implicit_contact: bool = True
     nan_check: bool = True
 
     def __post_init__(self):

@@ -8,6 +8,13 @@ P contributes C [1; [x]x] P [1, -[x]x]; the acceleration stage maps the blocks t
 joint space with the composite-rigid-body recursion, as it does the inertias. That
 keeps static friction stable at large steps (MuJoCo's Euler integrator treats joint
 damping the same way), with no per-point Jacobian and no data-dependent selection.
+With ``normal`` the normal force's own slopes join them: its damping c pen and its
+stiffness 2 k pen (where the force is on) along the normal n, a point
+contributing d [n; x x n][n; x x n]^T to the damping blocks and the stiffness's to a
+second set of blocks. Explicitly, a foot of a few tens of grams on the quadratic
+penalty rings at 2 ms substeps (h c pen / m > 2), and the step's Jacobian grows by
+an order of magnitude per control step, so gradients through a 20-step window
+overflow.
 
 Batch-last layout (see :mod:`..kinematics`): points (P, 3, B), wrenches (nb, 6, B).
 """
@@ -28,6 +35,7 @@ class Contact(NamedTuple):
     groups: Optional[torch.Tensor]    # (Gs,) long: the point groups evaluated (None: all)
     gap: Optional[torch.Tensor]       # (Gs, S, B) m, negative in penetration (None: no group evaluated)
     normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force
+    stiffness: Optional[torch.Tensor] = None   # (nb, 6, 6, B) normal stiffness blocks, or None
 
     def flat(self, cs, x: Optional[torch.Tensor], fill: float) -> torch.Tensor:
         """Grouped per-point values (Gs, S, B) -> flat (P, B) in collision order; points of
@@ -57,8 +65,11 @@ def _near_groups(sys: System, kin: Kinematics) -> torch.Tensor:
     return (height < cs.group_reach[:, None]).any(-1)
 
 
-def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None) -> Contact:
-    """Contact wrenches from the kinematics record. ``select`` (default: on the CPU, outside
+def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None,
+            normal: bool = False) -> Contact:
+    """Contact wrenches from the kinematics record, with the friction's damping blocks
+    (``implicit_friction``) and the normal force's damping and stiffness blocks (``normal``)
+    for the linearly implicit step. ``select`` (default: on the CPU, outside
     torch.compile): evaluate only the point groups whose bounding sphere reaches the ground
     in some environment (exact: the others have no penetration, so no force and no
     gradient), at the price of one host synchronisation."""
@@ -88,7 +99,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     n = sys.ground_normal[:, None]                                                  # (3, 1)
     r = radius[..., None]                                                           # (Gs, S, 1)
     F = torch.zeros_like(x)
-    xc, gap, lam, damping = x, None, None, None
+    xc, gap, lam, damping, stiffness = x, None, None, None, None
     if cfg.ground:
         xc = x - r[..., None] * n                                                   # contact point on the surface
         xd = twg[:, None, 0:3] + _cross(twg[:, None, 3:6], xc)                     # its velocity
@@ -100,13 +111,18 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         slip = torch.sqrt((vt ** 2).sum(2) + cfg.friction_smoothing ** 2)
         C = sys.friction * lam / slip                                               # (Gs, S, B)
         F = lam[:, :, None] * n - C[:, :, None] * vt
-        if implicit_friction:
-            damping = _friction_blocks(m.nb, gb, C, xc, n)
+        if normal:
+            on = (lam > 0).to(lam.dtype)
+            dn = sys.contact_damping * pen * on                                     # -d lambda / d vn
+            kn = 2.0 * sys.contact_stiffness * pen * on                            # the spring's -d lambda / d gap
+            damping, stiffness = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, dn, kn)
+        elif implicit_friction:
+            damping, _ = _point_blocks(m.nb, gb, C, xc, n)
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
     wrench_b = _to_bodies(m.nb, gb, wrench)
     if pairs:
         wrench_b = wrench_b + _self_collision(sys, kin, x, radius)
-    return Contact(wrench_b, damping, groups, gap, lam)
+    return Contact(wrench_b, damping, groups, gap, lam, stiffness)
 
 
 def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
@@ -132,25 +148,54 @@ def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch
     return torch.zeros(m.nb, 6, B, dtype=x.dtype, device=x.device).index_add(0, cs.body, per_point)
 
 
-def _friction_blocks(nb: int, gb: torch.Tensor, C: torch.Tensor, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """Sum over each body's points of C [1; [x]x] P [1, -[x]x], P = 1 - n n^T: (nb, 6, 6, B).
-    C (Gs, S, B), x (Gs, S, 3, B) grouped by body ``gb``.
+def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch.Tensor, n: torch.Tensor,
+                  dn: Optional[torch.Tensor] = None, kn: Optional[torch.Tensor] = None):
+    """Per-body sums (nb, 6, 6, B) of the points' implicit blocks, C (Gs, S, B) and x
+    (Gs, S, 3, B) grouped by body ``gb``: the damping blocks, C [1; [x]x] P [1, -[x]x] with
+    P = 1 - n n^T (friction; C None: none) plus dn [n; m][n; m]^T with m = x x n (the
+    normal force's damping; dn None: none), and the stiffness blocks kn [n; m][n; m]^T
+    (None without kn).
 
-    With m = x x n the blocks are C P, -P [C x]x, [C x]x P and
-    -C (x x^T - |x|^2 1 + m m^T); the moments C, C x, C (x x^T + m m^T) and C |x|^2 are
-    summed over each group's points first, so the cost is a few grouped products."""
-    B = C.shape[-1]
-    dt, dev = C.dtype, C.device
+    The friction blocks are C P, -P [C x]x, [C x]x P and -C (x x^T - |x|^2 1 + m m^T);
+    the moments C, C x, C (x x^T + m m^T), C |x|^2 and, for the normal blocks, w, w m and
+    w m m^T are summed over each group's points first (one product into the bodies), so
+    the cost is a few grouped products."""
+    B = x.shape[-1]
+    dt, dev = x.dtype, x.device
     mm = _cross(x, n.expand_as(x))                                                  # (Gs, S, 3, B)
-    Cx = C[:, :, None] * x
-    Cm = C[:, :, None] * mm
-    outer = (Cx[:, :, :, None] * x[:, :, None] + Cm[:, :, :, None] * mm[:, :, None]).sum(1)   # (Gs, 3, 3, B)
-    moments = torch.cat((C.sum(1)[:, None], Cx.sum(1), outer.flatten(1, 2), (Cx * x).sum((1, 2))[:, None]), 1)
-    s = _to_bodies(nb, gb, moments)
-    c, cx, xxmm, xx = s[:, 0], s[:, 1:4], s[:, 4:13].unflatten(1, (3, 3)), s[:, 13]
+    parts = []
+    if C is not None:
+        Cx = C[:, :, None] * x
+        Cm = C[:, :, None] * mm
+        outer = (Cx[:, :, :, None] * x[:, :, None] + Cm[:, :, :, None] * mm[:, :, None]).sum(1)   # (Gs, 3, 3, B)
+        parts += [C.sum(1)[:, None], Cx.sum(1), outer.flatten(1, 2), (Cx * x).sum((1, 2))[:, None]]
+    for w in (dn, kn):
+        if w is not None:
+            wm = w[:, :, None] * mm
+            parts += [w.sum(1)[:, None], wm.sum(1), (wm[:, :, :, None] * mm[:, :, None]).sum(1).flatten(1, 2)]
+    s = _to_bodies(nb, gb, torch.cat(parts, 1))
     eye = torch.eye(3, dtype=dt, device=dev)[None, :, :, None]
-    Pm = (eye - n[:, None] * n[None, :]).expand(nb, 3, 3, B)                        # tangential projector
-    X = _skew(cx)                                                                   # [sum C x]x
-    top = torch.cat((c[:, None, None] * Pm, -_mm(Pm, X)), 2)
-    bottom = torch.cat((_mm(X, Pm), -(xxmm - xx[:, None, None] * eye)), 2)
-    return torch.cat((top, bottom), 1)
+    nn = (n[:, None] * n[None, :])[None]                                            # (1, 3, 3, 1)
+
+    def normal_block(k: int) -> torch.Tensor:
+        """The blocks w [n; m][n; m]^T from the moments at s[:, k:k + 13]: w, w m and w m m^T."""
+        w, wm, wmm = s[:, k], s[:, k + 1:k + 4], s[:, k + 4:k + 13].unflatten(1, (3, 3))
+        nw = n[None, :, :, None] * wm[:, None]                                      # n (w m)^T: (nb, 3, 3, B)
+        return torch.cat((torch.cat((w[:, None, None] * nn, nw), 2), torch.cat((nw.transpose(1, 2), wmm), 2)), 1)
+
+    damping = stiffness = None
+    if C is not None:
+        c, cx, xxmm, xx = s[:, 0], s[:, 1:4], s[:, 4:13].unflatten(1, (3, 3)), s[:, 13]
+        Pm = (eye - nn).expand(nb, 3, 3, B)                                         # tangential projector
+        X = _skew(cx)                                                               # [sum C x]x
+        top = torch.cat((c[:, None, None] * Pm, -_mm(Pm, X)), 2)
+        bottom = torch.cat((_mm(X, Pm), -(xxmm - xx[:, None, None] * eye)), 2)
+        damping = torch.cat((top, bottom), 1)
+    k = 14 if C is not None else 0
+    if dn is not None:
+        blk = normal_block(k)
+        damping = blk if damping is None else damping + blk
+        k += 13
+    if kn is not None:
+        stiffness = normal_block(k)
+    return damping, stiffness

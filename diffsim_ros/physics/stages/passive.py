@@ -24,9 +24,7 @@ class Passive(NamedTuple):
 def limit_penetration(sys: System, qj: torch.Tensor):
     """How far each joint is past its upper and its lower limit (0 inside, or without a limit)."""
     m = sys.model
-    pen_u = torch.relu(qj - torch.where(torch.isfinite(m.upper), m.upper, qj))
-    pen_l = torch.relu(torch.where(torch.isfinite(m.lower), m.lower, qj) - qj)
-    return pen_u, pen_l
+    return torch.relu(qj - m.upper), torch.relu(m.lower - qj)      # an infinite limit: relu(-inf) = 0
 
 
 def tanh_ratio(x: torch.Tensor) -> torch.Tensor:
