@@ -112,18 +112,19 @@ def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _skew(w: torch.Tensor) -> torch.Tensor:
-    """(..., 3, B) -> the cross-product matrices (..., 3, 3, B), as one product with a constant."""
-    return (_skew_map(w.dtype, str(w.device)) @ w).unflatten(-2, (3, 3))
+    """(..., 3, B) -> the cross-product matrices (..., 3, 3, B): the components gathered into
+    the nine entries, times their signs (three operations)."""
+    index, sign = _skew_map(w.dtype, str(w.device))
+    return (w.index_select(-2, index) * sign).unflatten(-2, (3, 3))
 
 
 @functools.lru_cache(maxsize=16)
-def _skew_map(dtype: torch.dtype, device: str) -> torch.Tensor:
-    """(9, 3): [w]x flattened row by row, as a linear map of w."""
+def _skew_map(dtype: torch.dtype, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Which component of w goes to each entry of [w]x, row by row, and its sign (9, 1)."""
     with torch.inference_mode(False):
-        E = torch.zeros(3, 3, 3, dtype=dtype)
-        for i, j, k, sign in ((0, 1, 2, -1), (0, 2, 1, 1), (1, 0, 2, 1), (1, 2, 0, -1), (2, 0, 1, -1), (2, 1, 0, 1)):
-            E[i, j, k] = sign
-        return E.reshape(9, 3).to(device)
+        index = torch.tensor([0, 2, 1, 2, 0, 0, 1, 0, 0], device=device)
+        sign = torch.tensor([0, -1, 1, 1, 0, -1, -1, 1, 0], dtype=dtype, device=device)[:, None]
+        return index, sign
 
 
 def _mv(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -111,13 +111,14 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         slip = torch.sqrt((vt ** 2).sum(2) + cfg.friction_smoothing ** 2)
         C = sys.friction * lam / slip                                               # (Gs, S, B)
         F = lam[:, :, None] * n - C[:, :, None] * vt
-        if normal:
-            on = (lam > 0).to(lam.dtype)
-            dn = sys.contact_damping * pen * on                                     # -d lambda / d vn
-            kn = 2.0 * sys.contact_stiffness * pen * on                            # the spring's -d lambda / d gap
-            damping, stiffness = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, dn, kn)
-        elif implicit_friction:
-            damping, _ = _point_blocks(m.nb, gb, C, xc, n)
+        if normal or implicit_friction:
+            # The normal slopes are both pen where the force is on, times c (-d lambda / d vn)
+            # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both.
+            w = pen * (lam > 0).to(lam.dtype) if normal else None
+            damping, blocks = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, w)
+            if blocks is not None:
+                damping = sys.contact_damping * blocks if damping is None else damping + sys.contact_damping * blocks
+                stiffness = (2.0 * sys.contact_stiffness) * blocks
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
     wrench_b = _to_bodies(m.nb, gb, wrench)
     if pairs:
@@ -149,12 +150,11 @@ def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch
 
 
 def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch.Tensor, n: torch.Tensor,
-                  dn: Optional[torch.Tensor] = None, kn: Optional[torch.Tensor] = None):
-    """Per-body sums (nb, 6, 6, B) of the points' implicit blocks, C (Gs, S, B) and x
-    (Gs, S, 3, B) grouped by body ``gb``: the damping blocks, C [1; [x]x] P [1, -[x]x] with
-    P = 1 - n n^T (friction; C None: none) plus dn [n; m][n; m]^T with m = x x n (the
-    normal force's damping; dn None: none), and the stiffness blocks kn [n; m][n; m]^T
-    (None without kn).
+                  w: Optional[torch.Tensor] = None):
+    """Per-body sums (nb, 6, 6, B) of the points' implicit blocks, C and w (Gs, S, B) and x
+    (Gs, S, 3, B) grouped by body ``gb``: the friction's damping blocks C [1; [x]x] P [1, -[x]x]
+    with P = 1 - n n^T (None without C), and the normal blocks w [n; m][n; m]^T with m = x x n
+    (None without w).
 
     The friction blocks are C P, -P [C x]x, [C x]x P and -C (x x^T - |x|^2 1 + m m^T);
     the moments C, C x, C (x x^T + m m^T), C |x|^2 and, for the normal blocks, w, w m and
@@ -169,33 +169,23 @@ def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch
         Cm = C[:, :, None] * mm
         outer = (Cx[:, :, :, None] * x[:, :, None] + Cm[:, :, :, None] * mm[:, :, None]).sum(1)   # (Gs, 3, 3, B)
         parts += [C.sum(1)[:, None], Cx.sum(1), outer.flatten(1, 2), (Cx * x).sum((1, 2))[:, None]]
-    for w in (dn, kn):
-        if w is not None:
-            wm = w[:, :, None] * mm
-            parts += [w.sum(1)[:, None], wm.sum(1), (wm[:, :, :, None] * mm[:, :, None]).sum(1).flatten(1, 2)]
+    if w is not None:
+        wm = w[:, :, None] * mm
+        parts += [w.sum(1)[:, None], wm.sum(1), (wm[:, :, :, None] * mm[:, :, None]).sum(1).flatten(1, 2)]
     s = _to_bodies(nb, gb, torch.cat(parts, 1))
     eye = torch.eye(3, dtype=dt, device=dev)[None, :, :, None]
     nn = (n[:, None] * n[None, :])[None]                                            # (1, 3, 3, 1)
-
-    def normal_block(k: int) -> torch.Tensor:
-        """The blocks w [n; m][n; m]^T from the moments at s[:, k:k + 13]: w, w m and w m m^T."""
-        w, wm, wmm = s[:, k], s[:, k + 1:k + 4], s[:, k + 4:k + 13].unflatten(1, (3, 3))
-        nw = n[None, :, :, None] * wm[:, None]                                      # n (w m)^T: (nb, 3, 3, B)
-        return torch.cat((torch.cat((w[:, None, None] * nn, nw), 2), torch.cat((nw.transpose(1, 2), wmm), 2)), 1)
-
-    damping = stiffness = None
+    friction = normal = None
     if C is not None:
         c, cx, xxmm, xx = s[:, 0], s[:, 1:4], s[:, 4:13].unflatten(1, (3, 3)), s[:, 13]
         Pm = (eye - nn).expand(nb, 3, 3, B)                                         # tangential projector
         X = _skew(cx)                                                               # [sum C x]x
         top = torch.cat((c[:, None, None] * Pm, -_mm(Pm, X)), 2)
         bottom = torch.cat((_mm(X, Pm), -(xxmm - xx[:, None, None] * eye)), 2)
-        damping = torch.cat((top, bottom), 1)
-    k = 14 if C is not None else 0
-    if dn is not None:
-        blk = normal_block(k)
-        damping = blk if damping is None else damping + blk
-        k += 13
-    if kn is not None:
-        stiffness = normal_block(k)
-    return damping, stiffness
+        friction = torch.cat((top, bottom), 1)
+    if w is not None:
+        k = 14 if C is not None else 0
+        ws, wm, wmm = s[:, k], s[:, k + 1:k + 4], s[:, k + 4:k + 13].unflatten(1, (3, 3))
+        nw = n[None, :, :, None] * wm[:, None]                                      # n (w m)^T: (nb, 3, 3, B)
+        normal = torch.cat((torch.cat((ws[:, None, None] * nn, nw), 2), torch.cat((nw.transpose(1, 2), wmm), 2)), 1)
+    return friction, normal
