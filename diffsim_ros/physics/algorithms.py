@@ -275,6 +275,15 @@ def _joint_tables(model: Model):
     return tables
 
 
+def model_constants(model: Model) -> None:
+    """Compute and keep the model's per-model constants (joint tables, the gravity's spatial
+    acceleration) now, so that a traced or compiled step finds them made (torch.compile then
+    takes them as constants instead of tracing their construction)."""
+    if len(_topo(model).jb):
+        _joint_tables(model)
+    _gravity_acc(model)
+
+
 def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """World pose of each body at q (nq, B): R (nb, 3, 3, B), p (nb, 3, B).
 
@@ -316,9 +325,17 @@ def _gather(xs, idx: List[int]) -> torch.Tensor:
     (one body: as it is, with a leading 1)."""
     if len(idx) == 1:
         return xs[idx[0]][None]
-    if isinstance(xs, torch.Tensor) and idx == list(range(idx[0], idx[0] + len(idx))):
-        return xs[idx[0]:idx[0] + len(idx)]
+    if isinstance(xs, torch.Tensor):
+        if idx == list(range(idx[0], idx[0] + len(idx))):
+            return xs[idx[0]:idx[0] + len(idx)]
+        return xs.index_select(0, _index_tensor(tuple(idx), str(xs.device)))
     return torch.stack([xs[i] for i in idx])
+
+
+@functools.lru_cache(maxsize=256)
+def _index_tensor(idx: Tuple[int, ...], device: str) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return torch.tensor(idx, dtype=torch.long, device=device)
 
 
 def _scatter(xs: List, idx: List[int], values: torch.Tensor) -> None:
@@ -496,8 +513,16 @@ def _shift_wrench(f_ext: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
 
 
 def _gravity_acc(model: Model) -> torch.Tensor:
-    """Spatial acceleration of the world that stands in for gravity: [-g; 0], (6, 1)."""
-    return torch.cat((-model.gravity, torch.zeros_like(model.gravity)))[:, None]
+    """Spatial acceleration of the world that stands in for gravity: [-g; 0], (6, 1). Kept in
+    the (frozen) model's instance dict, unless the gravity carries a gradient."""
+    if model.gravity.requires_grad:
+        return torch.cat((-model.gravity, torch.zeros_like(model.gravity)))[:, None]
+    acc = model.__dict__.get("_gravity_acc")
+    if acc is None:
+        with torch.inference_mode(False):
+            acc = torch.cat((-model.gravity, torch.zeros_like(model.gravity)))[:, None]
+        model.__dict__["_gravity_acc"] = acc
+    return acc
 
 
 def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:

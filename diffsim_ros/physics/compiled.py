@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from .algorithms import model_constants
 from .pipeline import batch_action, guard, step as pure_step
 from .state import State
 from .system import System
@@ -43,6 +44,8 @@ class CompiledStep:
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True):
         _persistent_cache()
         self.system = sys
+        for model in (sys.model, sys.nominal):
+            model_constants(model)
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
 
         def flat(q, v, actuator, delay, t, action):
