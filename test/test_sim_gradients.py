@@ -419,3 +419,74 @@ def test_gradients_after_a_first_call_under_inference_mode():
     fd = torch.stack([(loss(v0.detach() + eps * e) - loss(v0.detach() - eps * e)) / (2 * eps)
                       for e in torch.eye(4, dtype=F64)])
     torch.testing.assert_close(g, fd, rtol=1e-6, atol=1e-9)
+
+
+def _standing_legged(name: str, implicit: bool = True):
+    """(simulator, stance, actuated indices, standing q) of a legged robot at 2 ms substeps, float64:
+    example-robot-data's solo12 (its PD as bench/locomotion_iteration.py sets it) or the project's
+    quadruped (config/locomotion.yaml)."""
+    import warnings
+
+    import pin_reference
+    if name == "solo12":
+        case = pin_reference.ROBOTS_BY_NAME["solo12"]
+        if pin_reference.example_robot_data_dir() is None:
+            pytest.skip("example-robot-data is not installed")
+        share = pin_reference.example_robot_data_share()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # meshes replaced by their bounding boxes
+            model = physics.load_urdf(case.path(), floating_base=True, dtype=F64, package_dirs=[share])
+        cfg = SimConfig(dt=0.01, substeps=5, actuator="position", kp=3.0, kd=0.2)
+        stance = torch.tensor([0.0, 0.8, -1.6, 0.0, 0.8, -1.6, 0.0, -0.8, 1.6, 0.0, -0.8, 1.6], dtype=F64)
+    else:
+        _, task, model = config.load_training_file(REPO / "config" / "locomotion.yaml", dtype=F64)
+        cfg, stance = task.sim_config, task.stance
+    import dataclasses
+    sim = Simulator(model, dataclasses.replace(cfg, implicit_contact=implicit, nan_check=False))
+    q = model.neutral_configuration()
+    q[7:] = q[7:].index_copy(0, sim.act_index, stance)
+    _, gap, _ = sim.contact_forces(q, torch.zeros(model.nv, dtype=F64))
+    q[2] -= float(gap.min())                      # the lowest point on the ground
+    return sim, stance, q
+
+
+@pytest.mark.parametrize("name", ["solo12", "diffsim_quadruped"])
+def test_legged_window_gradient_matches_finite_differences_and_stays_bounded(name):
+    """A trainer's window through legged contact: after 30 control steps of random joint targets
+    about the stance (+-0.3 rad, four environments, drawn seed), 20 more (100 substeps of 2 ms).
+    The directional derivative of the base's forward speed and height at the end along a random
+    direction in the actions equals the central difference (h = 1e-7), and the gradient's norm
+    stays below 1e3. With the explicit contact penalty solo12's light lower legs make the same
+    window's gradient grow past 1e6 (asserted too: the case tells the two steps apart)."""
+    from conftest import drawn_seed
+
+    gen = torch.Generator().manual_seed(drawn_seed(f"legged window {name}", "DIFFSIM_WINDOW_SEED"))
+    variants = (True, False) if name == "solo12" else (True,)
+    norms = {}
+    for implicit in variants:
+        sim, stance, q = _standing_legged(name, implicit)
+        g = torch.Generator().manual_seed(int(torch.randint(2 ** 31, (1,), generator=gen)))
+        acts = stance + 0.3 * (2 * torch.rand(50, 4, len(stance), generator=g, dtype=F64) - 1)
+        d = torch.randn(20, 4, len(stance), generator=g, dtype=F64)
+        st = sim.initial_state(q[None].expand(4, -1).clone())
+        with torch.no_grad():
+            for k in range(30):
+                st = sim.step(st, acts[k])
+
+        def objective(a):
+            s = st
+            for k in range(20):
+                s = sim.step(s, a[k])
+            return s.v[:, 0].sum() + s.q[:, 2].sum()
+        a = acts[30:].clone().requires_grad_(True)
+        grad, = torch.autograd.grad(objective(a), a)
+        norms[implicit] = float(grad.norm())
+        if implicit:
+            ad = float((grad * d).sum())
+            with torch.no_grad():
+                fd = float(objective(acts[30:] + 1e-7 * d) - objective(acts[30:] - 1e-7 * d)) / 2e-7
+            assert math.isfinite(ad) and abs(ad - fd) <= 1e-4 * max(1.0, abs(fd)), (name, ad, fd)
+            assert norms[True] < 1e3, (name, norms)
+    print(name, "window gradient norms (implicit, explicit):", norms)
+    if name == "solo12":
+        assert norms[False] > 1e6, f"the explicit penalty's window gradient stayed at {norms[False]:.3g}"
