@@ -163,27 +163,29 @@ def test_contact_blocks_equal_the_point_jacobian_sums(robots):
         vn = xd @ n
         vt = xd - vn[:, None] * n
         pen = torch.relu(-((x + kin.o)[..., 0] @ n - sys.contact.radius))
-        for normal in (False, True):
-            c = contact(sys, kin, implicit_friction=True, select=False, normal=normal)
+        for normal, select in ((False, False), (True, False), (True, True)):
+            # select: only the groups near the ground, fewer than the bodies (blocks assembled per group)
+            c = contact(sys, kin, implicit_friction=True, select=select, normal=normal)
             assert c.damping is not None and float(c.normal.max()) > 0, name
-            assert (c.stiffness is not None) == normal, name
+            assert (c.normal_blocks is not None) == normal, name
+            if select:
+                assert c.groups is not None and len(c.groups) < sys.model.nb, (name, c.groups)
             lam = c.flat(sys.contact, c.normal, 0.0)[:, 0]
             torch.testing.assert_close(lam, torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vn))
             C = cfg.friction * lam / torch.sqrt((vt ** 2).sum(-1) + cfg.friction_smoothing ** 2)
             want = torch.einsum("p,pid,ij,pje->de", C, J, Pm, J)
             on = (lam > 0).to(F64)
             nn = torch.outer(n, n)
-            if normal:
-                want = want + torch.einsum("p,pid,ij,pje->de", cfg.contact_damping * pen * on, J, nn, J)
             blocks = [(c.damping, want)]
             if normal:
-                kn = 2 * cfg.contact_stiffness * pen * on
-                assert float(kn.min()) >= 0, name
-                blocks.append((c.stiffness, torch.einsum("p,pid,ij,pje->de", kn, J, nn, J)))
+                # W: the normal blocks, the damping c W and the stiffness 2 k W.
+                W = torch.einsum("p,pid,ij,pje->de", pen * on, J, nn, J)
+                blocks += [(cfg.contact_damping * c.normal_blocks, cfg.contact_damping * W),
+                           (2 * cfg.contact_stiffness * c.normal_blocks, 2 * cfg.contact_stiffness * W)]
             for got_blocks, ref in blocks:
                 got = joint_space_inertia(sys.model, kin.S, got_blocks)[..., 0]
                 torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-6 * float(ref.abs().max()),
-                                           msg=lambda m: f"{name} (normal={normal}): {m}")
+                                           msg=lambda m: f"{name} (normal={normal}, select={select}): {m}")
 
 
 def test_skipping_distant_contact_groups_is_exact(robots):

@@ -124,7 +124,7 @@ def _substep(sys: System, q, v, command, act, h: float):
         refine = (_servo_refinement(sys, f, v, h) if f.servo is not None and cfg.servo_iterations else None)
         qdd = acceleration(sys, kin, f.tau.T, f.contact.wrench, h,
                            None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
-                           f.contact.damping, refine, cfg.servo_iterations, f.contact.stiffness).T
+                           f.contact.damping, refine, cfg.servo_iterations, f.contact.normal_blocks).T
         q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
         return q_new, v_new, f.act, qdd, kin, f.contact
 

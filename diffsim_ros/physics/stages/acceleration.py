@@ -1,13 +1,13 @@
 """Acceleration: the equations of motion M(q) qdd + b(q, v) = tau + J^T f from one
 kinematics record, solved as
 
-    (M + h (D + J^T C J) + h^2 (K + J^T E J)) qdd = tau - b + J^T f - h (K + J^T E J) v
+    (M + h (D + J^T C J) + h^2 (K + J^T E J)) qdd = tau - b + J^T (f - h E J v) - h K v
 
 with D = -d tau/d qd and K = -d tau/d q of the stiff joint-space terms (damping, the
 friction slope, joint limits, PD gains: diagonal), C the contact's damping (friction and
-the normal force's) and E its normal stiffness (per-body 6x6 blocks mapped to joint space
-by the composite-rigid-body recursion): a linearly implicit Euler step (h = 0 gives the
-explicit accelerations). The bias b
+the normal force's) and E its normal stiffness (per-body 6x6 blocks, mapped to joint space
+by the composite-rigid-body recursion with the inertias; J v are the bodies' twists): a
+linearly implicit Euler step (h = 0 gives the explicit accelerations). The bias b
 comes from one vectorised RNEA pass and M from the composite-rigid-body recursion over
 the same world-frame quantities, so one substep computes the placements once.
 """
@@ -26,22 +26,28 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
                  h: float = 0.0, D: Optional[torch.Tensor] = None, K: Optional[torch.Tensor] = None,
                  vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None,
                  refine: Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None,
-                 iterations: int = 0, stiffness: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 iterations: int = 0, normal_blocks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """qdd (nv, B) from batch-last tau (nv, B), body wrenches f_ext (nb, 6, B) about o, and,
-    for the implicit step, h, the diagonals D and K (nv, B), v (nv, B) and the friction
-    damping and stiffness blocks (nb, 6, 6, B). ``refine(qdd) -> (D, K)``: new diagonals from a solution,
-    applied ``iterations`` times (the same M and bias; one more solve each)."""
+    for the implicit step, h, the diagonals D and K (nv, B), v (nv, B), the friction's damping
+    blocks and the contact's normal blocks W (nb, 6, 6, B; damping c W, stiffness E = 2 k W).
+    ``refine(qdd) -> (D, K)``: new diagonals from a solution, applied ``iterations`` times (the
+    same M and bias; one more solve each)."""
     m = sys.model
     I = kin.inertia(m)
+    blocks = I if damping is None else I + h * damping
+    compiled = torch.compiler.is_compiling()
+    if normal_blocks is not None:
+        k2 = 2.0 * sys.contact_stiffness
+        blocks = blocks + (h * sys.contact_damping + h * h * k2) * normal_blocks
+        if not compiled:
+            # -h E (J v): the bodies' twists through the blocks, a wrench on each body.
+            f_ext = f_ext - (h * k2) * (normal_blocks * kin.vel[:, None]).sum(2)
     rhs0 = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
-    A0 = joint_space_inertia(m, kin.S, I if damping is None else I + h * damping)
-    if stiffness is not None:
-        # J^T E J in joint space (one more composite pass), then its h^2 and -h v terms. (Folding
-        # it into the blocks and -h E (J v) into the body wrenches is the same sum, but Inductor,
-        # torch 2.13 on the CPU, compiled the gradient of that wrench term wrong: test_compiled.)
-        Kc = joint_space_inertia(m, kin.S, stiffness)
-        A0 = A0 + (h * h) * Kc
-        rhs0 = rhs0 - h * (Kc * vf[None]).sum(1)
+    A0 = joint_space_inertia(m, kin.S, blocks)
+    if normal_blocks is not None and compiled:
+        # The same -h J^T E J v through one more composite pass: Inductor (torch 2.13, CPU)
+        # compiled the gradient of the wrench form above wrong (test_compiled compares the two).
+        rhs0 = rhs0 - (h * k2) * (joint_space_inertia(m, kin.S, normal_blocks) * vf[None]).sum(1)
 
     def solve(D, K):
         A, rhs = A0, rhs0

@@ -9,12 +9,12 @@ joint space with the composite-rigid-body recursion, as it does the inertias. Th
 keeps static friction stable at large steps (MuJoCo's Euler integrator treats joint
 damping the same way), with no per-point Jacobian and no data-dependent selection.
 With ``normal`` the normal force's own slopes join them: its damping c pen and its
-stiffness 2 k pen (where the force is on) along the normal n, a point
-contributing d [n; x x n][n; x x n]^T to the damping blocks and the stiffness's to a
-second set of blocks. Explicitly, a foot of a few tens of grams on the quadratic
-penalty rings at 2 ms substeps (h c pen / m > 2), and the step's Jacobian grows by
-an order of magnitude per control step, so gradients through a 20-step window
-overflow.
+stiffness 2 k pen (where the force is on) along the normal n. Both are pen times a
+constant, so one set of blocks serves both: W, the sum over a body's touching points of
+pen [n; x x n][n; x x n]^T (m); the normal damping is c W and the stiffness 2 k W.
+Explicitly, a foot of a few tens of grams on the quadratic penalty rings at 2 ms
+substeps (h c pen / m > 2), and the step's Jacobian grows by an order of magnitude per
+control step, so gradients through a 20-step window overflow.
 
 Batch-last layout (see :mod:`..kinematics`): points (P, 3, B), wrenches (nb, 6, B).
 """
@@ -35,7 +35,7 @@ class Contact(NamedTuple):
     groups: Optional[torch.Tensor]    # (Gs,) long: the point groups evaluated (None: all)
     gap: Optional[torch.Tensor]       # (Gs, S, B) m, negative in penetration (None: no group evaluated)
     normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force
-    stiffness: Optional[torch.Tensor] = None   # (nb, 6, 6, B) normal stiffness blocks, or None
+    normal_blocks: Optional[torch.Tensor] = None   # (nb, 6, 6, B) W: the normal force's damping c W, stiffness 2 k W
 
     def flat(self, cs, x: Optional[torch.Tensor], fill: float) -> torch.Tensor:
         """Grouped per-point values (Gs, S, B) -> flat (P, B) in collision order; points of
@@ -65,10 +65,27 @@ def _near_groups(sys: System, kin: Kinematics) -> torch.Tensor:
     return (height < cs.group_reach[:, None]).any(-1)
 
 
+def _picked(cs, groups: torch.Tensor):
+    """The contact set's group tensors (body, local points, radii, valid) at ``groups`` (a CPU
+    index tensor), kept per selection on the (frozen) contact set: a robot's set of groups near
+    the ground changes rarely, so the gathers are made once per set, not once per substep."""
+    cache = cs.__dict__.setdefault("_picked", {})
+    key = tuple(groups.tolist())
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= 256:
+            cache.clear()
+        with torch.inference_mode(False):      # never inference tensors, whatever mode the first caller runs in
+            index = torch.tensor(key, dtype=torch.long, device=groups.device)
+            hit = cache[key] = tuple(x.index_select(0, index) for x in
+                                     (cs.group_body, cs.group_local, cs.group_radius, cs.group_valid))
+    return hit
+
+
 def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None,
             normal: bool = False) -> Contact:
     """Contact wrenches from the kinematics record, with the friction's damping blocks
-    (``implicit_friction``) and the normal force's damping and stiffness blocks (``normal``)
+    (``implicit_friction``) and the normal force's blocks W (``normal``; see the module doc)
     for the linearly implicit step. ``select`` (default: on the CPU, outside
     torch.compile): evaluate only the point groups whose bounding sphere reaches the ground
     in some environment (exact: the others have no penetration, so no force and no
@@ -77,29 +94,28 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     R, o, tw = kin.R, kin.o, kin.vel
     B = R.shape[-1]
     dt, dev = R.dtype, R.device
-    wrench_b = torch.zeros(m.nb, 6, B, dtype=dt, device=dev)
     pairs = cs.pairs.numel() > 0
     if cs.n == 0 or not (cfg.ground or pairs):
-        return Contact(wrench_b, None, None, None, None)
+        return Contact(torch.zeros(m.nb, 6, B, dtype=dt, device=dev), None, None, None, None)
     if select is None:
         select = dev.type == "cpu" and not torch.compiler.is_compiling()
     groups = None
+    gb, local, radius, valid = cs.group_body, cs.group_local, cs.group_radius, cs.group_valid
     if select and cfg.ground and not pairs:
         near = _near_groups(sys, kin)
-        if not bool(near.any()):
-            return Contact(wrench_b, None, near.nonzero()[:, 0], None, None)     # nothing can touch
+        if not bool(near.any()):                                                   # nothing can touch
+            return Contact(torch.zeros(m.nb, 6, B, dtype=dt, device=dev), None, near.nonzero()[:, 0], None, None)
         if not bool(near.all()):
             groups = near.nonzero()[:, 0]
-    pick = (lambda x: x) if groups is None else (lambda x: x.index_select(0, groups))
-    gb, local, radius, valid = pick(cs.group_body), pick(cs.group_local), pick(cs.group_radius), pick(cs.group_valid)
+            gb, local, radius, valid = _picked(cs, groups)
     Gs, S = valid.shape
     Rg, twg = R[gb], tw[gb]
     # Points of each group at once: x[g, s] = R_g local[g, s] + p_g, as one batched product.
     x = (local @ Rg.permute(0, 2, 1, 3).reshape(Gs, 3, 3 * B)).reshape(Gs, S, 3, B) + kin.p[gb][:, None]
     n = sys.ground_normal[:, None]                                                  # (3, 1)
     r = radius[..., None]                                                           # (Gs, S, 1)
-    F = torch.zeros_like(x)
-    xc, gap, lam, damping, stiffness = x, None, None, None, None
+    xc, gap, lam, damping, blocks = x, None, None, None, None
+    F = None if cfg.ground else torch.zeros_like(x)
     if cfg.ground:
         xc = x - r[..., None] * n                                                   # contact point on the surface
         xd = twg[:, None, 0:3] + _cross(twg[:, None, 3:6], xc)                     # its velocity
@@ -116,14 +132,11 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
             # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both.
             w = pen * (lam > 0).to(lam.dtype) if normal else None
             damping, blocks = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, w)
-            if blocks is not None:
-                damping = sys.contact_damping * blocks if damping is None else damping + sys.contact_damping * blocks
-                stiffness = (2.0 * sys.contact_stiffness) * blocks
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
     wrench_b = _to_bodies(m.nb, gb, wrench)
     if pairs:
         wrench_b = wrench_b + _self_collision(sys, kin, x, radius)
-    return Contact(wrench_b, damping, groups, gap, lam, stiffness)
+    return Contact(wrench_b, damping, groups, gap, lam, blocks)
 
 
 def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
@@ -158,10 +171,10 @@ def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch
 
     The friction blocks are C P, -P [C x]x, [C x]x P and -C (x x^T - |x|^2 1 + m m^T);
     the moments C, C x, C (x x^T + m m^T), C |x|^2 and, for the normal blocks, w, w m and
-    w m m^T are summed over each group's points first (one product into the bodies), so
-    the cost is a few grouped products."""
-    B = x.shape[-1]
-    dt, dev = x.dtype, x.device
+    w m m^T are summed over each group's points first. The 6x6 blocks are then assembled
+    per group and summed into the bodies when there are fewer groups than bodies (a robot
+    with a few feet near the ground), else the moments are summed into the bodies first:
+    one product into the bodies either way."""
     mm = _cross(x, n.expand_as(x))                                                  # (Gs, S, 3, B)
     parts = []
     if C is not None:
@@ -172,20 +185,33 @@ def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch
     if w is not None:
         wm = w[:, :, None] * mm
         parts += [w.sum(1)[:, None], wm.sum(1), (wm[:, :, :, None] * mm[:, :, None]).sum(1).flatten(1, 2)]
-    s = _to_bodies(nb, gb, torch.cat(parts, 1))
-    eye = torch.eye(3, dtype=dt, device=dev)[None, :, :, None]
+    moments = torch.cat(parts, 1)                                                   # (Gs, 14 + 13, B)
+    if gb.shape[0] >= nb:
+        return _assemble(_to_bodies(nb, gb, moments), C is not None, w is not None, n)
+    friction, normal = _assemble(moments, C is not None, w is not None, n)
+    blocks = [b for b in (friction, normal) if b is not None]
+    summed = _to_bodies(nb, gb, torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0])
+    if friction is not None and normal is not None:
+        return summed[:, 0:6], summed[:, 6:12]
+    return (summed, None) if friction is not None else (None, summed)
+
+
+def _assemble(s: torch.Tensor, friction: bool, normal: bool, n: torch.Tensor):
+    """The 6x6 blocks (rows, 6, 6, B) from the moments (rows, k, B) of :func:`_point_blocks`."""
+    rows, B = s.shape[0], s.shape[-1]
+    eye = torch.eye(3, dtype=s.dtype, device=s.device)[None, :, :, None]
     nn = (n[:, None] * n[None, :])[None]                                            # (1, 3, 3, 1)
-    friction = normal = None
-    if C is not None:
+    fb = nb_ = None
+    if friction:
         c, cx, xxmm, xx = s[:, 0], s[:, 1:4], s[:, 4:13].unflatten(1, (3, 3)), s[:, 13]
-        Pm = (eye - nn).expand(nb, 3, 3, B)                                         # tangential projector
+        Pm = (eye - nn).expand(rows, 3, 3, B)                                       # tangential projector
         X = _skew(cx)                                                               # [sum C x]x
         top = torch.cat((c[:, None, None] * Pm, -_mm(Pm, X)), 2)
         bottom = torch.cat((_mm(X, Pm), -(xxmm - xx[:, None, None] * eye)), 2)
-        friction = torch.cat((top, bottom), 1)
-    if w is not None:
-        k = 14 if C is not None else 0
+        fb = torch.cat((top, bottom), 1)
+    if normal:
+        k = 14 if friction else 0
         ws, wm, wmm = s[:, k], s[:, k + 1:k + 4], s[:, k + 4:k + 13].unflatten(1, (3, 3))
-        nw = n[None, :, :, None] * wm[:, None]                                      # n (w m)^T: (nb, 3, 3, B)
-        normal = torch.cat((torch.cat((ws[:, None, None] * nn, nw), 2), torch.cat((nw.transpose(1, 2), wmm), 2)), 1)
-    return friction, normal
+        nw = n[None, :, :, None] * wm[:, None]                                      # n (w m)^T: (rows, 3, 3, B)
+        nb_ = torch.cat((torch.cat((ws[:, None, None] * nn, nw), 2), torch.cat((nw.transpose(1, 2), wmm), 2)), 1)
+    return fb, nb_

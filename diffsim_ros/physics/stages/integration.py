@@ -50,8 +50,9 @@ def semi_implicit_euler(floating_base: bool, q: torch.Tensor, v: torch.Tensor, q
         return q + v_new * h, v_new
     quat = _normalised(q[..., 3:7])
     vl, w = v[..., 0:3], v[..., 3:6]
-    acc_world = quat_rotate(quat, qdd[..., 0:3] + fast_cross(w, vl))          # classical acceleration
-    vw_new = quat_rotate(quat, vl) + h * acc_world
+    # The classical acceleration and the velocity, rotated into the world together.
+    acc_world, vw = quat_rotate(quat.unsqueeze(-2), torch.stack((qdd[..., 0:3] + fast_cross(w, vl), vl), -2)).unbind(-2)
+    vw_new = vw + h * acc_world
     w_new = w + h * qdd[..., 3:6]
     quat_new = _normalised(quat_mul(quat, quat_exp(w_new * h)))
     conj = torch.cat((-quat_new[..., 0:3], quat_new[..., 3:4]), -1)
