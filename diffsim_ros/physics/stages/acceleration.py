@@ -34,14 +34,14 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
     same M and bias; one more solve each)."""
     m = sys.model
     I = kin.inertia(m)
-    blocks = I if damping is None else I + h * damping
+    blocks = I if damping is None else I.add(damping, alpha=h)
     compiled = torch.compiler.is_compiling()
     if normal_blocks is not None:
         k2 = 2.0 * sys.contact_stiffness
-        blocks = blocks + (h * sys.contact_damping + h * h * k2) * normal_blocks
+        blocks = blocks.addcmul(normal_blocks, h * sys.contact_damping + h * h * k2)
         if not compiled:
             # -h E (J v): the bodies' twists through the blocks, a wrench on each body.
-            f_ext = f_ext - (h * k2) * (normal_blocks * kin.vel[:, None]).sum(2)
+            f_ext = f_ext.addcmul((normal_blocks * kin.vel[:, None]).sum(2), -h * k2)
     rhs0 = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
     A0 = joint_space_inertia(m, kin.S, blocks)
     if normal_blocks is not None and compiled:
