@@ -221,7 +221,7 @@ def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops(tmp_path):
     Coulomb's law stops it at t_stop = I v0 / f in 0.2-1 s. At 10 ms substeps and at 2.5 ms: it
     never turns back; its deceleration over the first half of t_stop converges to Coulomb's f / I
     at first order in the substep (the secant's lag, h f / (I v) of the rate per substep): at least
-    3 times closer at 2.5 ms, within 1.5 % there and 6 % at 10 ms; it is slower than 2 eps within
+    3 times closer at 2.5 ms, and within 2 h / t_stop at both; it is slower than 2 eps within
     2 control steps of t_stop at 2.5 ms, 4 at 10 ms (the time is read per control step).
     The simulator and the stand-in agree within 1e-9 rad/s throughout."""
     seed = _seed("spin-down")
@@ -242,8 +242,11 @@ def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops(tmp_path):
         print(f"{substeps} substeps: deceleration {rate:.4g} rad/s^2 for f / I {f / inertia:.4g}, "
               f"slower than 2 eps at {stopped:.2f} s")
     (rate10, stop10), (rate25, stop25) = errors[2], errors[8]
-    assert rate10 < 0.06 and stop10 <= 0.08 + 1e-9, errors
-    assert rate25 < 0.015 and stop25 <= 0.04 + 1e-9, errors
+    # The secant's lag makes the rate too small by about h f / (I v) = h v0 / (t_stop v): over the first
+    # half (v from v0 to v0 / 2) 1.39 h / t_stop on average; bounded at 2 h / t_stop (a fixed 1.5 % at
+    # 2.5 ms failed for a 0.2 s stop, whose first-order error is 1.7 %).
+    assert rate10 < 2 * 0.01 / t_stop and stop10 <= 0.08 + 1e-9, errors
+    assert rate25 < 2 * 0.0025 / t_stop and stop25 <= 0.04 + 1e-9, errors
     assert rate25 < rate10 / 3, errors
 
 
