@@ -263,16 +263,25 @@ def _joint_tables(model: Model):
     """Per 1-DOF joint, constants of the model: T_R (n1, 3, 3), T_p (n1, 3), [T_R K, T_R K^2]
     as (n1, 9, 2) with K the skew matrix of the axis, and T_R axis (n1, 3, 1). Kept in the
     (frozen) model's instance dict: computed once per model, not per step."""
-    tables = model.__dict__.get("_joint_tables")
-    if tables is None:
+    def make():
+        jb = _topo(model).jb
+        T_R, T_p, axis = model.tree_R[jb], model.tree_p[jb], model.axis[jb]
+        K = skew(axis)
+        RK = torch.stack(((T_R @ K).reshape(-1, 9), (T_R @ K @ K).reshape(-1, 9)), -1)
+        return T_R, T_p, RK, T_R @ axis[..., None]
+    return cached_on(model, "_joint_tables", make)
+
+
+def cached_on(obj, key: str, make):
+    """``make()``, computed once and kept in the instance dict of a frozen object (a Model): a
+    replaced copy is a new object and computes its own. Made outside inference
+    mode, so that a first caller under torch.inference_mode does not leave inference tensors
+    for a later one that trains."""
+    value = obj.__dict__.get(key)
+    if value is None:
         with torch.inference_mode(False):
-            jb = _topo(model).jb
-            T_R, T_p, axis = model.tree_R[jb], model.tree_p[jb], model.axis[jb]
-            K = skew(axis)
-            RK = torch.stack(((T_R @ K).reshape(-1, 9), (T_R @ K @ K).reshape(-1, 9)), -1)
-            tables = (T_R, T_p, RK, T_R @ axis[..., None])
-        model.__dict__["_joint_tables"] = tables
-    return tables
+            value = obj.__dict__[key] = make()
+    return value
 
 
 def model_constants(model: Model) -> None:
@@ -296,8 +305,8 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
     if q.shape[-1] < SMALL_BATCH and not torch.compiler.is_compiling():
         return _chain_homogeneous(model, R, p)
     # Depth by depth: the bodies of one depth from their parents' poses in one product.
-    Rw: List[Optional[torch.Tensor]] = list(R.unbind(0))
-    pw: List[Optional[torch.Tensor]] = list(p.unbind(0))
+    Rw: List[torch.Tensor] = list(R.unbind(0))
+    pw: List[torch.Tensor] = list(p.unbind(0))
     for idx, par in _levels(model):
         Rp = _gather(Rw, par)
         Rn, pn = _mm(Rp, _gather(R, idx)), _gather(pw, par) + _mv(Rp, _gather(p, idx))
@@ -515,14 +524,9 @@ def _shift_wrench(f_ext: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
 def _gravity_acc(model: Model) -> torch.Tensor:
     """Spatial acceleration of the world that stands in for gravity: [-g; 0], (6, 1). Kept in
     the (frozen) model's instance dict, unless the gravity carries a gradient."""
-    if model.gravity.requires_grad:
+    def make():
         return torch.cat((-model.gravity, torch.zeros_like(model.gravity)))[:, None]
-    acc = model.__dict__.get("_gravity_acc")
-    if acc is None:
-        with torch.inference_mode(False):
-            acc = torch.cat((-model.gravity, torch.zeros_like(model.gravity)))[:, None]
-        model.__dict__["_gravity_acc"] = acc
-    return acc
+    return make() if model.gravity.requires_grad else cached_on(model, "_gravity_acc", make)
 
 
 def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:
