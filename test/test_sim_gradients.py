@@ -395,13 +395,13 @@ def test_rollout_gradients_rk4_substeps_floating_base_contact():
 
 
 def test_gradients_after_a_first_call_under_inference_mode():
-    """The kinematic topology is cached per process. A first call under torch.inference_mode
-    (as the deployed policy runs) must not leave inference tensors in that cache: a later
+    """The kinematic topology and the constant tables are kept per process. A first call under
+    torch.inference_mode (as the deployed policy runs) must not leave inference tensors there: a later
     step with gradients (training in the same process) back-propagates, and its
     gradient w.r.t. the initial velocity matches central differences."""
-    from diffsim_ros.physics import algorithms
+    from diffsim_ros.physics import spatial
 
-    algorithms._topology.cache_clear()
+    spatial._CONSTANTS.clear()
     model = physics.load_urdf(str(REPO / "urdf" / "diffsim_arm.urdf"), dtype=F64)
     sim = Simulator(model, SimConfig(dt=1e-3, ground=False))
     q0 = torch.tensor([0.3, -0.4, 0.6, 0.2], dtype=F64)

@@ -35,13 +35,12 @@ and outputs reduced. Without mimic joints every map is skipped.
 """
 from __future__ import annotations
 
-import functools
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
 from .model import Model
-from .spatial import skew
+from .spatial import _hamilton_table, process_constant, skew
 
 
 # ------------------------------------------------------------------- topology
@@ -55,15 +54,15 @@ class _Topology(NamedTuple):
     is_rev: torch.Tensor     # (n1, 1) 1.0 for revolute/continuous
     is_pri: torch.Tensor     # (n1, 1) 1.0 for prismatic
     link_src: torch.Tensor   # (n_links,) long: body of each link, nb for the world
+    dof_body: torch.Tensor   # (nv_full, nb) one-hot: the body each dof moves
 
 
-@functools.lru_cache(maxsize=128)
 def _topology(parent: Tuple[int, ...], joint_type: Tuple[str, ...], q_start: Tuple[int, ...],
               link_body: Tuple[int, ...], dtype: torch.dtype, device: str) -> _Topology:
-    # Cached for the process: never made of inference tensors, whatever mode the first
+    # Kept for the process: never made of inference tensors, whatever mode the first
     # caller runs in (a policy deployed under torch.inference_mode, then trained on).
-    with torch.inference_mode(False):
-        return _make_topology(parent, joint_type, q_start, link_body, dtype, device)
+    return process_constant(("topology", parent, joint_type, q_start, link_body, str(dtype), device),
+                            lambda: _make_topology(parent, joint_type, q_start, link_body, dtype, device))
 
 
 def _make_topology(parent, joint_type, q_start, link_body, dtype, device) -> _Topology:
@@ -89,6 +88,7 @@ def _make_topology(parent, joint_type, q_start, link_body, dtype, device) -> _To
         jq=torch.tensor([q_start[i] for i in ones], dtype=torch.long, device=dev),
         is_rev=flag(("revolute", "continuous")), is_pri=flag(("prismatic",)),
         link_src=torch.tensor([b if b >= 0 else nb for b in link_body], dtype=torch.long, device=dev),
+        dof_body=(bd[:, None] == torch.arange(nb)[None, :]).to(dtype=dtype, device=dev),
     )
 
 
@@ -118,13 +118,11 @@ def _skew(w: torch.Tensor) -> torch.Tensor:
     return (w.index_select(-2, index) * sign).unflatten(-2, (3, 3))
 
 
-@functools.lru_cache(maxsize=16)
 def _skew_map(dtype: torch.dtype, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """Which component of w goes to each entry of [w]x, row by row, and its sign (9, 1)."""
-    with torch.inference_mode(False):
-        index = torch.tensor([0, 2, 1, 2, 0, 0, 1, 0, 0], device=device)
-        sign = torch.tensor([0, -1, 1, 1, 0, -1, -1, 1, 0], dtype=dtype, device=device)[:, None]
-        return index, sign
+    return process_constant(("skew", str(dtype), device), lambda: (
+        torch.tensor([0, 2, 1, 2, 0, 0, 1, 0, 0], device=device),
+        torch.tensor([0, -1, 1, 1, 0, -1, -1, 1, 0], dtype=dtype, device=device)[:, None]))
 
 
 def _mv(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -157,10 +155,9 @@ def _quat_to_matrix(quat: torch.Tensor) -> torch.Tensor:
     return (_quat_matrix_map(quat.dtype, str(quat.device)) @ outer).reshape((3, 3) + quat.shape[1:])
 
 
-@functools.lru_cache(maxsize=16)
 def _quat_matrix_map(dtype: torch.dtype, device: str) -> torch.Tensor:
     """(9, 16): R[a, b] = sum_ij C[3 a + b, 4 i + j] q_i q_j for a unit quaternion q = (x, y, z, w)."""
-    with torch.inference_mode(False):
+    def make():
         x, y, z, w = range(4)
         rows = (((x, x, 1), (y, y, -1), (z, z, -1), (w, w, 1)), ((x, y, 2), (w, z, -2)), ((x, z, 2), (w, y, 2)),
                 ((x, y, 2), (w, z, 2)), ((x, x, -1), (y, y, 1), (z, z, -1), (w, w, 1)), ((y, z, 2), (w, x, -2)),
@@ -170,6 +167,7 @@ def _quat_matrix_map(dtype: torch.dtype, device: str) -> torch.Tensor:
             for i, j, c in terms:
                 C[r, 4 * i + j] = c
         return C.to(device)
+    return process_constant(("quat_matrix", str(dtype), device), make)
 
 
 def _tree_sum(anc: torch.Tensor, x: torch.Tensor, subtree: bool = False) -> torch.Tensor:
@@ -291,6 +289,14 @@ def model_constants(model: Model) -> None:
     if len(_topo(model).jb):
         _joint_tables(model)
     _gravity_acc(model)
+    dev = str(model.device)
+    _skew_map(model.dtype, dev)
+    _quat_matrix_map(model.dtype, dev)
+    _hamilton_table(model.dtype, dev)
+    for level in _levels(model):
+        for idx in level:
+            if len(idx) > 1 and idx != list(range(idx[0], idx[0] + len(idx))):
+                _index_tensor(tuple(idx), dev)
 
 
 def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -317,10 +323,9 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
 
 def _levels(model: Model) -> List[Tuple[List[int], List[int]]]:
     """Per depth >= 1 of the tree: its bodies and their parents (python ints)."""
-    return _level_lists(model.parent)
+    return process_constant(("levels", model.parent), lambda: _level_lists(model.parent))
 
 
-@functools.lru_cache(maxsize=128)
 def _level_lists(parent: Tuple[int, ...]) -> List[Tuple[List[int], List[int]]]:
     depth: List[int] = []
     for p in parent:
@@ -341,10 +346,8 @@ def _gather(xs, idx: List[int]) -> torch.Tensor:
     return torch.stack([xs[i] for i in idx])
 
 
-@functools.lru_cache(maxsize=256)
 def _index_tensor(idx: Tuple[int, ...], device: str) -> torch.Tensor:
-    with torch.inference_mode(False):
-        return torch.tensor(idx, dtype=torch.long, device=device)
+    return process_constant(("index", idx, device), lambda: torch.tensor(idx, dtype=torch.long, device=device))
 
 
 def _scatter(xs: List, idx: List[int], values: torch.Tensor) -> None:
@@ -531,8 +534,20 @@ def _gravity_acc(model: Model) -> torch.Tensor:
 
 def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:
     """Per-dof (nv, k, B) -> per-body (nb, k, B) sums."""
+    if torch.compiler.is_compiling():
+        # A product with the one-hot map, not a scatter: Inductor (torch 2.13, CPU, more than
+        # one thread) failed to generate the atomic-add kernel of the scatters here.
+        return (topo.dof_body.T @ x.reshape(x.shape[0], -1)).reshape((nb,) + x.shape[1:])
     out = torch.zeros((nb,) + x.shape[1:], dtype=x.dtype, device=x.device)
     return out.index_add(0, topo.body_of_dof, x)
+
+
+def _of_dof(topo: _Topology, x: torch.Tensor) -> torch.Tensor:
+    """Per-body (nb, k, B) -> per-dof (nv, k, B): each dof's body's value. Compiled, a product
+    with the one-hot map, whose gradient is another product rather than a scatter-add."""
+    if torch.compiler.is_compiling():
+        return (topo.dof_body @ x.reshape(x.shape[0], -1)).reshape(topo.dof_body.shape[:1] + x.shape[1:])
+    return x[topo.body_of_dof]
 
 
 # ------------------------------------------------------------- inverse dynamics
@@ -571,7 +586,7 @@ def joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor, vJ: torch.Tenso
     if f_ext is not None:
         f = f - f_ext
     F = _tree_sum(topo.anc, f, subtree=True)                   # wrench transmitted by each joint
-    return _reduce(model, (S * F[topo.body_of_dof]).sum(1))
+    return _reduce(model, (S * _of_dof(topo, F)).sum(1))
 
 
 def gravity_joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
@@ -580,7 +595,7 @@ def gravity_joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor) -> torc
     topo = _topo(model)
     f = _mv(I, _gravity_acc(model))
     F = _tree_sum(topo.anc, f, subtree=True)
-    return _reduce(model, (S * F[topo.body_of_dof]).sum(1))
+    return _reduce(model, (S * _of_dof(topo, F)).sum(1))
 
 
 # ----------------------------------------------------------------- mass matrix
@@ -597,7 +612,7 @@ def joint_space_inertia(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch
     blocks (a contact's friction damping, say) map to joint space the same way."""
     topo = _topo(model)
     Ic = _tree_sum(topo.anc, I, subtree=True)                  # composite inertias
-    F = _mv(Ic[topo.body_of_dof], S)                           # (nv, 6, B)
+    F = _mv(_of_dof(topo, Ic), S)                              # (nv, 6, B)
     G = (F[:, None] * S[None]).sum(2)                          # G[d, e] = S_e . Ic_{body(d)} S_d
     L = G * topo.dof_anc[..., None]
     return _reduce_matrix(model, L + L.transpose(0, 1) + G * topo.dof_same[..., None])

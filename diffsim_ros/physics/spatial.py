@@ -10,7 +10,6 @@ Naming follows *Rigid Body Dynamics Algorithms*: ``X`` a 6x6 motion transform,
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -124,6 +123,21 @@ def spatial_inertia(mass: torch.Tensor, com: torch.Tensor, inertia: torch.Tensor
     return torch.cat((top, bottom), -2)
 
 
+_CONSTANTS: dict = {}
+
+
+def process_constant(key: tuple, make):
+    """``make()``, computed once per process under ``key`` (python scalars and strings) and
+    made outside inference mode. A plain dict rather than functools.lru_cache: torch.compile
+    reads an entry that exists as a constant of the graph, whereas it traces through an
+    lru_cache'd function, building the table again inside every graph."""
+    value = _CONSTANTS.get(key)
+    if value is None:
+        with torch.inference_mode(False):
+            value = _CONSTANTS[key] = make()
+    return value
+
+
 def homogeneous(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """(..., 3, 3), (..., 3) -> (..., 4, 4) homogeneous transform."""
     top = torch.cat((R, p[..., None]), -1)
@@ -132,10 +146,9 @@ def homogeneous(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.cat((top, bottom), -2)
 
 
-@functools.lru_cache(maxsize=16)
 def _hamilton_table(dtype: torch.dtype, device: str) -> torch.Tensor:
     """(16, 4): the Hamilton product as a bilinear map, (a b)_k = sum_ij T[4 i + j, k] a_i b_j."""
-    with torch.inference_mode(False):
+    def make():
         t = torch.zeros(4, 4, 4, dtype=dtype)
         x, y, z, w = range(4)
         for k, terms in enumerate((((w, x, 1), (x, w, 1), (y, z, 1), (z, y, -1)),
@@ -145,6 +158,7 @@ def _hamilton_table(dtype: torch.dtype, device: str) -> torch.Tensor:
             for i, j, sign in terms:
                 t[i, j, k] = sign
         return t.reshape(16, 4).to(device)
+    return process_constant(("hamilton", str(dtype), device), make)
 
 
 def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
