@@ -77,7 +77,9 @@ def _run(ros, tmp_path, sig, topic, make, msg_type, extra=()):
     # The latched metadata goes out before the recorder exists: transient-local keeps it.
     meta = node.create_publisher(String, "/diffsim/metadata", latched_qos())
     meta.publish(String(data='{"checkpoint": "test"}'))
-    pub = node.create_publisher(msg_type, topic, QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+    # The publisher's history holds the whole run: the recorder's loss is what is measured,
+    # not the publisher's when a loaded machine stalls the recorder's process.
+    pub = node.create_publisher(msg_type, topic, QoSProfile(depth=COUNT, reliability=ReliabilityPolicy.RELIABLE))
     out, log = tmp_path / "bag", tmp_path / "recorder.log"
     proc = _start_recorder(out, log, *extra)
     try:
@@ -203,8 +205,12 @@ def test_recorder_sigkill_then_repair_loses_at_most_one_flush_period(ros, tmp_pa
             out, log = tmp_path / f"bag{run}", tmp_path / f"recorder{run}.log"
             # A topic per run: the killed recorder's subscription may linger in the graph for a while.
             topic = f"/test/counter{run}"
+            # The publisher keeps every message of the run (at most 3.5 s at 300 Hz): with a
+            # shorter history a recorder stalled longer than it by a loaded machine misses
+            # messages the publisher already dropped (a CI run lost 35 in the middle of its run
+            # with depth 100), which is not the recorder's loss this test measures.
             pub = node.create_publisher(Float64MultiArray, topic,
-                                        QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+                                        QoSProfile(depth=2048, reliability=ReliabilityPolicy.RELIABLE))
             proc = _start_recorder(out, log, "-p", f"topics:=['{topic}']",
                                    "-p", f"types:=['{topic}:std_msgs/msg/Float64MultiArray']",
                                    "-p", f"flush_period_s:={FLUSH_PERIOD_S}")
