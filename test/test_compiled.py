@@ -74,3 +74,8 @@ def _compare(model, cfg, q0, action):
     assert float(ge[1].abs().max()) > 0
     with pytest.raises(ValueError, match="expects"):
         compiled.step(sc, action[:, :2])
+    # The graph's finiteness flag: a NaN command in one environment is named by the guard.
+    bad = action.clone()
+    bad[1, 0] = float("nan")
+    with pytest.raises(physics.SimulationError, match=r"non-finite action in environment 1 \(entries \[0\]\)"):
+        compiled.step(sc, bad.requires_grad_(True))

@@ -39,8 +39,9 @@ def _persistent_cache() -> None:
 
 
 class CompiledStep:
-    """``Simulator.step`` for a fixed :class:`System`, compiled; the NaN guard (one host
-    synchronisation) runs outside the graph when ``nan_check``."""
+    """``Simulator.step`` for a fixed :class:`System`, compiled; with ``nan_check`` the graph
+    also returns whether everything is finite (one host synchronisation), and only a
+    non-finite step runs the eager guard that names the environment and quantity."""
 
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True):
         _persistent_cache()
@@ -51,7 +52,11 @@ class CompiledStep:
 
         def flat(q, v, actuator, delay, t, action):
             new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t), action)
-            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd
+            # The NaN guard's test inside the graph (fused into its last kernels): the sum of
+            # everything is finite exactly when every entry is.
+            parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
+            finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
+            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite
 
         self._flat = flat
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
@@ -75,8 +80,8 @@ class CompiledStep:
     def __call__(self, state: State, action) -> State:
         action = batch_action(self.system, state, action)
         fn = self._compiled(state.q[..., 0].numel())
-        nq, nv, act, delay, t, qdd = fn(state.q, state.v, state.actuator, state.delay, state.t, action)
+        nq, nv, act, delay, t, qdd, finite = fn(state.q, state.v, state.actuator, state.delay, state.t, action)
         new = State(q=nq, v=nv, actuator=act, delay=delay, t=t)
-        if self.nan_check:
+        if self.nan_check and not bool(finite):        # one host synchronisation; the guard names what
             guard(state, new, action, qdd)
         return new
