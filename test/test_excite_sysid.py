@@ -180,12 +180,12 @@ def test_a_steady_hover_leaves_the_drag_unidentifiable(tmp_path):
     assert any("diffsim-ros excite" in n for n in res["notes"]), res["notes"]
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation of sysid's verdict (issue 16, item 4): one factor on "
-                                       "thrust, drag and mass changes no acceleration, yet on noise-free data the "
-                                       "fit calls all three identifiable (std ~1e-8) while ending 9 % off")
 def test_sysid_flags_mass_thrust_and_drag_together_as_unidentifiable(tmp_path):
     """Why identifiable_parameters leaves thrust_scale out: mass_scale, thrust_scale and drag_scale
-    together have a direction the data cannot see (all three times one factor)."""
+    together have a direction the data cannot see (all three times one factor). On noise-free
+    data every standard deviation is ~1e-8 and the fit ends ~9 % off along that direction
+    (an xfail until sysid looked for blind combinations in the scaled J^T J): all three are
+    flagged and the note names the combination."""
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup
 
     params = standard_params("quadrotor")
@@ -205,4 +205,5 @@ def test_sysid_flags_mass_thrust_and_drag_together_as_unidentifiable(tmp_path):
     # The ratios the data do hold come back either way.
     assert f["mass_scale"][0] / f["thrust_scale"][0] == pytest.approx(1.2, rel=0.01)
     assert f["drag_scale"][0] / f["thrust_scale"][0] == pytest.approx(1.5, rel=0.01)
-    assert r.unidentifiable, (f, r.std)
+    assert sorted(r.unidentifiable) == ["drag_scale", "mass_scale", "thrust_scale"], (f, r.std, r.unidentifiable)
+    assert any("only a combination of" in n and "thrust_scale" in n for n in r.notes), r.notes

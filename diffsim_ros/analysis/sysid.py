@@ -29,8 +29,9 @@ names (they are laid out in the registry's order, :mod:`diffsim_ros.physics.para
 * a few starts: the time-like parameters (latency, lags) are first evaluated on a small grid
   (other parameters nominal) and the best ``starts`` grid points start full fits; while the
   best fit leaves the fit windows unexplained (the verdict's test), the next grid points
-  start further fits, up to ``MAX_STARTS`` (a latency a fraction of a step long traded
-  against a short lag is a local minimum that the right start avoids);
+  start further fits, up to ``MAX_STARTS`` (a latency a fraction of a step long, or a high
+  damping, traded against a short lag is a local minimum that the right start avoids;
+  "unexplained" here is stricter than the verdict's, ``ESCALATE_UNEXPLAINED``);
 * the hidden actuator state at each window start (rotor speeds, lagged torques) comes from
   the whole bag's recorded motion at the current parameters (``Replay.actuator_track``) and
   ``WARMUP`` teacher-forced steps before the window, through which it depends on the
@@ -77,10 +78,12 @@ MIN_IMPROVEMENT = 1.5       # held-out RMSE before / after below this: rejected 
 MAX_UNEXPLAINED = 0.10      # held-out RMSE / RMS velocity change over the window
 NOISE_FACTOR = 3.0          # ... and held-out RMSE above this many times the noise floor: rejected
 MAX_REL_STD = 0.10          # relative standard deviation above this: not identifiable
+BLIND_EIGENVALUE = 1e-6     # scaled J^T J eigenvalue below this: a parameter combination the data cannot see
 MIN_SENSITIVITY = 2e-4      # 10 % independent change moving predictions less than this (of the velocity change)
 WARMUP = 3                  # teacher-forced steps before each window (with an actuator state)
+ESCALATE_UNEXPLAINED = 0.02  # fit-window residual / velocity change above this: try the next grid point
 MAX_STARTS = 6              # fits from grid points at most, while the best leaves the data unexplained
-GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.005, 0.02, 0.06],
+GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.004, 0.008, 0.016, 0.032, 0.064],
         "motor_time_constant": [0.01, 0.03, 0.07]}
 
 
@@ -437,10 +440,11 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     floor = noise_floor(velocity_noise)
 
     def unexplained_fit(r: torch.Tensor) -> bool:
-        """The verdict's test on the fit windows: residual above MAX_UNEXPLAINED of the velocity
-        change and above the noise floor (a local minimum leaves it so; the truth does not)."""
+        """The fit windows' residual above ESCALATE_UNEXPLAINED of the velocity change and above
+        the noise floor: a local minimum leaves it so (some accepted by the verdict's looser
+        limit, 8 % off on clean data), the truth does not."""
         rmse = float((r.reshape(-1, scale.numel()) * scale).pow(2).mean().sqrt())
-        return rmse > MAX_UNEXPLAINED * pf.dv_rms_raw and rmse > NOISE_FACTOR * floor
+        return rmse > ESCALATE_UNEXPLAINED * pf.dv_rms_raw and rmse > NOISE_FACTOR * floor
 
     best = None
     tried = []
@@ -478,6 +482,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     cond = 1.0 / torch.diagonal(Hinv).clamp(min=1e-300)
     sens = (0.1 * torch.sqrt(cond / N)) / max(pf.dv_rms, 1e-12)
     std, rel_std, sensitivity, at_bound, unident = {}, {}, {}, [], []
+    blind = _blind_combinations(H, coords)
     for n in names:
         sl = coords.slices[n]
         vz = var_z[sl]
@@ -498,7 +503,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
                 at_bound.append(f"{label} at its lower bound")
             elif float(zi) >= float(coords.hi[sl][i]) - 1e-9:
                 at_bound.append(f"{label} at its upper bound")
-            if float(sens_n[i]) < MIN_SENSITIVITY or float(rs[i]) > MAX_REL_STD:
+            if float(sens_n[i]) < MIN_SENSITIVITY or float(rs[i]) > MAX_REL_STD or any(label in c for c in blind):
                 unident.append(label)
 
     # ---- held-out judgement
@@ -522,6 +527,9 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         notes.append("the recording does not identify " + ", ".join(unident) + ": record an excitation motion "
                      "(`diffsim-ros excite`, or motion that exercises them: fast moves for drag, joint "
                      "reversals for friction, sharp command changes for lags and latency) and calibrate again")
+    for combo in blind:
+        notes.append("the data determine only a combination of " + ", ".join(combo) + " (changing them together "
+                     "leaves the predictions as they are: fix one of them, e.g. a weighed mass, and calibrate the rest)")
     if at_bound:
         notes.append("ended at a bound: " + ", ".join(at_bound) + " (the model may lack what the data show, "
                      "or the bound is too tight)")
@@ -534,6 +542,36 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
         sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
         unexplained=unexplained, verdict=verdict, reasons=reasons, starts_tried=tried)
+
+
+def _blind_combinations(H: torch.Tensor, coords: _Coords) -> List[List[str]]:
+    """The parameter combinations the data cannot see: eigenvectors of the Gauss-Newton
+    information ``J^T J`` scaled to a unit diagonal (a correlation matrix of the fit's
+    sensitivities) whose eigenvalue is below ``BLIND_EIGENVALUE``, each as the labels of the
+    coordinates that carry it. Such a direction has no noise to show it: on clean data the
+    residual's variance is ~0 and so is every standard deviation, while a common factor on
+    mass, thrust and drag changes no acceleration at all."""
+    d = torch.sqrt(torch.diagonal(H).clamp(min=1e-300))
+    seen = torch.diagonal(H) > 1e-300 * float(torch.diagonal(H).max().clamp(min=1e-300))
+    if int(seen.sum()) < 2:
+        return []
+    idx = torch.nonzero(seen).flatten()
+    Hs = H[idx][:, idx] / (d[idx, None] * d[None, idx])
+    evals, evecs = torch.linalg.eigh(Hs)
+    out = []
+    for k in range(evals.numel()):
+        if float(evals[k]) >= BLIND_EIGENVALUE:
+            break
+        u = evecs[:, k] / d[idx]                  # the direction in the optimiser's coordinates
+        u = u / u.abs().max()
+        carried = [int(idx[j]) for j in range(idx.numel()) if abs(float(u[j])) > 0.2]
+        if len(carried) >= 2:
+            labels = []
+            for i in carried:
+                n, j = coords.label(i)
+                labels.append(n if coords.slices[n].stop - coords.slices[n].start == 1 else f"{n}[{j}]")
+            out.append(labels)
+    return out
 
 
 def _verdict(improvement: float, unexplained_before: float, unexplained: float, rmse_after: float,
