@@ -66,6 +66,9 @@ def project_urdfs() -> Dict[str, Path]:
 
 # One torch thread for the whole suite: the machines running it have two shared
 # cores, and torch's intra-op threads then contend badly (see bench/dynamics.py).
+# Inductor compiles in one process too: its default pool (one compile process per core)
+# held both cores during a cold compile while the other worker's timed ROS tests starved.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch as _torch  # noqa: E402
 
 _torch.set_num_threads(1)

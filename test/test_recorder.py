@@ -8,6 +8,7 @@ index), with the latched /diffsim/metadata published before the recorder started
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -220,10 +221,19 @@ def test_recorder_sigkill_then_repair_loses_at_most_one_flush_period(ros, tmp_pa
                     assert time.monotonic() < end and proc.poll() is None, log.read_text()
                     time.sleep(0.02)
                 assert (out / "metadata.yaml").is_file(), "metadata.yaml is written when recording starts"
-                sent, t0 = 0, time.perf_counter()
+                # The kill's random moment counts from the recorder's first flush (metadata.yaml
+                # then counts messages): before it, a recorder process still starting on a machine
+                # whose cores a compile holds has received nothing it could lose (a CI run killed
+                # one 1.55 s after the subscription matched with nothing flushed yet).
+                sent, t0, live, checked = 0, time.perf_counter(), None, 0.0
                 while True:
                     now = time.perf_counter()
-                    if now - t0 >= kill_after:
+                    if live is None and now - checked >= 0.02:
+                        checked = now
+                        if re.search(r"message_count: [1-9]", (out / "metadata.yaml").read_text()):
+                            live = now
+                        assert now - t0 < 60, "the recorder flushed nothing within 60 s"
+                    if live is not None and now - live >= kill_after:
                         break
                     if now >= t0 + sent / KILL_RATE_HZ:
                         pub.publish(Float64MultiArray(data=[float(sent), 2.0 * sent]))
