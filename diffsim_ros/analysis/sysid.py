@@ -249,10 +249,11 @@ class _Coords:
         z[self.slices[name]] = torch.log(v) if PARAMETERS[name].log_space else v
         return torch.maximum(torch.minimum(z, self.hi), self.lo)
 
-    def label(self, i: int) -> Tuple[str, int]:
+    def label(self, i: int) -> str:
+        """The name of coordinate ``i``: the parameter's, with ``[j]`` for a per-joint one."""
         for n, sl in self.slices.items():
             if sl.start <= i < sl.stop:
-                return n, i - sl.start
+                return n if sl.stop - sl.start == 1 else f"{n}[{i - sl.start}]"
         raise IndexError(i)
 
 
@@ -451,14 +452,14 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     queue = list(cands)
     while queue:
         z_init = queue.pop(0)
+        start = {n: v.tolist() for n, v in coords.values(z_init).items()}
         try:
             z, r, J = _lm(pf, coords, z_init, max_iter, counter, history, progress)
         except physics.SimulationError as exc:
-            tried.append({"start": {n: v.tolist() for n, v in coords.values(z_init).items()}, "error": str(exc)})
-            z = r = None
-        if r is not None:
+            tried.append({"start": start, "error": str(exc)})
+        else:
             f = float(r @ r)
-            tried.append({"start": {n: v.tolist() for n, v in coords.values(z_init).items()}, "loss": f / r.numel()})
+            tried.append({"start": start, "loss": f / r.numel()})
             if best is None or f < best[0]:
                 best = (f, z, r, J)
         # A fit that leaves the data unexplained may be a local minimum of the time-like
@@ -497,7 +498,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
             sens_n = sens[sl]
         std[n], rel_std[n], sensitivity[n] = sd.tolist(), rs.tolist(), sens_n.tolist()
         for i in range(val.numel()):
-            label = n if val.numel() == 1 else f"{n}[{i}]"
+            label = coords.label(sl.start + i)
             zi = z[sl][i]
             if float(zi) <= float(coords.lo[sl][i]) + 1e-9:
                 at_bound.append(f"{label} at its lower bound")
@@ -566,11 +567,7 @@ def _blind_combinations(H: torch.Tensor, coords: _Coords) -> List[List[str]]:
         u = u / u.abs().max()
         carried = [int(idx[j]) for j in range(idx.numel()) if abs(float(u[j])) > 0.2]
         if len(carried) >= 2:
-            labels = []
-            for i in carried:
-                n, j = coords.label(i)
-                labels.append(n if coords.slices[n].stop - coords.slices[n].start == 1 else f"{n}[{j}]")
-            out.append(labels)
+            out.append([coords.label(i) for i in carried])
     return out
 
 

@@ -40,7 +40,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 from .model import Model
-from .spatial import _hamilton_table, process_constant, skew
+from .spatial import _hamilton_table, kept_in, process_constant, skew
 
 
 # ------------------------------------------------------------------- topology
@@ -272,14 +272,8 @@ def _joint_tables(model: Model):
 
 def cached_on(obj, key: str, make):
     """``make()``, computed once and kept in the instance dict of a frozen object (a Model): a
-    replaced copy is a new object and computes its own. Made outside inference
-    mode, so that a first caller under torch.inference_mode does not leave inference tensors
-    for a later one that trains."""
-    value = obj.__dict__.get(key)
-    if value is None:
-        with torch.inference_mode(False):
-            value = obj.__dict__[key] = make()
-    return value
+    replaced copy is a new object and computes its own (see spatial.kept_in)."""
+    return kept_in(obj.__dict__, key, make)
 
 
 def model_constants(model: Model) -> None:
@@ -293,10 +287,9 @@ def model_constants(model: Model) -> None:
     _skew_map(model.dtype, dev)
     _quat_matrix_map(model.dtype, dev)
     _hamilton_table(model.dtype, dev)
-    for level in _levels(model):
+    for level in _levels(model):                 # _gather's index lists (some it slices instead)
         for idx in level:
-            if len(idx) > 1 and idx != list(range(idx[0], idx[0] + len(idx))):
-                _index_tensor(tuple(idx), dev)
+            _index_tensor(tuple(idx), dev)
 
 
 def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -126,16 +126,22 @@ def spatial_inertia(mass: torch.Tensor, com: torch.Tensor, inertia: torch.Tensor
 _CONSTANTS: dict = {}
 
 
-def process_constant(key: tuple, make):
-    """``make()``, computed once per process under ``key`` (python scalars and strings) and
-    made outside inference mode. A plain dict rather than functools.lru_cache: torch.compile
-    reads an entry that exists as a constant of the graph, whereas it traces through an
-    lru_cache'd function, building the table again inside every graph."""
-    value = _CONSTANTS.get(key)
+def kept_in(store: dict, key, make):
+    """``store[key]``, made by ``make()`` the first time, outside inference mode (a first caller
+    under torch.inference_mode must not leave inference tensors for a later one that trains).
+    A plain dict rather than functools.lru_cache: torch.compile reads an entry that exists as a
+    constant of the graph, whereas it traces through an lru_cache'd function, building the
+    table again inside every graph."""
+    value = store.get(key)
     if value is None:
         with torch.inference_mode(False):
-            value = _CONSTANTS[key] = make()
+            value = store[key] = make()
     return value
+
+
+def process_constant(key: tuple, make):
+    """``make()``, computed once per process under ``key`` (python scalars and strings)."""
+    return kept_in(_CONSTANTS, key, make)
 
 
 def homogeneous(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
