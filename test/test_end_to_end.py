@@ -267,9 +267,12 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
         s.wait(lambda: s.node.count_subscribers("/odom") >= 2 and s.node.count_subscribers("/diffsim/command") >= 2,
                60, "the recorder's subscriptions")
         # The robot's own file (the checkpoint may have been made in another checkout), at the
-        # checkpoint's control step.
+        # checkpoint's control step. With a floor: under the emergency stop (zero thrust) a
+        # lockstep plant steps as fast as the controller answers, and a CI run free-fell out of the
+        # supervisor's workspace (z < -5 m takes 55 steps) before the release, after which the
+        # controller rightly kept the safe command; a drone stopped over a floor lands on it.
         plant_params = {"config": str(REPO_ROOT / "config" / "hover.yaml"), "mode": "lockstep",
-                        "initial_positions": json.dumps(start),
+                        "initial_positions": json.dumps(start), "simulator.ground": True,
                         "simulator.dt": dt, "simulator.substeps": runner.sim.config.substeps}
         s.start("plant", "mujoco_plant", plant_params)
         # Until its first command the lockstep plant republishes its initial state (every 0.5 s): wait for
@@ -324,6 +327,9 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
         s.wait(lambda: len(s.messages("/diffsim/command")) >= n0 + 14, 20, "commands under the emergency stop")
         after = latched_after(s.messages("/diffsim/command")[n0:n0 + 14], 10)
         assert all(np.all(np.array(m.data) == 0.0) for m in after), [list(m.data) for m in after]
+        # Held a while, as a slow machine may (hundreds of lockstep steps): the drone lands and the
+        # release must still bring the policy back.
+        time.sleep(2.0)
         s.call_estop(False)
         n1 = len(s.messages("/diffsim/command"))
         s.wait(lambda: any(np.array(m.data)[0] > 0 for m in s.messages("/diffsim/command")[n1:]), 20,
