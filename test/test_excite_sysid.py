@@ -11,11 +11,12 @@ registry's reading of the perturbation, independent of the fit. A steady hover o
 vehicle, recorded with the same sensor noise, leaves the drag unidentifiable.
 
 The arm runs with its URDF joint friction, drawn x0.4-2.5, and sysid fits it beside the five
-(the stand-in and the simulator share one friction law, doc/friction.md). Known limits of the fit, not of the excitation (the old closed-loop exciter of
-analysis/record.py shows them too): an arm torque lag of 0.02 s or more leaves the truth
-unable to explain the stand-in's data (joint damping then comes back 6-22 % off, accepted;
-at 0.015 s everything is exact), and with 3 control steps of latency and a 0.025 s lag the
-fit lands at 2.9 steps; so the arm's lag is drawn in 0.008-0.015 s and latency in 1-2 steps.
+(the stand-in and the simulator share one friction law, doc/friction.md). The arm's lag is
+drawn in 0.008-0.015 s and latency in 1-2 steps. Beyond them the replay's estimate of the
+lagged torque used to diverge (fixed: test_sysid_random.py draws 0.008-0.06 s and 1-3 steps
+with friction off), but with the joint friction on the four-parameter fit still ends in a
+local minimum in about 1 draw of 10 (README, sysid), and this six-parameter fit has not been
+measured over the wider ranges.
 """
 from __future__ import annotations
 

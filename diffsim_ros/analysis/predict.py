@@ -32,6 +32,9 @@ from .. import physics
 from .bag import BASE_AXES, CMD_CTBR, CMD_ROTOR_THRUST, COMMAND, BagData
 from .errors import AnalysisError
 
+#: Passes of the plain actuator chain at most (Replay.actuator_chain), where the lag's form does not converge.
+SHIFT_PASSES = 400
+
 
 @dataclass
 class SimSetup:
@@ -254,54 +257,92 @@ class Replay:
                 state = state.replace(actuator=track[start_t])
         return state
 
-    def actuator_track(self, sim: Optional[physics.Simulator] = None, passes: int = 8,
+    def actuator_track(self, sim: Optional[physics.Simulator] = None, passes: int = 20,
                        tol: float = 1e-8) -> Optional[torch.Tensor]:
         """Hidden actuator state (rotor speeds, lagged torques) at the state of every command,
-        estimated along the whole bag with the recorded states put back at every step.
+        estimated along the whole bag with the recorded states put back at every step
+        (:meth:`actuator_chain`); None for a simulator without actuator state."""
+        chain = self.actuator_chain(sim, passes, tol)
+        return None if chain is None else chain.track
 
-        Over one control step the actuator is a first-order lag, exactly affine in its own
-        state: ``s[k+1] = c s[k] + (1 - c) T[k]`` with ``c = exp(-dt / tau)`` and ``T[k]`` the
-        step's weighted mean target, which depends on the command and the (recorded) motion,
-        not on ``s``. So one batched simulator step over all states gives every ``T[k]``, and
-        the recurrence runs in blocks. ``T`` does depend a little on ``s`` through the motion
-        within a step (a rotor's speed moves the body, which moves the rate loop's target), so
-        the passes repeat from the last estimate until it changes by less than ``tol``
-        (relative), at most ``passes`` times (each pass gains about a factor 10). Each run of
-        consecutive commands starts from the simulator's default (hover speeds, zero torque):
-        the first ``warmup`` starts of a run are not used. Computed without gradients (the
-        targets do not depend on the calibrated parameters) and cached per simulator."""
+    def actuator_chain(self, sim: Optional[physics.Simulator] = None, passes: int = 20, tol: float = 1e-8,
+                       start: Optional["ActuatorChain"] = None) -> Optional["ActuatorChain"]:
+        """The actuator state follows the chain ``s[k+1] = F_k(s[k])``: one simulator step from
+        the recorded state of command ``k`` with actuator state ``s[k]``. Run one command at a
+        time that is a bag's length of batch-1 steps, so the chain is solved in passes of one
+        batched step over all commands, each from the last estimate, until it changes by less
+        than ``tol`` (relative):
+
+        * first, at most ``passes`` times, as a first-order lag, which it is over a step:
+          ``s[k+1] = c s[k] + (1 - c) T[k]`` with ``c = exp(-dt / tau)``, ``T[k]`` the step's
+          mean target taken from the batched step and the recurrence run in closed form. ``T``
+          depends on ``s`` through the motion within the step (a rotor's speed moves the body,
+          which moves the rate loop's target): a pass gains about a factor 10 on a quadrotor;
+        * where a pass does not halve the change, as the plain chain from the first estimate:
+          ``s[k+1] = F_k(s_old[k])``, exact ``n`` steps into a run after ``n`` passes and
+          converging as fast as the chain forgets its start (at most SHIFT_PASSES passes). A
+          lagged torque moving a light, lightly damped arm joint moves the drive's PD torque
+          more than the lag pulls it, and the first form diverged there (0.017 s lag, a third of
+          the damping: each pass 3x further off, the fit 6 % off); Newton's method on the
+          chain diverged too with the arm's joint friction (its steep Jacobian at rest).
+
+        Each run of consecutive commands starts from the simulator's default (hover speeds, zero
+        torque): the first ``warmup`` starts of a run are not used. ``start``: the chain at
+        nearby parameter values, its track the first estimate (and its form the first form).
+        No gradient flows out (sysid adds the parameters'); cached per simulator."""
         sim = sim or self.sim
-        cache = getattr(sim, "_diffsim_actuator_track", None)
+        cache = getattr(sim, "_diffsim_actuator_chain", None)
         if cache is not None and cache[0] is self:
             return cache[1]
         cfg = sim.config
         tau = cfg.rotors.motor_time_constant if sim.rotors is not None else cfg.actuator_lag
         if not tau > 0:
             return None
+        st = self.command_states(sim)
+        first = st.actuator.detach()
+        init = first if start is None else start.track.detach().to(first.dtype)
+        shift = start is not None and start.shift                  # the lag alone did not do there
         c = math.exp(-cfg.dt / tau)
+        guess, last = init, None
+        chain_start = np.ones(len(self.cmd_stamp), dtype=bool)
+        chain_start[1:] = self.run[:-1] < 2          # command k-1 not one step before command k
+        s0 = first.cpu().numpy()
+        cs = torch.as_tensor(chain_start, device=first.device)[:, None]
+        n, limit = 0, passes
+        while n < limit:
+            n += 1
+            with torch.no_grad():
+                out = sim.step(st.replace(actuator=guess), self.cmd).actuator
+            if shift:
+                new = torch.where(cs, first, torch.cat([first[:1], out[:-1]]))
+            else:
+                g = guess.cpu().numpy()
+                new = torch.as_tensor(_lag_filter((out.cpu().numpy() - c * g) / (1 - c), c, chain_start, s0),
+                                      dtype=out.dtype, device=out.device)
+            change = float((new - guess).abs().max())
+            guess = new
+            if change <= tol * (1.0 + float(guess.abs().max())):
+                break
+            if not shift and last is not None and change > 0.5 * last:
+                # The lag alone does not converge: the plain chain from the first estimate.
+                shift, guess, last, n, limit = True, init, None, 0, SHIFT_PASSES
+                continue
+            last = change
+        chain = ActuatorChain(guess, chain_start, shift)
+        sim._diffsim_actuator_chain = (self, chain)
+        return chain
+
+    def command_states(self, sim: physics.Simulator) -> physics.State:
+        """The simulator state at every command (batch M): the recorded q, v and the delay line of
+        the preceding commands; the actuator state the simulator's default."""
         si = torch.as_tensor(self.cmd_state, device=self.q.device)
-        M = len(self.cmd_stamp)
         with torch.no_grad():
             st = sim.initial_state(self.q[si], self.v[si])
-            d = cfg.command_delay
+            d = sim.config.command_delay
             if d > 0:
-                k = torch.arange(M, device=self.q.device)
+                k = torch.arange(len(self.cmd_stamp), device=self.q.device)
                 st = st.replace(delay=torch.stack([self.cmd[(k - d + m).clamp(min=0)] for m in range(d)], -2))
-            first = st.actuator
-            guess = first
-            chain_start = np.ones(M, dtype=bool)
-            chain_start[1:] = self.run[:-1] < 2          # command k-1 not one step before command k
-            for _ in range(passes):
-                out = sim.step(st.replace(actuator=guess), self.cmd).actuator
-                T = ((out - c * guess) / (1 - c)).cpu().numpy()
-                new = torch.as_tensor(_lag_filter(T, c, chain_start, first.cpu().numpy()), dtype=out.dtype,
-                                      device=out.device)
-                change = float((new - guess).abs().max())
-                guess = new
-                if change <= tol * (1.0 + float(guess.abs().max())):
-                    break
-        sim._diffsim_actuator_track = (self, guess)
-        return guess
+        return st
 
     def rollout(self, start: np.ndarray, horizons: Sequence[int], sim: Optional[physics.Simulator] = None
                 ) -> Dict[int, torch.Tensor]:
@@ -350,6 +391,15 @@ class Replay:
                     out[k] = Prediction(k, starts[sel], self.t_state[tgt[sel]], vel[k][torch.as_tensor(sel)],
                                         self.v[torch.as_tensor(tgt[sel])])
         return out
+
+
+@dataclass
+class ActuatorChain:
+    """:meth:`Replay.actuator_chain`: the actuator state at every command (M, na), where a run
+    of consecutive commands starts (M,) and whether it took the plain chain."""
+    track: torch.Tensor
+    chain_start: np.ndarray
+    shift: bool = False
 
 
 def _lag_filter(T: np.ndarray, c: float, chain_start: np.ndarray, s0: np.ndarray) -> np.ndarray:

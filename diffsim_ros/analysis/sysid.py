@@ -33,9 +33,10 @@ names (they are laid out in the registry's order, :mod:`diffsim_ros.physics.para
   damping, traded against a short lag is a local minimum that the right start avoids;
   "unexplained" here is stricter than the verdict's, ``ESCALATE_UNEXPLAINED``);
 * the hidden actuator state at each window start (rotor speeds, lagged torques) comes from
-  the whole bag's recorded motion at the current parameters (``Replay.actuator_track``) and
-  ``WARMUP`` teacher-forced steps before the window, through which it depends on the
-  parameters differentiably.
+  the whole bag's recorded motion at the current parameters (``Replay.actuator_chain``, the
+  chain of one-step maps solved in batched passes) and ``WARMUP`` teacher-forced steps before the
+  window; its derivative by the parameters runs along the same chain (``dS[k+1] = J_k dS[k] +
+  dF_k/dtheta``), so the residual's Jacobian holds the whole of the lag's effect.
 
 The verdict (see :func:`_verdict`): per-parameter uncertainty from the Gauss-Newton
 (Fisher) information ``J^T J`` of the residuals at the optimum, scaled by their variance;
@@ -154,7 +155,8 @@ class _Problem:
         s0 = rp.v[torch.as_tensor(rp.cmd_state[starts])]
         self.dv_rms = float(((self.targets - s0) / scale).pow(2).mean().sqrt())  # normalised velocity change
         self.dv_rms_raw = float((self.targets - s0).pow(2).mean().sqrt())
-        self._track: Dict[Tuple, torch.Tensor] = {}
+        self._track: Dict[Tuple, list] = {}          # values -> [ActuatorChain or None, sensitivity]
+        self._last_chain = None
 
     def system(self, values: Dict[str, torch.Tensor]):
         vals = dict(values)
@@ -163,28 +165,63 @@ class _Problem:
             lat = torch.tensor(self.nominal_delay, dtype=torch.float64) if self.nominal_delay else None
         return physics.Simulator(apply_values(self.base, vals)), lat
 
-    def _actuator_track(self, values, cmd) -> Optional[torch.Tensor]:
+    def _actuator_track(self, values) -> Optional[torch.Tensor]:
+        """The actuator state at every command (``Replay.actuator_chain``) at these values and,
+        where they carry gradients, with its derivative by them: ``s[k+1] = F_k(s[k], theta)``
+        gives ``dS[k+1] = J_k dS[k] + dF_k/dtheta``, run along the chain like the track itself.
+        Without it the warm-up steps alone carried the parameters' effect on a window's starting
+        torque, a fraction ``exp(-WARMUP dt / tau)`` short for a slow lag, and the fit stopped
+        where the missing part balanced the rest (gradient by the lag of the wrong sign)."""
         key = tuple((k, tuple(_primal(v).reshape(-1).tolist())) for k, v in sorted(values.items()))
-        if key in self._track:
-            return self._track[key]
-        plain = {k: _primal(v).detach() for k, v in values.items()}
-        sim, _ = self.system(plain)
-        if not sim.system.has_actuator_state:
+        if key not in self._track:
+            plain = {k: _primal(v).detach() for k, v in values.items()}
+            sim, lat = self.system(plain)
+            if not sim.system.has_actuator_state:
+                return None
+            view = copy.copy(self.rp)
+            view.cmd = _blend(self.rp.cmd, lat)
+            chain = view.actuator_chain(sim, start=self._last_chain)    # from the last values' chain
+            self._last_chain = chain
+            if len(self._track) > 64:
+                self._track.clear()
+            self._track[key] = [chain, None]
+        entry = self._track[key]
+        if entry[0] is None:
             return None
-        view = copy.copy(self.rp)
-        view.cmd = _primal(cmd).detach()
-        track = view.actuator_track(sim)
-        if len(self._track) > 64:
-            self._track.clear()
-        self._track[key] = track
-        return track
+        track = entry[0].track
+        if not any(v.requires_grad for v in values.values()):
+            return track
+        if entry[1] is None:
+            entry[1] = self._track_sensitivity(values, entry[0])
+        theta = torch.cat([values[n].reshape(-1) for n in sorted(values)])
+        return track + (entry[1] * (theta - theta.detach())).sum(-1)
+
+    def _track_sensitivity(self, values, chain) -> torch.Tensor:
+        """d track / d theta (M, na, P), theta the values flattened in sorted name order: one
+        batched step from the track gives each step's Jacobians by the state before it (one
+        backward pass per actuator) and by theta (double backward, one pass per entry)."""
+        rp = self.rp
+        leaf = {n: _primal(v).detach().clone().requires_grad_(True) for n, v in values.items()}
+        flat = [leaf[n] for n in sorted(leaf)]
+        with torch.enable_grad():
+            sim, lat = self.system(leaf)
+            g = chain.track.detach().clone().requires_grad_(True)
+            out = sim.step(rp.command_states(sim).replace(actuator=g), _blend(rp.cmd, lat)).actuator   # (M, na)
+            rows = [torch.autograd.grad(out[:, j].sum(), g, retain_graph=True)[0] for j in range(out.shape[1])]
+            B = _columns(out, flat).cpu().numpy()                                # (M, na, P)
+        J = torch.stack(rows, 1).detach().cpu().numpy()                          # (M, na, na)
+        S = np.zeros_like(B)
+        for k in range(1, B.shape[0]):
+            if not chain.chain_start[k]:
+                S[k] = J[k - 1] @ S[k - 1] + B[k - 1]
+        return torch.as_tensor(S, dtype=chain.track.dtype, device=chain.track.device)
 
     def predictions(self, values: Dict[str, torch.Tensor]) -> torch.Tensor:
         rp = self.rp
         sim, lat = self.system(values)
         cmd = _blend(rp.cmd, lat)
         starts = torch.as_tensor(self.starts, device=rp.q.device)
-        track = self._actuator_track(values, cmd)
+        track = self._actuator_track(values)
         last = cmd.shape[0] - 1
         si = rp.cmd_state
         if track is not None:
@@ -257,25 +294,28 @@ class _Coords:
         raise IndexError(i)
 
 
+def _columns(y: torch.Tensor, leaves: Sequence[torch.Tensor]) -> torch.Tensor:
+    """dy / dx for every entry x of ``leaves``, stacked last (y.shape + (P,)), by reverse-mode
+    autograd: the vector-Jacobian product g(u) = J^T u is linear in u, so its own derivative in
+    u along e_i is the column J e_i (the double-backward form of a Jacobian-vector product: one
+    backward pass per entry through the graph of g, no forward-mode kernels)."""
+    u = torch.zeros_like(y, requires_grad=True)
+    grads = torch.autograd.grad(y, list(leaves), u, create_graph=True, allow_unused=True)
+    cols = []
+    for g, x in zip(grads, leaves):
+        for i in range(x.numel()):
+            c = None
+            if g is not None and g.requires_grad:
+                (c,) = torch.autograd.grad(g.reshape(-1)[i], u, retain_graph=True, allow_unused=True)
+            cols.append(torch.zeros_like(y) if c is None else c.detach())
+    return torch.stack(cols, -1)
+
+
 def _jacobian(problem: _Problem, coords: _Coords, z: torch.Tensor):
-    """Residual r(z) and its Jacobian dr/dz (N, p) by reverse-mode autograd: the vector-Jacobian
-    product g(u) = J^T u is linear in u, so its own derivative in u along e_i is the column
-    J e_i (the double-backward form of a Jacobian-vector product: one backward pass per
-    coordinate through the graph of g, no forward-mode kernels)."""
+    """Residual r(z) and its Jacobian dr/dz (N, p) (see _columns)."""
     zr = z.detach().clone().requires_grad_(True)
     r = problem.residual(coords.values(zr))
-    u = torch.zeros_like(r, requires_grad=True)
-    (g,) = torch.autograd.grad(r, zr, u, create_graph=True, allow_unused=True)
-    cols = []
-    for i in range(coords.p):
-        if g is None or not g.requires_grad:
-            cols.append(torch.zeros_like(r))
-            continue
-        e = torch.zeros_like(z)
-        e[i] = 1.0
-        (c,) = torch.autograd.grad(g, u, e, retain_graph=True, allow_unused=True)
-        cols.append(torch.zeros_like(r) if c is None else c.detach())
-    return r.detach(), torch.stack(cols, 1)
+    return r.detach(), _columns(r, [zr])
 
 
 def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, counter: List[int],
