@@ -82,7 +82,7 @@ MAX_REL_STD = 0.10          # relative standard deviation above this: not identi
 BLIND_EIGENVALUE = 1e-6     # scaled J^T J eigenvalue below this: a parameter combination the data cannot see
 MIN_SENSITIVITY = 2e-4      # 10 % independent change moving predictions less than this (of the velocity change)
 WARMUP = 3                  # teacher-forced steps before each window (with an actuator state)
-ESCALATE_UNEXPLAINED = 0.02  # fit-window residual / velocity change above this: try the next grid point
+ESCALATE_UNEXPLAINED = 0.005  # fit-window residual / velocity change above this: try the next grid point
 MAX_STARTS = 6              # fits from grid points at most, while the best leaves the data unexplained
 GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.004, 0.008, 0.016, 0.032, 0.064],
         "motor_time_constant": [0.01, 0.03, 0.07]}
@@ -483,7 +483,9 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     def unexplained_fit(r: torch.Tensor) -> bool:
         """The fit windows' residual above ESCALATE_UNEXPLAINED of the velocity change and above
         the noise floor: a local minimum leaves it so (some accepted by the verdict's looser
-        limit, 8 % off on clean data), the truth does not."""
+        limit, 8 % off on clean data), the truth does not. At 2 % an arm draw with joint friction
+        stopped at 1.6 % with its damping 6.8 % off; at 0.5 % the third start found the truth
+        (without a noise level given, a fit on real data then tries up to MAX_STARTS starts)."""
         rmse = float((r.reshape(-1, scale.numel()) * scale).pow(2).mean().sqrt())
         return rmse > ESCALATE_UNEXPLAINED * pf.dv_rms_raw and rmse > NOISE_FACTOR * floor
 
