@@ -308,7 +308,7 @@ class Replay:
         chain_start[1:] = self.run[:-1] < 2          # command k-1 not one step before command k
         s0 = first.cpu().numpy()
         cs = torch.as_tensor(chain_start, device=first.device)[:, None]
-        n, limit = 0, passes
+        n, limit = 0, SHIFT_PASSES if shift else passes
         while n < limit:
             n += 1
             with torch.no_grad():
