@@ -50,6 +50,8 @@ import numpy as np
 from . import common
 
 NODE_NAME = "mujoco_plant"
+#: s from the wait_for_subscribers gate opening to the first state (see _check_gate).
+DISCOVERY_SETTLE_S = 0.25
 
 # (name, default, description): every parameter of the node besides the configuration keys.
 PARAMETERS = [
@@ -64,8 +66,9 @@ PARAMETERS = [
                                   "the first command arrives (0: never)"),
     ("wait_for_subscribers", 0, "publish no state and start no clock until each state topic (/joint_states, "
                                 "/odom) has at least this many matched subscriptions (a controller and a recorder: "
-                                "2), so that nothing the stand-in publishes is missed and a robot does not fall "
-                                "before its controller listens (0: start at once)"),
+                                "2), and then 0.25 s more (the subscribers' own side of the match), so that "
+                                "nothing the stand-in publishes is missed and a robot does not fall before its "
+                                "controller listens (0: start at once)"),
     ("controller_joints", [""], "order of the entries of the Float64MultiArray commands (the ros2_control "
                                 "controller's 'joints'); empty: the config's actuated joints"),
     ("position_command_topic", "/position_controller/commands", "arm position commands (Float64MultiArray, rad)"),
@@ -246,7 +249,15 @@ def _build_node_class():
             if self._subscribers_matched():
                 self.gate_timer.cancel()
                 self.get_logger().info(f"state subscribers matched ({self.wait_subs} each): starting")
-                self._start()
+                # The count is the writer's view: a subscriber's reader may match this writer a
+                # moment later, and a volatile reader drops what was sent before (a CI run's
+                # recorder lost one lockstep state of 150 that the controller got). So the first
+                # state waits DISCOVERY_SETTLE_S more.
+                self.settle_timer = self.create_timer(DISCOVERY_SETTLE_S, self._settled)
+
+        def _settled(self):
+            self.settle_timer.cancel()
+            self._start()
 
         def _start(self):
             """The first state out; then the clock runs (realtime) or waits for commands (lockstep)."""
