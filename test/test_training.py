@@ -127,11 +127,13 @@ def test_short_waypoint_run_reaches_success():
     after settling within 10 cm of the waypoint and slower than 0.2 m/s) reaches the
     threshold, and holds on fresh episodes. The seed is drawn (with the cosine step size of
     before, seed 1 stalled at 0.84-0.88 on one CPU; at a constant 5e-3 six seeds solved it in
-    16-26 iterations)."""
+    16-26 iterations). The stop is judged on 64 evaluation episodes: on 32, a lucky evaluation
+    stopped seed 6973 after 12 iterations at 0.781 on fresh episodes; on 64 it went on to 18 and
+    0.883 (seeds 11-15: the same or better)."""
     seed = _train_seed("waypoint")
     task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="waypoint", waypoint_radius=0.15,
                        position_loss="distance")
-    cfg = TrainConfig(iterations=60, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=32,
+    cfg = TrainConfig(iterations=60, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=64,
                       stop_at_success=True, seed=seed)
     res = train(task, cfg, progress=False)
     assert res.solved_env_steps is not None, f"seed {seed}: not solved; last rows {res.history[-3:]}"
