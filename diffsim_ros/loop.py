@@ -313,7 +313,7 @@ class _Clock:
         self._point = PointStamped
         self.pub_target = self.node.create_publisher(PointStamped, "/diffsim/target", 10)
         if state_topic:
-            self.node.create_subscription(state_type, state_topic, self._on_state, 10)
+            self.follow_states(state_topic, state_type)
         self.ex = SingleThreadedExecutor(context=self.ctx)
         self.ex.add_node(self.node)
         self.done = threading.Event()
@@ -325,6 +325,15 @@ class _Clock:
 
     def _on_state(self, msg) -> None:
         self.states += 1
+
+    def follow_states(self, state_topic: str, state_type) -> None:
+        """Count the plant's states. The launch path's plant gate counts this subscription, so the
+        lockstep run starts only once it exists (the spinning executor picks it up)."""
+        self.node.create_subscription(state_type, state_topic, self._on_state, 10)
+
+    def target_listeners(self) -> int:
+        """Subscriptions matched to /diffsim/target (the controller's, once discovered)."""
+        return self.pub_target.get_subscription_count()
 
     def send_target(self, point) -> None:
         """A new goal for the controller (/diffsim/target, geometry_msgs/PointStamped, world frame)."""
@@ -668,7 +677,22 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
                 "output_dir": str(bag), "drain_s": 1.0,
                 "types": json.dumps(recorded_types(runner.model.floating_base, runner.kind))})
             procs.start("plant", "mujoco_plant", dict(plant, config=config, mode="lockstep"))
-        clock = _Clock(domain, state_topic, state_type)
+        if isinstance(procs, _Launch) and runner.kind == "arm" and len(targets) > 1:
+            # A target sent before the controller's subscription is matched is lost, and a lockstep run
+            # reaches the switch in a fraction of a second (test_loop: the second target never arrived,
+            # one CI run). The plant's start gate counts this process's state subscription, so following
+            # the states only once the controller listens to /diffsim/target holds the run until then.
+            clock = _Clock(domain)
+            listen = time.monotonic() + first_state_timeout
+            while clock.target_listeners() < 1 and time.monotonic() < listen:
+                procs.check_alive("waiting for the controller's /diffsim/target subscription")
+                time.sleep(0.05)
+            if clock.target_listeners() < 1:
+                log(f"[loop]     the controller's /diffsim/target subscription was not matched within "
+                    f"{first_state_timeout:g} s: the later targets may arrive late")
+            clock.follow_states(state_topic, state_type)
+        else:
+            clock = _Clock(domain, state_topic, state_type)
         # Until its first command the lockstep plant republishes its initial state every second.
         # Two of them seen here mean the plant's publishers are discovered, so the recorder
         # (subscribed since its start) does not miss the first states once the controller runs.
@@ -699,9 +723,12 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
         next_target = 1
         while clock.t < total:
             if runner.kind == "arm" and next_target < len(targets) and clock.t >= next_target * hold_s:
-                clock.send_target(targets[next_target])
                 log(f"[loop]     target {next_target + 1}/{len(targets)}: {targets[next_target]}")
                 next_target += 1
+            if runner.kind == "arm" and next_target > 1:
+                # Streamed, as a setpoint is (the controller takes an unchanged target silently): one
+                # message lost to a late discovery or a full queue does not leave the old goal in place.
+                clock.send_target(targets[next_target - 1])
             procs.check_alive("the loop ran")
             if time.monotonic() > end:
                 raise LoopError(f"the loop did not reach {total} s of simulated time within {timeout} s "

@@ -582,8 +582,11 @@ def make_node_class():
         def _on_target(self, msg):
             with self.lock:
                 try:
+                    before = None if self.sup.target is None else self.sup.target.clone()
                     self.sup.set_target([msg.point.x, msg.point.y, msg.point.z])
-                    self.get_logger().info(f"new target {self.sup.target[0].tolist()}")
+                    if before is None or not bool(torch.equal(before, self.sup.target)):
+                        # A streamed setpoint repeats its goal: only a change is logged.
+                        self.get_logger().info(f"new target {self.sup.target[0].tolist()}")
                 except StateError as e:
                     self.get_logger().warning(f"rejected target: {e}")
 
