@@ -389,12 +389,15 @@ def _written(out_dir: str, before: set) -> List[str]:
 
 def _refuse_overwrite(out: str, force: bool) -> None:
     """--out must not hold a policy or an unfinished run already, unless --force."""
+    from diffsim_ros.training import occupied
+
     if force:
         return
-    if os.path.isfile(os.path.join(out, "policy.pt")):
+    left = occupied(out)
+    if left == "policy":
         raise CliError(f"--out {out}: holds a trained policy already (policy.pt); pass --force to overwrite it "
                        f"(its log and checkpoints go too), or choose another folder")
-    if os.path.isdir(os.path.join(out, "checkpoints", "latest")):
+    if left == "unfinished":
         raise CliError(f"--out {out}: holds an unfinished training run (checkpoints/latest); continue it with "
                        f"`diffsim-ros train --resume {out}`, or pass --force to start afresh there")
 

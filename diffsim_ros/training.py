@@ -100,6 +100,17 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     return task, result, files
 
 
+def occupied(out: Union[str, os.PathLike]) -> Optional[str]:
+    """What an earlier run left in ``out`` that a new run would overwrite: "policy" (a trained
+    policy, policy.pt), "unfinished" (a run's checkpoints/latest without a final policy), or None."""
+    out = Path(out)
+    if (out / "policy.pt").is_file():
+        return "policy"
+    if (out / "checkpoints" / "latest").is_dir():
+        return "unfinished"
+    return None
+
+
 def resume_source(out: Union[str, os.PathLike]) -> Tuple[Dict[str, Any], str, int]:
     """(parameters, training file, iterations done) of the run in ``out``, from its resume state
     (``out/checkpoints/latest/resume.pt``): the parameters as the run trained with them; a

@@ -3,6 +3,7 @@
     ros2 launch diffsim_ros train.launch.py config:=config/hover.yaml out:=runs/hover
     ros2 launch diffsim_ros train.launch.py config:=config/reach_arm.yaml \
         robot_description_topic:=/robot_description out:=runs/reach
+    ros2 launch diffsim_ros train.launch.py out:=runs/reach resume:=true     # continue a stopped run
 
 train_node publishes its loss (std_msgs/Float64 on /diffsim/train/loss) and diagnostics per
 iteration, writes the checkpoint into ``out`` and exits; the launch then shuts down.
@@ -19,7 +20,10 @@ PACKAGE = "diffsim_ros"
 ARGUMENTS = [
     ("config", "config/hover.yaml", "training file (config/<task>.yaml), relative to the package share folder "
                                     "or absolute"),
-    ("out", "runs/train", "output folder of the checkpoint"),
+    ("out", "runs/train", "output folder of the checkpoint (one holding an earlier run is refused unless "
+                          "force or resume)"),
+    ("force", "false", "replace the policy or the unfinished run an earlier run left in out"),
+    ("resume", "false", "continue the unfinished run in out where it stopped, with its own configuration"),
     ("urdf", "", "URDF file to train on instead of the config's"),
     ("robot_description_topic", "", "take the URDF from this latched topic (e.g. /robot_description)"),
     ("iterations", "0", "training iterations (0: the config's)"),
@@ -34,6 +38,8 @@ def generate_launch_description():
         parameters=[{
             "config": LaunchConfiguration("config"),
             "out": LaunchConfiguration("out"),
+            "force": LaunchConfiguration("force"),
+            "resume": LaunchConfiguration("resume"),
             "urdf": LaunchConfiguration("urdf"),
             "robot_description_topic": LaunchConfiguration("robot_description_topic"),
             "iterations": LaunchConfiguration("iterations"),

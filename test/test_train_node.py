@@ -109,3 +109,68 @@ def test_train_node_bad_config_exits_2(tmp_path):
     proc = _start(["-p", f"config:={tmp_path / 'missing.yaml'}"], DOMAIN + 1)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "no such file" in err, err
+
+
+def test_train_node_refuses_an_earlier_run_replaces_it_with_force_and_resumes_one_bit_for_bit(tmp_path):
+    """The node keeps what an earlier run left as ``diffsim-ros train`` does: a folder with a policy
+    or an unfinished run is refused (exit 2, naming force and resume, nothing touched); force:=true
+    trains afresh there; resume:=true continues a run killed mid-way (SIGKILL in the CLI, as
+    test_training_resume does) and ends with the same weights and rows as the run left alone."""
+    import torch
+
+    from test_training_resume import (ITERATIONS, KILL_DURING, KILLER, csv_rows, resume_state, tiny_params,
+                                      without_time, write_config)
+
+    from diffsim_ros.cli import main as cli_main
+
+    cfg = write_config(tmp_path / "tiny_reach.yaml", tiny_params())
+    one_go = tmp_path / "one_go"
+    assert cli_main(["train", "--config", str(cfg), "--out", str(one_go), "--no-progress"]) == 0
+    out = tmp_path / "killed"
+    argv = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, "-c", KILLER.format(kill=KILL_DURING, argv=argv)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    stopped = (out / "training.csv").read_bytes()
+    stopped_rows = csv_rows(out / "training.csv")
+    domain = DOMAIN + 2
+
+    def node(*args):
+        p = _start(["-p", f"out:={out}", *args], domain)
+        _, err = p.communicate(timeout=300)
+        return p.returncode, err
+
+    # An unfinished run without resume or force: refused, and left as it was.
+    rc, err = node("-p", f"config:={cfg}")
+    assert rc == 2 and "unfinished training run" in err and "resume:=true" in err and "force:=true" in err, err
+    assert (out / "training.csv").read_bytes() == stopped
+    rc, err = node("-p", "resume:=true", "-p", "force:=true")
+    assert rc == 2 and "exclude each other" in err, err
+    # Another configuration is refused by name (the run's own is used when config is not read).
+    rc, err = node("-p", "resume:=true", "-p", "iterations:=9")
+    assert rc == 2 and "training.iterations differ" in err, err
+    # resume:=true: the run's own configuration, bit for bit the uninterrupted run.
+    rc, err = node("-p", "resume:=true")
+    assert rc == 0, err
+    assert "resuming" in err and "after iteration 4" in err, err
+    rows = csv_rows(out / "training.csv")
+    assert without_time(rows) == without_time(csv_rows(one_go / "training.csv"))
+    # Continued, not redone: rows 1-4 (to the checkpoint) are the killed run's own, its wall times too.
+    assert rows[:4] == stopped_rows[:4]
+    a, b = resume_state(one_go), resume_state(out)
+    assert a["iteration"] == b["iteration"] == ITERATIONS and b["finished"]
+    for part in ("policy", "critic"):
+        for k in a[part]:
+            assert torch.equal(a[part][k], b[part][k]), (part, k)
+    # A finished run: refused without force (a policy is there), resume has nothing to continue.
+    policy = (out / "policy.pt").read_bytes()
+    rc, err = node("-p", f"config:={cfg}")
+    assert rc == 2 and "trained policy (policy.pt)" in err and "force:=true" in err, err
+    rc, err = node("-p", "resume:=true")
+    assert rc == 2 and "already finished" in err, err
+    assert (out / "policy.pt").read_bytes() == policy
+    # force:=true: a new run of 2 iterations replaces it.
+    rc, err = node("-p", f"config:={cfg}", "-p", "force:=true", "-p", "iterations:=2")
+    assert rc == 0, err
+    assert [int(r["iteration"]) for r in csv_rows(out / "training.csv")] == [1, 2]
+    assert (out / "policy.pt").read_bytes() != policy

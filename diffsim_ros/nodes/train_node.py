@@ -13,9 +13,12 @@ diagnostic_msgs/DiagnosticArray on ``diagnostics_topic`` per iteration. It write
 the checkpoint (policy.pt, policy.json, training.csv, learning_curve.png) into
 ``out`` and exits 0; bad input (config, URDF) exits 2 with the reason. On the way,
 as ``diffsim-ros train`` does: training.csv row by row, TensorBoard event files,
-checkpoints/latest and checkpoints/best; a run into an ``out`` that holds an earlier
-run replaces it (the node has no --force; ``diffsim-ros train --resume out``
-continues a run it left unfinished).
+checkpoints/latest and checkpoints/best. An ``out`` that holds an earlier run is
+refused (exit 2) as ``diffsim-ros train --out`` refuses it: ``force:=true`` replaces
+it, and ``resume:=true`` continues a run left unfinished (stopped, killed, or lost
+with its machine) where it stopped, bit for bit, with the run's own configuration:
+
+    ros2 run diffsim_ros train_node --ros-args -p out:=runs/reach -p resume:=true
 
 A URDF taken from robot_description is written to ``<out>/robot_description.urdf``
 and trained on; the checkpoint records its sha256, so the controller refuses it
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ..training import train_from_params  # the CLI's training path, shared
+from ..training import occupied, resume_source, train_from_params  # the CLI's training path, shared
 from .common import resolve_path
 
 NODE_NAME = "train_node"
@@ -38,7 +41,12 @@ PARAMETERS: Dict[str, Any] = {
     "config": ("config/hover.yaml", "training file (config/<task>.yaml: urdf, simulator, task, training): absolute, "
                                     "relative to the working directory, or to the diffsim_ros share folder"),
     "out": ("runs/train_node", "output folder: policy.pt, policy.json, training.csv, learning_curve.png, "
-                               "TensorBoard event files, checkpoints/ (an earlier run there is replaced)"),
+                               "TensorBoard event files, checkpoints/ (one holding an earlier run is refused "
+                               "unless force or resume)"),
+    "force": (False, "replace the policy or the unfinished run an earlier run left in out"),
+    "resume": (False, "continue the unfinished run in out where it stopped (out/checkpoints/latest), with the "
+                      "configuration it started with: 'config' is not read; iterations, num_envs and seed "
+                      "must be left at their defaults or equal the run's"),
     "urdf": ("", "URDF file to train on instead of the config's 'urdf' (empty: the config's)"),
     "robot_description": ("", "URDF XML to train on (as robot_state_publisher's parameter); empty: not used"),
     "robot_description_topic": ("", "take the URDF from this latched std_msgs/String topic (e.g. /robot_description); "
@@ -82,14 +90,32 @@ def main(argv=None) -> int:
         from ..physics import ConfigError, SimulationError, UrdfError
 
         torch.set_num_threads(max(1, int(p("threads"))))
-        cfg_path = resolve_path(p("config"))
-        if not cfg_path.is_file():
-            raise StartupError(f"parameter 'config': no such file {p('config')}")
         out = Path(p("out"))
-        try:
-            params = config.load_yaml(cfg_path)
-        except ConfigError as e:
-            raise StartupError(str(e)) from None
+        resume = bool(p("resume"))
+        if resume and bool(p("force")):
+            raise StartupError("parameters 'force' and 'resume' exclude each other: force starts afresh in out, "
+                               "resume continues the run there")
+        if resume:
+            try:
+                params, source, done = resume_source(out)
+            except ConfigError as e:      # no resume state there, or a finished run
+                raise StartupError(f"parameter 'resume': {e}") from None
+            cfg_path = Path(source)
+            log.info(f"resuming {out} after iteration {done} (configuration {source})")
+        else:
+            left = occupied(out)
+            if left is not None and not bool(p("force")):
+                what = ("a trained policy (policy.pt)" if left == "policy" else
+                        "an unfinished training run (checkpoints/latest); continue it with resume:=true, or")
+                raise StartupError(f"parameter 'out': {out} holds {what} pass force:=true to replace it, or "
+                                   f"choose another folder")
+            cfg_path = resolve_path(p("config"))
+            if not cfg_path.is_file():
+                raise StartupError(f"parameter 'config': no such file {p('config')}")
+            try:
+                params = config.load_yaml(cfg_path)
+            except ConfigError as e:
+                raise StartupError(str(e)) from None
         # Where the URDF comes from: topic > XML parameter > file parameter > the config's.
         xml = None
         if p("robot_description_topic"):
@@ -109,6 +135,11 @@ def main(argv=None) -> int:
         if xml is not None:
             out.mkdir(parents=True, exist_ok=True)
             dest = out / "robot_description.urdf"
+            if resume and dest.is_file() and dest.read_text() != xml:
+                # The run's own copy stays: the robot it trained on is not replaced by another.
+                raise StartupError(f"parameter 'resume': the robot description received differs from the one "
+                                   f"the run in {out} trained on ({dest}); resume with the same robot, or "
+                                   f"train afresh into another folder")
             dest.write_text(xml)
             params["urdf"] = str(dest.resolve())
         elif p("urdf"):
@@ -134,7 +165,7 @@ def main(argv=None) -> int:
                                    if not math.isnan(row.get("eval_success", float("nan"))) else ""))
 
         try:
-            task, result, files = train_from_params(params, str(cfg_path), out, overrides, progress)
+            task, result, files = train_from_params(params, str(cfg_path), out, overrides, progress, resume=resume)
         except (ConfigError, UrdfError, CheckpointError, SimulationError) as e:
             raise StartupError(str(e)) from None
         hist = result.history
@@ -158,7 +189,8 @@ def main(argv=None) -> int:
         print(f"{NODE_NAME}: error: {e}", file=sys.stderr, flush=True)
         code = 2
     except (KeyboardInterrupt, ExternalShutdownException):
-        print(f"{NODE_NAME}: interrupted; no checkpoint written", file=sys.stderr, flush=True)
+        print(f"{NODE_NAME}: interrupted; no final checkpoint written (where the run wrote "
+              f"checkpoints/latest, resume:=true continues it)", file=sys.stderr, flush=True)
         code = 130
     finally:
         node.destroy_node()
