@@ -387,7 +387,7 @@ def _written(out_dir: str, before: set) -> List[str]:
     return names
 
 
-def _refuse_overwrite(out: str, force: bool) -> None:
+def _refuse_overwrite(out: str, force: bool, command: str = "train") -> None:
     """--out must not hold a policy or an unfinished run already, unless --force."""
     from diffsim_ros.training import occupied
 
@@ -399,7 +399,7 @@ def _refuse_overwrite(out: str, force: bool) -> None:
                        f"(its log and checkpoints go too), or choose another folder")
     if left == "unfinished":
         raise CliError(f"--out {out}: holds an unfinished training run (checkpoints/latest); continue it with "
-                       f"`diffsim-ros train --resume {out}`, or pass --force to start afresh there")
+                       f"`diffsim-ros {command} --resume {out}`, or pass --force to start afresh there")
 
 
 def _prepare_out(out: str) -> set:
@@ -589,11 +589,20 @@ def _train(args: argparse.Namespace, ctx) -> int:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     _positive("--timesteps", args.timesteps)
-    _refuse_overwrite(args.out, args.force)
+    if args.resume is None and (args.config is None or args.out is None):
+        raise CliError("baseline needs --config YAML and --out DIR (or --resume DIR to continue a run)")
+    if args.resume is not None:
+        if args.out is not None and os.path.abspath(args.out) != os.path.abspath(args.resume):
+            raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
+                           f"folder; give --resume alone")
+        if not os.path.isdir(args.resume):
+            raise CliError(f"--resume {args.resume}: no such folder")
+        args.out = args.resume
+    else:
+        _refuse_overwrite(args.out, args.force, "baseline")
     device = _training_device(args.device)
     errors = _input_errors()
     try:
-        params, task, model = _load_training_setup(args, device)
         try:
             from diffsim_ros.learning import ppo
         except ModuleNotFoundError as exc:
@@ -602,9 +611,26 @@ def cmd_baseline(args: argparse.Namespace) -> int:
                                "installation") from None
             raise CliError(f"the PPO baseline needs '{exc.name}', which is not installed "
                            f"(pip install stable-baselines3 gymnasium; see requirements.txt)") from None
-        from diffsim_ros import config
-        from diffsim_ros.learning.checkpoint import save_checkpoint, training_summary
+        import copy
 
+        from diffsim_ros import config
+        from diffsim_ros.learning.checkpoint import json_safe, save_checkpoint, training_summary
+        from diffsim_ros.training import check_same_run
+
+        state = None
+        if args.resume is not None:
+            state = ppo.load_resume_state(args.resume)
+            info = state.get("run_info") or {}
+            if args.config is None:       # the run's own parameters
+                if not isinstance(info.get("config"), dict) or not isinstance(info.get("config_file"), str):
+                    raise CliError(f"{state['path']}: the resume state does not record its configuration; pass "
+                                   f"--config with the training file the run started with")
+                args.config = info["config_file"]
+                params, task, model = _load_training_setup(args, device, params=copy.deepcopy(info["config"]))
+            else:
+                params, task, model = _load_training_setup(args, device)
+        else:
+            params, task, model = _load_training_setup(args, device)
         section = config.section(params, "ppo", args.config)
         for key, val in (("total_timesteps", args.timesteps), ("seed", args.seed)):
             if val is not None:
@@ -614,15 +640,31 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         except (config.ConfigError, TypeError, ValueError) as exc:
             msg = str(exc)
             raise config.ConfigError(msg if args.config in msg else f"{args.config}: {msg}") from None
-        before = _prepare_out(args.out)
+        # What a resume is checked against: the parameters as trained (options applied).
+        effective = copy.deepcopy(params)
+        effective["ppo"] = copy.deepcopy(section)
+        run_info = {"config": json_safe(effective), "config_file": os.path.abspath(args.config),
+                    "urdf_sha256": task.model.urdf_sha256}
+        if state is not None:
+            check_same_run(state, run_info)
+            print(f"baseline: resuming {args.resume} after iteration {int(state['iteration'])}", flush=True)
+        config_extra = {"file": os.path.abspath(args.config), "task": params.get("task")}
+
+        def export(policy, partial, folder, info):
+            """checkpoints/latest and checkpoints/best: the final checkpoint's metadata, so far."""
+            save_checkpoint(policy, task, folder, extra={
+                "training": dict(training_summary(partial, cfg), method="ppo"), "config": config_extra,
+                "checkpoint": info})
+
+        before = set(os.listdir(args.out)) if state is not None else _prepare_out(args.out)
         t0 = time.perf_counter()
-        result = ppo.train_ppo(task, cfg, out_dir=args.out, progress=not args.no_progress)
+        result = ppo.train_ppo(task, cfg, out_dir=args.out, progress=not args.no_progress, resume=state,
+                               export=export, run_info=run_info)
         wall = time.perf_counter() - t0
-        extra = {"training": dict(training_summary(result, cfg), method="ppo"),
-                 "config": {"file": os.path.abspath(args.config), "task": params.get("task")}}
+        extra = {"training": dict(training_summary(result, cfg), method="ppo"), "config": config_extra}
         save_checkpoint(result.policy, task, args.out, extra=extra)
     except errors as exc:
-        raise CliError(_describe(exc, args.config)) from None
+        raise CliError(_describe(exc, args.config or args.out)) from None
     _summary("baseline (PPO)", task, model, result, cfg, args.out, _written(args.out, before), wall)
     return 0
 
@@ -680,8 +722,13 @@ def _add_baseline(sub) -> None:
         "baseline", help="train the PPO baseline (Stable-Baselines3) on the same task and export it",
         description="Read a training file (config/<task>.yaml) and train PPO (Stable-Baselines3) "
                     "on the same simulator and task with the file's ppo section; write policy.pt, "
-                    "policy.json and the training log into --out.")
-    _add_training_args(p, "PPO")
+                    "policy.json and the training log into --out, and on the way checkpoints/latest/ "
+                    "(with resume.pt, which --resume continues from) and checkpoints/best/ every "
+                    "ppo.checkpoint_every iterations.")
+    _add_training_args(p, "PPO", resumable=True)
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the PPO run in DIR from checkpoints/latest (exactly as if it had not stopped); "
+                        "refused when DIR holds no PPO resume state or the configuration differs")
     p.add_argument("--timesteps", type=int, default=None, metavar="N",
                    help="environment steps (default: the file's ppo.total_timesteps)")
     p.set_defaults(func=cmd_baseline)

@@ -66,7 +66,7 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     if resume:
         def read():
             st = load_resume_state(out)
-            _check_same_run(st, run_info)
+            check_same_run(st, run_info)
             return st
         state = dist.from_rank0(read)
     if dist.is_main:
@@ -156,7 +156,7 @@ def _summarise(names: List[str], per_section: int = 3) -> str:
     return ", ".join(parts)
 
 
-def _check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
+def check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
     """A ResumeError naming what differs when ``run_info`` (the configuration given now) is not
     the one the run in ``state`` started with: another parameter, or a URDF whose content changed."""
     from .learning.apg import ResumeError

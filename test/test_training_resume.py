@@ -252,6 +252,83 @@ def test_ppo_csv_is_written_as_each_iteration_ends(tmp_path):
     assert_scalars_match_csv(tmp_path)
 
 
+PPO_KILLER = """
+import os, signal, sys
+import stable_baselines3
+from diffsim_ros import cli
+real, calls = stable_baselines3.PPO.train, [0]
+def dying(self):
+    calls[0] += 1
+    if calls[0] == {kill}:
+        os.kill(os.getpid(), signal.SIGKILL)       # inside the update of iteration {kill}
+    return real(self)
+stable_baselines3.PPO.train = dying
+sys.exit(cli.main({argv!r}))
+"""
+
+
+def test_killed_ppo_run_resumes_bit_for_bit(tmp_path, capsys):
+    """``diffsim-ros baseline --resume``: a PPO run killed inside iteration 6 (checkpoint every 2)
+    and resumed ends with the same rows, networks, optimiser state and observation statistics as
+    the run left alone. The rollout (5 steps) is shorter than the episode (8): the checkpoint (after 20 steps)
+    falls mid-episode, so the environments themselves must come back."""
+    pytest.importorskip("stable_baselines3", reason="the PPO baseline needs stable-baselines3")
+    params = tiny_params()
+    params["ppo"] = dict(total_timesteps=ITERATIONS * 4 * 5, num_envs=4, n_steps=5, batch_size=10, n_epochs=2,
+                         eval_every_steps=48, eval_envs=4, stop_at_success=False, checkpoint_every=2, seed=3,
+                         hidden=[16, 16])
+    cfg = write_config(tmp_path / "tiny_ppo.yaml", params)
+    one_go, out = tmp_path / "one_go", tmp_path / "run"
+    rc, _, err = run_main(capsys, "baseline", "--config", cfg, "--out", one_go, "--no-progress")
+    assert rc == 0, err
+    argv = ["baseline", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, "-c", PPO_KILLER.format(kill=KILL_DURING, argv=argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    killed = csv_rows(out / "training.csv")
+    assert [int(r["iteration"]) for r in killed] == list(range(1, KILL_DURING))
+    assert without_time(killed) == without_time(csv_rows(one_go / "training.csv")[:KILL_DURING - 1])
+    # Rerunning into the folder is refused, naming the way on.
+    rc, _, err = run_main(capsys, *argv)
+    assert rc == 2 and "diffsim-ros baseline --resume" in err, err
+    # The gradient trainer's resume refuses a PPO run's state by name.
+    rc, _, err = run_main(capsys, "train", "--resume", out)
+    assert rc == 2 and "another trainer's" in err, err
+
+    rc, stdout, err = run_main(capsys, "baseline", "--resume", out, "--no-progress")
+    assert rc == 0, err
+    assert "resuming" in stdout and "after iteration 4" in stdout
+    rows = csv_rows(out / "training.csv")
+    assert without_time(rows) == without_time(csv_rows(one_go / "training.csv"))
+    assert rows[:4] == killed[:4]            # continued, not redone: the killed run's rows, wall times too
+    a, b = resume_state(one_go), resume_state(out)
+    assert a["iteration"] == b["iteration"] == ITERATIONS and a["finished"] and b["finished"]
+    la, lb = a["learner"], b["learner"]
+    for k in la["policy"]:
+        assert torch.equal(la["policy"][k], lb["policy"][k]), k
+    for i, st in la["optimizer"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(v, lb["optimizer"]["state"][i][k]), (i, k)
+    for k in ("mean", "var"):
+        assert torch.equal(la["normalizer"]["obs_rms"][k], lb["normalizer"]["obs_rms"][k]), k
+    assert torch.equal(la["env"]["ts"]["sim"]["q"], lb["env"]["ts"]["sim"]["q"])
+    model = physics.load_urdf(str(ROOT / "urdf" / "diffsim_arm.urdf"))
+    pa, _ = load_checkpoint(one_go, model=model)
+    pb, meta = load_checkpoint(out, model=model)
+    obs = torch.randn(16, meta["observation"]["dim"], generator=torch.Generator().manual_seed(3))
+    assert torch.equal(pa(obs), pb(obs))
+    assert meta["training"]["method"] == "ppo" and meta["training"]["iterations"] == ITERATIONS
+    # The best checkpoint is the best evaluation's, and loads for the robot.
+    evals = [r for r in rows if r["eval_success"] != "nan"]
+    _, best = load_checkpoint(out / "checkpoints" / "best", model=model)
+    assert best["checkpoint"]["kind"] == "best"
+    assert float(evals[[int(r["iteration"]) for r in evals].index(best["checkpoint"]["iteration"])]
+                 ["eval_success"]) == max(float(r["eval_success"]) for r in evals)
+    # Resuming a finished run, or with another option, is refused.
+    rc, _, err = run_main(capsys, "baseline", "--resume", out)
+    assert rc == 2 and "already finished" in err, err
+
+
 # ------------------------------------------------------------------------ refusals
 
 

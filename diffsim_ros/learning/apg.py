@@ -541,6 +541,19 @@ def load_resume_state(out_dir) -> Dict[str, Any]:
     copy when a kill fell between the two renames that replace it), read without unpickling
     arbitrary objects (``torch.load(weights_only=True)``), tensors on the CPU. A folder without one,
     or an unreadable one, is a :class:`ResumeError` naming the file."""
+    state = read_resume_file(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, (
+        "iteration", "env_steps", "diverged", "finished", "history", "policy", "optimizer", "rng",
+        "train_config", "task"))
+    # A run saved before a column existed continues with nan there, so training.csv keeps one header.
+    state["history"] = [{k: row.get(k, float("nan")) for k in COLUMNS} | {k: v for k, v in row.items()}
+                        for row in state["history"]]
+    return state
+
+
+def read_resume_file(out_dir, fmt: str, version: int, required) -> Dict[str, Any]:
+    """``out_dir``'s resume state of format ``fmt`` (see :func:`load_resume_state`), with its
+    ``path``; a :class:`ResumeError` when it is missing, unreadable, of another format or version,
+    or lacks one of the ``required`` entries."""
     out_dir = Path(out_dir)
     root = out_dir / CHECKPOINTS
     path = next((p for p in (root / "latest" / RESUME_FILE, root / "latest.old" / RESUME_FILE) if p.is_file()),
@@ -555,18 +568,16 @@ def load_resume_state(out_dir) -> Dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to read is a damaged file
         raise ResumeError(f"{path}: unreadable resume state ({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict) or state.get("format") != RESUME_FORMAT:
-        raise ResumeError(f"{path}: not a diffsim_ros resume state (format {RESUME_FORMAT!r})")
-    if state.get("format_version") != RESUME_FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        other = state.get("format") if isinstance(state, dict) else None
+        raise ResumeError(f"{path}: not a resume state of this trainer (format {fmt!r}"
+                          + (f"; this one is {other!r}, another trainer's" if isinstance(other, str) else "") + ")")
+    if state.get("format_version") != version:
         raise ResumeError(f"{path}: resume state format_version {state.get('format_version')!r}, this version "
-                          f"reads {RESUME_FORMAT_VERSION}")
-    missing = [k for k in ("iteration", "env_steps", "diverged", "finished", "history", "policy", "optimizer",
-                           "rng", "train_config", "task") if k not in state]
+                          f"reads {version}")
+    missing = [k for k in required if k not in state]
     if missing:
         raise ResumeError(f"{path}: resume state without {', '.join(missing)}")
-    # A run saved before a column existed continues with nan there, so training.csv keeps one header.
-    state["history"] = [{k: row.get(k, float("nan")) for k in COLUMNS} | {k: v for k, v in row.items()}
-                        for row in state["history"]]
     state["path"] = str(path)
     return state
 

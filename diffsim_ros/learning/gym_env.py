@@ -74,6 +74,34 @@ class TaskVecEnv(VecEnv):
         self._loss_sum, self._loss_count, self._successes = 0.0, 0, []
         return loss, succ
 
+    def get_state(self) -> Dict[str, Any]:
+        """What the batch carries between steps (the episodes' task state, the reset generator,
+        the running returns and counters), as tensors and plain values (``torch.load(...,
+        weights_only=True)`` reads them back); :meth:`set_state` restores it."""
+        ts = None
+        if self.ts is not None:
+            sim = self.ts.sim
+            ts = {"sim": {k: getattr(sim, k) for k in ("q", "v", "actuator", "delay", "t")},
+                  "target": self.ts.target, "step": int(self.ts.step), "extra": dict(self.ts.extra)}
+        return {"ts": ts, "generator": self.generator.get_state(), "returns": torch.from_numpy(self._returns.copy()),
+                "total_steps": int(self.total_steps), "loss_sum": float(self._loss_sum),
+                "loss_count": int(self._loss_count), "successes": list(self._successes)}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        from ..physics import State
+
+        m = self.task.model
+        to = lambda x: None if x is None else x.to(m.device)  # noqa: E731
+        ts = state["ts"]
+        self.ts = None if ts is None else TaskState(State(**{k: to(v) for k, v in ts["sim"].items()}),
+                                                    to(ts["target"]), int(ts["step"]),
+                                                    {k: to(v) for k, v in ts["extra"].items()})
+        self.generator.set_state(state["generator"])
+        self._returns = state["returns"].numpy().astype(np.float64).copy()
+        self.total_steps = int(state["total_steps"])
+        self._loss_sum, self._loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self._successes = [float(x) for x in state["successes"]]
+
     # ---------------------------------------------------------------- VecEnv API
     def seed(self, seed: Optional[int] = None) -> Sequence[None]:
         if seed is not None:

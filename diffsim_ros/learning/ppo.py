@@ -18,18 +18,20 @@ both trainers alike.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..physics import ConfigError
 from ..tasks import Task
-from .apg import RunLog, TrainResult, _clear_run, evaluation_columns, plot_history
+from .apg import (ResumeError, RunLog, TrainResult, _better, _Checkpoints, _clear_run, _rng_state, _set_rng_state,
+                  evaluation_columns, plot_history, read_resume_file)
 from .policy import RunningNorm
 
 
@@ -59,6 +61,9 @@ class PPOConfig:
     eval_every_steps: environment steps between evaluations on fresh episodes [50_000]
     eval_envs: episodes per evaluation [64]
     stop_at_success: stop once the evaluation reaches the task's success threshold [True]
+    checkpoint_every: iterations between checkpoints of a run into a folder (checkpoints/latest
+        with the resume state, checkpoints/best), and at the end [1]: an iteration is a whole
+        rollout and its update, so a checkpoint costs little beside it
     seed: random seed [0]
     """
     total_timesteps: int = 2_000_000
@@ -80,6 +85,7 @@ class PPOConfig:
     eval_every_steps: int = 50_000
     eval_envs: int = 64
     stop_at_success: bool = True
+    checkpoint_every: int = 1
     seed: int = 0
 
     @property
@@ -123,7 +129,8 @@ class PPOConfig:
         return cfg
 
     def validate(self, where: str = "ppo") -> None:
-        for k in ("total_timesteps", "num_envs", "n_steps", "n_epochs", "eval_every_steps", "eval_envs"):
+        for k in ("total_timesteps", "num_envs", "n_steps", "n_epochs", "eval_every_steps", "eval_envs",
+                  "checkpoint_every"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"'{where}.{k}' must be >= 1, got {getattr(self, k)}")
         if not 2 <= self.batch_size <= self.rollout_steps:
@@ -198,12 +205,26 @@ def make_model(task: Task, cfg: PPOConfig):
     return model, vn, raw
 
 
+RESUME_FORMAT = "diffsim_ros.ppo_resume"   # checkpoints/latest/resume.pt of a PPO run
+RESUME_FORMAT_VERSION = 1
+
+
 def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] = None, progress: bool = True,
-              callback: Optional[Callable[[Dict[str, float]], None]] = None) -> TrainResult:
+              callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
+              export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
     """Train ``task`` with PPO; history rows as :func:`diffsim_ros.learning.apg.train`
     (``grad_norm`` is nan). ``out_dir``: ``training.csv`` with one row appended (flushed) per
     iteration, TensorBoard event files of the same numbers when ``tensorboard`` is importable
-    (:class:`~diffsim_ros.learning.apg.RunLog`), ``learning_curve.png`` at the end.
+    (:class:`~diffsim_ros.learning.apg.RunLog`), ``checkpoints/latest/`` (with the resume state)
+    and ``checkpoints/best/`` every ``cfg.checkpoint_every`` iterations and at the end,
+    ``learning_curve.png`` at the end; a fresh run removes an earlier run's checkpoints and event
+    files there.
+
+    ``resume``: the state :func:`load_resume_state` read from an earlier run of this task with this
+    ``cfg``: training continues as if it had not stopped (the same rows and weights as one
+    uninterrupted run): SB3's networks and optimiser, the environments mid-episode, the
+    normaliser's statistics and every random generator come back. ``export(policy, result,
+    folder, info)`` and ``run_info``: as for :func:`~diffsim_ros.learning.apg.train`.
 
     One iteration is one rollout of ``num_envs * n_steps`` environment steps and
     its PPO update; ``env_steps`` counts every environment step taken. The
@@ -216,19 +237,62 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
     history: List[Dict[str, float]] = []
     solved_steps = solved_time = None
     next_eval = cfg.eval_every_steps
+    best = None
+    it = 0
+    if resume is not None:
+        check_resume_state(resume, task, cfg)
+        _set_learner_state(resume["learner"], model, vn, raw)
+        history = [dict(row) for row in resume["history"]]
+        it, next_eval, best = int(resume["iteration"]), int(resume["next_eval"]), resume["best"]
+        solved_steps, solved_time = resume["solved_env_steps"], resume["solved_time"]
+        _set_rng_state(resume["rng"], raw.generator, task.model.device)
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=iterations * cfg.rollout_steps, desc=f"ppo {task.name}", unit="step", leave=False)
-    t_start = time.perf_counter()
+        bar = tqdm(total=iterations * cfg.rollout_steps, initial=it * cfg.rollout_steps, desc=f"ppo {task.name}",
+                   unit="step", leave=False)
+    # wall_time continues the clock of the run resumed
+    t_start = time.perf_counter() - (float(history[-1]["wall_time"]) if history else 0.0)
     policy = None
-    log = None
+    log = checkpoints = None
     if out_dir is not None:
-        _clear_run(Path(out_dir))     # an earlier run's checkpoints and event files would mix with this one
-        log = RunLog(Path(out_dir))
+        out_dir = Path(out_dir)
+        if resume is None:
+            _clear_run(out_dir)     # an earlier run's checkpoints and event files would mix with this one
+        log = RunLog(out_dir, history)
+        checkpoints = _Checkpoints(out_dir, task, None, export or _default_export(task, cfg))
+    pending_best = None
+
+    def save(finished: bool) -> None:
+        """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
+        with the resume state; nothing the run draws from its random generators changes."""
+        nonlocal pending_best
+        rng = _rng_state(raw.generator, task.model.device)
+        try:
+            if pending_best is not None:
+                pol, k = pending_best
+                upto = history[:k]
+                solved = solved_steps if solved_steps is not None and solved_steps <= upto[-1]["env_steps"] else None
+                checkpoints.write("best", pol, TrainResult(pol, upto, solved, solved_time if solved else None),
+                                  {"kind": "best", "iteration": k})
+                pending_best = None
+            state = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, "iteration": it,
+                     "finished": finished, "history": history, "next_eval": next_eval, "best": best,
+                     "solved_env_steps": solved_steps, "solved_time": solved_time,
+                     "learner": _learner_state(model, vn, raw), "rng": rng, "ppo_config": _config_values(cfg),
+                     "task": {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim},
+                     "device": str(task.model.device), "run_info": run_info}
+            latest = actor_from_sb3(model, vn, task)
+            checkpoints.write("latest", latest, TrainResult(latest, history, solved_steps, solved_time),
+                              {"kind": "latest", "iteration": it}, state)
+        finally:
+            _set_rng_state(rng, raw.generator, task.model.device)
+
     try:
-        for it in range(iterations):
-            model.learn(total_timesteps=cfg.rollout_steps, reset_num_timesteps=(it == 0), progress_bar=False)
+        while it < iterations:
+            # Only a fresh run's first rollout resets the environments; a resumed one goes on mid-episode.
+            model.learn(total_timesteps=cfg.rollout_steps, reset_num_timesteps=(it == 0 and resume is None),
+                        progress_bar=False)
             env_steps = int(model.num_timesteps)
             loss, train_success = raw.pop_stats()
             row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
@@ -237,6 +301,7 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
                    "diverged": 0,     # apg's columns; SB3 has no retry
                    "lr": cfg.learning_rate}
             last = it + 1 == iterations
+            policy = None
             if env_steps >= next_eval or last:
                 while next_eval <= env_steps:
                     next_eval += cfg.eval_every_steps
@@ -244,15 +309,23 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
                 row.update(evaluation_columns(task, policy, cfg.eval_envs))
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
+                if _better(row, best):
+                    best = {"iteration": it + 1, "eval_success": row["eval_success"], "loss": row["loss"]}
+                    if checkpoints is not None:
+                        pending_best = (policy, it + 1)
             history.append(row)
+            it += 1
+            done = last or (cfg.stop_at_success and solved_steps is not None)
             if log is not None:
                 log.append(row)
+            if checkpoints is not None and (it % cfg.checkpoint_every == 0 or done):
+                save(done)
             if callback is not None:
                 callback(row)
             if bar is not None:
                 bar.set_postfix(loss=f"{loss:.4f}", success=f"{train_success:.2f}")
                 bar.update(cfg.rollout_steps)
-            if cfg.stop_at_success and solved_steps is not None:
+            if done:
                 break
     finally:
         if bar is not None:
@@ -260,8 +333,92 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
         if log is not None:
             log.close()
         raw.close()
-    if policy is None or not history or math.isnan(history[-1]["eval_success"]):
+    if policy is None:
         policy = actor_from_sb3(model, vn, task)
     if out_dir is not None:
         plot_history(history, Path(out_dir), title=f"{task.name}: PPO (Stable-Baselines3)")
     return TrainResult(policy, history, solved_steps, solved_time)
+
+
+def _default_export(task, cfg: PPOConfig):
+    def export(policy, result, folder, info):
+        from .checkpoint import save_checkpoint, training_summary
+
+        save_checkpoint(policy, task, folder, extra={
+            "training": dict(training_summary(result, cfg), method="ppo"), "checkpoint": info})
+    return export
+
+
+def _config_values(cfg: PPOConfig) -> Dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _array(x) -> torch.Tensor:
+    import numpy as np
+
+    return torch.from_numpy(np.array(x, copy=True))
+
+
+def _rms(r) -> Dict[str, Any]:
+    return {"mean": _array(r.mean), "var": _array(r.var), "count": float(r.count)}
+
+
+def _learner_state(model, vn, raw) -> Dict[str, Any]:
+    """What SB3 carries from one ``learn`` call to the next, as tensors and plain values: the
+    networks and their optimiser, the step counters, the last observation and episode starts,
+    the normaliser's statistics and running returns, and the environments themselves."""
+    state = {"policy": copy.deepcopy(model.policy.state_dict()),
+             "optimizer": copy.deepcopy(model.policy.optimizer.state_dict()),
+             "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates),
+             "episode_num": int(model._episode_num), "last_obs": _array(model._last_obs),
+             "last_episode_starts": _array(model._last_episode_starts),
+             "last_original_obs": None if model._last_original_obs is None else _array(model._last_original_obs),
+             "normalizer": None, "env": raw.get_state()}
+    if vn is not None:
+        state["normalizer"] = {"obs_rms": _rms(vn.obs_rms), "ret_rms": _rms(vn.ret_rms), "returns": _array(vn.returns),
+                               "old_obs": _array(vn.old_obs), "old_reward": _array(vn.old_reward)}
+    return state
+
+
+def _set_learner_state(state: Dict[str, Any], model, vn, raw) -> None:
+    model.policy.load_state_dict(state["policy"])
+    model.policy.optimizer.load_state_dict(state["optimizer"])
+    model.num_timesteps, model._n_updates = int(state["num_timesteps"]), int(state["n_updates"])
+    model._episode_num = int(state["episode_num"])
+    model._last_obs = state["last_obs"].numpy().copy()
+    model._last_episode_starts = state["last_episode_starts"].numpy().copy()
+    if state["last_original_obs"] is not None:
+        model._last_original_obs = state["last_original_obs"].numpy().copy()
+    norm = state["normalizer"]
+    if vn is not None and norm is not None:
+        for name in ("obs_rms", "ret_rms"):
+            r = getattr(vn, name)
+            r.mean, r.var, r.count = (norm[name]["mean"].numpy().copy(), norm[name]["var"].numpy().copy(),
+                                      float(norm[name]["count"]))
+        vn.returns = norm["returns"].numpy().copy()
+        vn.old_obs, vn.old_reward = norm["old_obs"].numpy().copy(), norm["old_reward"].numpy().copy()
+    raw.set_state(state["env"])
+
+
+def load_resume_state(out_dir) -> Dict[str, Any]:
+    """The PPO run's state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
+    :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
+    :class:`~diffsim_ros.learning.apg.ResumeError` naming what is wrong."""
+    return read_resume_file(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, (
+        "iteration", "finished", "history", "next_eval", "best", "learner", "rng", "ppo_config", "task"))
+
+
+def check_resume_state(state: Dict[str, Any], task: Task, cfg: PPOConfig) -> None:
+    """A ResumeError unless ``state`` continues a PPO run of ``task`` with ``cfg`` that has
+    iterations left; it names what differs."""
+    where = state.get("path", "resume state")
+    want = {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
+    diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
+            if state["task"].get(k) != v]
+    diff += [f"ppo.{k}: {state['ppo_config'].get(k)!r} then, {v!r} now" for k, v in _config_values(cfg).items()
+             if state["ppo_config"].get(k) != v]
+    if diff:
+        raise ResumeError(f"{where}: the run was started with another configuration ({'; '.join(diff)})")
+    if state["finished"]:
+        raise ResumeError(f"{where}: the run already finished (iteration {int(state['iteration'])}); "
+                          f"nothing to resume")
