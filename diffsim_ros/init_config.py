@@ -500,7 +500,8 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
                velocity_limits=True, servo_iterations=4, gravity_compensation=True)
     p.params["task"] = dict(type="reach", ee_link=ee_link, horizon=horizon, target_margin=margin,
                             success_distance=0.02, success_speed=0.05, velocity_weight=0.0, speed_weight=0.05,
-                            command_mode="delta", delta_scale=delta, jacobian_observation=True)
+                            speed_limit_weight=1.0, command_mode="delta", delta_scale=delta,
+                            jacobian_observation=True)
     p.params["training"] = dict(iterations=200, num_envs=32, window=10, learning_rate=0.003, lr_schedule="cosine",
                                 final_learning_rate=0.0001, grad_clip=1.0, hidden=[128, 128], eval_every=5,
                                 eval_envs=64, stop_at_success=True, seed=0)
@@ -541,6 +542,9 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     il["task.success_speed"] = "m/s, end-effector speed counted as at rest"
     il["task.speed_weight"] = "s, loss weight on the end effector's speed |J v| next to its distance"
     il["task.jacobian_observation"] = "bool: the observation also holds J(q)^T (target - ee) per joint"
+    il["task.speed_limit_weight"] = ("loss weight on each joint's speed beyond its URDF velocity limit, "
+                                     "(|v| / v_max - 1)^2 per step: at its effort limit a drive cannot always "
+                                     "brake a heavy link that its neighbours swing")
 
 
 def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float, zeta: float) -> None:

@@ -12,8 +12,12 @@ import csv
 import json
 import dataclasses
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
 
 from conftest import REPO_ROOT, drawn_seed
 from diffsim_ros import config, physics
@@ -322,6 +326,38 @@ def test_reach_speed_weight_adds_the_end_effector_speed():
     assert bool((extra > 0).all())
     with pytest.raises(ValueError, match="speed_weight must be >= 0"):
         ReachTask(m, sc, ee_link="ee_link", speed_weight=-1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(speeds=hnp.arrays(np.float64, (6, 4), elements=st.floats(-20.0, 20.0)),
+       weight=st.floats(0.01, 10.0))
+def test_reach_speed_limit_weight_costs_only_the_speed_beyond_the_urdf_limit(speeds, weight):
+    """speed_limit_weight adds weight x sum over joints of (|v| / v_max - 1)^2 beyond each joint's
+    URDF velocity limit (read here with urdf_parser_py) and nothing within it, for any speeds."""
+    from urdf_parser_py.urdf import URDF
+
+    path = REPO_ROOT / "urdf" / "diffsim_arm.urdf"
+    m = physics.load_urdf(str(path), dtype=torch.float64)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
+    plain = ReachTask(m, sc, ee_link="ee_link", horizon=10, velocity_weight=0.0)
+    task = ReachTask(m, sc, ee_link="ee_link", horizon=10, velocity_weight=0.0, speed_limit_weight=weight)
+    ts = task.reset(6, torch.Generator().manual_seed(2))
+    ts.sim.v[:] = torch.as_tensor(speeds)
+    ts.step = 4
+    a = torch.zeros(6, 4, dtype=torch.float64)
+    extra = (task.step_loss(ts, a) - plain.step_loss(ts, a)).numpy()
+    joints = {j.name: j for j in URDF.from_xml_string(path.read_text()).joints}
+    vmax = np.array([joints[n].limit.velocity for n in task.sim.actuated_joints])
+    want = weight * (np.maximum(np.abs(speeds) / vmax - 1.0, 0.0) ** 2).sum(-1)
+    np.testing.assert_allclose(extra, want, rtol=1e-9, atol=1e-12)
+    assert all(e == 0.0 for e, v in zip(extra, speeds) if (np.abs(v) <= vmax).all())
+
+
+def test_reach_speed_limit_weight_is_refused_negative():
+    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
+    with pytest.raises(ValueError, match="speed_limit_weight must be >= 0"):
+        ReachTask(m, sc, ee_link="ee_link", speed_limit_weight=-1.0)
 
 
 def test_reach_kinematics_cache_follows_the_state():

@@ -9,6 +9,11 @@ holds the joint positions and velocities, the end-effector error and the target,
 and with ``jacobian_observation`` also J(q)^T (target - ee), the error mapped into
 joint space through the arm's own kinematics.
 
+The loss is the end effector's distance to the target (later steps weigh more), with
+optional terms on the joint speeds (``velocity_weight``), the actions, the end
+effector's speed (``speed_weight``) and each joint's speed beyond its URDF velocity
+limit (``speed_limit_weight``, (|v| / v_max - 1)^2: a real drive faults there).
+
 Success (independent of training): at the end of the episode the end effector
 is within ``success_distance`` (2 cm) of the target and moves slower than
 ``success_speed`` (5 cm/s).
@@ -29,7 +34,8 @@ class ReachTask(Task):
     def __init__(self, model: Model, sim_config: SimConfig, ee_link: str, horizon: int = 100,
                  target_margin: float = 0.15, success_distance: float = 0.02, success_speed: float = 0.05,
                  velocity_weight: float = 0.01, action_weight: float = 0.0, command_mode: str = "absolute",
-                 delta_scale: float = 0.3, jacobian_observation: bool = False, speed_weight: float = 0.0):
+                 delta_scale: float = 0.3, jacobian_observation: bool = False, speed_weight: float = 0.0,
+                 speed_limit_weight: float = 0.0):
         if sim_config.actuator not in ("position", "effort"):
             raise ValueError(f"reach: actuator must be 'position' or 'effort', got '{sim_config.actuator}'")
         if model.floating_base:
@@ -44,6 +50,9 @@ class ReachTask(Task):
         if speed_weight < 0:
             raise ValueError(f"reach: speed_weight must be >= 0 s, got {speed_weight}")
         self.speed_weight = speed_weight
+        if not speed_limit_weight >= 0:
+            raise ValueError(f"reach: speed_limit_weight must be >= 0, got {speed_limit_weight}")
+        self.speed_limit_weight = float(speed_limit_weight)
         if ee_link not in model.link_names:
             raise ValueError(f"reach: ee_link '{ee_link}' is not a link of '{model.name}' "
                              f"(links: {', '.join(model.link_names)})")
@@ -63,6 +72,9 @@ class ReachTask(Task):
         self.q_low, self.q_high = lo, hi
         self.t_low, self.t_high = lo + target_margin * span, hi - target_margin * span
         self.q_mid, self.q_half = 0.5 * (lo + hi), 0.5 * span
+        vmax = model.velocity_limit[idx]
+        self._limited = torch.isfinite(vmax) & (vmax > 0)     # joints whose URDF gives a speed limit
+        self._vmax = torch.where(self._limited, vmax, torch.ones_like(vmax))
         self.obs_dim = 2 * self.n + 6 + (self.n if jacobian_observation else 0)
         self.action_dim = self.n
 
@@ -137,6 +149,12 @@ class ReachTask(Task):
         # Later steps weigh more: the task is judged at the end of the episode.
         w = (ts.step / self.horizon)
         loss = w * dist + self.velocity_weight * (v ** 2).sum(-1) + self.action_weight * (action ** 2).sum(-1)
+        if self.speed_limit_weight:
+            # A real drive faults past its URDF speed limit, and at its effort limit cannot always
+            # brake a heavy link whose neighbours swing it (the Panda's shoulder): every step a joint
+            # spends beyond the limit costs (|v| / v_max - 1)^2, nothing within it.
+            over = torch.relu(v.abs() / self._vmax - 1.0) * self._limited
+            loss = loss + self.speed_limit_weight * (over ** 2).sum(-1)
         if self.speed_weight:
             # The end effector's speed |J(q) v| under the same weight: the success metric asks
             # for the arm at rest, which a distance alone does not (a step-to-step chatter
