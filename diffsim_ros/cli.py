@@ -502,6 +502,17 @@ def _train_context(args: argparse.Namespace):
     return ctx
 
 
+def _resume_folder(args: argparse.Namespace, command: str) -> None:
+    """--config and --out, or --resume DIR alone (which then is --out too)."""
+    if args.resume is None and (args.config is None or args.out is None):
+        raise CliError(f"{command} needs --config YAML and --out DIR (or --resume DIR to continue a run)")
+    if args.resume is not None:
+        if args.out is not None and os.path.abspath(args.out) != os.path.abspath(args.resume):
+            raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
+                           f"folder; give --resume alone")
+        args.out = args.resume
+
+
 def _train_folder(args: argparse.Namespace):
     """The checks and the listing of train's folder (rank 0's alone in a distributed run): (the stored
     parameters, training file and iterations done of the run resumed, or None; names in the folder
@@ -519,13 +530,7 @@ def _train_folder(args: argparse.Namespace):
 def cmd_train(args: argparse.Namespace) -> int:
     for name in ("iterations", "num_envs"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
-    if args.resume is None and (args.config is None or args.out is None):
-        raise CliError("train needs --config YAML and --out DIR (or --resume DIR to continue a run)")
-    if args.resume is not None:
-        if args.out is not None and os.path.abspath(args.out) != os.path.abspath(args.resume):
-            raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
-                           f"folder; give --resume alone")
-        args.out = args.resume
+    _resume_folder(args, "train")
     try:
         return _train(args, _train_context(args))
     except _SharedError:        # rank 0 has reported it
@@ -589,15 +594,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     _positive("--timesteps", args.timesteps)
-    if args.resume is None and (args.config is None or args.out is None):
-        raise CliError("baseline needs --config YAML and --out DIR (or --resume DIR to continue a run)")
+    _resume_folder(args, "baseline")
     if args.resume is not None:
-        if args.out is not None and os.path.abspath(args.out) != os.path.abspath(args.resume):
-            raise CliError(f"--out {args.out} with --resume {args.resume}: a resumed run continues in its own "
-                           f"folder; give --resume alone")
         if not os.path.isdir(args.resume):
             raise CliError(f"--resume {args.resume}: no such folder")
-        args.out = args.resume
     else:
         _refuse_overwrite(args.out, args.force, "baseline")
     device = _training_device(args.device)
@@ -683,6 +683,10 @@ def _add_training_args(p, what: str, resumable: bool = False) -> None:
                    help="torch device the simulator and the policy run on: cpu, cuda or cuda:N (default: cpu); "
                         "the checkpoint is written for the CPU either way")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the file's)")
+    if resumable:
+        p.add_argument("--resume", default=None, metavar="DIR",
+                       help=f"continue the {what} run in DIR from checkpoints/latest (exactly as if it had not "
+                            f"stopped); refused when DIR holds no such resume state or the configuration differs")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads (default: 1; more threads contend on small batches)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -699,9 +703,6 @@ def _add_train(sub) -> None:
                     "checkpoints/latest/ (with resume.pt, the state --resume continues from) and "
                     "checkpoints/best/ (the best evaluation so far).")
     _add_training_args(p, "training", resumable=True)
-    p.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run in DIR from checkpoints/latest (exactly as if it had not stopped); "
-                        "refused when DIR holds no resume state or the configuration differs")
     p.add_argument("--iterations", type=int, default=None, metavar="N",
                    help="policy updates (default: the file's training.iterations)")
     p.add_argument("--num-envs", type=int, default=None, metavar="N",
@@ -726,9 +727,6 @@ def _add_baseline(sub) -> None:
                     "(with resume.pt, which --resume continues from) and checkpoints/best/ every "
                     "ppo.checkpoint_every iterations.")
     _add_training_args(p, "PPO", resumable=True)
-    p.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the PPO run in DIR from checkpoints/latest (exactly as if it had not stopped); "
-                        "refused when DIR holds no PPO resume state or the configuration differs")
     p.add_argument("--timesteps", type=int, default=None, metavar="N",
                    help="environment steps (default: the file's ppo.total_timesteps)")
     p.set_defaults(func=cmd_baseline)

@@ -293,11 +293,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         rng = _rng_state(gen, device)
         try:
             if pending_best is not None:
-                pol, k = pending_best
-                upto = history[:k]
-                solved = solved_steps if solved_steps is not None and solved_steps <= upto[-1]["env_steps"] else None
-                checkpoints.write("best", pol, TrainResult(pol, upto, solved, solved_time if solved else None),
-                                  {"kind": "best", "iteration": k})
+                checkpoints.write_best(pending_best, history, solved_steps, solved_time)
                 pending_best = None
             state = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, "iteration": it,
                      "env_steps": env_steps, "diverged": diverged, "finished": finished, "history": history,
@@ -495,6 +491,15 @@ class _Checkpoints:
     def has(self, kind: str) -> bool:
         return (self.root / kind).is_dir()
 
+    def write_best(self, pending, history: List[Dict[str, float]], solved_steps, solved_time) -> Path:
+        """checkpoints/best: ``pending`` = (policy, iteration) of the best evaluation, with the
+        history up to that iteration (and the solve only if it came by then)."""
+        pol, k = pending
+        upto = history[:k]
+        solved = solved_steps if solved_steps is not None and solved_steps <= upto[-1]["env_steps"] else None
+        return self.write("best", pol, TrainResult(pol, upto, solved, solved_time if solved else None),
+                          {"kind": "best", "iteration": k})
+
     def write(self, kind: str, policy, result: "TrainResult", info: Dict[str, Any],
               state: Optional[Dict[str, Any]] = None) -> Path:
         final, tmp, old = self.root / kind, self.root / (kind + ".tmp"), self.root / (kind + ".old")
@@ -582,18 +587,24 @@ def read_resume_file(out_dir, fmt: str, version: int, required) -> Dict[str, Any
     return state
 
 
+def check_same_trainer(state: Dict[str, Any], task: Task, section: str, then: Dict[str, Any],
+                       now: Dict[str, Any]) -> None:
+    """A :class:`ResumeError` naming each difference when the run in ``state`` was of another task
+    (name, dimensions) or had other trainer options (``then`` against ``now``, the ``section``'s)."""
+    want = {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
+    diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
+            if state["task"].get(k) != v]
+    diff += [f"{section}.{k}: {then.get(k)!r} then, {v!r} now" for k, v in now.items() if then.get(k) != v]
+    if diff:
+        raise ResumeError(f"{state.get('path', 'resume state')}: the run was started with another configuration "
+                          f"({'; '.join(diff)})")
+
+
 def check_resume_state(state: Dict[str, Any], task: Task, cfg: TrainConfig) -> None:
     """A :class:`ResumeError` unless ``state`` continues a run of ``task`` with ``cfg`` that has
     iterations left; it names what differs."""
     where = state.get("path", "resume state")
-    want = {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
-    diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
-            if state["task"].get(k) != v]
-    now = dataclasses.asdict(cfg)
-    diff += [f"training.{k}: {state['train_config'].get(k)!r} then, {v!r} now" for k, v in now.items()
-             if state["train_config"].get(k) != v]
-    if diff:
-        raise ResumeError(f"{where}: the run was started with another configuration ({'; '.join(diff)})")
+    check_same_trainer(state, task, "training", state["train_config"], dataclasses.asdict(cfg))
     if state["finished"] or int(state["iteration"]) >= cfg.iterations:
         raise ResumeError(f"{where}: the run already finished (iteration {int(state['iteration'])} of "
                           f"{cfg.iterations}); nothing to resume")

@@ -31,7 +31,7 @@ from torch import nn
 from ..physics import ConfigError
 from ..tasks import Task
 from .apg import (ResumeError, RunLog, TrainResult, _better, _Checkpoints, _clear_run, _rng_state, _set_rng_state,
-                  evaluation_columns, plot_history, read_resume_file)
+                  check_same_trainer, evaluation_columns, plot_history, read_resume_file)
 from .policy import RunningNorm
 
 
@@ -270,11 +270,7 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
         rng = _rng_state(raw.generator, task.model.device)
         try:
             if pending_best is not None:
-                pol, k = pending_best
-                upto = history[:k]
-                solved = solved_steps if solved_steps is not None and solved_steps <= upto[-1]["env_steps"] else None
-                checkpoints.write("best", pol, TrainResult(pol, upto, solved, solved_time if solved else None),
-                                  {"kind": "best", "iteration": k})
+                checkpoints.write_best(pending_best, history, solved_steps, solved_time)
                 pending_best = None
             state = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, "iteration": it,
                      "finished": finished, "history": history, "next_eval": next_eval, "best": best,
@@ -412,13 +408,7 @@ def check_resume_state(state: Dict[str, Any], task: Task, cfg: PPOConfig) -> Non
     """A ResumeError unless ``state`` continues a PPO run of ``task`` with ``cfg`` that has
     iterations left; it names what differs."""
     where = state.get("path", "resume state")
-    want = {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
-    diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
-            if state["task"].get(k) != v]
-    diff += [f"ppo.{k}: {state['ppo_config'].get(k)!r} then, {v!r} now" for k, v in _config_values(cfg).items()
-             if state["ppo_config"].get(k) != v]
-    if diff:
-        raise ResumeError(f"{where}: the run was started with another configuration ({'; '.join(diff)})")
+    check_same_trainer(state, task, "ppo", state["ppo_config"], _config_values(cfg))
     if state["finished"]:
         raise ResumeError(f"{where}: the run already finished (iteration {int(state['iteration'])}); "
                           f"nothing to resume")
