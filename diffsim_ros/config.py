@@ -114,7 +114,7 @@ def load_yaml(path: PathLike, node: Optional[str] = None) -> Dict[str, Any]:
         p = section["ros__parameters"]
         if not isinstance(p, dict):
             raise ConfigError(f"{path}: '{key}.ros__parameters' must be a mapping, got {type(p).__name__}")
-        _merge(params, p)
+        merge(params, p)
         used += 1
     if node is not None and used == 0:
         raise ConfigError(f"{path}: no parameters for node '{node}' (sections: {', '.join(map(str, doc))})")
@@ -128,10 +128,11 @@ def _matches(key: str, node: str) -> bool:
     return key.lstrip("/") == node.lstrip("/") or key.rsplit("/", 1)[-1] == name
 
 
-def _merge(dst: Dict[str, Any], src: Dict[str, Any]) -> None:
+def merge(dst: Dict[str, Any], src: Dict[str, Any]) -> None:
+    """Merge the nested mapping ``src`` into ``dst`` in place: mappings key by key, the rest replaced."""
     for k, val in src.items():
         if isinstance(val, dict) and isinstance(dst.get(k), dict):
-            _merge(dst[k], val)
+            merge(dst[k], val)
         else:
             dst[k] = val
 

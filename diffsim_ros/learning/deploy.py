@@ -256,10 +256,6 @@ class PolicyRunner:
         out = np.minimum(np.maximum(c, self._low.numpy()), self._high.numpy())
         return out, bool(np.any(out != c))
 
-    # ------------------------------------------------------------------ safe commands
-    def hover_thrust(self) -> float:
-        return float(self.model.mass.sum()) * -float(self.sim.model.gravity[2])
-
     # ------------------------------------------------------------------ measured state -> simulator state
     def joint_index(self, names: Sequence[str]) -> np.ndarray:
         """For each model joint, its index in ``names`` (a message's name list); cached for the
@@ -438,10 +434,6 @@ class PolicyRunner:
 
     def joint_velocities(self, state: State) -> np.ndarray:
         return self.sim.joint_velocities(state.v)[0, self.sim.act_index].to(torch.float64).numpy()
-
-    def success_metric_state(self, state: State, target=None) -> TaskState:
-        """A TaskState for the task's own metrics (distance, speed) at ``state``."""
-        return TaskState(state, self.target_tensor(target))
 
     def describe(self) -> str:
         return (f"task {self.meta['task']} on robot '{self.model.name}' ({self.kind}), interface "

@@ -23,7 +23,6 @@ Messages <-> numpy, joints always by name (MessageError, a ValueError, names the
     joint_state_msg(names, position, velocity=None, effort=None, t=None) -> JointState
     joint_state_arrays(msg, names) -> (position, velocity|None, effort|None) in ``names`` order
     float64_array(msg, size=None, what="command") -> np.ndarray (finite, ``size`` entries)
-    float64_array_msg(values, label="") -> Float64MultiArray
     trajectory_point(msg, names) -> (positions, velocities|None) of a one-point JointTrajectory
     odometry_msg(t, position, orientation_xyzw, linear_velocity_body, angular_velocity,
                  frame_id="world", child_frame_id="base_link") -> Odometry
@@ -58,7 +57,7 @@ import numpy as np
 
 __all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "config_parameters",
            "state_qos", "command_qos", "latched_qos", "recorder_qos", "stamp", "stamp_from_ns", "stamp_to_ns",
-           "joint_state_msg", "joint_state_arrays", "float64_array", "float64_array_msg", "trajectory_point",
+           "joint_state_msg", "joint_state_arrays", "float64_array", "trajectory_point",
            "odometry_msg", "imu_msg", "clock_msg", "tf_message", "have_tf2_msgs", "string_msg", "run_node"]
 
 
@@ -151,17 +150,8 @@ def config_parameters(node, config_param: str = "config", sections: Sequence[str
                         dynamic_typing=True)
             flat[name] = value(node, name)
     if flat:
-        nested = cfgmod.unflatten(flat)
-        _merge(params, nested)
+        cfgmod.merge(params, cfgmod.unflatten(flat))
     return params
-
-
-def _merge(dst: Dict[str, Any], src: Dict[str, Any]) -> None:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _merge(dst[k], v)
-        else:
-            dst[k] = v
 
 
 # ============================================================================ QoS
@@ -282,17 +272,6 @@ def float64_array(msg, size: Optional[int] = None, what: str = "command") -> np.
     if bad.size:
         raise MessageError(f"{what}: Float64MultiArray.data[{int(bad[0])}] is {arr[bad[0]]} (not finite)")
     return arr
-
-
-def float64_array_msg(values, label: str = ""):
-    """std_msgs/Float64MultiArray with one dimension (``label`` names it)."""
-    from std_msgs.msg import Float64MultiArray, MultiArrayDimension
-
-    data = _floats(values)
-    msg = Float64MultiArray()
-    msg.layout.dim = [MultiArrayDimension(label=label, size=len(data), stride=len(data))]
-    msg.data = data
-    return msg
 
 
 def trajectory_point(msg, names: Sequence[str]) -> Tuple[np.ndarray, Optional[np.ndarray]]:

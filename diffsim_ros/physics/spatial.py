@@ -39,16 +39,6 @@ def fast_cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.cross(a, b, dim=-1)
 
 
-def axis_angle_to_matrix(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
-    """Rotation by ``angle`` (...) about the unit ``axis`` (3,) or (..., 3): Rodrigues' formula."""
-    axis = axis.expand(angle.shape + (3,))
-    K = skew(axis)
-    s = torch.sin(angle)[..., None, None]
-    c = torch.cos(angle)[..., None, None]
-    eye = torch.eye(3, dtype=angle.dtype, device=angle.device)
-    return eye + s * K + (1.0 - c) * (K @ K)
-
-
 def quat_to_matrix(quat: torch.Tensor) -> torch.Tensor:
     """Quaternion stored x, y, z, w (ROS order) -> rotation matrix.
 
@@ -81,46 +71,6 @@ def rpy_to_matrix_np(rpy) -> np.ndarray:
             [-sp, cp * sr, cp * cr],
         ]
     )
-
-
-def motion_transform(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """6x6 motion transform from a parent frame to a child frame.
-
-    ``R`` (..., 3, 3) and ``p`` (..., 3) are the child frame's orientation and
-    origin expressed in the parent frame. Returns ``X`` with v_child = X v_parent:
-    ``X = [[R^T, -R^T [p]x], [0, R^T]]``.
-    """
-    E = R.transpose(-1, -2)
-    top = torch.cat((E, -E @ skew(p)), -1)
-    bottom = torch.cat((torch.zeros_like(E), E), -1)
-    return torch.cat((top, bottom), -2)
-
-
-def cross_motion(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Spatial motion cross product ``v x m`` of (..., 6) vectors."""
-    vl, w = v[..., :3], v[..., 3:]
-    ml, mw = m[..., :3], m[..., 3:]
-    return torch.cat((cross(w, ml) + cross(vl, mw), cross(w, mw)), -1)
-
-
-def cross_force(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Spatial force cross product ``v x* f`` of (..., 6) vectors."""
-    vl, w = v[..., :3], v[..., 3:]
-    fl, fa = f[..., :3], f[..., 3:]
-    return torch.cat((cross(w, fl), cross(w, fa) + cross(vl, fl)), -1)
-
-
-def spatial_inertia(mass: torch.Tensor, com: torch.Tensor, inertia: torch.Tensor) -> torch.Tensor:
-    """6x6 spatial inertia about the body origin, from mass (...), centre of mass
-    (..., 3) and rotational inertia about the centre of mass (..., 3, 3), all in
-    the body frame: ``[[m 1, -m [c]x], [m [c]x, I_c - m [c]x [c]x]]``."""
-    C = skew(com)
-    m = mass[..., None, None]
-    eye = torch.eye(3, dtype=com.dtype, device=com.device).expand(C.shape)
-    mC = m * C
-    top = torch.cat((m * eye, -mC), -1)
-    bottom = torch.cat((mC, inertia - mC @ C), -1)
-    return torch.cat((top, bottom), -2)
 
 
 _CONSTANTS: dict = {}
