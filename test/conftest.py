@@ -74,6 +74,16 @@ import torch as _torch  # noqa: E402
 _torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Every test module runs on one intra-op thread (small batches are faster without OpenMP
+    barriers on a busy machine), whatever a test before it set (test_compiled compiles with two)."""
+    n = _torch.get_num_threads()
+    _torch.set_num_threads(1)
+    yield
+    _torch.set_num_threads(n)
+
+
 def console_script(name: str) -> str:
     """The console script ``name`` next to this interpreter, else on PATH (the loop's lookup)."""
     from diffsim_ros.loop import console_script as lookup

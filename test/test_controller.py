@@ -30,7 +30,6 @@ from diffsim_ros.control import px4_rates_setpoint  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 from diffsim_ros.nodes import policy_controller as pc  # noqa: E402
 
-torch.set_num_threads(1)
 DOMAIN = ros_domain(2)
 
 

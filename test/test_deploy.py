@@ -21,7 +21,6 @@ from diffsim_ros.learning import MLPPolicy
 from diffsim_ros.learning.checkpoint import CheckpointError, save_checkpoint
 from diffsim_ros.learning.deploy import PolicyRunner, StateError
 
-torch.set_num_threads(1)
 
 
 def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0):

@@ -42,7 +42,6 @@ from diffsim_ros.loop import die_with_parent  # noqa: E402
 from diffsim_ros.physics import State  # noqa: E402
 from diffsim_ros.tasks.base import TaskState  # noqa: E402
 
-torch.set_num_threads(1)
 POLICIES = REPO_ROOT / "policies"
 
 QUAD_TYPES = ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu", "/cmd_ctbr:geometry_msgs/msg/TwistStamped",

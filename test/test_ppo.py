@@ -34,7 +34,6 @@ B = 8
 
 @pytest.fixture(scope="module")
 def task():
-    torch.set_num_threads(1)
     m = physics.load_urdf(str(PROJECT_URDFS["arm"]), dtype=torch.float32)
     sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=(60, 40, 20, 5), kd=(6, 4, 2, 0.5),
                            ground=False)

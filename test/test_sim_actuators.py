@@ -43,14 +43,6 @@ G = 9.81
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _t(x) -> torch.Tensor:
     return torch.as_tensor(x, dtype=F64)
 

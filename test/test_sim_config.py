@@ -20,15 +20,6 @@ QUADROTOR_YAMLS = {
 G = 9.81
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small batches: one intra-op thread is faster (no OpenMP barriers on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def write(tmp_path: Path, text: str, name: str = "params.yaml") -> Path:
     p = tmp_path / name
     p.write_text(textwrap.dedent(text))

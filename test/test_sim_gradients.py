@@ -31,15 +31,6 @@ BALL_RADIUS = 0.05
 BALL_MASS = 0.5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small batches: one intra-op thread is faster (no OpenMP barriers on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def ball_urdf(mass: float = BALL_MASS, radius: float = BALL_RADIUS) -> str:
     i = 0.4 * mass * radius ** 2
     return f"""<robot name="ball"><link name="ball">

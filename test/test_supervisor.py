@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from urdf_parser_py.urdf import URDF
@@ -39,7 +38,6 @@ from diffsim_ros.control import (ImuIn, JointStateIn, OdometryIn, Supervisor, Su
                                  SupervisorConfigError)
 from diffsim_ros.learning.deploy import PolicyRunner
 
-torch.set_num_threads(1)
 
 EXAMPLES = 500          # per robot: 1,000 hostile sequences in all
 RECOVER = 3

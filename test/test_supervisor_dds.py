@@ -22,7 +22,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 
@@ -33,7 +32,6 @@ from test_supervisor import ARM_BAD, QUAD_BAD, SKEW_S, TARGET, Harness  # noqa: 
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 from diffsim_ros.loop import die_with_parent  # noqa: E402
 
-torch.set_num_threads(1)
 DOMAIN = ros_domain(1)
 RECOVER = 3
 EVENTS = 45

@@ -59,7 +59,6 @@ def test_policy_retrained_on_calibrated_parameters_flies_the_perturbed_plant_bet
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
     from diffsim_ros.analysis.record import PERTURBATIONS, record_standard
 
-    torch.set_num_threads(1)
     pert = PERTURBATIONS["quadrotor"]
     record_standard("quadrotor", tmp_path / "bag", pert, steps=300, seed=3, predictions=False)
     data = read_bag(tmp_path / "bag")
