@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders import ball_urdf, box_urdf
 from diffsim_ros import physics
 
 G = 9.81
@@ -103,19 +104,6 @@ def _chain_urdf(names, axis="0 1 0", length=0.4, mass=1.0, efforts=None):
                       f'<origin xyz="{xyz}"/><axis xyz="{axis}"/>{_limit(-3, 3, eff)}</joint>')
         parent = child
     return f'<robot name="chain">{"".join(links)}{"".join(joints)}</robot>'
-
-
-def _box_urdf(mass=1.0, size=(0.2, 0.2, 0.05)):
-    sx, sy, sz = size
-    return f"""<robot name="box"><link name="box">
-  {_inertial(mass, i=(mass * (sy**2 + sz**2) / 12, mass * (sx**2 + sz**2) / 12, mass * (sx**2 + sy**2) / 12))}
-  <collision><geometry><box size="{sx} {sy} {sz}"/></geometry></collision></link></robot>"""
-
-
-def _ball_urdf(mass=1.0, radius=0.05):
-    i = 0.4 * mass * radius ** 2
-    return f"""<robot name="ball"><link name="ball">{_inertial(mass, i=(i, i, i))}
-  <collision><geometry><sphere radius="{radius}"/></geometry></collision></link></robot>"""
 
 
 # ================================================================= command delay
@@ -500,7 +488,7 @@ def test_box_slides_down_a_tilted_plane_at_coulomb_acceleration():
     measured 7e-5: the friction at its base pitches it onto its front corners
     by their difference in penetration)."""
     dt = 1e-3
-    sim, tr, along, height, pen = _on_slope(_box_urdf(), 0.2, 0.025, 4, ground_height=0.5, steps=200, dt=dt)
+    sim, tr, along, height, pen = _on_slope(box_urdf(1.0, (0.2, 0.2, 0.05)), 0.2, 0.025, 4, ground_height=0.5, steps=200, dt=dt)
     a, v = _acceleration(along, dt, 0.05, 0.199)
     expected = G * (math.sin(TILT) - 0.2 * math.cos(TILT))
     assert abs(a / expected - 1) < 0.02, f"slides at {a:.4f} m/s^2, Coulomb predicts {expected:.4f}"
@@ -524,7 +512,7 @@ def test_ball_rolls_down_a_tilted_plane():
     dt, r = 1e-3, 0.05
     for mu, expected, rolls in ((0.2, 5 / 7 * G * math.sin(TILT), True),
                                 (0.05, G * (math.sin(TILT) - 0.05 * math.cos(TILT)), False)):
-        sim, tr, along, height, pen = _on_slope(_ball_urdf(radius=r), mu, r, 1, steps=150, dt=dt)
+        sim, tr, along, height, pen = _on_slope(ball_urdf(1.0, r), mu, r, 1, steps=150, dt=dt)
         a, v = _acceleration(along, dt, 0.05, 0.149)
         assert abs(a / expected - 1) < 0.01, f"mu={mu}: {a:.4f} m/s^2, expected {expected:.4f}"
         spin = float(tr.final.v[0, 4]) * r                        # body y rate times r (axes are tilted about y)
@@ -544,7 +532,7 @@ def test_box_stays_put_on_a_tilted_plane_with_enough_friction():
     travel in 0.15 s. (A per-point cap on the friction force once made this a
     viscous creep of 45.8 mm/s; friction is now in the linearly implicit solve.)"""
     dt = 1e-3
-    sim, tr, along, height, pen = _on_slope(_box_urdf(), 0.8, 0.025, 4, steps=150, dt=dt)
+    sim, tr, along, height, pen = _on_slope(box_urdf(1.0, (0.2, 0.2, 0.05)), 0.8, 0.025, 4, steps=150, dt=dt)
     r = math.tan(TILT) / 0.8
     creep = sim.config.friction_smoothing * r / math.sqrt(1 - r * r)
     speed = float((along[-1] - along[-2]) / dt)
@@ -562,7 +550,7 @@ def test_ground_height_resting_sphere():
     c pen = 9.4 N s/m damps at only ~5 /s; measured 1.3e-5 m, 2.4e-5 m at
     0.4 s); contact_forces reports the gap -pen and m g of normal force for
     the resting one."""
-    model = physics.load_urdf(_ball_urdf(1.0, 0.05), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(1.0, 0.05), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3, ground_height=0.5))
     pen = math.sqrt(1.0 * G / sim.config.contact_stiffness)
     z_rest = 0.5 + 0.05 - pen

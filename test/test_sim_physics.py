@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders import ball_urdf, box_urdf
 from conftest import PROJECT_URDFS, drawn_seed
 from diffsim_ros import physics
 
@@ -55,23 +56,6 @@ def _rollout(sim, state, action, steps):
 
 
 # ----------------------------------------------------------------- test models
-def _box_urdf(mass, size=(0.2, 0.3, 0.1)):
-    sx, sy, sz = size
-    return f"""<robot name="box"><link name="box">
-  <inertial><mass value="{mass}"/><inertia ixx="{mass * (sy**2 + sz**2) / 12}" iyy="{mass * (sx**2 + sz**2) / 12}"
-     izz="{mass * (sx**2 + sy**2) / 12}" ixy="0" ixz="0" iyz="0"/></inertial>
-  <collision><geometry><box size="{sx} {sy} {sz}"/></geometry></collision>
-</link></robot>"""
-
-
-def _ball_urdf(mass=0.2, radius=0.05):
-    i = 0.4 * mass * radius ** 2
-    return f"""<robot name="ball"><link name="ball">
-  <inertial><mass value="{mass}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" ixy="0" ixz="0" iyz="0"/></inertial>
-  <collision><geometry><sphere radius="{radius}"/></geometry></collision>
-</link></robot>"""
-
-
 def _world_velocity(model, q, v):
     """World-frame linear and angular velocity of a floating base (v is body frame)."""
     R = physics.body_placements(model, q)[0][..., 0, :, :]
@@ -247,7 +231,7 @@ def test_box_comes_to_rest_with_small_penetration(mass):
     and the position still within 0.1 mm over the last 50 ms. (Peak
     penetrations during the first impact: 1.6, 3.1 and 6.1 mm.)
     """
-    model = physics.load_urdf(_box_urdf(mass), floating_base=True, dtype=F64)
+    model = physics.load_urdf(box_urdf(mass, (0.2, 0.3, 0.1)), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
     a = 0.1
     q0 = _t([[0, 0, 0.06, 0, 0, 0, 1], [0, 0, 0.08, math.sin(a / 2), 0, 0, math.cos(a / 2)]])
@@ -272,8 +256,8 @@ def test_resting_bodies_stay_at_rest():
     has no rolling resistance, rolls on at 5/7 of its push: a point on its rim
     moves at |w| r, so angular speeds are scaled by the body's size."""
     # (URDF, mass, contact points carrying it, centre height above the ground, velocity)
-    for urdf, mass, points, z, v, size in ((_box_urdf(2.0), 2.0, 4, 0.05, [0, 0, 0, 0, 0, 1e-6], 0.071),
-                                           (_ball_urdf(0.2, 0.05), 0.2, 1, 0.05, [1e-6, 0, 0, 0, 0, 0], 0.05)):
+    for urdf, mass, points, z, v, size in ((box_urdf(2.0, (0.2, 0.3, 0.1)), 2.0, 4, 0.05, [0, 0, 0, 0, 0, 1e-6], 0.071),
+                                           (ball_urdf(0.2, 0.05), 0.2, 1, 0.05, [1e-6, 0, 0, 0, 0, 0], 0.05)):
         model = physics.load_urdf(urdf, floating_base=True, dtype=F64)
         sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
         sag = math.sqrt(mass * G / (points * sim.config.contact_stiffness))   # resting penetration
@@ -423,7 +407,7 @@ def test_ball_dropped_from_1m_never_rebounds_higher():
     Measured: first rebound of the 1 m drop 6.9 cm (restitution ~0.26).
     """
     mass, r = 0.2, 0.05
-    model = physics.load_urdf(_ball_urdf(mass, r), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(mass, r), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
     heights = _t([1.0, 0.5, 0.2])
     q0 = model.neutral_configuration((3,))
@@ -464,7 +448,7 @@ def test_rolling_ball_keeps_rolling():
     3.5 mu g / eps = 2750 1/s, puts h = 1 ms at the edge of RK4's stability
     interval, and a slip of -7e-4 m/s persists)."""
     mass, r = 0.2, 0.05
-    model = physics.load_urdf(_ball_urdf(mass, r), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(mass, r), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3, integrator="rk4"))
     z = r - math.sqrt(mass * G / sim.config.contact_stiffness)
     s = sim.initial_state(_t([[0, 0, z, 0, 0, 0, 1]]), _t([[1.0, 0, 0, 0, 1.0 / r, 0]]))
@@ -478,7 +462,7 @@ def test_friction_never_adds_tangential_speed_at_impact():
     """A box dropped flat from 0.2 m with a horizontal velocity of 1 mm/s: Coulomb
     friction can only remove tangential speed, so |v_x| stays below 2 mm/s
     (a factor of 2 of slack for the rocking that corner impacts may excite)."""
-    model = physics.load_urdf(_box_urdf(1.0, (0.2, 0.2, 0.2)), floating_base=True, dtype=F64)
+    model = physics.load_urdf(box_urdf(1.0, (0.2, 0.2, 0.2)), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
     s = sim.initial_state(_t([[0, 0, 0.3, 0, 0, 0, 1]]), _t([[1e-3, 0, 0, 0, 0, 0]]))
     tr = _rollout(sim, s, torch.zeros(1, 0), 260)
@@ -499,7 +483,7 @@ def test_free_spinning_body_keeps_its_speed():
     d.qvel[:] = [1.0, 0.0, 0.0, 0.0, w, 0.0]        # free joint: world linear, body angular velocity
     for _ in range(steps):
         mujoco.mj_step(m, d)
-    model = physics.load_urdf(_ball_urdf(mass, r), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(mass, r), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=dt, ground=False, gravity=(0.0, 0.0, 0.0)))
     s = sim.initial_state(model.neutral_configuration((1,)), _t([[1.0, 0, 0, 0, w, 0]]))
     tr = _rollout(sim, s, torch.zeros(1, 0), steps)
