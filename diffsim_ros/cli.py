@@ -24,7 +24,8 @@ import time
 import warnings
 from typing import List, Optional, Sequence
 
-EXAMPLE_ROBOT_DATA_ROBOTS = os.path.join("share", "example-robot-data", "robots")
+from diffsim_ros.robot_data import example_robot_data_dirs
+
 DEFAULT_ROBOT = os.path.join("panda_description", "urdf", "panda.urdf")
 
 
@@ -33,39 +34,6 @@ class CliError(Exception):
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def example_robot_data_dirs() -> List[str]:
-    """Directories that may hold example-robot-data's ``robots/`` folder, best first.
-
-    The PyPI wheel installs it under ``<site-packages>/cmeel.prefix/share/...``
-    (and puts ``cmeel.prefix/lib/python3.X/site-packages`` on sys.path); a ROS
-    install puts it under ``<prefix>/share/example-robot-data/robots``.
-    """
-    found: List[str] = []
-
-    def add(path: str) -> None:
-        path = os.path.normpath(path)
-        if os.path.isdir(path) and path not in found:
-            found.append(path)
-
-    env = os.environ.get("EXAMPLE_ROBOT_DATA_MODEL_DIR")
-    if env:
-        add(env)
-    for entry in sys.path:
-        if not entry:
-            continue
-        marker = "cmeel.prefix"
-        if marker in entry:
-            prefix = entry[: entry.index(marker) + len(marker)]
-        else:
-            prefix = os.path.join(entry, marker)
-        add(os.path.join(prefix, EXAMPLE_ROBOT_DATA_ROBOTS))
-    for prefix in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep):
-        if prefix:
-            add(os.path.join(prefix, EXAMPLE_ROBOT_DATA_ROBOTS))
-    add(os.path.join("/opt/openrobots", EXAMPLE_ROBOT_DATA_ROBOTS))
-    return found
 
 
 def default_urdf() -> str:

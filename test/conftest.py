@@ -40,13 +40,10 @@ def example_robot_data_dir() -> Optional[Path]:
     Its URDFs name meshes ``package://example-robot-data/robots/...``; the
     package folder is ``<...>/cmeel.prefix/share/example-robot-data``.
     """
-    candidates = [Path(p) / "cmeel.prefix" / "share" for p in sys.path if p]
-    candidates += [Path(sys.prefix) / "share"]
-    for share in candidates:
-        robots = share / "example-robot-data" / "robots"
-        if robots.is_dir():
-            return robots
-    return None
+    from diffsim_ros.robot_data import example_robot_data_dirs
+
+    found = example_robot_data_dirs()
+    return Path(found[0]) if found else None
 
 
 @pytest.fixture(scope="session")
