@@ -34,6 +34,15 @@ def drawn_seed(name: str, env: str, bits: int = 32) -> int:
     return seed
 
 
+def drawn_away(rng, lo: float, hi: float, nominal: float, gap: float) -> float:
+    """A draw of ``rng`` uniform in [lo, hi] at least ``gap`` from ``nominal`` (a perturbation the
+    identification must find, not one it could miss by staying put)."""
+    while True:
+        x = float(rng.uniform(lo, hi))
+        if abs(x - nominal) >= gap:
+            return x
+
+
 def example_robot_data_dir() -> Optional[Path]:
     """The ``example-robot-data/robots`` folder of the pip package, or None.
 

@@ -31,7 +31,7 @@ pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 pytest.importorskip("rclpy")
 
-from conftest import drawn_seed, ros_domain  # noqa: E402
+from conftest import drawn_away, drawn_seed, ros_domain  # noqa: E402
 
 from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros import config as cfgmod  # noqa: E402
@@ -52,23 +52,17 @@ def _seed(name: str) -> int:
     return drawn_seed(name, "DIFFSIM_EXCITE_SEED")
 
 
-def _away(rng, lo, hi, nominal, gap):
-    while True:
-        x = float(rng.uniform(lo, hi))
-        if abs(x - nominal) >= gap:
-            return x
-
 
 def _draw(rng, kind):
-    pert = {"mass_scale": _away(rng, 0.85 if kind == "arm" else 0.8, 1.25, 1.0, 0.08),
+    pert = {"mass_scale": drawn_away(rng, 0.85 if kind == "arm" else 0.8, 1.25, 1.0, 0.08),
             "latency": 0.02 * int(rng.integers(1, 3))}            # 1-2 control steps of 20 ms
     if kind == "arm":
         pert["joint_damping_scale"] = float(np.exp(rng.uniform(np.log(0.6), np.log(3.0))))
         pert["actuator_lag"] = float(rng.uniform(0.008, 0.015))
         pert["joint_friction_scale"] = float(np.exp(rng.uniform(np.log(0.4), np.log(2.5))))
     else:
-        pert["drag_scale"] = _away(rng, 0.5, 2.5, 1.0, 0.3)
-        pert["actuator_lag"] = _away(rng, 0.02, 0.08, 0.02, 0.01)   # the rotors' time constant
+        pert["drag_scale"] = drawn_away(rng, 0.5, 2.5, 1.0, 0.3)
+        pert["actuator_lag"] = drawn_away(rng, 0.02, 0.08, 0.02, 0.01)   # the rotors' time constant
         pert["sensor_noise"] = NOISE
     return pert
 

@@ -23,7 +23,7 @@ pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 pytest.importorskip("rclpy")
 
-from conftest import drawn_seed, ros_domain  # noqa: E402
+from conftest import drawn_away, drawn_seed, ros_domain  # noqa: E402
 
 from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros import config as cfgmod  # noqa: E402
@@ -40,20 +40,14 @@ ROBOTS = {   # name: (URDF under example-robot-data's robots folder, init task, 
 }
 
 
-def _away(rng, lo, hi, nominal, gap):
-    while True:
-        x = float(rng.uniform(lo, hi))
-        if abs(x - nominal) >= gap:
-            return x
-
 
 def _draw(rng, name, nominal_lag):
-    pert = {"mass_scale": _away(rng, 0.8, 1.25, 1.0, 0.08), "latency": 0.02 * int(rng.integers(1, 3))}
+    pert = {"mass_scale": drawn_away(rng, 0.8, 1.25, 1.0, 0.08), "latency": 0.02 * int(rng.integers(1, 3))}
     if name.startswith("ur5"):
         pert["added_joint_damping"] = float(rng.uniform(0.1, 0.9))
     else:
-        pert["drag_scale"] = _away(rng, 0.5, 2.5, 1.0, 0.3)
-        pert["actuator_lag"] = _away(rng, 0.02, 0.08, nominal_lag, 0.01)     # the rotors' time constant
+        pert["drag_scale"] = drawn_away(rng, 0.5, 2.5, 1.0, 0.3)
+        pert["actuator_lag"] = drawn_away(rng, 0.02, 0.08, nominal_lag, 0.01)     # the rotors' time constant
     return pert
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import drawn_seed
+from conftest import drawn_away, drawn_seed
 
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
@@ -46,13 +46,6 @@ def _seed(name: str) -> int:
     return drawn_seed(name, "DIFFSIM_SYSID_SEED")
 
 
-def _away(rng, lo, hi, nominal, gap):
-    """A draw in [lo, hi] at least ``gap`` from the nominal value (a perturbation to find)."""
-    while True:
-        x = float(rng.uniform(lo, hi))
-        if abs(x - nominal) >= gap:
-            return x
-
 
 def _log_away(rng, lo, hi):
     """A factor drawn log-uniformly in [lo, hi]; within e^0.3 of 1 it becomes the nearer end (a
@@ -67,15 +60,15 @@ def _draw(rng, kind: str, names):
     pert = {}
     for n in names:
         if n == "mass_scale":
-            pert[n] = _away(rng, 0.7, 1.3, 1.0, 0.08)
+            pert[n] = drawn_away(rng, 0.7, 1.3, 1.0, 0.08)
         elif n == "joint_friction":
             pert["joint_friction_scale"] = _log_away(rng, 0.4, 2.5)
         elif n == "drag_scale":
-            pert[n] = _away(rng, 0.5, 2.5, 1.0, 0.3)
+            pert[n] = drawn_away(rng, 0.5, 2.5, 1.0, 0.3)
         elif n == "joint_damping_scale":
             pert[n] = _log_away(rng, 0.3, 3.0)
         elif n == "motor_time_constant":
-            pert["actuator_lag"] = _away(rng, 0.02, 0.08, 0.02, 0.01)
+            pert["actuator_lag"] = drawn_away(rng, 0.02, 0.08, 0.02, 0.01)
         elif n == "actuator_lag":
             # Up to 0.06 s. It was 0.018 s while the replay's estimate of the lagged torque at a
             # window's start diverged from about 0.017 s with a low damping (the true values then
@@ -173,7 +166,7 @@ def test_sysid_rejects_a_wind_force_it_cannot_model(tmp_path, capsys):
     ang = rng.uniform(0, 2 * np.pi)
     force = float(rng.uniform(1.0, 1.5))
     wind = [force * float(np.cos(ang)), force * float(np.sin(ang)), 0.0]
-    mass = _away(rng, 0.8, 1.2, 1.0, 0.05)
+    mass = drawn_away(rng, 0.8, 1.2, 1.0, 0.05)
     for label, pert in (("wind", {"wind_force": wind, "mass_scale": mass}), ("calm", {"mass_scale": mass})):
         bag, out = tmp_path / f"bag_{label}", tmp_path / f"out_{label}"
         record_standard("quadrotor", bag, pert, steps=STEPS, seed=seed % 1000, predictions=False)
