@@ -70,8 +70,10 @@ def test_excite_and_sysid_recover_a_drawn_perturbation_of_an_example_robot_data_
                    "--perturb", ",".join(f"{k}={v}" for k, v in pert.items()), "--domain-id", str(ros_domain())])
     summary = json.loads((out / "excite.json").read_text())
     assert rc == 0 and summary["lost"] == {} and summary["controller"]["safe_commands"] == 0, (where, summary)
+    # sysid's own iteration limit (30): at 10, seed 977935094 stopped short (0.3 % of the velocity change
+    # unexplained, below the escalation to further starts) with two dampings 37-65 % off, accepted.
     rc = cli.main(["sysid", str(out / "bag"), "--params", ",".join(names), "--out", str(tmp_path / "sysid"),
-                   "--window", "3", "--max-iter", "10", "--max-starts", "128" if name == "hector" else "24", "--quiet"])
+                   "--window", "3", "--max-starts", "128" if name == "hector" else "24", "--quiet"])
     res = json.loads((tmp_path / "sysid" / "sysid.json").read_text())
     truth = {k: v.tolist() for k, v in from_perturbation(sys0, pert).items()}
     truth.setdefault("inertia_scale", [1.0])          # mass_scale scales the inertias with the masses
