@@ -290,24 +290,14 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
         with the resume state; nothing the run draws from its random generators changes."""
         nonlocal pending_best, last_saved
-        rng = _rng_state(gen, device)
-        try:
-            if pending_best is not None:
-                checkpoints.write_best(pending_best, history, solved_steps, solved_time)
-                pending_best = None
-            state = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, "iteration": it,
-                     "env_steps": env_steps, "diverged": diverged, "finished": finished, "history": history,
-                     "solved_env_steps": solved_steps, "solved_time": solved_time, "best": best,
-                     "policy": policy.state_dict(), "optimizer": opt.state_dict(),
-                     "critic": critic.state_dict() if critic is not None else None,
-                     "critic_optimizer": critic_opt.state_dict() if critic is not None else None,
-                     "rng": rng, "train_config": dataclasses.asdict(cfg),
-                     "task": {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim},
-                     "device": str(device), "run_info": run_info}
-            checkpoints.write("latest", policy, TrainResult(policy, history, solved_steps, solved_time),
-                              {"kind": "latest", "iteration": it}, state)
-        finally:
-            _set_rng_state(rng, gen, device)
+        checkpoints.save_run(gen, pending_best, policy, it, history, solved_steps, solved_time, lambda rng: dict(
+            run_state(RESUME_FORMAT, RESUME_FORMAT_VERSION, task, it, finished, history, best, solved_steps,
+                      solved_time, rng, run_info),
+            env_steps=env_steps, diverged=diverged, policy=policy.state_dict(), optimizer=opt.state_dict(),
+            critic=critic.state_dict() if critic is not None else None,
+            critic_optimizer=critic_opt.state_dict() if critic is not None else None,
+            train_config=dataclasses.asdict(cfg)))
+        pending_best = None
         last_saved = it
 
     bar = None
@@ -483,6 +473,7 @@ class _Checkpoints:
 
     def __init__(self, out_dir: Path, task, cfg: TrainConfig, export=None):
         self.root = Path(out_dir) / CHECKPOINTS
+        self.task = task
         self.export = export or _default_export(task, cfg)
 
     def path(self, kind: str) -> Path:
@@ -490,6 +481,22 @@ class _Checkpoints:
 
     def has(self, kind: str) -> bool:
         return (self.root / kind).is_dir()
+
+    def save_run(self, gen: torch.Generator, pending_best, policy, iteration: int, history, solved_steps,
+                 solved_time, state_of: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
+        """A run's checkpoints: ``best`` when a better evaluation (``pending_best``) came since the
+        last save, and ``latest`` of ``policy`` with the resume state ``state_of(rng)`` (``rng``:
+        every generator's state, ``gen`` the trainer's own); nothing the run draws from its random
+        generators changes."""
+        device = self.task.model.device
+        rng = _rng_state(gen, device)
+        try:
+            if pending_best is not None:
+                self.write_best(pending_best, history, solved_steps, solved_time)
+            self.write("latest", policy, TrainResult(policy, history, solved_steps, solved_time),
+                       {"kind": "latest", "iteration": iteration}, state_of(rng))
+        finally:
+            _set_rng_state(rng, gen, device)
 
     def write_best(self, pending, history: List[Dict[str, float]], solved_steps, solved_time) -> Path:
         """checkpoints/best: ``pending`` = (policy, iteration) of the best evaluation, with the
@@ -587,11 +594,24 @@ def read_resume_file(out_dir, fmt: str, version: int, required) -> Dict[str, Any
     return state
 
 
+def task_signature(task: Task) -> Dict[str, Any]:
+    """What a resume state records of its task, and checks against the task it resumes on."""
+    return {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
+
+
+def run_state(fmt: str, version: int, task: Task, iteration: int, finished: bool, history, best, solved_steps,
+              solved_time, rng: Dict[str, Any], run_info) -> Dict[str, Any]:
+    """The entries every trainer's resume state has (its own weights and options are added to it)."""
+    return {"format": fmt, "format_version": version, "iteration": iteration, "finished": finished,
+            "history": history, "solved_env_steps": solved_steps, "solved_time": solved_time, "best": best,
+            "rng": rng, "task": task_signature(task), "device": str(task.model.device), "run_info": run_info}
+
+
 def check_same_trainer(state: Dict[str, Any], task: Task, section: str, then: Dict[str, Any],
                        now: Dict[str, Any]) -> None:
     """A :class:`ResumeError` naming each difference when the run in ``state`` was of another task
     (name, dimensions) or had other trainer options (``then`` against ``now``, the ``section``'s)."""
-    want = {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
+    want = task_signature(task)
     diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
             if state["task"].get(k) != v]
     diff += [f"{section}.{k}: {then.get(k)!r} then, {v!r} now" for k, v in now.items() if then.get(k) != v]

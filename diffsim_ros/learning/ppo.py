@@ -31,7 +31,7 @@ from torch import nn
 from ..physics import ConfigError
 from ..tasks import Task
 from .apg import (ResumeError, RunLog, TrainResult, _better, _Checkpoints, _clear_run, _rng_state, _set_rng_state,
-                  check_same_trainer, evaluation_columns, plot_history, read_resume_file)
+                  check_same_trainer, evaluation_columns, plot_history, read_resume_file, run_state)
 from .policy import RunningNorm
 
 
@@ -267,22 +267,13 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
         """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
         with the resume state; nothing the run draws from its random generators changes."""
         nonlocal pending_best
-        rng = _rng_state(raw.generator, task.model.device)
-        try:
-            if pending_best is not None:
-                checkpoints.write_best(pending_best, history, solved_steps, solved_time)
-                pending_best = None
-            state = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, "iteration": it,
-                     "finished": finished, "history": history, "next_eval": next_eval, "best": best,
-                     "solved_env_steps": solved_steps, "solved_time": solved_time,
-                     "learner": _learner_state(model, vn, raw), "rng": rng, "ppo_config": _config_values(cfg),
-                     "task": {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim},
-                     "device": str(task.model.device), "run_info": run_info}
-            latest = actor_from_sb3(model, vn, task)
-            checkpoints.write("latest", latest, TrainResult(latest, history, solved_steps, solved_time),
-                              {"kind": "latest", "iteration": it}, state)
-        finally:
-            _set_rng_state(rng, raw.generator, task.model.device)
+        latest = actor_from_sb3(model, vn, task)
+        checkpoints.save_run(raw.generator, pending_best, latest, it, history, solved_steps, solved_time,
+                             lambda rng: dict(run_state(RESUME_FORMAT, RESUME_FORMAT_VERSION, task, it, finished,
+                                                        history, best, solved_steps, solved_time, rng, run_info),
+                                              next_eval=next_eval, learner=_learner_state(model, vn, raw),
+                                              ppo_config=_config_values(cfg)))
+        pending_best = None
 
     try:
         while it < iterations:

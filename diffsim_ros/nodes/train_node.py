@@ -105,7 +105,7 @@ def main(argv=None) -> int:
         else:
             left = occupied(out)
             if left is not None and not bool(p("force")):
-                what = ("a trained policy (policy.pt)" if left == "policy" else
+                what = ("a trained policy (policy.pt);" if left == "policy" else
                         "an unfinished training run (checkpoints/latest); continue it with resume:=true, or")
                 raise StartupError(f"parameter 'out': {out} holds {what} pass force:=true to replace it, or "
                                    f"choose another folder")

@@ -25,7 +25,7 @@ from typing import List, Optional
 import torch
 
 from ..physics import Model, SimConfig, forward_kinematics, link_kinematics
-from .base import Task, TaskState, uniform
+from .base import Task, TaskState, actuated_limits, has_velocity_limit, uniform
 
 
 class ReachTask(Task):
@@ -72,8 +72,8 @@ class ReachTask(Task):
         self.q_low, self.q_high = lo, hi
         self.t_low, self.t_high = lo + target_margin * span, hi - target_margin * span
         self.q_mid, self.q_half = 0.5 * (lo + hi), 0.5 * span
-        vmax = model.velocity_limit[idx]
-        self._limited = torch.isfinite(vmax) & (vmax > 0)     # joints whose URDF gives a speed limit
+        vmax = actuated_limits(self)[2]
+        self._limited = has_velocity_limit(vmax)
         self._vmax = torch.where(self._limited, vmax, torch.ones_like(vmax))
         self.obs_dim = 2 * self.n + 6 + (self.n if jacobian_observation else 0)
         self.action_dim = self.n
