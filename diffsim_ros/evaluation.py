@@ -124,8 +124,8 @@ def _fall(task, roll: Rollout, crash_height: float):
     """(B,) bool per episode and the criterion in words; None for a fixed base."""
     import torch
 
-    from .physics.spatial import quat_to_matrix
-    from .tasks.locomotion import LocomotionTask, roll_pitch
+    from .physics.spatial import quat_to_matrix, roll_pitch
+    from .tasks.locomotion import LocomotionTask
 
     if not task.model.floating_base:
         return None, "fixed base"

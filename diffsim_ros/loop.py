@@ -543,7 +543,7 @@ def _hover_result(data, task, target) -> Dict[str, Any]:
     t = (data.t_state - data.t_state[0]) * 1e-9
     pos = data.q[:, 0:3]
     # World-frame velocity from the body-frame twist (Odometry's convention).
-    from .plant import quat_to_matrix
+    from .physics.rotation import quat_to_matrix
     vw = np.einsum("nij,nj->ni", np.stack([quat_to_matrix(qq) for qq in data.q[:, 3:7]]), data.v[:, 0:3])
     dist = np.linalg.norm(pos - target, axis=1)
     speed = np.linalg.norm(vw, axis=1)

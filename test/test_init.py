@@ -280,7 +280,7 @@ def test_base_height_puts_the_feet_on_the_ground(generated, robots_dir):
     approximates them): the lowest foot point lies base_height below the base; the project's
     quadruped also matches the hand computation in config/locomotion.yaml (0.298683 m)."""
     from diffsim_ros.physics.urdf import read_mesh_vertices, resolve_uri
-    from diffsim_ros.physics.spatial import rpy_to_matrix_np
+    from diffsim_ros.physics.rotation import rpy_to_matrix
 
     for name in ("quadruped", "solo12"):
         path = generated[name][0]
@@ -300,7 +300,7 @@ def test_base_height_puts_the_feet_on_the_ground(generated, robots_dir):
                 o = col.find("origin")
                 xyz = np.array([float(x) for x in (o.get("xyz", "0 0 0") if o is not None else "0 0 0").split()])
                 rpy = [float(x) for x in (o.get("rpy", "0 0 0") if o is not None else "0 0 0").split()]
-                Rg = T[:3, :3] @ rpy_to_matrix_np(rpy)
+                Rg = T[:3, :3] @ rpy_to_matrix(rpy)
                 pg = T[:3, :3] @ xyz + T[:3, 3]
                 geo = col.find("geometry")[0]
                 if geo.tag == "sphere":

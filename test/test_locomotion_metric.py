@@ -17,7 +17,8 @@ from conftest import REPO_ROOT
 
 from diffsim_ros import config
 from diffsim_ros.tasks import make_task
-from diffsim_ros.tasks.locomotion import roll_pitch, strict_metric
+from diffsim_ros.physics.spatial import roll_pitch
+from diffsim_ros.tasks.locomotion import strict_metric
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,8 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
     from ..learning.checkpoint import CheckpointError
     from ..learning.deploy import task_from_metadata
     from ..tasks.gait import analyze_gait, foot_bodies, foot_xy, footfall_png
-    from ..tasks.locomotion import roll_pitch, strict_metric
+    from ..physics.spatial import roll_pitch
+    from ..tasks.locomotion import strict_metric
 
     path = Path(bag)
     meta = _metadata(path)

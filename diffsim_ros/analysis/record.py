@@ -24,6 +24,7 @@ import torch
 from .. import config as _config
 from .. import physics
 from .bag import BagWriter
+from ..physics.rotation import quat_to_matrix
 from ..physics.parameters import PERTURBATION_FIELDS, from_perturbation
 from .params import build_simulator
 
@@ -162,7 +163,7 @@ def quadrotor_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 1.0, 
     def command(k: int, q: np.ndarray, v: np.ndarray) -> np.ndarray:
         if k % every == 0:
             wp["p"] = home + radius * rng.uniform(-1, 1, 3) * np.array([1.0, 1.0, 0.4])
-        R = _rot(q[3:7])
+        R = quat_to_matrix(q[3:7])
         vw = R @ v[0:3]
         a_des = 2.0 * (wp["p"] - q[0:3]) - 1.5 * vw
         n = np.linalg.norm(a_des[:2])
@@ -250,10 +251,10 @@ def write_recording(path, rec: Dict[str, np.ndarray], joint_names, floating_base
             if floating_base:
                 w.odometry(t_ns[k], q, v, receive_ns=t_ns[k] + d_ns)
                 # IMU: body rates and the specific force from the change of world velocity.
-                R = _rot(q[3:7])
+                R = quat_to_matrix(q[3:7])
                 acc = np.zeros(3)
                 if k > 0:
-                    Rp = _rot(rec["q"][k - 1][3:7])
+                    Rp = quat_to_matrix(rec["q"][k - 1][3:7])
                     acc = (R @ v[0:3] - Rp @ rec["v"][k - 1][0:3]) / max(rec["t"][k] - rec["t"][k - 1], 1e-9)
                 w.imu(t_ns[k], q[3:7], v[3:6], R.T @ (acc - g), receive_ns=t_ns[k] + d_ns)
             else:
@@ -268,13 +269,6 @@ def write_recording(path, rec: Dict[str, np.ndarray], joint_names, floating_base
                     else:
                         w.joint_state(tp, joint_names, rec["q"][k + 1], pred[k], receive_ns=t_ns[k] + 2 * d_ns,
                                       topic="/diffsim/predicted_state")
-
-
-def _rot(quat) -> np.ndarray:
-    qx, qy, qz, qw = quat
-    return np.array([[1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy - qz * qw), 2 * (qx * qz + qy * qw)],
-                     [2 * (qx * qy + qz * qw), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz - qx * qw)],
-                     [2 * (qx * qz - qy * qw), 2 * (qy * qz + qx * qw), 1 - 2 * (qx * qx + qy * qy)]])
 
 
 # ---------------------------------------------------------------------------- standard test recordings

@@ -43,6 +43,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..physics.rotation import quat_to_matrix
+
 __all__ = ["ExcitationConfig", "ExcitationError", "ArmExcitation", "QuadrotorExcitation", "ExcitationRunner",
            "SIGNALS", "identifiable_parameters"]
 
@@ -329,13 +331,6 @@ class ArmExcitation:
 
 
 # ---------------------------------------------------------------------------------------- multirotors
-def _rot(quat) -> np.ndarray:
-    qx, qy, qz, qw = quat
-    return np.array([[1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy - qz * qw), 2 * (qx * qz + qy * qw)],
-                     [2 * (qx * qy + qz * qw), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz - qx * qw)],
-                     [2 * (qx * qz - qy * qw), 2 * (qy * qz + qx * qw), 1 - 2 * (qx * qx + qy * qy)]])
-
-
 class QuadrotorExcitation:
     """CTBR commands [collective thrust N, p, q, r rad/s] around hover for a vehicle of ``mass``
     kg (nominal), see the module doc. ``max_thrust`` (N, collective) and ``max_rate`` (rad/s) are
@@ -403,7 +398,7 @@ class QuadrotorExcitation:
         cfg = self.cfg
         q = np.asarray(q, dtype=np.float64)
         v = np.asarray(v, dtype=np.float64)
-        R = _rot(q[3:7] / max(np.linalg.norm(q[3:7]), 1e-9))
+        R = quat_to_matrix(q[3:7])
         p, vw = q[0:3], R @ v[0:3]
         err = self.home - p
         kind, val = self.step_at(k * self.dt) if k < self.steps else (None, np.zeros(3))
@@ -442,7 +437,7 @@ class QuadrotorExcitation:
         integral as the last command left it)."""
         cfg = self.cfg
         q = np.asarray(q, dtype=np.float64)
-        R = _rot(q[3:7] / max(np.linalg.norm(q[3:7]), 1e-9))
+        R = quat_to_matrix(q[3:7])
         a = (self.kp * (self.home - q[0:3]) - self.kd * (R @ np.asarray(v, float)[0:3])
              + cfg.integral_gain * self.integral)
         kind, val = self.step_at(k * self.dt) if k < self.steps else (None, np.zeros(3))

@@ -19,15 +19,10 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 import torch
-from transforms3d.euler import quat2euler
+
+from ..physics.rotation import quat_to_rpy
 
 __all__ = ["px4_rates_setpoint", "cmd_vel_legacy", "ctbr_rotor_thrusts", "rotor_speeds", "quat_to_rpy"]
-
-
-def quat_to_rpy(x: float, y: float, z: float, w: float) -> Tuple[float, float, float]:
-    """Roll, pitch, yaw (rad; rotation Z(yaw) Y(pitch) X(roll)) of a unit quaternion x y z w."""
-    roll, pitch, yaw = quat2euler((w, x, y, z), axes="sxyz")
-    return float(roll), float(pitch), float(yaw)
 
 
 def px4_rates_setpoint(cmd: Sequence[float], max_total_thrust: float) -> Tuple[float, float, float, List[float]]:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .description import Joint, RobotDescription, UrdfError
-from .spatial import rpy_to_matrix_np
+from .rotation import rpy_to_matrix
 
 MOVING_JOINTS = ("revolute", "continuous", "prismatic")
 
@@ -211,7 +211,7 @@ class Model:
 
 # ---------------------------------------------------------------------- building
 def _origin_np(origin) -> Tuple[np.ndarray, np.ndarray]:
-    return rpy_to_matrix_np(origin.rpy), np.asarray(origin.xyz, dtype=np.float64)
+    return rpy_to_matrix(origin.rpy), np.asarray(origin.xyz, dtype=np.float64)
 
 
 def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch.float64,

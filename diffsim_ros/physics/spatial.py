@@ -10,9 +10,6 @@ Naming follows *Rigid Body Dynamics Algorithms*: ``X`` a 6x6 motion transform,
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
 
@@ -57,19 +54,6 @@ def quat_to_matrix(quat: torch.Tensor) -> torch.Tensor:
             torch.stack((2 * (xz - wy), 2 * (yz + wx), 1 - 2 * (xx + yy)), -1),
         ),
         -2,
-    )
-
-
-def rpy_to_matrix_np(rpy) -> np.ndarray:
-    """URDF roll-pitch-yaw (fixed axes x, y, z) -> rotation matrix, in NumPy float64."""
-    r, p, y = (float(a) for a in rpy)
-    cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
-    return np.array(
-        [
-            [cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
-            [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
-            [-sp, cp * sr, cp * cr],
-        ]
     )
 
 
@@ -140,3 +124,12 @@ def quat_exp(phi: torch.Tensor) -> torch.Tensor:
     small = theta2 < 1e-8
     k = torch.where(small, 0.5 - theta2 / 48.0, torch.sin(half) / torch.where(small, torch.ones_like(theta), theta))
     return torch.cat((phi * k, torch.cos(half)), -1)
+
+
+
+def roll_pitch(quat: torch.Tensor):
+    """Roll and pitch (rad; R = Rz(yaw) Ry(pitch) Rx(roll)) of orientations (..., 4) x y z w."""
+    x, y, z, w = quat.unbind(-1)
+    roll = torch.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
+    pitch = torch.asin(torch.clamp(2 * (w * y - z * x), -1.0, 1.0))
+    return roll, pitch

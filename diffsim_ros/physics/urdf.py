@@ -30,6 +30,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .rotation import rpy_to_matrix
 from .description import (Geometry, Inertial, Joint, Link, Mimic, Origin,
                           RobotDescription, UrdfError)
 
@@ -357,15 +358,6 @@ def _origin(pose, what: str, label: str, where: str) -> Origin:
         return Origin()
     return Origin(_vec3(getattr(pose, "xyz", None), f"{what} xyz", label, where),
                   _vec3(getattr(pose, "rpy", None), f"{what} rpy", label, where))
-
-
-def rpy_to_matrix(rpy: Sequence[float]) -> np.ndarray:
-    """R = Rz(yaw) Ry(pitch) Rx(roll), URDF's fixed-axis convention."""
-    r, p, y = (float(a) for a in rpy)
-    cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
-    return np.array([[cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
-                     [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
-                     [-sp, cp * sr, cp * cr]])
 
 
 def _short_list(names: Iterable[str], n: int = 6) -> List[str]:

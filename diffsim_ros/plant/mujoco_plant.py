@@ -57,6 +57,7 @@ import torch
 
 from .. import config as _config
 from ..physics import ConfigError, Rotors
+from ..physics.rotation import quat_exp, quat_mul, quat_to_matrix
 from ..physics.stages.passive import tanh_ratio
 from .flight import FlightController
 from .perturbation import Perturbation
@@ -106,30 +107,6 @@ class BaseState:
     specific_force: np.ndarray
     rotor_speeds: np.ndarray
     joints: Optional[JointState] = None
-
-
-# ----------------------------------------------------------------------------- quaternions (x y z w)
-def quat_to_matrix(q: np.ndarray) -> np.ndarray:
-    """Rotation matrix of a quaternion stored x, y, z, w (normalised here)."""
-    x, y, z, w = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
-
-
-def _quat_mul(a, b):
-    ax, ay, az, aw = a
-    bx, by, bz, bw = b
-    return np.array([aw * bx + ax * bw + ay * bz - az * by, aw * by - ax * bz + ay * bw + az * bx,
-                     aw * bz + ax * by - ay * bx + az * bw, aw * bw - ax * bx - ay * by - az * bz])
-
-
-def _quat_exp(phi):
-    th = float(np.linalg.norm(phi))
-    if th < 1e-12:
-        return np.array([0.5 * phi[0], 0.5 * phi[1], 0.5 * phi[2], 1.0])
-    s = math.sin(0.5 * th) / th
-    return np.array([phi[0] * s, phi[1] * s, phi[2] * s, math.cos(0.5 * th)])
 
 
 # ----------------------------------------------------------------------------- the plant
@@ -780,7 +757,7 @@ class MujocoPlant:
         bs.joints = js if self.joint_names else None
         if ps > 0:
             bs.position = bs.position + rng.normal(0.0, ps, 3)
-            bs.orientation = _quat_mul(bs.orientation, _quat_exp(rng.normal(0.0, ps, 3)))
+            bs.orientation = quat_mul(bs.orientation, quat_exp(rng.normal(0.0, ps, 3)))
         if vs > 0:
             nb = rng.normal(0.0, vs, 3)
             bs.linear_velocity_world = bs.linear_velocity_world + nb

@@ -25,7 +25,7 @@ import torch
 
 from ..physics import Model, SimConfig
 from ..physics.spatial import quat_rotate
-from ..physics.spatial import quat_to_matrix
+from ..physics.spatial import quat_to_matrix, roll_pitch
 from .base import Task, TaskState, uniform
 
 
@@ -170,14 +170,6 @@ class LocomotionTask(Task):
             track = (self.window_speed(ts) - cmd).abs() <= self.speed_tolerance * cmd
             return track & ~ts.extra["violation"] & (ts.step >= self.horizon)
         return (self.mean_speed(ts) > self.success_speed) & ~ts.extra["fallen"]
-
-
-def roll_pitch(quat_xyzw: torch.Tensor):
-    """Roll and pitch (rad, Z-Y-X Euler angles) of base orientations (..., 4) x y z w."""
-    x, y, z, w = quat_xyzw.unbind(-1)
-    roll = torch.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
-    pitch = torch.asin(torch.clamp(2 * (w * y - z * x), -1.0, 1.0))
-    return roll, pitch
 
 
 def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_height: float, window_s: float = 3.0,
