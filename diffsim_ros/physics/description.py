@@ -35,6 +35,16 @@ class Inertial:
     origin: Origin                   # centre of mass frame in the link frame
     inertia: np.ndarray              # (3, 3) about the COM, in the inertial origin's frame
 
+    def placed(self, R: np.ndarray, p: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """This link's centre of mass and rotational inertia about the origin of a frame in which
+        the link frame sits at rotation ``R``, position ``p``, both in that frame (the parallel-axis
+        theorem: R_c I R_c^T + m (|c|^2 1 - c c^T))."""
+        from .rotation import rpy_to_matrix
+        Rc = R @ rpy_to_matrix(self.origin.rpy)
+        c = p + R @ np.asarray(self.origin.xyz, dtype=np.float64)
+        m = float(self.mass)
+        return c, Rc @ np.asarray(self.inertia, dtype=np.float64) @ Rc.T + m * (c @ c * np.eye(3) - np.outer(c, c))
+
 
 @dataclass(frozen=True)
 class Geometry:

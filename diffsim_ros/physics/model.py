@@ -290,13 +290,10 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         inertial = desc.links[name].inertial
         if b < 0 or inertial is None or inertial.mass == 0.0:
             continue
-        R_i, p_i = _origin_np(inertial.origin)
-        R = R_lb @ R_i
-        c = p_lb + R_lb @ p_i
-        m = float(inertial.mass)
-        mass[b] += m
-        first[b] += m * c
-        second[b] += R @ np.asarray(inertial.inertia, dtype=np.float64) @ R.T + m * (c @ c * eye - np.outer(c, c))
+        c, I_origin = inertial.placed(R_lb, p_lb)
+        mass[b] += float(inertial.mass)
+        first[b] += float(inertial.mass) * c
+        second[b] += I_origin
     com = np.zeros((nb, 3))
     inertia = np.zeros((nb, 3, 3))
     for b in range(nb):

@@ -567,15 +567,11 @@ def _body_inertia(links: Dict[str, Link], children: Dict[str, List[Joint]], main
         name, R, p = stack.pop()
         members.append(name)
         inert = links[name].inertial
-        if inert is not None and inert.mass > 0:
-            Rc = R @ rpy_to_matrix(inert.origin.rpy)
-            c = p + R @ np.asarray(inert.origin.xyz)
-            I_o += Rc @ inert.inertia @ Rc.T + inert.mass * (c @ c * np.eye(3) - np.outer(c, c))
+        if inert is not None:                         # massless: rotational inertia only
+            c, I_link = inert.placed(R, p)
+            I_o += I_link
             m_tot += inert.mass
             first += inert.mass * c
-        elif inert is not None:                       # massless: rotational inertia only
-            Rc = R @ rpy_to_matrix(inert.origin.rpy)
-            I_o += Rc @ inert.inertia @ Rc.T
         for cj in children[name]:
             if cj.type == "fixed":
                 stack.append((cj.child, R @ rpy_to_matrix(cj.origin.rpy), p + R @ np.asarray(cj.origin.xyz)))
@@ -597,9 +593,8 @@ def _subtree_inertias(links: Dict[str, Link], children: Dict[str, List[Joint]], 
         m, h, I_o = 0.0, np.zeros(3), np.zeros((3, 3))
         inert = links[name].inertial
         if inert is not None:
-            R = rpy_to_matrix(inert.origin.rpy)
-            c = np.asarray(inert.origin.xyz)
-            I_o += R @ inert.inertia @ R.T + inert.mass * (c @ c * np.eye(3) - np.outer(c, c))
+            c, I_link = inert.placed(np.eye(3), np.zeros(3))
+            I_o += I_link
             m += inert.mass
             h += inert.mass * c
         for j in children[name]:
