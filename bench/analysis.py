@@ -6,7 +6,7 @@
 For each robot, the MuJoCo stand-in (perturbed as in the tests: mass +20 %, arm joint
 damping x3, quadrotor drag x2) runs ``--seconds`` s of exciting closed-loop commands at
 ``--rate`` Hz (the control step; 1 physics substep for the quadrotor, 2 for the arm) and
-diffsim_ros.analysis.record writes the bag in the layout of doc/interfaces.md (MCAP:
+diffsim_ros.testing.recordings writes the bag in the layout of doc/interfaces.md (MCAP:
 states, commands labelled with their state's stamp, the nominal simulator's one-step
 predictions, /imu for the quadrotor, metadata). Recording is not timed.
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from diffsim_ros.analysis import analyze  # noqa: E402
-from diffsim_ros.analysis.record import PERTURBATIONS, exciter, make_plant, record_bag, standard_params  # noqa: E402
+from diffsim_ros.testing.recordings import PERTURBATIONS, exciter, make_plant, record_bag, standard_params  # noqa: E402
 
 
 def rosbags_read_all(bag: Path) -> float:

@@ -7,7 +7,7 @@ stand-in's law before issue 16), in the same run.
     python bench/friction_agreement.py [--steps 300] [--seed 0] [--robots arm,ur5]
 
 For each robot, an unperturbed stand-in recording under the exciting controller of the
-analysis tests (analysis/record.py: random position targets, the arm's standard recording
+analysis tests (testing/recordings.py: random position targets, the arm's standard recording
 servo) is replayed by the nominal simulator from every recorded state: the RMSE of the
 predicted joint velocities 1 and 5 control steps ahead, rad/s, and the ratio between the
 laws. The project's arm (URDF friction 0.01-0.02 N m) and UR5 from example-robot-data
@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "test"))
 
 from diffsim_ros import analysis  # noqa: E402
-from diffsim_ros.analysis.record import exciter, make_plant, record_bag, standard_params  # noqa: E402
+from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params  # noqa: E402
 import test_friction_agreement as agreement  # noqa: E402  (the test's robots)
 
 

@@ -14,7 +14,7 @@ pytest.importorskip("mujoco")
 
 from diffsim_ros import cli  # noqa: E402
 from diffsim_ros.analysis import AnalysisError, BagWriter, analyze, read_bag  # noqa: E402
-from diffsim_ros.analysis.record import PERTURBATIONS, record_standard, standard_params, write_recording  # noqa: E402
+from diffsim_ros.testing.recordings import PERTURBATIONS, record_standard, standard_params, write_recording  # noqa: E402
 
 STEPS = 250
 
@@ -325,7 +325,7 @@ def test_analysis_layer_never_imports_rclpy():
     import subprocess
     import sys
 
-    code = ("import sys, diffsim_ros.analysis, diffsim_ros.analysis.record, diffsim_ros.analysis.cdr; "
+    code = ("import sys, diffsim_ros.analysis, diffsim_ros.testing.recordings, diffsim_ros.analysis.cdr; "
             "print('rclpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

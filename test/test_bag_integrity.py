@@ -137,7 +137,7 @@ def _small_bag(path: Path, steps: int = 30, receive_offset_ns: int = 0) -> None:
     """An arm bag like the stand-in's (metadata, states, labelled commands, predictions), small
     chunks so that a mutation hits one of several. ``receive_offset_ns``: added to the receive
     times (a wall clock against simulated header stamps, as in a lockstep run)."""
-    from diffsim_ros.analysis.record import standard_params
+    from diffsim_ros.testing.recordings import standard_params
 
     params = standard_params("arm")
     rng = np.random.default_rng(0)
@@ -351,7 +351,7 @@ def test_a_diverging_replay_names_the_bag(tmp_path):
     """Finite but absurd recorded states (intact CRCs: they were recorded so) make the simulator
     diverge: an AnalysisError naming the bag and the topics, not a bare simulator error."""
     from diffsim_ros.analysis import analyze
-    from diffsim_ros.analysis.record import standard_params
+    from diffsim_ros.testing.recordings import standard_params
 
     bag = tmp_path / "absurd"
     with BagWriter(bag) as w:

@@ -190,7 +190,7 @@ def test_quadrotor_excitation_flies_and_stays_in_the_arena():
     """Closed loop on the differentiable simulator, the vehicle 30 % heavier than the controller
     believes, at full amplitude: the body never tilts far past tilt_max, never leaves the arena by
     more than half a metre, and moves fast enough (above 0.8 m/s) to show its drag."""
-    from diffsim_ros.analysis.record import SimulatorPlant, standard_params
+    from diffsim_ros.testing.recordings import SimulatorPlant, standard_params
 
     params = standard_params("quadrotor")
     cfg = ExcitationConfig(amplitude=1.0, duration=10.0, seed=11)

@@ -35,7 +35,7 @@ from conftest import drawn_away, drawn_seed, ros_domain  # noqa: E402
 
 from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros import config as cfgmod  # noqa: E402
-from diffsim_ros.analysis.record import make_plant, record_bag, standard_params  # noqa: E402
+from diffsim_ros.testing.recordings import make_plant, record_bag, standard_params  # noqa: E402
 from diffsim_ros.control.excitation import ExcitationConfig, ExcitationRunner, identifiable_parameters  # noqa: E402
 from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
 

@@ -35,7 +35,7 @@ from test_plant import _compare
 pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package 'mujoco')")
 
 from diffsim_ros import config, physics  # noqa: E402
-from diffsim_ros.analysis.record import standard_params  # noqa: E402
+from diffsim_ros.testing.recordings import standard_params  # noqa: E402
 from diffsim_ros.physics.stages.passive import passive, tanh_ratio  # noqa: E402
 from diffsim_ros.plant import MujocoPlant  # noqa: E402
 
@@ -74,7 +74,7 @@ def friction_urdf(robot: str, friction, out_dir) -> Path:
 
 
 def robot_params(robot: str, urdf: Path):
-    """The arm's standard recording set-up (analysis/record.py) on ``urdf``; UR5 with a servo of
+    """The arm's standard recording set-up (testing/recordings.py) on ``urdf``; UR5 with a servo of
     kp 200, kd 20 on every joint."""
     params = copy.deepcopy(standard_params("arm"))
     params["urdf"] = str(urdf)

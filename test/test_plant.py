@@ -27,7 +27,7 @@ pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'muj
 
 from diffsim_ros import config, physics  # noqa: E402
 from diffsim_ros.physics import ConfigError  # noqa: E402
-from diffsim_ros.analysis.record import ARM_RECORDING_GAINS  # noqa: E402
+from diffsim_ros.testing.recordings import ARM_RECORDING_GAINS  # noqa: E402
 from diffsim_ros.plant import MujocoPlant, Perturbation  # noqa: E402
 
 ARM_YAML = REPO_ROOT / "config" / "reach_arm.yaml"

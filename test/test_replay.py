@@ -18,7 +18,7 @@ rclpy = pytest.importorskip("rclpy")
 
 from conftest import ros_domain  # noqa: E402
 from diffsim_ros.analysis import Replay, read_bag, sim_setup  # noqa: E402
-from diffsim_ros.analysis.record import PERTURBATIONS, record_standard  # noqa: E402
+from diffsim_ros.testing.recordings import PERTURBATIONS, record_standard  # noqa: E402
 from diffsim_ros.nodes import replay  # noqa: E402
 
 DOMAIN = ros_domain(3)

@@ -13,7 +13,7 @@ pytest.importorskip("mujoco")
 
 from diffsim_ros import cli, config  # noqa: E402
 from diffsim_ros.analysis import AnalysisError, analyze, calibrate, read_bag, sim_setup  # noqa: E402
-from diffsim_ros.analysis.record import PERTURBATIONS, record_standard  # noqa: E402
+from diffsim_ros.testing.recordings import PERTURBATIONS, record_standard  # noqa: E402
 
 STEPS = 300
 FAST = dict(window=3, max_starts=64)      # small fits: a few seconds each
@@ -120,7 +120,7 @@ def test_sysid_recovers_a_thrust_model_error_and_writes_it(tmp_path, capsys):
     simulator it describes predicts the robot far better."""
     import copy
 
-    from diffsim_ros.analysis.record import exciter, make_plant, record_bag, standard_params
+    from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params
 
     params = standard_params("quadrotor")
     real = copy.deepcopy(params)

@@ -57,7 +57,7 @@ def _fly(ckpt, starts, perturbation):
 def test_policy_retrained_on_calibrated_parameters_flies_the_perturbed_plant_better(tmp_path):
     from diffsim_ros import config
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
-    from diffsim_ros.analysis.record import PERTURBATIONS, record_standard
+    from diffsim_ros.testing.recordings import PERTURBATIONS, record_standard
 
     pert = PERTURBATIONS["quadrotor"]
     record_standard("quadrotor", tmp_path / "bag", pert, steps=300, seed=3, predictions=False)

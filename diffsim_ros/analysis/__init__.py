@@ -8,8 +8,8 @@
 
 Modules: ``bag`` (reading and writing bags), ``predict`` (rebuilding the simulator and
 replaying commands from recorded states), ``report`` (metrics, plots, markdown),
-``params`` and ``sysid`` (calibration), ``record`` (recording a plant rollout into a bag,
-for tests and benchmarks). Every bad input is an :class:`AnalysisError` naming the file,
+``params`` and ``sysid`` (calibration); the recordings the tests and benchmarks analyse are
+made by :mod:`diffsim_ros.testing.recordings`. Every bad input is an :class:`AnalysisError` naming the file,
 topic or field.
 """
 from .bag import BagData, BagWriter, TopicStats, read_bag, timing_stats

@@ -23,10 +23,10 @@ import torch
 
 from .. import config as _config
 from .. import physics
-from .bag import BagWriter
+from ..analysis.bag import BagWriter
 from ..physics.rotation import quat_to_matrix
 from ..physics.parameters import PERTURBATION_FIELDS, from_perturbation
-from .params import build_simulator
+from ..analysis.params import build_simulator
 
 
 class SimulatorPlant:
