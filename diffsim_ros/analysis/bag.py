@@ -335,35 +335,58 @@ def _slow(reader, path: Path, conn_type: str, topic: str, recv, raws):
                                 f"deserialised as {conn_type} ({type(exc).__name__}: {exc})") from None
 
 
-def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic) -> BagData:
-    topics = {c.topic: c.msgtype for c in reader.connections}
-    conns_of = lambda topic: [c for c in reader.connections if c.topic == topic]  # noqa: E731
-    present = ", ".join(sorted(topics)) or "none"
-    mcap = _fast_mcap(path, list(topics))
-    if mcap is not None:
-        _check_index(path, topics, mcap.pop(None))
+class _Source:
+    """One open bag as the per-topic readers below see it: its topics and types, the fast MCAP
+    index where there is one, and the messages of a topic (raw, or deserialised)."""
 
-    # Metadata first: it tells the robot kind and the command layout.
-    metadata = None
-    if metadata_topic in topics:
-        _check_type(path, metadata_topic, topics[metadata_topic], [STRING_T])
-        last = None
-        if mcap is not None:
-            mrecv, mraws = mcap[metadata_topic]
-            for _, msg in _slow(reader, path, STRING_T, metadata_topic, mrecv[-1:], mraws[-1:]):
-                last = msg.data
-        else:
-            for _, msg in _messages(reader, path, conns_of(metadata_topic), metadata_topic):
-                last = msg.data
-        if last is not None:
-            try:
-                metadata = json.loads(last)
-            except json.JSONDecodeError as exc:
-                raise AnalysisError(f"{path}: topic '{metadata_topic}' does not hold JSON ({exc})") from None
-            if not isinstance(metadata, dict):
-                raise AnalysisError(f"{path}: topic '{metadata_topic}' must hold a JSON object, got "
-                                    f"{type(metadata).__name__}")
+    def __init__(self, reader, path: Path):
+        self.reader, self.path = reader, path
+        self.topics = {c.topic: c.msgtype for c in reader.connections}
+        self.present = ", ".join(sorted(self.topics)) or "none"
+        self.mcap = _fast_mcap(path, list(self.topics))
+        if self.mcap is not None:
+            _check_index(path, self.topics, self.mcap.pop(None))
 
+    def conns(self, topic: str):
+        return [c for c in self.reader.connections if c.topic == topic]
+
+    def raw(self, topic: str):
+        """(receive times, raw CDR messages or None) of ``topic``."""
+        return _raw(self.reader, self.path, self.conns(topic), topic, self.mcap)
+
+    def decoded(self, topic: str, recv, raws):
+        """(receive time, message) of ``topic``, deserialised one by one."""
+        return _slow(self.reader, self.path, self.topics[topic], topic, recv, raws)
+
+
+def _read_metadata(src: _Source, topic: str) -> Optional[Dict[str, Any]]:
+    """The last message of the latched metadata topic, parsed (None when absent)."""
+    if topic not in src.topics:
+        return None
+    path = src.path
+    _check_type(path, topic, src.topics[topic], [STRING_T])
+    last = None
+    if src.mcap is not None:
+        mrecv, mraws = src.mcap[topic]
+        for _, msg in _slow(src.reader, path, STRING_T, topic, mrecv[-1:], mraws[-1:]):
+            last = msg.data
+    else:
+        for _, msg in _messages(src.reader, path, src.conns(topic), topic):
+            last = msg.data
+    if last is None:
+        return None
+    try:
+        metadata = json.loads(last)
+    except json.JSONDecodeError as exc:
+        raise AnalysisError(f"{path}: topic '{topic}' does not hold JSON ({exc})") from None
+    if not isinstance(metadata, dict):
+        raise AnalysisError(f"{path}: topic '{topic}' must hold a JSON object, got {type(metadata).__name__}")
+    return metadata
+
+
+def _state_topic(src: _Source, state_topic: Optional[str]) -> str:
+    """The state topic asked for, or the first of /joint_states and odometry in the bag."""
+    path, topics = src.path, src.topics
     if state_topic is None:
         for cand in (JOINT_STATES, ODOM):
             if cand in topics:
@@ -371,16 +394,18 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
                 break
         else:
             raise AnalysisError(f"{path}: no state topic: expected '{JOINT_STATES}' (sensor_msgs/JointState) "
-                                f"or '{ODOM}' (nav_msgs/Odometry); topics in the bag: {present}")
+                                f"or '{ODOM}' (nav_msgs/Odometry); topics in the bag: {src.present}")
     if state_topic not in topics:
-        raise AnalysisError(f"{path}: state topic '{state_topic}' is not in the bag; topics: {present}")
+        raise AnalysisError(f"{path}: state topic '{state_topic}' is not in the bag; topics: {src.present}")
     _check_type(path, state_topic, topics[state_topic], [JOINT_STATE_T, ODOMETRY_T])
-    kind = "arm" if topics[state_topic] == JOINT_STATE_T else "quadrotor"
-    stats: Dict[str, TopicStats] = {}
-    warnings: List[str] = []
+    return state_topic
 
-    # ---- states
-    recv_a, raws = _raw(reader, path, conns_of(state_topic), state_topic, mcap)
+
+def _read_states(src: _Source, state_topic: str, kind: str, stats: Dict[str, TopicStats], warnings: List[str]):
+    """(t_state, q, v, receive times, joint names) of the state topic: sorted by stamp, a
+    repeated stamp kept once, the receive time standing in for stamps that are all zero."""
+    path = src.path
+    recv_a, raws = src.raw(state_topic)
     names: Optional[List[str]] = None
     fast = None
     if raws:
@@ -391,7 +416,7 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
         stamps, q_arr, v_arr = fast
     else:
         stamps, qs, vs = [], [], []
-        for t, msg in _slow(reader, path, topics[state_topic], state_topic, recv_a, raws):
+        for t, msg in src.decoded(state_topic, recv_a, raws):
             stamps.append(_ns(msg.header.stamp))
             if kind == "arm":
                 nm = list(msg.name)
@@ -416,7 +441,7 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
     if len(stamps) < 2:
         raise AnalysisError(f"{path}: topic '{state_topic}' has {len(stamps)} message(s); at least 2 are needed")
     stamps_a = np.asarray(stamps, dtype=np.int64)
-    stats[state_topic] = timing_stats(state_topic, topics[state_topic], stamps_a, recv_a, True)
+    stats[state_topic] = timing_stats(state_topic, src.topics[state_topic], stamps_a, recv_a, True)
     if stamps_a.max() == 0:
         # All headers zero: the publisher did not stamp; fall back to the receive time.
         warnings.append(f"'{state_topic}': header stamps are all zero; aligned by bag receive time instead")
@@ -427,23 +452,30 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
     order = order[keep]
     t_state = stamps_a[order]
     q, v = q_arr[order], v_arr[order]
-    # receive time of each kept state (for the receive-time fallback of commands)
-    recv_state = recv_a[order]
     if not np.isfinite(v).all() or not np.isfinite(q).all():
         bad = int((~np.isfinite(v).all(1) | ~np.isfinite(q).all(1)).sum())
         raise AnalysisError(f"{path}: topic '{state_topic}' has {bad} message(s) with NaN/Inf positions or velocities")
+    # the receive time of each kept state: the commands' fallback alignment
+    return t_state, q, v, recv_a[order], names
 
-    if IMU in topics:
-        _check_type(path, IMU, topics[IMU], [IMU_T])
-        rc_, raws_ = _raw(reader, path, conns_of(IMU), IMU, mcap)
-        if raws_:
-            try:
-                st_ = cdr.header_stamps(raws_)
-            except Exception:
-                st_ = np.asarray([_ns(m.header.stamp) for _, m in _slow(reader, path, IMU_T, IMU, rc_, raws_)])
-            stats[IMU] = timing_stats(IMU, IMU_T, st_, rc_, True)
 
-    # ---- commands
+def _imu_stats(src: _Source, stats: Dict[str, TopicStats]) -> None:
+    """The IMU topic's timing, where the bag has one (its values are not analysed)."""
+    if IMU not in src.topics:
+        return
+    _check_type(src.path, IMU, src.topics[IMU], [IMU_T])
+    rc_, raws_ = src.raw(IMU)
+    if raws_:
+        try:
+            st_ = cdr.header_stamps(raws_)
+        except Exception:
+            st_ = np.asarray([_ns(m.header.stamp) for _, m in _slow(src.reader, src.path, IMU_T, IMU, rc_, raws_)])
+        stats[IMU] = timing_stats(IMU, IMU_T, st_, rc_, True)
+
+
+def _command_topic(src: _Source, command_topic: Optional[str]) -> str:
+    """The command topic asked for, or the first of the known command topics in the bag."""
+    path, topics = src.path, src.topics
     if command_topic is None:
         cands = [COMMAND, CMD_CTBR, CMD_ROTOR_THRUST, *CONTROLLER_COMMANDS]
         for cand in cands:
@@ -452,19 +484,27 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
                 break
         else:
             raise AnalysisError(f"{path}: no command topic: expected '{COMMAND}' (std_msgs/Float64MultiArray) or "
-                                f"one of {', '.join(cands[1:])}; topics in the bag: {present}")
+                                f"one of {', '.join(cands[1:])}; topics in the bag: {src.present}")
     if command_topic not in topics:
-        raise AnalysisError(f"{path}: command topic '{command_topic}' is not in the bag; topics: {present}")
-    ctype = topics[command_topic]
-    _check_type(path, command_topic, ctype,
+        raise AnalysisError(f"{path}: command topic '{command_topic}' is not in the bag; topics: {src.present}")
+    _check_type(path, command_topic, topics[command_topic],
                 [TWIST_STAMPED_T] if command_topic == CMD_CTBR else [FLOAT64_ARRAY_T])
-    crecv_a, craws = _raw(reader, path, conns_of(command_topic), command_topic, mcap)
+    return command_topic
+
+
+def _read_commands(src: _Source, command_topic: str, state_topic: str, t_state, recv_state,
+                   stats: Dict[str, TopicStats], warnings: List[str]):
+    """(cmd_state_stamp, cmd, stamp source): each command aligned to the state it answers, by
+    its header stamp (CTBR), by the state-stamp label, or else by receive time; one per state."""
+    path = src.path
+    ctype = src.topics[command_topic]
+    crecv_a, craws = src.raw(command_topic)
     cvals, clabel, chead = [], [], []
     fast_cmd = cdr.float64_arrays(craws) if (craws and ctype == FLOAT64_ARRAY_T) else None
     if fast_cmd is not None:
         cvals, clabel = list(fast_cmd[0]), fast_cmd[1]
     else:
-        for t, msg in _slow(reader, path, ctype, command_topic, crecv_a, craws):
+        for t, msg in src.decoded(command_topic, crecv_a, craws):
             if ctype == TWIST_STAMPED_T:
                 tw = msg.twist
                 cvals.append((tw.linear.z, tw.angular.x, tw.angular.y, tw.angular.z))
@@ -531,41 +571,60 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
     cmd_state_stamp, cmd = cmd_state_stamp[last], cmd[last]
     if not np.isfinite(cmd).all():
         raise AnalysisError(f"{path}: topic '{command_topic}' has NaN/Inf commands")
+    return cmd_state_stamp, cmd, source
 
-    cmd_names = _command_names(metadata, command_topic, cmd.shape[1], kind, names)
 
-    # ---- online predictions (optional)
-    pred_t = pred_v = None
+def _read_predictions(src: _Source, topic: str, kind: str, stats: Dict[str, TopicStats]):
+    """(stamps, velocities, joint names) of the controller's online predictions, sorted by
+    stamp; (None, None, []) when the bag has none."""
     pred_names: List[str] = []
-    if predicted_topic in topics:
-        _check_type(path, predicted_topic, topics[predicted_topic], [JOINT_STATE_T if kind == "arm" else ODOMETRY_T])
-        prc, praws = _raw(reader, path, conns_of(predicted_topic), predicted_topic, mcap)
-        fast_p = None
-        if praws:
-            fast_p = cdr.joint_states(praws) if kind == "arm" else cdr.odometry(praws)
-        pt, pv = [], []
-        if fast_p is not None:
-            pt, pv = list(fast_p[0]), list(fast_p[-1])
+    if topic not in src.topics:
+        return None, None, pred_names
+    path = src.path
+    _check_type(path, topic, src.topics[topic], [JOINT_STATE_T if kind == "arm" else ODOMETRY_T])
+    prc, praws = src.raw(topic)
+    fast_p = None
+    if praws:
+        fast_p = cdr.joint_states(praws) if kind == "arm" else cdr.odometry(praws)
+    pt, pv = [], []
+    if fast_p is not None:
+        pt, pv = list(fast_p[0]), list(fast_p[-1])
+        if kind == "arm":
+            pred_names = list(fast_p[1])
+    else:
+        for t, msg in src.decoded(topic, prc, praws):
+            pt.append(_ns(msg.header.stamp))
             if kind == "arm":
-                pred_names = list(fast_p[1])
-        else:
-            for t, msg in _slow(reader, path, topics[predicted_topic], predicted_topic, prc, praws):
-                pt.append(_ns(msg.header.stamp))
-                if kind == "arm":
-                    if not pred_names:
-                        pred_names = list(msg.name)
-                    if list(msg.name) != pred_names:
-                        raise AnalysisError(f"{path}: topic '{predicted_topic}': joint names change between messages")
-                    pv.append(np.asarray(msg.velocity, dtype=float))
-                else:
-                    lin, ang = msg.twist.twist.linear, msg.twist.twist.angular
-                    pv.append((lin.x, lin.y, lin.z, ang.x, ang.y, ang.z))
-        if pt:
-            stats[predicted_topic] = timing_stats(predicted_topic, topics[predicted_topic], np.asarray(pt),
-                                                  prc, True)
-            o = np.argsort(np.asarray(pt), kind="stable")
-            pred_t, pred_v = np.asarray(pt, dtype=np.int64)[o], np.asarray(pv, dtype=float)[o]
+                if not pred_names:
+                    pred_names = list(msg.name)
+                if list(msg.name) != pred_names:
+                    raise AnalysisError(f"{path}: topic '{topic}': joint names change between messages")
+                pv.append(np.asarray(msg.velocity, dtype=float))
+            else:
+                lin, ang = msg.twist.twist.linear, msg.twist.twist.angular
+                pv.append((lin.x, lin.y, lin.z, ang.x, ang.y, ang.z))
+    if not pt:
+        return None, None, pred_names
+    stats[topic] = timing_stats(topic, src.topics[topic], np.asarray(pt), prc, True)
+    o = np.argsort(np.asarray(pt), kind="stable")
+    return np.asarray(pt, dtype=np.int64)[o], np.asarray(pv, dtype=float)[o], pred_names
 
+
+def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic) -> BagData:
+    src = _Source(reader, path)
+    # Metadata first: it tells the robot kind and the command layout.
+    metadata = _read_metadata(src, metadata_topic)
+    state_topic = _state_topic(src, state_topic)
+    kind = "arm" if src.topics[state_topic] == JOINT_STATE_T else "quadrotor"
+    stats: Dict[str, TopicStats] = {}
+    warnings: List[str] = []
+    t_state, q, v, recv_state, names = _read_states(src, state_topic, kind, stats, warnings)
+    _imu_stats(src, stats)
+    command_topic = _command_topic(src, command_topic)
+    cmd_state_stamp, cmd, source = _read_commands(src, command_topic, state_topic, t_state, recv_state, stats,
+                                                  warnings)
+    cmd_names = _command_names(metadata, command_topic, cmd.shape[1], kind, names)
+    pred_t, pred_v, pred_names = _read_predictions(src, predicted_topic, kind, stats)
     return BagData(path=str(path), storage=_storage_of(path), kind=kind, state_topic=state_topic,
                    joint_names=list(names or []), t_state=t_state, q=q, v=v, command_topic=command_topic,
                    cmd_state_stamp=cmd_state_stamp, cmd=cmd, cmd_names=cmd_names, cmd_stamp_source=source,
