@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
+from . import interfaces
 from .loop import (LoopError, _Clock, _Processes, bag_counts, check_exits, recorded_types, stop_nodes)
 
 
@@ -76,10 +77,10 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     procs = _Processes(logs, domain)
     if floating:
         from nav_msgs.msg import Odometry as state_type
-        state_topic = "/odom"
+        state_topic = interfaces.ODOM
     else:
         from sensor_msgs.msg import JointState as state_type
-        state_topic = "/joint_states"
+        state_topic = interfaces.JOINT_STATES
     plant: Dict[str, Any] = {}
     for k, v in (perturbation or {}).items():
         if k == "sensor_noise" and not isinstance(v, (list, tuple)):

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import interfaces
+
 #: The stand-in's default deviation from the simulator: 10 % heavier, 50 % more drag, a
 #: slower motor. Enough for the analysis to have something to find, small enough for a
 #: policy trained without randomisation to still fly.
@@ -311,7 +313,7 @@ class _Clock:
         self.node.create_subscription(Clock, "/clock", self._on, 10)
         from geometry_msgs.msg import PointStamped
         self._point = PointStamped
-        self.pub_target = self.node.create_publisher(PointStamped, "/diffsim/target", 10)
+        self.pub_target = self.node.create_publisher(PointStamped, interfaces.TARGET, 10)
         if state_topic:
             self.follow_states(state_topic, state_type)
         self.ex = SingleThreadedExecutor(context=self.ctx)
@@ -376,18 +378,18 @@ def _write_params(path: Path, node: str, params: Dict[str, Any]) -> None:
 def recorded_types(floating_base: bool, kind: Optional[str] = None) -> List[str]:
     """'topic:type' of everything the loop records (doc/interfaces.md); ``kind`` 'legged': odometry,
     IMU and joint states in, joint position commands out."""
-    common = ["/diffsim/command:std_msgs/msg/Float64MultiArray", "/diffsim/metadata:std_msgs/msg/String",
-              "/diagnostics:diagnostic_msgs/msg/DiagnosticArray", "/clock:rosgraph_msgs/msg/Clock"]
+    ifc = interfaces
+    common = [ifc.typed(ifc.COMMAND, ifc.FLOAT64_ARRAY_T), ifc.typed(ifc.METADATA, ifc.STRING_T),
+              ifc.typed(ifc.DIAGNOSTICS, "diagnostic_msgs/msg/DiagnosticArray"), ifc.typed(ifc.CLOCK, "rosgraph_msgs/msg/Clock")]
+    position_commands = ifc.typed(ifc.CONTROLLER_COMMANDS[0], ifc.FLOAT64_ARRAY_T)
     if kind == "legged":
-        return common + ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu",
-                         "/joint_states:sensor_msgs/msg/JointState",
-                         "/position_controller/commands:std_msgs/msg/Float64MultiArray"]
+        return common + [ifc.typed(ifc.ODOM, ifc.ODOMETRY_T), ifc.typed(ifc.IMU, ifc.IMU_T),
+                         ifc.typed(ifc.JOINT_STATES, ifc.JOINT_STATE_T), position_commands]
     if floating_base:
-        return common + ["/odom:nav_msgs/msg/Odometry", "/imu:sensor_msgs/msg/Imu",
-                         "/cmd_ctbr:geometry_msgs/msg/TwistStamped", "/diffsim/predicted_state:nav_msgs/msg/Odometry"]
-    return common + ["/joint_states:sensor_msgs/msg/JointState",
-                     "/position_controller/commands:std_msgs/msg/Float64MultiArray",
-                     "/diffsim/predicted_state:sensor_msgs/msg/JointState"]
+        return common + [ifc.typed(ifc.ODOM, ifc.ODOMETRY_T), ifc.typed(ifc.IMU, ifc.IMU_T),
+                         ifc.typed(ifc.CMD_CTBR, ifc.TWIST_STAMPED_T), ifc.typed(ifc.PREDICTED_STATE, ifc.ODOMETRY_T)]
+    return common + [ifc.typed(ifc.JOINT_STATES, ifc.JOINT_STATE_T), position_commands,
+                     ifc.typed(ifc.PREDICTED_STATE, ifc.JOINT_STATE_T)]
 
 
 def bag_counts(bag: Path) -> Dict[str, int]:
@@ -640,10 +642,10 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     t1 = time.perf_counter()
     if runner.model.floating_base:
         from nav_msgs.msg import Odometry as state_type
-        state_topic = "/odom"
+        state_topic = interfaces.ODOM
     else:
         from sensor_msgs.msg import JointState as state_type
-        state_topic = "/joint_states"
+        state_topic = interfaces.JOINT_STATES
     controller = {"state_timeout_s": 5.0, "stats_file": str(logs / "controller_stats.json")}
     plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in perturbation.items()}
     if start is not None:

@@ -57,3 +57,27 @@ def test_package_marker_and_setup_cfg():
     cfg = (ROOT / "setup.cfg").read_text()
     assert "script_dir=$base/lib/diffsim_ros" in cfg
     assert "install_scripts=$base/lib/diffsim_ros" in cfg
+
+
+def test_interfaces_page_names_every_topic():
+    """doc/interfaces.md documents every default topic of diffsim_ros/interfaces.py, and every
+    node parameter naming a topic defaults to one of them (or, for an input or output that only
+    that node has, is named on the page)."""
+    import diffsim_ros.interfaces as ifc
+    from diffsim_ros.nodes import mujoco_plant, policy_controller, train_node
+
+    doc = (ROOT / "doc" / "interfaces.md").read_text()
+    topics = set()
+    for name, value in vars(ifc).items():
+        for v in (value if isinstance(value, tuple) else (value,)):
+            if name.isupper() and isinstance(v, str) and v.startswith("/"):
+                topics.add(v)
+    assert len(topics) >= 20, topics
+    missing = sorted(t for t in topics if f"`{t}`" not in doc)
+    assert not missing, f"doc/interfaces.md does not name {missing}"
+    params = dict((k, v[0]) for k, v in policy_controller.PARAMETERS.items())
+    params.update((k, v[0]) for k, v in train_node.PARAMETERS.items())
+    params.update((p[0], p[1]) for p in mujoco_plant.PARAMETERS)
+    for key, default in params.items():
+        if key.endswith("_topic") and default:
+            assert default in topics or f"`{default}`" in doc, (key, default)

@@ -29,24 +29,10 @@ import numpy as np
 from . import cdr
 from .errors import AnalysisError
 
-# Default topic names (doc/interfaces.md).
-JOINT_STATES = "/joint_states"
-ODOM = "/odom"
-IMU = "/imu"
-COMMAND = "/diffsim/command"
-PREDICTED = "/diffsim/predicted_state"
-METADATA = "/diffsim/metadata"
-CMD_CTBR = "/cmd_ctbr"
-CMD_ROTOR_THRUST = "/cmd_rotor_thrust"
-CONTROLLER_COMMANDS = ("/position_controller/commands", "/velocity_controller/commands",
-                       "/effort_controller/commands")
-
-JOINT_STATE_T = "sensor_msgs/msg/JointState"
-ODOMETRY_T = "nav_msgs/msg/Odometry"
-IMU_T = "sensor_msgs/msg/Imu"
-FLOAT64_ARRAY_T = "std_msgs/msg/Float64MultiArray"
-STRING_T = "std_msgs/msg/String"
-TWIST_STAMPED_T = "geometry_msgs/msg/TwistStamped"
+# Default topic names and their types (doc/interfaces.md).
+from ..interfaces import (CMD_CTBR, CMD_ROTOR_THRUST, COMMAND, CONTROLLER_COMMANDS, FLOAT64_ARRAY_T, IMU,  # noqa: E402
+                          IMU_T, JOINT_STATE_T, JOINT_STATES, METADATA, ODOM, ODOMETRY_T, STRING_T, TWIST_STAMPED_T)
+from ..interfaces import PREDICTED_STATE as PREDICTED  # noqa: E402
 
 #: Velocity components of a floating base, as nav_msgs/Odometry's body-frame twist.
 BASE_AXES = ["vx", "vy", "vz", "wx", "wy", "wz"]

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from .. import interfaces as ifc
 from .errors import AnalysisError
 
 __all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "paired_states"]
@@ -31,7 +32,7 @@ def _metadata(path: Path) -> Optional[Dict[str, Any]]:
     from rosbags.highlevel import AnyReader
 
     with AnyReader([path]) as reader:
-        conns = [c for c in reader.connections if c.topic == "/diffsim/metadata"]
+        conns = [c for c in reader.connections if c.topic == ifc.METADATA]
         for conn, _, raw in reader.messages(connections=conns):
             return json.loads(reader.deserialize(raw, conn.msgtype).data)
     return None
@@ -58,11 +59,11 @@ def _states(path: Path):
 
     odom, joints = {}, {}
     with AnyReader([path]) as reader:
-        conns = [c for c in reader.connections if c.topic in ("/odom", "/joint_states")]
+        conns = [c for c in reader.connections if c.topic in (ifc.ODOM, ifc.JOINT_STATES)]
         for conn, _, raw in reader.messages(connections=conns):
             m = reader.deserialize(raw, conn.msgtype)
             t = int(m.header.stamp.sec) * 1_000_000_000 + int(m.header.stamp.nanosec)
-            (odom if conn.topic == "/odom" else joints).setdefault(t, m)
+            (odom if conn.topic == ifc.ODOM else joints).setdefault(t, m)
     return odom, joints
 
 

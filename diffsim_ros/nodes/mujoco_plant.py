@@ -47,6 +47,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .. import interfaces as ifc
 from . import common
 
 NODE_NAME = "mujoco_plant"
@@ -76,19 +77,19 @@ PARAMETERS = [
     ("effort_command_topic", "/effort_controller/commands", "arm effort commands (Float64MultiArray, N m)"),
     ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
      "arm JointTrajectory commands (first point's positions by joint name)"),
-    ("ctbr_topic", "/cmd_ctbr", "quadrotor collective thrust (twist.linear.z, N) and body rates (twist.angular, "
+    ("ctbr_topic", ifc.CMD_CTBR, "quadrotor collective thrust (twist.linear.z, N) and body rates (twist.angular, "
                                 "rad/s), TwistStamped"),
-    ("rotor_thrust_topic", "/cmd_rotor_thrust", "quadrotor per-rotor thrust (Float64MultiArray, N, rotor_links "
+    ("rotor_thrust_topic", ifc.CMD_ROTOR_THRUST, "quadrotor per-rotor thrust (Float64MultiArray, N, rotor_links "
                                                 "order)"),
-    ("joint_states_topic", "/joint_states", "sensor_msgs/JointState out (arms, and the joints of a floating base)"),
-    ("odom_topic", "/odom", "nav_msgs/Odometry out (floating base): pose in world_frame, twist in base_frame"),
-    ("imu_topic", "/imu", "sensor_msgs/Imu out (floating base): orientation, body rates, body specific force"),
-    ("clock_topic", "/clock", "rosgraph_msgs/Clock out: the simulated time (empty: not published)"),
-    ("tf_topic", "/tf", "tf2_msgs/TFMessage out: link poses (parent -> child) and, for a floating base, "
+    ("joint_states_topic", ifc.JOINT_STATES, "sensor_msgs/JointState out (arms, and the joints of a floating base)"),
+    ("odom_topic", ifc.ODOM, "nav_msgs/Odometry out (floating base): pose in world_frame, twist in base_frame"),
+    ("imu_topic", ifc.IMU, "sensor_msgs/Imu out (floating base): orientation, body rates, body specific force"),
+    ("clock_topic", ifc.CLOCK, "rosgraph_msgs/Clock out: the simulated time (empty: not published)"),
+    ("tf_topic", ifc.TF, "tf2_msgs/TFMessage out: link poses (parent -> child) and, for a floating base, "
                         "world_frame -> base (empty: not published)"),
     ("publish_link_tf", True, "publish the links' transforms on tf_topic (false: robot_state_publisher does; "
                               "a floating base's world -> base is published either way)"),
-    ("robot_description_topic", "/robot_description", "std_msgs/String out, transient local: the URDF text "
+    ("robot_description_topic", ifc.ROBOT_DESCRIPTION, "std_msgs/String out, transient local: the URDF text "
                                                        "(empty: not published)"),
     ("world_frame", "world", "frame_id of /odom"),
     ("base_frame", "base_link", "child_frame_id of /odom and frame_id of /imu"),

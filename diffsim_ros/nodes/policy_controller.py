@@ -55,6 +55,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from .. import interfaces as ifc
 from ..control.supervisor import SupervisorConfig
 from .common import StartupError as _CommonStartupError
 from .common import resolve_path
@@ -88,25 +89,25 @@ PARAMETERS: Dict[str, Any] = {
                        "position_controller, velocity_controller or effort_controller per the checkpoint)"),
     "controller_joints": ([], "joint order of the forward_command_controller's 'joints' parameter (empty: the "
                                "checkpoint's actuated joints in their order)"),
-    "trajectory_topic": ("/joint_trajectory_controller/joint_trajectory",
+    "trajectory_topic": (ifc.JOINT_TRAJECTORY,
                          "trajectory_msgs/JointTrajectory topic (interface joint_trajectory)"),
-    "ctbr_topic": ("/cmd_ctbr", "geometry_msgs/TwistStamped: linear.z collective thrust N, angular body rates rad/s"),
-    "rotor_thrust_topic": ("/cmd_rotor_thrust", "std_msgs/Float64MultiArray: per-rotor thrust N, rotor_links order"),
-    "cmd_vel_legacy_topic": ("/cmd_vel_legacy", "geometry_msgs/Twist in Crazyswarm2's cmd_vel_legacy convention"),
-    "actuator_msgs_topic": ("/command/motor_speed", "actuator_msgs/Actuators topic (interface actuator_msgs)"),
-    "px4_rates_topic": ("/fmu/in/vehicle_rates_setpoint", "px4_msgs/VehicleRatesSetpoint topic (interface "
+    "ctbr_topic": (ifc.CMD_CTBR, "geometry_msgs/TwistStamped: linear.z collective thrust N, angular body rates rad/s"),
+    "rotor_thrust_topic": (ifc.CMD_ROTOR_THRUST, "std_msgs/Float64MultiArray: per-rotor thrust N, rotor_links order"),
+    "cmd_vel_legacy_topic": (ifc.CMD_VEL_LEGACY, "geometry_msgs/Twist in Crazyswarm2's cmd_vel_legacy convention"),
+    "actuator_msgs_topic": (ifc.ACTUATORS, "actuator_msgs/Actuators topic (interface actuator_msgs)"),
+    "px4_rates_topic": (ifc.PX4_RATES_SETPOINT, "px4_msgs/VehicleRatesSetpoint topic (interface "
                                                           "px4_rates: PX4 offboard body rates and thrust, FRD)"),
-    "px4_offboard_topic": ("/fmu/in/offboard_control_mode", "px4_msgs/OffboardControlMode topic, published with "
+    "px4_offboard_topic": (ifc.PX4_OFFBOARD_MODE, "px4_msgs/OffboardControlMode topic, published with "
                                                             "each setpoint (body_rate true) to keep offboard alive"),
     "legacy_attitude_time_s": (0.1, "s, cmd_vel_legacy: roll/pitch setpoint = current angle + body rate * this"),
-    "joint_states_topic": ("/joint_states", "sensor_msgs/JointState input (arms), matched by joint name"),
-    "odom_topic": ("/odom", "nav_msgs/Odometry input (quadrotors): pose in world, twist in the body frame"),
-    "imu_topic": ("/imu", "sensor_msgs/Imu input (quadrotors): checked for NaN/Inf; see imu_angular_velocity"),
+    "joint_states_topic": (ifc.JOINT_STATES, "sensor_msgs/JointState input (arms), matched by joint name"),
+    "odom_topic": (ifc.ODOM, "nav_msgs/Odometry input (quadrotors): pose in world, twist in the body frame"),
+    "imu_topic": (ifc.IMU, "sensor_msgs/Imu input (quadrotors): checked for NaN/Inf; see imu_angular_velocity"),
     "imu_angular_velocity": (False, "bool: take the body rates from the latest /imu instead of /odom's twist"),
     "state_reliability": ("reliable", "QoS reliability of the state subscriptions: reliable or best_effort"),
     "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
                       "m/s; empty: the task's default (hover: its home point; reach has none)"),
-    "target_topic": ("/diffsim/target", "geometry_msgs/PointStamped that replaces the goal at run time"),
+    "target_topic": (ifc.TARGET, "geometry_msgs/PointStamped that replaces the goal at run time"),
     "rate_hz": (0.0, "Hz, control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep"),
     "lockstep": (False, "bool: one command per received state instead of a timer"),
     "watchdog_hz": (20.0, "Hz, how often the watchdog checks the state age in lockstep mode"),
@@ -116,10 +117,10 @@ PARAMETERS: Dict[str, Any] = {
                               "each have at least this many matched subscribers (recorders), so that nothing "
                               "published is lost to discovery"),
     "predict_every": (1, "publish /diffsim/predicted_state every this many commands (0: never)"),
-    "command_topic": ("/diffsim/command", "std_msgs/Float64MultiArray: the command in the simulator's interface"),
-    "predicted_state_topic": ("/diffsim/predicted_state", "JointState (arms) or Odometry (quadrotors), one step on"),
-    "metadata_topic": ("/diffsim/metadata", "std_msgs/String, transient local: checkpoint metadata JSON"),
-    "diagnostics_topic": ("/diagnostics", "diagnostic_msgs/DiagnosticArray"),
+    "command_topic": (ifc.COMMAND, "std_msgs/Float64MultiArray: the command in the simulator's interface"),
+    "predicted_state_topic": (ifc.PREDICTED_STATE, "JointState (arms) or Odometry (quadrotors), one step on"),
+    "metadata_topic": (ifc.METADATA, "std_msgs/String, transient local: checkpoint metadata JSON"),
+    "diagnostics_topic": (ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray"),
     "diagnostics_period_s": (1.0, "s, diagnostics period"),
     "stats_file": ("", "write the node's counters as JSON here at shutdown (empty: no file)"),
 }

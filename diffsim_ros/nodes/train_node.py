@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+from .. import interfaces as ifc
 from ..training import occupied, resume_source, train_from_params  # the CLI's training path, shared
 from .common import resolve_path
 
@@ -56,8 +57,8 @@ PARAMETERS: Dict[str, Any] = {
     "num_envs": (0, "parallel episodes per iteration (0: the config's training.num_envs)"),
     "seed": (-1, "random seed (-1: the config's training.seed)"),
     "threads": (1, "torch CPU threads (1 is fastest on a shared machine)"),
-    "loss_topic": ("/diffsim/train/loss", "std_msgs/Float64: the mean per-step training loss of each iteration"),
-    "diagnostics_topic": ("/diagnostics", "diagnostic_msgs/DiagnosticArray: progress of each iteration"),
+    "loss_topic": (ifc.TRAIN_LOSS, "std_msgs/Float64: the mean per-step training loss of each iteration"),
+    "diagnostics_topic": (ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray: progress of each iteration"),
 }
 
 

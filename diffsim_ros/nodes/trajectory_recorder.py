@@ -37,16 +37,15 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .. import interfaces as ifc
 from . import common
 
 NODE_NAME = "trajectory_recorder"
 
 # doc/interfaces.md: states, commands, predictions, bookkeeping.
 DEFAULT_TOPICS = [
-    "/joint_states", "/odom", "/imu",
-    "/position_controller/commands", "/velocity_controller/commands", "/effort_controller/commands",
-    "/joint_trajectory_controller/joint_trajectory", "/cmd_ctbr", "/cmd_rotor_thrust", "/cmd_vel_legacy",
-    "/diffsim/predicted_state", "/diffsim/command", "/diffsim/metadata", "/diagnostics",
+    ifc.JOINT_STATES, ifc.ODOM, ifc.IMU, *ifc.CONTROLLER_COMMANDS, ifc.JOINT_TRAJECTORY, ifc.CMD_CTBR,
+    ifc.CMD_ROTOR_THRUST, ifc.CMD_VEL_LEGACY, ifc.PREDICTED_STATE, ifc.COMMAND, ifc.METADATA, ifc.DIAGNOSTICS,
 ]
 
 PARAMETERS = [
@@ -57,7 +56,7 @@ PARAMETERS = [
                                "appears, or at once when its type is given in 'types'"),
     ("types", [""], "'topic:package/msg/Type' entries: types known up front (subscribed at start, no discovery "
                     "wait), e.g. /joint_states:sensor_msgs/msg/JointState"),
-    ("latched_topics", ["/diffsim/metadata"], "topics subscribed transient-local (latched publishers)"),
+    ("latched_topics", [ifc.METADATA], "topics subscribed transient-local (latched publishers)"),
     ("qos_depth", 1000, "history depth of the reliable subscriptions (messages queued while writing)"),
     ("discovery_period_s", 0.1, "period of the graph polling for publishers of the topics, s"),
     ("drain_s", 0.5, "on SIGINT/SIGTERM, time spent taking the messages already queued before closing, s"),

@@ -24,6 +24,7 @@ import torch
 from .. import config as _config
 from .. import physics
 from ..analysis.bag import BagWriter
+from ..interfaces import PREDICTED_STATE
 from ..physics.rotation import quat_to_matrix
 from ..physics.parameters import PERTURBATION_FIELDS, from_perturbation
 from ..analysis.params import build_simulator
@@ -265,10 +266,10 @@ def write_recording(path, rec: Dict[str, np.ndarray], joint_names, floating_base
                     tp = t_ns[k] + int(round(cfg.dt * 1e9))
                     if floating_base:
                         w.odometry(tp, rec["q"][k + 1], pred[k], receive_ns=t_ns[k] + 2 * d_ns,
-                                   topic="/diffsim/predicted_state")
+                                   topic=PREDICTED_STATE)
                     else:
                         w.joint_state(tp, joint_names, rec["q"][k + 1], pred[k], receive_ns=t_ns[k] + 2 * d_ns,
-                                      topic="/diffsim/predicted_state")
+                                      topic=PREDICTED_STATE)
 
 
 # ---------------------------------------------------------------------------- standard test recordings
