@@ -152,3 +152,15 @@ def rcl_parameters(path) -> dict:
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test of more than about 30 s (training runs); "
                                        "deselect with -m 'not slow' for a quick pass")
+    config.addinivalue_line("markers", "ros: starts ROS 2 nodes, DDS or the ros2 CLI (rclpy, launch); "
+                                       "-m 'not ros' runs the rest")
+
+
+#: Fixtures that bring up the ROS 2 tooling: a test using one is a ``ros`` test.
+ROS_FIXTURES = frozenset({"ros_tooling", "deployment"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ROS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ros)

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
+pytestmark = pytest.mark.ros
 
 from conftest import REPO_ROOT, ros_context, ros_domain  # noqa: E402
 from test_deploy import make_checkpoint  # noqa: E402

@@ -35,6 +35,7 @@ import torch
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytest.importorskip("mujoco", reason="mujoco not installed (the stand-in robot)")
 pytest.importorskip("rosbags", reason="rosbags not installed (bag writing/reading)")
+pytestmark = pytest.mark.ros
 
 from conftest import REPO_ROOT, console_script, ros_domain  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402

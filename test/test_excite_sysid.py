@@ -30,6 +30,7 @@ import yaml
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 pytest.importorskip("rclpy")
+pytestmark = pytest.mark.ros
 
 from conftest import drawn_away, drawn_seed, ros_domain  # noqa: E402
 

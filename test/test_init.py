@@ -106,6 +106,7 @@ def test_generated_file_loads_and_is_commented(generated, name):
         assert "kp = M_ii w^2" in text and "kd = 2 zeta sqrt(kp M_ii)" in text
 
 
+@pytest.mark.ros
 def test_generated_files_pass_rcl_parser(generated):
     """rcl's own parser (through rclpy) reads every generated file as config.load_yaml does."""
     pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package 'mujoco')")
 pytest.importorskip("rosbags", reason="bags are written and read with rosbags")
+pytestmark = pytest.mark.ros
 
 from conftest import REPO_ROOT, ros_domain  # noqa: E402
 

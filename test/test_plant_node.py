@@ -21,6 +21,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'mujoco')")
+pytestmark = pytest.mark.ros
 
 from conftest import REPO_ROOT, console_script, ros_context, ros_domain  # noqa: E402
 

@@ -93,6 +93,7 @@ def test_link_transforms_match_forward_kinematics(robot):
             np.testing.assert_allclose(other[name], fk[i], atol=1e-9, err_msg=f"{robot}: link {name} under 'map'")
 
 
+@pytest.mark.ros
 def test_tf_over_dds_matches_forward_kinematics(tmp_path):
     """mujoco_plant's /tf for the arm, over DDS: chained from the world, the link poses of each
     TFMessage are the forward kinematics at the positions of the /joint_states with its stamp."""

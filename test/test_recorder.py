@@ -18,6 +18,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytest.importorskip("rosbags", reason="the recorder writes with the rosbags library")
+pytestmark = pytest.mark.ros
 
 from diffsim_ros.nodes.common import StartupError, latched_qos  # noqa: E402
 from diffsim_ros.nodes.trajectory_recorder import prepare_output  # noqa: E402

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 rclpy = pytest.importorskip("rclpy")
+pytestmark = pytest.mark.ros
 
 from conftest import ros_domain  # noqa: E402
 from diffsim_ros.analysis import Replay, read_bag, sim_setup  # noqa: E402

@@ -84,6 +84,7 @@ def test_quadrotor_yaml_climbs_and_turns():
     assert abs(float(state.q[1, 2]) - 1.0) < 5e-3    # near hover while yawing (motor lag: w^2 sum dips)
 
 
+@pytest.mark.ros
 def test_yaml_is_a_valid_ros2_parameter_file():
     """rcl's own parser (through rclpy) accepts each shipped file and reads the same
     values as config.load_yaml: no nested lists, no mixed-type lists, no nulls."""

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
+pytestmark = pytest.mark.ros
 
 from conftest import ros_context, ros_domain  # noqa: E402
 from test_deploy import make_checkpoint  # noqa: E402

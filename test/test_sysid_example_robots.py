@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 pytest.importorskip("rclpy")
+pytestmark = pytest.mark.ros
 
 from conftest import drawn_away, drawn_seed, ros_domain  # noqa: E402
 

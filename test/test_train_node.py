@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
+pytestmark = pytest.mark.ros
 
 from conftest import REPO_ROOT, ros_domain  # noqa: E402
 from diffsim_ros import config  # noqa: E402
