@@ -22,7 +22,7 @@ pytest.importorskip("mujoco")
 
 from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros.analysis import calibrate, read_bag, sim_setup  # noqa: E402
-from diffsim_ros.analysis.record import exciter, make_plant, record_bag, standard_params  # noqa: E402
+from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params  # noqa: E402
 from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
 
 FAST = dict(window=3, max_starts=32, max_iter=12)
@@ -221,6 +221,15 @@ def test_slow_arm_actuator_among_four_with_joint_friction(tmp_path):
                                        "can end in a local minimum the verdict accepts (damping 6.9 % off, "
                                        "every grid start ends there; the true values leave 1e-17); issue 16")
 def test_known_failure_arm_four_with_joint_friction(tmp_path):
+    """Why (measured on this draw): the residual's Jacobian agrees with central differences to
+    1e-5 and the loss is quadratic within 1e-4 of the truth, but a straight line from where the
+    fits end to the truth climbs over a ridge 3x higher. The standard recording's white-noise
+    position targets make the light wrist reverse nearly every control step (2 % of the windows
+    keep one sign), and the friction's sign at each substep start is a steep function of the
+    parameters there: the landscape is a staircase. Longer or shorter windows (1-3 steps), 128
+    windows instead of 32, 100 iterations and a continuation in the friction's smoothing (0.1 ->
+    0.03 -> 0.01 rad/s) each still ended 3-18 % off. The multisine of `diffsim-ros excite`
+    identifies six arm parameters with the friction on (test_excite_sysid)."""
     names = ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
     pert = {"latency": 0.04, "actuator_lag": 0.016357504128064408, "joint_damping_scale": 0.5727229452023896,
             "mass_scale": 0.7496349507988698}                # one of ten draws with friction on (seed 18)
@@ -241,3 +250,25 @@ def test_four_arm_parameters_leave_a_wrong_start(tmp_path):
     _check(r, truth, names)
     losses = [t["loss"] for t in r.starts_tried]
     assert len(losses) >= 2 and max(losses) > 1e3 * min(losses), r.starts_tried
+
+
+def test_a_fit_cut_short_by_the_iteration_limit_is_rejected(tmp_path):
+    """LM that runs out of iterations while the loss still falls has not reached the data's
+    optimum: sysid goes on once for as many iterations again, and rejects the fit if it still
+    moves (one iteration, then one more, is not enough for two drawn parameters); the same
+    recording with sysid's own limit is accepted with the truth."""
+    seed = _seed("iteration limit")
+    rng = np.random.default_rng(seed)
+    names = ["mass_scale", "drag_scale"]
+    pert = _draw(rng, "quadrotor", names)
+    record_standard("quadrotor", tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False)
+    data = read_bag(tmp_path / "bag")
+    setup = sim_setup(data)
+    short = calibrate(data, setup, names, window=3, max_starts=32, max_iter=1)
+    print(f"seed {seed} (DIFFSIM_SYSID_SEED)", pert, short.fitted, short.reasons, short.starts_tried)
+    assert not short.accepted and any("not converged" in x for x in short.reasons), short.reasons
+    assert short.starts_tried[0]["moving"] > 1e-3
+    full = calibrate(data, setup, names, window=3, max_starts=32)
+    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
+    _check(full, truth, names)
+    assert not any("not converged" in x for x in full.reasons)
