@@ -633,6 +633,12 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     for combo in blind:
         notes.append("the data determine only a combination of " + ", ".join(combo) + " (changing them together "
                      "leaves the predictions as they are: fix one of them, e.g. a weighed mass, and calibrate the rest)")
+    rough = _reversing_friction_joints(rp, pf, final, sys0) if unexplained_fit(r) else []
+    if rough:
+        notes.append("the fit left the data unexplained while " + ", ".join(rough) + " reversed direction within "
+                     "most fit windows: with Coulomb joint friction the fit has many local minima there (the "
+                     "friction's sign at each substep flips with the parameters); record a smoother excitation "
+                     "(`diffsim-ros excite`: multisine targets) rather than noisy or chattering commands")
     if at_bound:
         notes.append("ended at a bound: " + ", ".join(at_bound) + " (the model may lack what the data show, "
                      "or the bound is too tight)")
@@ -645,6 +651,27 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
         sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
         unexplained=unexplained, verdict=verdict, reasons=reasons, starts_tried=tried)
+
+
+def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[str]:
+    """Joints with Coulomb friction whose recorded velocity changes sign within more than half of
+    the fit windows (warm-up and window together), each with that share."""
+    if not rp.setup.sim_config.joint_friction:
+        return []
+    friction = final.get("joint_friction", PARAMETERS["joint_friction"].nominal(sys0)).reshape(-1)
+    idx = [np.asarray(rp.cmd_state[pf.starts - k]) for k in range(WARMUP, -1, -1)]
+    idx += [np.asarray(rp.target_index(pf.starts, k)) for k in pf.horizons]
+    if friction.numel() != rp.v.shape[1]:                       # joints alone (an arm's bag)
+        return []
+    v = rp.v[torch.as_tensor(np.stack(idx))]                   # (T, S, nv)
+    out = []
+    for j in range(friction.numel()):
+        if float(friction[j]) <= 0.0:
+            continue
+        share = float(((v[..., j] > 0).any(0) & (v[..., j] < 0).any(0)).double().mean())
+        if share > 0.5:
+            out.append(f"{rp.dof_names[j]} ({share:.0%})")
+    return out
 
 
 def _blind_combinations(H: torch.Tensor, coords: _Coords) -> List[List[str]]:
