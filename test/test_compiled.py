@@ -35,6 +35,7 @@ def _cases():
     return [("quadrotor", quad, qcfg, q0, qact), ("arm", arm, acfg, a0, aact)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
 def test_compiled_step_matches_eager(case):
     _, model, cfg, q0, action = case

@@ -234,6 +234,7 @@ def test_rebuilds_task_without_stored_config(hover_ckpt, tmp_path):
     np.testing.assert_array_equal(a.command, b.command)
 
 
+@pytest.mark.slow
 def test_compiled_prediction_equals_eager_prediction(hover_ckpt):
     """PolicyRunner(compile_prediction=True) predicts through the torch.compile'd step: the
     same command, and the same next state as the eager runner to round-off, twice in a row

@@ -251,6 +251,7 @@ def episode(msgs, dt, horizon):
 
 
 # ---------------------------------------------------------------------------- hover
+@pytest.mark.slow
 def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
     ckpt = hover_checkpoint(tmp_path_factory)
     runner = PolicyRunner(ckpt)

@@ -54,6 +54,7 @@ def _fly(ckpt, starts, perturbation):
     return float(np.mean(errors))
 
 
+@pytest.mark.slow
 def test_policy_retrained_on_calibrated_parameters_flies_the_perturbed_plant_better(tmp_path):
     from diffsim_ros import config
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated

@@ -112,6 +112,7 @@ def test_train_node_bad_config_exits_2(tmp_path):
     assert proc.returncode == 2 and "no such file" in err, err
 
 
+@pytest.mark.slow
 def test_train_node_refuses_an_earlier_run_replaces_it_with_force_and_resumes_one_bit_for_bit(tmp_path):
     """The node keeps what an earlier run left as ``diffsim-ros train`` does: a folder with a policy
     or an unfinished run is refused (exit 2, naming force and resume, nothing touched); force:=true

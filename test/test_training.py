@@ -124,6 +124,7 @@ def test_short_hover_run_reaches_success(tmp_path):
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_short_waypoint_run_reaches_success():
     """Waypoints, small instance: a waypoint within 15 cm per axis of (0, 0, 1) m from a
     start within 10 cm, 1 s episodes judged over their last 0.2 s, the distance loss with
@@ -158,6 +159,7 @@ def test_short_velocity_tracking_run_reaches_success():
     assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
 
 
+@pytest.mark.slow
 def test_short_reach_run_reaches_success():
     """A small reach instance: config/reach_arm.yaml's arm, actuator (stiff PD position targets
     moved by up to delta_scale from the measured position, gravity compensation), observation
@@ -184,6 +186,7 @@ def _short_reach_run(config_name, task_updates, **training):
     assert task.rollout_success(res.policy, 128, torch.Generator().manual_seed(99)) >= 0.8
 
 
+@pytest.mark.slow
 def test_short_panda_reach_run_reaches_success():
     """A small Panda reach instance: config/reach_panda.yaml's robot (example-robot-data's
     Panda), PD position targets with gravity compensation, observation and loss, with starts
