@@ -440,9 +440,9 @@ def _size(text: str, CliError) -> Tuple[int, int]:
 
 def cmd_eval(args, cli=None) -> int:
     """``diffsim-ros eval``: see :func:`add_parser`. ``cli``: the CLI module whose CliError its
-    ``main`` catches (default diffsim_ros.cli)."""
+    ``main`` catches (default diffsim_ros.cli.common)."""
     if cli is None:
-        from . import cli
+        from .cli import common as cli
     CliError, _describe, _device, _input_errors, _positive = (cli.CliError, cli._describe, cli._device,
                                                               cli._input_errors, cli._positive)
     _positive("--episodes", args.episodes)
@@ -497,8 +497,8 @@ def cmd_eval(args, cli=None) -> int:
 
 
 def add_parser(sub, cli=None) -> None:
-    """Register ``diffsim-ros eval`` on the CLI's subparsers. ``cli``: the CLI module registering it
-    (under ``python -m diffsim_ros.cli`` that is ``__main__``, whose CliError its main catches)."""
+    """Register ``diffsim-ros eval`` on the CLI's subparsers. ``cli``: the module of the CLI's shared
+    helpers (diffsim_ros.cli.common), whose CliError its main catches."""
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
         description="Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros train, run "

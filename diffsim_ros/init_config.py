@@ -426,7 +426,7 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     import torch
 
     from . import physics
-    from .cli import _tip_position
+    from .cli.demo import _tip_position
 
     if model.floating_base:
         raise InitError("reach: the arm must have a fixed base")

@@ -199,7 +199,7 @@ def test_demo_reports_the_tip_of_the_longest_chain_where_pinocchio_puts_it(robot
 
     from conftest import REPO_ROOT
     from diffsim_ros import physics
-    from diffsim_ros.cli import _tip_position
+    from diffsim_ros.cli.demo import _tip_position
 
     path = str(REPO_ROOT / "urdf" / "diffsim_arm.urdf") if robot == "diffsim_arm" else str(robots_dir / robot)
     model = physics.load_urdf(path, dtype=torch.float64)

@@ -1,0 +1,127 @@
+"""What the commands share: the CLI's error, the bad-input types it reports as exit status 2, the
+default robot, devices, the tables it prints, option parsing."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+from diffsim_ros.robot_data import example_robot_data_dirs
+
+
+DEFAULT_ROBOT = os.path.join("panda_description", "urdf", "panda.urdf")
+
+
+class CliError(Exception):
+    """Bad input detected by the CLI itself; reported as ``error: ...``, exit code 2."""
+
+
+def default_urdf() -> str:
+    for robots in example_robot_data_dirs():
+        path = os.path.join(robots, DEFAULT_ROBOT)
+        if os.path.isfile(path):
+            return path
+    raise CliError(
+        "the default robot (example-robot-data's panda) was not found on sys.path; "
+        "install example-robot-data (scripts/bootstrap.sh does) or pass --urdf PATH")
+
+
+def _device(name: str):
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise CliError(f"--device {name!r}: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"--device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fmt(x: float, width: int = 10) -> str:
+    return f"{x:>{width}.4g}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w)
+                       for i, (h, w) in enumerate(zip(headers, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def _input_errors():
+    """Exception types that mean bad input (reported as ``error: ...``, exit 2)."""
+    from diffsim_ros.learning.checkpoint import CheckpointError
+    from diffsim_ros.physics import ConfigError, SimulationError, UrdfError
+
+    # SimulationError: the simulator diverged, almost always from the file's dt, substeps or gains.
+    return (ConfigError, UrdfError, CheckpointError, SimulationError)
+
+
+def _describe(exc: Exception, source: str) -> str:
+    from diffsim_ros.physics import SimulationError
+
+    if isinstance(exc, SimulationError):
+        return (f"{source}: the simulation diverged ({exc}); try a smaller simulator.dt, more "
+                f"simulator.substeps or lower gains")
+    return str(exc)
+
+
+def _positive(name: str, value: Optional[int]) -> None:
+    if value is not None and value < 1:
+        raise CliError(f"{name} must be at least 1, got {value}")
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _analysis_call(fn, *args, where=None, **kw):
+    """Run an analysis function, turning its bad-input errors into CliError (exit 2, one line).
+    ``where`` (the bag): any other exception is reported naming it, never as a traceback."""
+    from diffsim_ros.analysis import AnalysisError
+
+    errors = (AnalysisError,) + _input_errors()
+    try:
+        return fn(*args, **kw)
+    except errors as exc:
+        raise CliError(_one_line(exc)) from None
+    except Exception as exc:
+        if where is None:
+            raise
+        raise CliError(_one_line(f"{where}: {type(exc).__name__}: {exc} (unexpected: a damaged bag, or a bug to "
+                                 f"report)")) from None
+
+
+def _int_list(text: str, option: str) -> List[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise CliError(f"{option} must list positive integers, got {text!r}")
+    return vals
+
+
+def _perturbation(text: str) -> dict:
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, val = item.partition("=")
+        try:
+            out[key.strip()] = float(val)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise CliError(f"--perturb entries are KEY=NUMBER (e.g. mass_scale=1.2,drag_scale=2), got {item!r}")
+    return out
