@@ -524,16 +524,39 @@ def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
 
 
 def train_policy(config: str, out: Path, threads: int, iterations: Optional[int] = None) -> Path:
-    """``diffsim-ros train`` in this process; returns the checkpoint folder."""
-    from . import cli
+    """Train with the training file ``config`` into ``out`` in this process (the training path of
+    ``diffsim-ros train``, :func:`diffsim_ros.training.train_from_params`) and print its summary;
+    returns the checkpoint folder. ``out`` is the loop's own policy/ folder: a rerun into the same
+    --out retrains it from the start (a fresh run, as ``diffsim-ros train --force``)."""
+    import warnings
 
-    # out is the loop's own policy/ folder: a rerun into the same --out retrains it (--force).
-    argv = ["train", "--config", config, "--out", str(out), "--threads", str(threads), "--force"]
-    if iterations is not None:
-        argv += ["--iterations", str(iterations)]
-    rc = cli.main(argv)
-    if rc != 0:
-        raise LoopError(f"training with {config} failed (exit status {rc})")
+    import torch
+
+    from . import config as _config
+    from .learning.checkpoint import CheckpointError
+    from .physics import ConfigError, SimulationError, UrdfError
+    from .training import print_summary, train_from_params, written_files
+
+    torch.set_num_threads(threads)
+    out = Path(out)
+    before = set(os.listdir(out)) if out.is_dir() else set()
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            params, task, model = _config.load_training_file(config)
+        for w in caught:
+            if issubclass(w.category, UserWarning):
+                print(f"warning: {w.message}", file=sys.stderr)
+        task, result, _ = train_from_params(params, config, out, {"iterations": iterations}, progress=True,
+                                            task=task)
+    except SimulationError as exc:
+        raise LoopError(f"training with {config} failed: the simulation diverged ({exc}); try a smaller "
+                        f"simulator.dt, more simulator.substeps or lower gains") from None
+    except (ConfigError, UrdfError, CheckpointError) as exc:
+        raise LoopError(f"training with {config} failed: {exc}") from None
+    print_summary("train", task, model, result, str(out), written_files(str(out), before), time.perf_counter() - t0)
+    sys.stdout.flush()
     return out
 
 

@@ -21,6 +21,7 @@ it alike; rank 0 alone reads the resume state (the others get a copy) and writes
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -175,3 +176,48 @@ def check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
     if then.get("urdf_sha256") != run_info["urdf_sha256"]:
         raise ResumeError(f"{where}: the robot's URDF changed since the run started (sha256 "
                           f"{str(then.get('urdf_sha256'))[:12]}... then, {str(run_info['urdf_sha256'])[:12]}... now)")
+
+
+def last_eval(history, key: str = "eval_success") -> Optional[float]:
+    """The last finite value of ``key`` in a training history."""
+    vals = [h.get(key) for h in history]
+    vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
+    return float(vals[-1]) if vals else None
+
+
+def print_summary(kind: str, task, model, result, out_dir, files, wall: float) -> None:
+    """What a training run did, as `diffsim-ros train` and `baseline` print it at the end."""
+    history = list(result.history or [])
+    last = history[-1] if history else {}
+    ev = last_eval(history)
+    print(f"{kind}: task {task.name} on robot {model.name} ({task.obs_dim} observations, "
+          f"{task.action_dim} actions, horizon {task.horizon} x {task.dt:g} s)")
+    if "iteration" in last:
+        print(f"iterations      {int(last['iteration'])}")
+    print(f"env steps       {int(last.get('env_steps', 0)):,}")
+    print(f"final success   {'n/a' if ev is None else f'{ev:.3f}'} (evaluation on fresh episodes; "
+          f"threshold {task.success_threshold:g})")
+    at_limit, over = last_eval(history, "eval_at_limit"), last_eval(history, "eval_over_speed")
+    if at_limit is not None or over is not None:
+        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+        print(f"joint limits    {fmt(at_limit)} of those episodes put a joint at its URDF position limit, "
+              f"{fmt(over)} drove one past its URDF velocity limit")
+    if result.solved_env_steps is not None:
+        print(f"solved after    {result.solved_env_steps:,} env steps, "
+              f"{result.solved_time:.1f} s")
+    else:
+        print("solved after    not solved")
+    print(f"time            {wall:.1f} s")
+    print(f"files in {out_dir}:")
+    for f in files:
+        print(f"  {f}")
+
+
+def written_files(out_dir, before: set) -> List[str]:
+    """The files of ``out_dir`` a run wrote (those not in ``before``, and its policy and log files),
+    and its checkpoint folders."""
+    names = sorted(n for n in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, n))
+                   and (n not in before or n in ("policy.pt", "policy.json", "training.csv",
+                                                  "learning_curve.png")))
+    names += [f"checkpoints/{k}/" for k in ("latest", "best") if os.path.isdir(os.path.join(out_dir, "checkpoints", k))]
+    return names

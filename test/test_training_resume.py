@@ -460,11 +460,21 @@ def test_out_refuses_to_overwrite_a_policy_without_force(tiny_config, tmp_path, 
     assert (out / "notes.txt").read_text() == "mine"
 
 
-def test_scripts_retraining_into_a_folder_pass_force():
-    """The main job trains into its own folder (diffsim-ros loop's policy/): it passes --force."""
-    src = (ROOT / "diffsim_ros" / "loop.py").read_text()
-    start = src.index("def train_policy(")
-    assert '"--force"' in src[start:src.index("\ndef ", start + 1)]
+def test_the_loop_retrains_into_its_own_folder(tiny_config, tmp_path, capsys):
+    """The main job trains into its own folder (diffsim-ros loop's policy/), through the training
+    function itself: a rerun into the same folder is a fresh run (the first run's event file and
+    rows do not mix with the second's), as `diffsim-ros train --force` is."""
+    from diffsim_ros.loop import train_policy
+
+    out = tmp_path / "policy"
+    for iterations in (2, 3):
+        assert train_policy(tiny_config, out, threads=1, iterations=iterations) == out
+        assert (out / "policy.pt").exists()
+        assert len(csv_rows(out / "training.csv")) == iterations
+        assert len(list(out.glob("events.out.tfevents.*"))) == 1
+        assert resume_state(out)["iteration"] == iterations
+    printed = capsys.readouterr().out
+    assert printed.count("train: task") == 2 and "final success" in printed
 
 
 # ------------------------------------------------------------------------ options

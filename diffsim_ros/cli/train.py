@@ -3,12 +3,12 @@ under torchrun, resumable) and ``diffsim-ros baseline`` (the PPO baseline on the
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
 import warnings
-from typing import List, Optional
+
+from diffsim_ros.training import print_summary, written_files
 
 from .common import CliError, _describe, _device, _input_errors, _positive
 
@@ -35,47 +35,6 @@ def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
         if issubclass(w.category, UserWarning):
             print(f"warning: {w.message}", file=sys.stderr)
     return params, task, model
-
-
-def _last_eval(history, key: str = "eval_success") -> Optional[float]:
-    vals = [h.get(key) for h in history]
-    vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
-    return float(vals[-1]) if vals else None
-
-
-def _summary(kind: str, task, model, result, cfg, out_dir: str, files, wall: float) -> None:
-    history = list(result.history or [])
-    last = history[-1] if history else {}
-    ev = _last_eval(history)
-    print(f"{kind}: task {task.name} on robot {model.name} ({task.obs_dim} observations, "
-          f"{task.action_dim} actions, horizon {task.horizon} x {task.dt:g} s)")
-    if "iteration" in last:
-        print(f"iterations      {int(last['iteration'])}")
-    print(f"env steps       {int(last.get('env_steps', 0)):,}")
-    print(f"final success   {'n/a' if ev is None else f'{ev:.3f}'} (evaluation on fresh episodes; "
-          f"threshold {task.success_threshold:g})")
-    at_limit, over = _last_eval(history, "eval_at_limit"), _last_eval(history, "eval_over_speed")
-    if at_limit is not None or over is not None:
-        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-        print(f"joint limits    {fmt(at_limit)} of those episodes put a joint at its URDF position limit, "
-              f"{fmt(over)} drove one past its URDF velocity limit")
-    if result.solved_env_steps is not None:
-        print(f"solved after    {result.solved_env_steps:,} env steps, "
-              f"{result.solved_time:.1f} s")
-    else:
-        print("solved after    not solved")
-    print(f"time            {wall:.1f} s")
-    print(f"files in {out_dir}:")
-    for f in files:
-        print(f"  {f}")
-
-
-def _written(out_dir: str, before: set) -> List[str]:
-    names = sorted(n for n in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, n))
-                   and (n not in before or n in ("policy.pt", "policy.json", "training.csv",
-                                                  "learning_curve.png")))
-    names += [f"checkpoints/{k}/" for k in ("latest", "best") if os.path.isdir(os.path.join(out_dir, "checkpoints", k))]
-    return names
 
 
 def _refuse_overwrite(out: str, force: bool, command: str = "train") -> None:
@@ -279,7 +238,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     finally:
         ddp.shutdown(ctx)
     if ctx.is_main:
-        _summary("train", task, model, result, None, args.out, _written(args.out, before), wall)
+        print_summary("train", task, model, result, args.out, written_files(args.out, before), wall)
     return 0
 
 
@@ -356,7 +315,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         save_checkpoint(result.policy, task, args.out, extra=extra)
     except errors as exc:
         raise CliError(_describe(exc, args.config or args.out)) from None
-    _summary("baseline (PPO)", task, model, result, cfg, args.out, _written(args.out, before), wall)
+    print_summary("baseline (PPO)", task, model, result, args.out, written_files(args.out, before), wall)
     return 0
 
 
