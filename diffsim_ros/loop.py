@@ -560,28 +560,6 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
     return out
 
 
-def _hover_result(data, task, target) -> Dict[str, Any]:
-    """The task's own tolerance on the stand-in's recorded trajectory, after the settling time."""
-    import numpy as np
-    import torch
-
-    t = (data.t_state - data.t_state[0]) * 1e-9
-    pos = data.q[:, 0:3]
-    # World-frame velocity from the body-frame twist (Odometry's convention).
-    from .physics.rotation import quat_to_matrix
-    vw = np.einsum("nij,nj->ni", np.stack([quat_to_matrix(qq) for qq in data.q[:, 3:7]]), data.v[:, 0:3])
-    dist = np.linalg.norm(pos - target, axis=1)
-    speed = np.linalg.norm(vw, axis=1)
-    settle = task.settle_steps * task.dt
-    after = t >= settle
-    ok = task.within_tolerance(torch.as_tensor(pos), torch.as_tensor(vw), torch.as_tensor(target)).numpy()
-    return {"settle_time_s": settle, "final_distance_m": float(dist[-1]), "final_speed_m_s": float(speed[-1]),
-            "max_distance_after_settling_m": float(dist[after].max()) if after.any() else float("nan"),
-            "fraction_within_tolerance_after_settling": float(ok[after].mean()) if after.any() else float("nan"),
-            "success": bool(after.any() and ok[after].all()),
-            "tolerance": {"distance_m": task.success_distance, "speed_m_s": task.success_speed}}
-
-
 def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
              perturbation: Optional[Dict[str, Any]] = None, start: Optional[Sequence[float]] = None,
              threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
@@ -635,10 +613,8 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
         # configuration would put the trunk into the ground).
         with torch.no_grad():
             start = task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().tolist()
-    if start is None and runner.model.floating_base and hasattr(task, "start_radius"):
-        # A start inside the training distribution, off the goal: the policy has to fly there.
-        r = float(getattr(task, "start_radius", 0.3))
-        start = [0.6 * r, -0.5 * r, 1.0 - 0.5 * r]
+    if start is None:
+        start = task.deployment_start()
     if runner.kind == "arm":
         if targets is None:
             with torch.no_grad():
@@ -785,9 +761,11 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     data = analysis.read_bag(str(bag))
     metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
     summary.update({"simulated_s": data.duration_s, "states_recorded": int(len(data.t_state))})
-    if data.kind == "quadrotor" and hasattr(task, "success_distance"):
+    if data.kind == "quadrotor":
         target = runner.target_tensor(None)[0].numpy()
-        summary["task"] = dict(_hover_result(data, task, target), target=target.tolist())
+        verdict = task.recorded_verdict(data.t_state * 1e-9, data.q, data.v, target)
+        if verdict is not None:
+            summary["task"] = dict(verdict, target=target.tolist())
     if runner.kind == "arm":
         summary["task"] = _arm_result(data, runner, targets, hold_s)
     summary["velocity_error"] = {

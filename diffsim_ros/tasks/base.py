@@ -58,6 +58,17 @@ class Task:
     def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
         raise NotImplementedError
 
+    def recorded_verdict(self, t, q, v, target) -> Optional[dict]:
+        """The task's own verdict on one recorded trajectory (plain arrays: times ``t`` in s, ``q``
+        and ``v`` as recorded, a floating base's twist in the body frame, ``target`` the goal), or
+        None where recordings are judged otherwise: an arm per target by :meth:`success` on the
+        recorded state, a legged robot by its strict metric (tasks.locomotion.strict_metric)."""
+        return None
+
+    def deployment_start(self) -> Optional[list]:
+        """Where a deployment on the stand-in starts by default (None: the plant's own start)."""
+        return None
+
     def observe(self, ts: TaskState) -> torch.Tensor:
         raise NotImplementedError
 

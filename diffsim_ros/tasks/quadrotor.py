@@ -128,6 +128,34 @@ class QuadrotorTask(Task):
         dist = torch.linalg.vector_norm(position - target, dim=-1)
         return (dist < self.success_distance) & (torch.linalg.vector_norm(world_velocity, dim=-1) < self.success_speed)
 
+    def recorded_verdict(self, t, q, v, target) -> dict:
+        """:meth:`within_tolerance` on a recorded flight (odometry: q = position + quaternion x y z w,
+        v = body-frame twist), at every state after the settling time, as :meth:`success` judges an
+        episode."""
+        import numpy as np
+
+        from ..physics.rotation import quat_to_matrix as matrix
+
+        t = np.asarray(t, dtype=np.float64) - float(t[0])
+        q, v, target = (np.asarray(x, dtype=np.float64) for x in (q, v, target))
+        pos = q[:, 0:3]
+        vw = np.einsum("nij,nj->ni", np.stack([matrix(qq) for qq in q[:, 3:7]]), v[:, 0:3])
+        dist = np.linalg.norm(pos - target, axis=1)
+        speed = np.linalg.norm(vw, axis=1)
+        settle = self.settle_steps * self.dt
+        after = t >= settle
+        ok = self.within_tolerance(torch.as_tensor(pos), torch.as_tensor(vw), torch.as_tensor(target)).numpy()
+        return {"settle_time_s": settle, "final_distance_m": float(dist[-1]), "final_speed_m_s": float(speed[-1]),
+                "max_distance_after_settling_m": float(dist[after].max()) if after.any() else float("nan"),
+                "fraction_within_tolerance_after_settling": float(ok[after].mean()) if after.any() else float("nan"),
+                "success": bool(after.any() and ok[after].all()),
+                "tolerance": {"distance_m": self.success_distance, "speed_m_s": self.success_speed}}
+
+    def deployment_start(self) -> list:
+        """Inside the training distribution of starts and off the goal: the policy has to fly there."""
+        r = float(self.start_radius)
+        return [0.6 * r, -0.5 * r, 1.0 - 0.5 * r]
+
     def _ok(self, ts: TaskState) -> torch.Tensor:
         return self.within_tolerance(ts.sim.q[:, 0:3], self.world_velocity(ts), ts.target)
 
