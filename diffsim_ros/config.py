@@ -335,3 +335,21 @@ def load_training_file(path: PathLike, dtype=None, device="cpu"):
     check_keys(params, TRAINING_FILE_KEYS, source)
     task, model = build_task(params, source, dtype=dtype, device=device)
     return params, task, model
+
+
+def input_errors() -> tuple:
+    """The exception types that mean bad input from the user's files (a training file, URDF,
+    checkpoint) rather than a bug: the CLI reports them as ``error: ...`` (exit status 2), the
+    main job as the step that failed. SimulationError is one: a simulation that diverges almost
+    always does so from the file's dt, substeps or gains."""
+    from .learning.checkpoint import CheckpointError
+
+    return (ConfigError, physics.UrdfError, CheckpointError, physics.SimulationError)
+
+
+def describe_input_error(exc: Exception, source: str) -> str:
+    """One line for an :func:`input_errors` exception met reading ``source``."""
+    if isinstance(exc, physics.SimulationError):
+        return (f"{source}: the simulation diverged ({exc}); try a smaller simulator.dt, more "
+                f"simulator.substeps or lower gains")
+    return str(exc)

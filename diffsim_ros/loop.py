@@ -533,8 +533,6 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
     import torch
 
     from . import config as _config
-    from .learning.checkpoint import CheckpointError
-    from .physics import ConfigError, SimulationError, UrdfError
     from .training import print_summary, train_from_params, written_files
 
     torch.set_num_threads(threads)
@@ -550,11 +548,8 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
                 print(f"warning: {w.message}", file=sys.stderr)
         task, result, _ = train_from_params(params, config, out, {"iterations": iterations}, progress=True,
                                             task=task)
-    except SimulationError as exc:
-        raise LoopError(f"training with {config} failed: the simulation diverged ({exc}); try a smaller "
-                        f"simulator.dt, more simulator.substeps or lower gains") from None
-    except (ConfigError, UrdfError, CheckpointError) as exc:
-        raise LoopError(f"training with {config} failed: {exc}") from None
+    except _config.input_errors() as exc:
+        raise LoopError(f"training failed: {_config.describe_input_error(exc, config)}") from None
     print_summary("train", task, model, result, str(out), written_files(str(out), before), time.perf_counter() - t0)
     sys.stdout.flush()
     return out

@@ -477,6 +477,20 @@ def test_the_loop_retrains_into_its_own_folder(tiny_config, tmp_path, capsys):
     assert printed.count("train: task") == 2 and "final success" in printed
 
 
+def test_the_loop_names_what_is_wrong_with_a_training_file(tiny_config, tmp_path):
+    """A bad training file stops the main job's training step with the CLI's one line (the file,
+    the key), not a traceback."""
+    from diffsim_ros.loop import LoopError, train_policy
+
+    doc = yaml.safe_load(Path(tiny_config).read_text())
+    doc["/**"]["ros__parameters"]["training"]["iteratoins"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(LoopError, match=r"training failed: .*iteratoins") as info:
+        train_policy(str(bad), tmp_path / "policy", threads=1)
+    assert str(bad) in str(info.value)
+
+
 # ------------------------------------------------------------------------ options
 
 

@@ -48,9 +48,9 @@ or whose held-out residual stays above ``MAX_UNEXPLAINED`` of the velocity chang
 window and above ``NOISE_FACTOR`` times the noise floor (the measurement noise, estimated
 from the recording), or that has not converged (the best start, run out of iterations with its
 loss still falling, goes on once for ``max_iter`` more; a loss still falling ``UNCONVERGED``
-of itself per iteration then is no optimum, and its uncertainties do not hold). A rejected fit writes no calibrated.yaml unless asked
-(``write_calibrated(..., force=True)``, ``diffsim-ros sysid --write-rejected``); the CLI exits
-with status 3.
+of itself per iteration then is no optimum, and its uncertainties do not hold). A rejected
+fit writes no calibrated.yaml unless asked (``write_calibrated(..., force=True)``,
+``diffsim-ros sysid --write-rejected``); the CLI exits with status 3.
 """
 from __future__ import annotations
 
@@ -659,10 +659,10 @@ def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[st
     if not rp.setup.sim_config.joint_friction:
         return []
     friction = final.get("joint_friction", PARAMETERS["joint_friction"].nominal(sys0)).reshape(-1)
-    idx = [np.asarray(rp.cmd_state[pf.starts - k]) for k in range(WARMUP, -1, -1)]
-    idx += [np.asarray(rp.target_index(pf.starts, k)) for k in pf.horizons]
     if friction.numel() != rp.v.shape[1]:                       # joints alone (an arm's bag)
         return []
+    idx = [np.asarray(rp.cmd_state[pf.starts - k]) for k in range(WARMUP, -1, -1)]
+    idx += [np.asarray(rp.target_index(pf.starts, k)) for k in pf.horizons]
     v = rp.v[torch.as_tensor(np.stack(idx))]                   # (T, S, nv)
     out = []
     for j in range(friction.numel()):

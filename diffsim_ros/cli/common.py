@@ -61,21 +61,16 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _input_errors():
-    """Exception types that mean bad input (reported as ``error: ...``, exit 2)."""
-    from diffsim_ros.learning.checkpoint import CheckpointError
-    from diffsim_ros.physics import ConfigError, SimulationError, UrdfError
+    """Exception types that mean bad input (reported as ``error: ...``, exit 2): config.input_errors."""
+    from diffsim_ros.config import input_errors
 
-    # SimulationError: the simulator diverged, almost always from the file's dt, substeps or gains.
-    return (ConfigError, UrdfError, CheckpointError, SimulationError)
+    return input_errors()
 
 
 def _describe(exc: Exception, source: str) -> str:
-    from diffsim_ros.physics import SimulationError
+    from diffsim_ros.config import describe_input_error
 
-    if isinstance(exc, SimulationError):
-        return (f"{source}: the simulation diverged ({exc}); try a smaller simulator.dt, more "
-                f"simulator.substeps or lower gains")
-    return str(exc)
+    return describe_input_error(exc, source)
 
 
 def _positive(name: str, value: Optional[int]) -> None:
