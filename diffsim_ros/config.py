@@ -31,7 +31,6 @@ Every error is a :class:`physics.ConfigError` naming the file and/or the key.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import sys
@@ -42,6 +41,7 @@ import yaml
 
 from . import physics
 from .physics import ConfigError
+from .physics.schema import unknown_key
 
 PACKAGE = "diffsim_ros"
 PathLike = Union[str, os.PathLike]
@@ -156,66 +156,14 @@ def simulator_config(params: Dict[str, Any], source: str = "") -> "physics.SimCo
     """:class:`physics.SimConfig` from the ``simulator:`` section of ``params`` (defaults if absent).
 
     Unknown keys, wrong types and out-of-range values raise :class:`ConfigError`
-    naming the key (``source``, e.g. the file name, prefixes the message).
+    naming the key path (``source``, e.g. the file name, prefixes the message).
+    ``simulator.rotors.positions`` may be the flat list ROS parameters hold or a list of triples.
     """
-    pre = f"{source}: " if source else ""
-    section = params.get("simulator", {})
-    if section is None:
-        section = {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"{pre}'simulator' must be a mapping, got {type(section).__name__}")
-    section = dict(section)
-    rotors = section.get("rotors")
-    if isinstance(rotors, dict) and "positions" in rotors:
-        rotors = dict(rotors)
-        rotors["positions"] = _triples(rotors["positions"], f"{pre}'simulator.rotors.positions'")
-        section["rotors"] = rotors
-    # Per-joint gains: SimConfig documents kp/kd as "scalar or one per actuated joint",
-    # but its from_dict type check only admits a number; pass lists past it.
-    gains = {}
-    for k in ("kp", "kd"):
-        val = section.get(k)
-        if isinstance(val, (list, tuple)):
-            if not val or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):
-                raise ConfigError(f"{pre}'simulator.{k}' must be a number or a non-empty list of numbers "
-                                  f"(one per actuated joint), got {val!r}")
-            gains[k] = tuple(float(x) for x in val)
-            section[k] = gains[k][0]
+    section = params.get("simulator")
     try:
-        cfg = physics.SimConfig.from_dict(section, "simulator")
-        return dataclasses.replace(cfg, **gains) if gains else cfg
+        return physics.SimConfig.from_dict({} if section is None else section, "simulator")
     except ConfigError as e:
-        raise ConfigError(f"{pre}{e}") from None
-    except (TypeError, ValueError) as e:
-        # A conversion that failed before SimConfig could name the key: find it alone.
-        raise ConfigError(f"{pre}'simulator.{_culprit(section)}': {e}") from None
-
-
-def _culprit(section: Dict[str, Any]) -> str:
-    for key, val in section.items():
-        try:
-            physics.SimConfig.from_dict({key: val}, "simulator")
-        except ConfigError:
-            continue
-        except (TypeError, ValueError):
-            return str(key)
-    return "?"
-
-
-def _triples(val: Any, what: str):
-    """A flat list of 3 n numbers (the ROS form) or a list of triples -> list of triples."""
-    if not isinstance(val, (list, tuple)):
-        raise ConfigError(f"{what} must be a list [x0, y0, z0, x1, ...] in m, got {val!r}")
-    if all(isinstance(x, (list, tuple)) for x in val):
-        bad = [x for x in val if len(x) != 3]
-        if bad:
-            raise ConfigError(f"{what}: every position needs 3 entries, got {bad[0]!r}")
-        return [list(x) for x in val]
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in val):
-        raise ConfigError(f"{what} must hold numbers (m), got {val!r}")
-    if len(val) % 3:
-        raise ConfigError(f"{what} has {len(val)} numbers, not a multiple of 3 (x, y, z per rotor)")
-    return [list(val[i:i + 3]) for i in range(0, len(val), 3)]
+        raise e.at(source) from None
 
 
 # ---------------------------------------------------------------------------- URDF
@@ -243,17 +191,16 @@ def resolve_urdf(params: Dict[str, Any], source: str = "") -> Path:
     """The URDF file named by ``params['urdf']`` (see the module doc for the forms)."""
     from .physics.urdf import resolve_uri
 
-    pre = f"{source}: " if source else ""
     uri = params.get("urdf")
     if not isinstance(uri, str) or not uri.strip():
-        raise ConfigError(f"{pre}'urdf' must name a URDF file (absolute, package://pkg/path or "
-                          f"relative to the {PACKAGE} share folder), got {uri!r}")
+        raise ConfigError(f"must name a URDF file (absolute, package://pkg/path or relative to the {PACKAGE} "
+                          f"share folder), got {uri!r}", "urdf", source)
     uri = uri.strip()
     share = package_share()
     found = resolve_uri(uri, base_dir=share, package_dirs=[share] if share is not None else None)
     if found is None:
-        raise ConfigError(f"{pre}'urdf': '{uri}' not found (relative paths are taken from the {PACKAGE} "
-                          f"share folder {share})")
+        raise ConfigError(f"{{key}}: '{uri}' not found (relative paths are taken from the {PACKAGE} "
+                          f"share folder {share})", "urdf", source)
     return found
 
 
@@ -261,10 +208,9 @@ def load_model(params: Dict[str, Any], source: str = "", dtype=None, device="cpu
     """``physics.load_urdf`` of ``params['urdf']`` with ``params['floating_base']`` (default false)."""
     import torch
 
-    pre = f"{source}: " if source else ""
     fb = params.get("floating_base", False)
     if not isinstance(fb, bool):
-        raise ConfigError(f"{pre}'floating_base' must be true or false, got {fb!r}")
+        raise ConfigError(f"must be true or false, got {fb!r}", "floating_base", source)
     return physics.load_urdf(str(resolve_urdf(params, source)), floating_base=fb,
                              dtype=dtype or torch.float64, device=device)
 
@@ -276,33 +222,30 @@ DTYPES = ("float32", "float64")
 
 
 def check_keys(params: Dict[str, Any], known=TRAINING_FILE_KEYS, source: str = "", where: str = "") -> None:
-    """Raise :class:`ConfigError` naming the first key of ``params`` not in ``known``."""
-    pre = f"{source}: " if source else ""
+    """Raise :class:`ConfigError` naming the first key of ``params`` not in ``known`` (with the
+    nearest known names, and the section the key belongs to when it is one of another's)."""
     for k in params:
         if k not in known:
-            name = f"{where}.{k}" if where else str(k)
-            raise ConfigError(f"{pre}unknown key '{name}' (known: {', '.join(known)})")
+            raise unknown_key(k, known, where).under(where).at(source)
 
 
 def torch_dtype(params: Dict[str, Any], source: str = "", default: str = "float64"):
     """The torch dtype named by ``params['dtype']`` (float32 or float64; ``default`` if absent)."""
     import torch
 
-    pre = f"{source}: " if source else ""
     name = params.get("dtype", default)
     if name not in DTYPES:
-        raise ConfigError(f"{pre}'dtype' must be one of {', '.join(DTYPES)}, got {name!r}")
+        raise ConfigError(f"must be one of {', '.join(DTYPES)}, got {name!r}", "dtype", source)
     return {"float32": torch.float32, "float64": torch.float64}[name]
 
 
 def section(params: Dict[str, Any], key: str, source: str = "") -> Dict[str, Any]:
     """``params[key]`` as a mapping ({} when absent or empty); anything else is a ConfigError."""
-    pre = f"{source}: " if source else ""
     val = params.get(key, {})
     if val is None:
         return {}
     if not isinstance(val, dict):
-        raise ConfigError(f"{pre}'{key}' must be a mapping, got {type(val).__name__}")
+        raise ConfigError(f"must be a mapping, got {type(val).__name__}", key, source)
     return dict(val)
 
 
@@ -311,17 +254,13 @@ def build_task(params: Dict[str, Any], source: str = "", dtype=None, device="cpu
     simulator and task sections (``tasks.make_task``). Errors are ConfigError naming the file."""
     from .tasks import make_task
 
-    pre = f"{source}: " if source else ""
     dtype = dtype or torch_dtype(params, source)
     model = load_model(params, source, dtype=dtype, device=device)
     sim_cfg = simulator_config(params, source)
-    spec = params.get("task")
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{pre}'task' must be a mapping with a 'type' (reach, quadrotor, locomotion), got {spec!r}")
     try:
-        task = make_task(model, sim_cfg, spec, "task")
+        task = make_task(model, sim_cfg, params.get("task"), "task")
     except ConfigError as e:
-        raise ConfigError(f"{pre}{e}") from None
+        raise e.at(source) from None
     return task, model
 
 

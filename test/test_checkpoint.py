@@ -17,6 +17,7 @@ from diffsim_ros import config, physics
 from diffsim_ros.learning.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, load_checkpoint,
                                              load_metadata, save_checkpoint)
 from diffsim_ros.learning.policy import MLPPolicy
+from diffsim_ros.tasks import make_task
 
 REPO = Path(__file__).resolve().parent.parent
 ARM_URDF = REPO / "urdf" / "diffsim_arm.urdf"
@@ -130,7 +131,11 @@ def test_metadata_round_trips(saved, arm_task):
     cmd = meta["command"]
     assert cmd["type"] == "affine" and cmd["names"] == list(arm_task.sim.actuated_joints)
     assert cmd["units"] == ["rad"] * 4
-    assert cmd["task_parameters"]["q_half"] == pytest.approx(arm_task.q_half.tolist())
+    # The task's own parameters: rebuilding the task from them gives the same task.
+    assert cmd["task_parameters"] == arm_task.export_parameters()
+    rebuilt = make_task(arm_task.model, arm_task.sim_config, cmd["task_parameters"])
+    assert rebuilt.export_parameters() == arm_task.export_parameters()
+    torch.testing.assert_close(rebuilt.q_half, arm_task.q_half)
     a = 2 * torch.rand(16, arm_task.action_dim) - 1
     ts = arm_task.reset(16)
     mapped = torch.tensor(cmd["offset"]) + torch.tensor(cmd["scale"]) * a
@@ -148,7 +153,7 @@ def test_quadrotor_command_mapping(tmp_path):
     cmd = load_metadata(tmp_path)["command"]
     assert cmd["interface"] == "ctbr" and cmd["units"] == ["N", "rad/s", "rad/s", "rad/s"]
     tp = cmd["task_parameters"]
-    assert tp["hover_thrust"] == pytest.approx(task.hover_thrust)
+    assert tp == task.export_parameters() and tp["type"] == "quadrotor"
     assert cmd["offset"] == pytest.approx([task.hover_thrust, 0.0, 0.0, 0.0], rel=1e-6)
     assert cmd["scale"] == pytest.approx([task.hover_thrust * tp["thrust_range"]] + [tp["max_rate"]] * 3, rel=1e-6)
 

@@ -451,6 +451,14 @@ def test_deploy_launch_parameters_through_ros2_param(deployment):
     assert value("/policy_controller", "use_sim_time") == "Boolean value is: True"
     assert value("/policy_controller", "lockstep") == "Boolean value is: False"
     assert value("/mujoco_plant", "mode") == "String value is: realtime"
+    # `ros2 param describe`: the description and constraints of a perturbation key are the schema's.
+    from diffsim_ros.physics.schema import entries
+    from diffsim_ros.plant.perturbation import Perturbation
+
+    res = cli.until(lambda r: r.returncode == 0 and "Description" in r.stdout,
+                    "param", "describe", "/mujoco_plant", "perturbation.mass_scale")
+    entry = next(e for e in entries(Perturbation, "perturbation") if e.name == "perturbation.mass_scale")
+    assert entry.doc in res.stdout and "Additional constraints: > 0" in res.stdout, res.stdout
 
 
 def test_deploy_launch_topics_through_ros2_topic_echo(deployment):

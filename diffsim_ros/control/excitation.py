@@ -38,12 +38,13 @@ command is at ``n dt``), so a lockstep run and a timer run send the same sequenc
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..physics.rotation import quat_to_matrix
+from ..physics.schema import ConfigError, from_mapping, normalise, option, section
 
 __all__ = ["ExcitationConfig", "ExcitationError", "ArmExcitation", "QuadrotorExcitation", "ExcitationRunner",
            "SIGNALS", "identifiable_parameters"]
@@ -51,141 +52,94 @@ __all__ = ["ExcitationConfig", "ExcitationError", "ArmExcitation", "QuadrotorExc
 SIGNALS = ("multisine", "chirp")
 
 
-class ExcitationError(ValueError):
+class ExcitationError(ConfigError):
     """An excitation setting or robot the excitation refuses; the message names the key."""
 
 
+STEP_KINDS = ("attitude", "thrust", "rate")
+
+
+@section("excitation")
 @dataclass(frozen=True)
 class ExcitationConfig:
-    """The excitation's settings (``excitation.*`` parameters; units SI). See the module doc."""
-    #: fraction (0, 1] of each bound used: arms the safe half range, multirotors tilt/thrust/rate steps
-    amplitude: float = 0.5
-    #: s, length of the motion (after the lead-in to the centre, arms)
-    duration: float = 12.0
-    #: random seed of the signal (harmonic assignment and time shifts; step schedule)
-    seed: int = 0
-    #: arms: multisine or chirp
-    signal: str = "multisine"
-    #: Hz, lowest frequency (multisine: its period is 1 / f_min)
-    f_min: float = 0.2
-    #: Hz, highest frequency
-    f_max: float = 4.0
-    #: fraction of each joint range kept clear at both ends (arms)
-    margin: float = 0.15
-    #: largest target speed as a fraction of the URDF velocity limit (arms)
-    velocity_fraction: float = 0.8
-    #: s, fade in and out of the signal
-    ramp: float = 1.0
-    #: rad, largest tilt set-point (multirotors)
-    tilt_max: float = 0.35
-    #: largest thrust step as a fraction of hover thrust (multirotors)
-    thrust_fraction: float = 0.2
-    #: bound of the collective thrust command: (1 +- this) x hover thrust (multirotors; at least
-    #: thrust_fraction: the hold needs room beside the step, more so on a heavier vehicle)
-    thrust_limit: float = 0.5
-    #: rad/s, largest body-rate step and commanded rate (multirotors)
-    rate_max: float = 2.0
-    #: s, shortest step (multirotors)
-    hold_min: float = 0.15
-    #: s, longest step (multirotors)
-    hold_max: float = 0.6
-    #: m, beyond this distance from home no step is added (multirotors)
-    arena_radius: float = 1.0
-    #: m, [x, y, z] the position hold keeps (multirotors)
-    home: Tuple[float, float, float] = (0.0, 0.0, 1.0)
-    #: 1/s^2, position gain of the hold (multirotors)
-    position_gain: float = 2.0
-    #: 1/s, velocity gain of the hold (multirotors)
-    velocity_gain: float = 1.8
-    #: 1/s^2, position gain of the hold along z (multirotors; stiffer than x/y: thrust steps and a
-    #: mass other than the nominal one push along z)
-    height_gain: float = 6.0
-    #: 1/s, velocity gain of the hold along z (multirotors)
-    height_velocity_gain: float = 4.0
-    #: 1/s, attitude gain: body rate per rad of attitude error (multirotors)
-    attitude_gain: float = 8.0
-    #: the kinds of step (multirotors): attitude, thrust, rate; empty (or "none"): the hold alone, a hover
-    steps: Tuple[str, ...] = ("attitude", "thrust", "rate")
-    #: 1/s^3, integral gain of the hold along z (a heavier or weaker vehicle than the nominal one
-    #: still holds its height; the integral's acceleration is kept within 0.4 g)
-    integral_gain: float = 3.0
+    """The excitation's settings (an ``excitation:`` section, the ``excitation.*`` parameters of
+    policy_controller; units SI). See the module doc."""
+    config_error = ExcitationError
+    amplitude: float = option(0.5, """fraction (0, 1] of the bounds used: arms the safe half range of each joint,
+        multirotors the tilt/thrust/rate step bounds""", above=0, high=1)
+    duration: float = option(12.0, "length of the motion (arms: after the lead-in to the centre of the ranges)",
+                             "s", above=0)
+    seed: int = option(0, "random seed of the signal (harmonic assignment and time shifts; step schedule)", low=0)
+    signal: str = option("multisine", "arms: multisine or chirp", choices=SIGNALS)
+    f_min: float = option(0.2, "lowest frequency (multisine: its period is 1 / f_min)", "Hz", above=0)
+    f_max: float = option(4.0, "highest frequency", "Hz", above=0)
+    margin: float = option(0.15, "arms: fraction of each joint range kept clear at both ends (below 0.5)", low=0)
+    velocity_fraction: float = option(0.8, "arms: largest target speed as a fraction of the URDF velocity limit",
+                                      above=0, high=1)
+    ramp: float = option(1.0, "fade in and out of the signal", "s", low=0)
+    tilt_max: float = option(0.35, "multirotors: largest tilt set-point (below 1.2 rad)", "rad", above=0)
+    thrust_fraction: float = option(0.2, "multirotors: largest thrust step, a fraction of hover thrust (at most "
+                                    "thrust_limit)", above=0)
+    thrust_limit: float = option(0.5, """multirotors: the collective thrust command stays within (1 +- this) x
+        hover thrust (below 1; at least thrust_fraction: the hold needs room beside the step, more so on a heavier
+        vehicle)""", above=0)
+    rate_max: float = option(2.0, "multirotors: largest body-rate step and commanded rate", "rad/s", above=0)
+    hold_min: float = option(0.15, "multirotors: shortest step", "s", above=0)
+    hold_max: float = option(0.6, "multirotors: longest step", "s", above=0)
+    arena_radius: float = option(1.0, "multirotors: no step is added beyond this distance from home (the hold "
+                                 "brings it back)", "m", above=0)
+    home: Tuple[float, float, float] = option((0.0, 0.0, 1.0), "multirotors: [x, y, z] the position hold keeps",
+                                              "m")
+    position_gain: float = option(2.0, "multirotors: position gain of the hold along x and y", "1/s^2", above=0)
+    velocity_gain: float = option(1.8, "multirotors: velocity gain of the hold along x and y", "1/s", above=0)
+    height_gain: float = option(6.0, """multirotors: position gain of the hold along z (stiffer than x/y: thrust
+        steps and a mass other than the nominal one push along z)""", "1/s^2", above=0)
+    height_velocity_gain: float = option(4.0, "multirotors: velocity gain of the hold along z", "1/s", above=0)
+    attitude_gain: float = option(8.0, "multirotors: body rate per rad of attitude error", "1/s", above=0)
+    steps: Tuple[str, ...] = option(STEP_KINDS, """multirotors: the kinds of step (attitude, thrust, rate); empty
+        (or none): the hold alone, a hover""", choices=STEP_KINDS)
+    integral_gain: float = option(3.0, """multirotors: integral gain of the hold along z (a heavier or weaker
+        vehicle than the nominal one still holds its height; the integral's acceleration is kept within
+        0.4 g)""", "1/s^3", above=0)
 
     def __post_init__(self):
-        def bad(key, why, val):
-            raise ExcitationError(f"'excitation.{key}' {why}, got {val!r}")
+        try:
+            normalise(self)
+            self.check()
+        except ConfigError as e:
+            raise ExcitationError(e.message, e.key, e.source) from None
 
-        a = self.amplitude
-        if not (isinstance(a, (int, float)) and math.isfinite(a) and 0.0 < a <= 1.0):
-            bad("amplitude", "must be a number in (0, 1] (a fraction of the joint range or of the step bounds)", a)
-        for key in ("duration", "f_min", "f_max", "velocity_fraction", "tilt_max", "thrust_fraction", "thrust_limit",
-                    "rate_max",
-                    "hold_min", "hold_max", "arena_radius", "position_gain", "velocity_gain", "attitude_gain",
-                    "integral_gain", "height_gain", "height_velocity_gain"):
-            val = getattr(self, key)
-            if not (isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val) and val > 0):
-                bad(key, "must be a finite number > 0", val)
-        for key in ("margin", "ramp"):
-            val = getattr(self, key)
-            if not (isinstance(val, (int, float)) and math.isfinite(val) and val >= 0):
-                bad(key, "must be a finite number >= 0", val)
+    def check(self) -> None:
+        """The rules between settings (relative keys)."""
         if not self.margin < 0.5:
-            bad("margin", "must be below 0.5 (it is kept clear at both ends of the range)", self.margin)
-        if not self.velocity_fraction <= 1.0:
-            bad("velocity_fraction", "must be at most 1 (a fraction of the URDF velocity limit)",
-                self.velocity_fraction)
+            raise ConfigError(f"must be below 0.5 (it is kept clear at both ends of the range), got {self.margin}",
+                              "margin")
         if not self.f_min < self.f_max:
-            bad("f_max", f"must be above excitation.f_min ({self.f_min})", self.f_max)
+            raise ConfigError(f"must be above excitation.f_min ({self.f_min}), got {self.f_max}", "f_max")
         if not self.tilt_max < 1.2:
-            bad("tilt_max", "must be below 1.2 rad", self.tilt_max)
+            raise ConfigError(f"must be below 1.2 rad, got {self.tilt_max}", "tilt_max")
         if not self.thrust_limit < 1.0:
-            bad("thrust_limit", "must be below 1 (a fraction of hover thrust)", self.thrust_limit)
+            raise ConfigError(f"must be below 1 (a fraction of hover thrust), got {self.thrust_limit}",
+                              "thrust_limit")
         if not self.thrust_fraction <= self.thrust_limit:
-            bad("thrust_fraction", f"must be at most excitation.thrust_limit ({self.thrust_limit})",
-                self.thrust_fraction)
+            raise ConfigError(f"must be at most excitation.thrust_limit ({self.thrust_limit}), got "
+                              f"{self.thrust_fraction}", "thrust_fraction")
         if not self.hold_min <= self.hold_max:
-            bad("hold_max", f"must be at least excitation.hold_min ({self.hold_min})", self.hold_max)
-        if self.signal not in SIGNALS:
-            bad("signal", f"must be one of {', '.join(SIGNALS)}", self.signal)
-        if not (isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool) and self.seed >= 0):
-            bad("seed", "must be an integer >= 0", self.seed)
-        bad_steps = [k for k in self.steps if k not in QuadrotorExcitation.KINDS]
-        if bad_steps or not isinstance(self.steps, tuple):
-            bad("steps", f"must list step kinds among {', '.join(QuadrotorExcitation.KINDS)} (or none)", self.steps)
-        h = np.asarray(self.home, dtype=float)
-        if h.shape != (3,) or not np.isfinite(h).all():
-            bad("home", "must be 3 finite numbers [x, y, z] m", self.home)
+            raise ConfigError(f"must be at least excitation.hold_min ({self.hold_min}), got {self.hold_max}",
+                              "hold_max")
 
     @classmethod
     def from_mapping(cls, values: Optional[Mapping[str, Any]]) -> "ExcitationConfig":
         """From a mapping of setting names (a config file's ``excitation:`` section, the node's
-        ``excitation.*`` parameters); unknown names are an error naming them."""
-        values = dict(values or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ExcitationError(f"unknown setting(s) {', '.join('excitation.' + k for k in unknown)} (known: "
-                                  f"{', '.join(sorted(known))})")
-        kw = dict(values)
-        if "home" in kw:
-            try:
-                kw["home"] = tuple(float(x) for x in kw["home"])
-            except (TypeError, ValueError):
-                raise ExcitationError(f"'excitation.home' must be 3 numbers [x, y, z] m, got {kw['home']!r}") from None
-        if "steps" in kw:
-            st = kw["steps"]
-            if isinstance(st, str):
-                st = [x.strip() for x in st.split(",")]
-            try:
-                st = [str(x).strip() for x in st]
-            except TypeError:
-                raise ExcitationError(f"'excitation.steps' must be a list of step kinds, got {st!r}") from None
-            kw["steps"] = tuple(x for x in st if x and x != "none")
-        if isinstance(kw.get("seed"), float) and float(kw["seed"]).is_integer():
-            kw["seed"] = int(kw["seed"])
-        for k, v in list(kw.items()):
-            if isinstance(v, int) and not isinstance(v, bool) and k not in ("seed",):
-                kw[k] = float(v)
-        return cls(**kw)
+        ``excitation.*`` parameters); ``steps`` may be a comma-separated string and ``none`` an
+        empty list. Errors are an ExcitationError naming the key."""
+        kw = dict(values or {})
+        st = kw.get("steps")
+        if isinstance(st, str):
+            st = [x.strip() for x in st.split(",")]
+        if isinstance(st, (list, tuple)):
+            kw["steps"] = tuple(x for x in st if not (isinstance(x, str) and x.strip() in ("", "none")))
+        return from_mapping(cls, kw, "excitation")
 
     def as_dict(self) -> Dict[str, Any]:
         d = asdict(self)
@@ -336,7 +290,7 @@ class QuadrotorExcitation:
     kg (nominal), see the module doc. ``max_thrust`` (N, collective) and ``max_rate`` (rad/s) are
     the command interface's own limits, which the bounds never exceed."""
 
-    KINDS = ("attitude", "thrust", "rate")
+    KINDS = STEP_KINDS
 
     def __init__(self, mass: float, dt: float, cfg: ExcitationConfig, gravity: float = 9.81,
                  max_thrust: float = math.inf, max_rate: float = math.inf):

@@ -20,7 +20,7 @@ import random
 import shutil
 import time
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..physics import ConfigError, SimulationError, Simulator
+from ..physics.schema import normalise, option, section
 from ..physics.parameters import apply_values
 from ..tasks import Task
 from .distributed import SINGLE, Context, slice_state
@@ -45,102 +46,52 @@ class ResumeError(ConfigError):
     """A run that cannot be resumed: no resume state, a damaged one, or another configuration."""
 
 
+@section("training")
 @dataclass(frozen=True)
 class TrainConfig:
-    """Options of the gradient trainer (defaults in brackets).
+    """Options of the gradient trainer (the ``training:`` section of a training file)."""
+    iterations: int = option(100, "policy-update rounds; each runs num_envs full episodes", low=1)
+    num_envs: int = option(64, "parallel environments", low=1)
+    window: int = option(32, "truncated-BPTT length", "control steps", low=1)
+    learning_rate: float = option(3e-3, "Adam step size", above=0)
+    lr_schedule: str = option("constant", """constant, or cosine: the step size falls from learning_rate to
+        final_learning_rate along half a cosine over iterations (a large step finds the basin quickly; a small one
+        then settles the precision the success metric asks for, where a constant step keeps jittering around
+        it)""", choices=LR_SCHEDULES)
+    final_learning_rate: float = option(1e-4, "last step size of the cosine schedule", above=0)
+    grad_clip: float = option(1.0, "largest gradient norm", above=0)
+    hidden: Tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy", low=1)
+    normalize_obs: bool = option(True, "running observation normalisation")
+    critic: bool = option(False, """bootstrap each window's loss-to-go with a learned value (SHAC); the value sees
+        the normalised observation and the fraction of the episode elapsed, since a finite episode's loss-to-go
+        depends on the time left""")
+    gamma: float = option(0.99, "discount of the critic's loss-to-go", low=0, high=1)
+    critic_learning_rate: float = option(1e-3, "Adam step size of the critic", above=0)
+    critic_updates: int = option(8, "critic fitting steps per window", low=0)
+    randomize_mass: Tuple[float, ...] = option((), "[low, high] scale on every link mass, drawn per iteration, or "
+                                               "[] (none)", low=0)
+    randomize_drag: Tuple[float, ...] = option((), "[low, high] scale on the rotor drag coefficients, or []", low=0)
+    randomize_actuator_lag: Tuple[float, ...] = option((), "[low, high] actuator lag, or []", "s", low=0)
+    eval_every: int = option(5, "iterations between evaluations on fresh episodes (no gradient)", low=1)
+    eval_envs: int = option(64, "episodes per evaluation", low=1)
+    stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
+    seed: int = option(0, "random seed")
+    max_divergences: int = option(10, """iterations whose simulation diverged (non-finite state or gradient) that
+        are dropped and retried from fresh episodes, the policy and optimiser put back to the iteration's start,
+        before training gives up""", low=0)
+    checkpoint_every: int = option(10, """iterations between checkpoints of a run into a folder:
+        checkpoints/latest (the policy now, with the state to resume from) and checkpoints/best (the best
+        evaluation so far, ties broken by the lower loss); the last iteration always writes one""", low=1)
 
-    iterations: policy-update rounds; each runs ``num_envs`` full episodes [100]
-    num_envs: parallel environments [64]
-    window: truncated-BPTT length, control steps [32]
-    learning_rate: Adam step size [3e-3]
-    lr_schedule: "constant", or "cosine": the step size falls from learning_rate to
-        final_learning_rate along half a cosine over ``iterations`` (a large step finds
-        the basin quickly; a small one then settles the precision the success metric
-        asks for, where a constant step keeps jittering around it) [constant]
-    final_learning_rate: last step size of the cosine schedule [1e-4]
-    grad_clip: maximum gradient norm [1.0]
-    hidden: hidden layer sizes of the policy [(64, 64)]
-    normalize_obs: running observation normalisation [True]
-    critic: bootstrap each window's loss-to-go with a learned value (SHAC); the value
-        sees the normalised observation and the fraction of the episode elapsed, since
-        a finite episode's loss-to-go depends on the time left [False]
-    gamma: discount of the critic's loss-to-go [0.99]
-    critic_learning_rate, critic_updates: critic fitting per window [1e-3, 8]
-    randomize_mass: (low, high) scale on every link mass, drawn per iteration, or () [()]
-    randomize_drag: (low, high) scale on rotor drag coefficients [()]
-    randomize_actuator_lag: (low, high) actuator lag, s [()]
-    eval_every: iterations between evaluations on fresh episodes (no gradient) [5]
-    eval_envs: episodes per evaluation [64]
-    stop_at_success: stop once the evaluation reaches the task's success threshold [True]
-    seed: random seed [0]
-    max_divergences: iterations whose simulation diverged (non-finite state or gradient) that
-        are dropped and retried from fresh episodes, the policy and optimiser put back to the
-        iteration's start, before training gives up [10]
-    checkpoint_every: iterations between checkpoints of a run into a folder: checkpoints/latest
-        (the policy now, with the state to resume from) and checkpoints/best (the best evaluation
-        so far, ties broken by the lower loss); the last iteration always writes one [10]
-    """
-    iterations: int = 100
-    num_envs: int = 64
-    window: int = 32
-    learning_rate: float = 3e-3
-    lr_schedule: str = "constant"
-    final_learning_rate: float = 1e-4
-    grad_clip: float = 1.0
-    hidden: Tuple[int, ...] = (64, 64)
-    normalize_obs: bool = True
-    critic: bool = False
-    gamma: float = 0.99
-    critic_learning_rate: float = 1e-3
-    critic_updates: int = 8
-    randomize_mass: Tuple[float, ...] = ()
-    randomize_drag: Tuple[float, ...] = ()
-    randomize_actuator_lag: Tuple[float, ...] = ()
-    eval_every: int = 5
-    eval_envs: int = 64
-    stop_at_success: bool = True
-    seed: int = 0
-    max_divergences: int = 10
-    checkpoint_every: int = 10
+    def __post_init__(self):
+        normalise(self)
+        self.check()
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "training") -> "TrainConfig":
-        if not isinstance(d, dict):
-            raise ConfigError(f"'{where}' must be a mapping")
-        known = {f.name: f for f in fields(cls)}
-        kw = {}
-        for k, v in d.items():
-            if k not in known:
-                raise ConfigError(f"unknown key '{where}.{k}' (known: {', '.join(sorted(known))})")
-            ref = getattr(cls(), k)
-            if isinstance(ref, tuple):
-                if not isinstance(v, (list, tuple)):
-                    raise ConfigError(f"'{where}.{k}' must be a list, got {v!r}")
-                v = tuple(type(ref[0])(x) if ref else float(x) for x in v)
-            elif isinstance(ref, bool):
-                if not isinstance(v, bool):
-                    raise ConfigError(f"'{where}.{k}' must be true or false, got {v!r}")
-            elif isinstance(ref, str):
-                if not isinstance(v, str):
-                    raise ConfigError(f"'{where}.{k}' must be a string, got {v!r}")
-            elif isinstance(ref, (int, float)):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ConfigError(f"'{where}.{k}' must be a number, got {v!r}")
-                v = type(ref)(v)
-            kw[k] = v
+    def check(self) -> None:
         for k in ("randomize_mass", "randomize_drag", "randomize_actuator_lag"):
-            r = kw.get(k, ())
+            r = getattr(self, k)
             if r and (len(r) != 2 or not r[0] <= r[1]):
-                raise ConfigError(f"'{where}.{k}' must be [low, high] with low <= high, got {list(r)}")
-        if kw.get("lr_schedule", "constant") not in LR_SCHEDULES:
-            raise ConfigError(f"'{where}.lr_schedule' must be one of {', '.join(LR_SCHEDULES)}, "
-                              f"got {kw['lr_schedule']!r}")
-        for k in ("learning_rate", "final_learning_rate"):
-            if k in kw and not kw[k] > 0:
-                raise ConfigError(f"'{where}.{k}' must be > 0, got {kw[k]}")
-        if kw.get("checkpoint_every", 1) < 1:
-            raise ConfigError(f"'{where}.checkpoint_every' must be >= 1, got {kw['checkpoint_every']}")
-        return cls(**kw)
+                raise ConfigError(f"must be [low, high] with low <= high, got {list(r)}", k)
 
     def learning_rate_at(self, iteration: int) -> float:
         """Adam step size of iteration ``iteration`` (0-based) under ``lr_schedule``."""

@@ -239,17 +239,8 @@ def command_mapping(task) -> Dict[str, Any]:
         out = {"type": "affine", "formula": "command[i] = offset[i] + scale[i] * clamp(action[i], -1, 1)",
                "interface": interface, "names": names, "units": units,
                "offset": json_safe(offset), "scale": json_safe(scale)}
-    params: Dict[str, Any] = {}
-    for key in ("command_mode", "delta_scale", "q_mid", "q_half", "q_low", "q_high", "hover_thrust", "thrust_range",
-                "max_rate", "stance", "action_scale", "mode", "base_height", "ee_link"):
-        if hasattr(task, key):
-            params[key] = json_safe(getattr(task, key))
-    if interface == "effort":
-        params["effort_limit"] = json_safe(task.sim.effort_limit)
-    if interface in ("position", "velocity"):
-        params["kp"] = json_safe(task.sim_config.kp)
-        params["kd"] = json_safe(task.sim_config.kd)
-    out["task_parameters"] = params
+    # The task's own parameters (Task.export_parameters): the mapping that rebuilds it on deployment.
+    out["task_parameters"] = json_safe(task.export_parameters())
     return out
 
 

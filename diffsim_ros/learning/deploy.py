@@ -9,8 +9,8 @@
 
 The runner rebuilds everything the policy was trained with from the checkpoint's
 metadata alone: the model (the URDF it names, or the one given, checked by
-sha256), the simulator (``simulator``), the task (``config.task`` when the
-training config was stored, else ``command.task_parameters``). The observation
+sha256), the simulator (``simulator``), the task (its own export,
+``command.task_parameters``, else the stored training config's ``task``). The observation
 is the task's own ``observe`` and the command the task's own ``command``, so the
 deployed policy sees exactly what it saw in training.
 
@@ -81,35 +81,20 @@ def _finite_floats(x: Any) -> Any:
 
 
 def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """The ``task:`` mapping of the training config, or one rebuilt from the command's task parameters."""
+    """The ``task:`` mapping that rebuilds the checkpoint's task: the task's own export
+    (``command.task_parameters``, Task.export_parameters), else the stored training config's."""
+    exported = meta["command"].get("task_parameters")
+    if isinstance(exported, dict) and "type" in exported:
+        return dict(exported)
     cfg = meta.get("config")
     if isinstance(cfg, dict):
         # Either the whole training file's parameters ({..., task: {...}}) or {file, task}.
         spec = cfg.get("task")
         if isinstance(spec, dict) and "type" in spec:
             return dict(spec)
-    # Older/other writers: rebuild from what command_mapping stored. Success tolerances keep their
-    # defaults then (they only matter to the success metric, not to the command).
-    params = dict(meta["command"].get("task_parameters") or {})
-    task = meta["task"]
-    if task.startswith("quadrotor"):
-        spec = {"type": "quadrotor", "mode": params.get("mode", task.split("_", 1)[-1]),
-                "horizon": int(meta["horizon"])}
-        for k in ("thrust_range", "max_rate"):
-            if k in params:
-                spec[k] = params[k]
-        return spec
-    if task == "reach":
-        if "ee_link" not in params:
-            raise CheckpointError(f"{where}: cannot rebuild the reach task: neither 'config.task' nor "
-                                  "'command.task_parameters.ee_link' is present")
-        spec = {"type": "reach", "ee_link": params["ee_link"], "horizon": int(meta["horizon"])}
-        for k in ("command_mode", "delta_scale"):
-            if k in params:
-                spec[k] = params[k]
-        return spec
-    raise CheckpointError(f"{where}: cannot rebuild task '{task}' for deployment without 'config.task' in the "
-                          "metadata (the runner deploys reach and quadrotor tasks)")
+    raise CheckpointError(f"{where}: cannot rebuild task '{meta['task']}' for deployment: the metadata has neither "
+                          "the task's parameters ('command.task_parameters' with a 'type') nor the training "
+                          "config's 'task' section")
 
 
 def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
@@ -143,7 +128,7 @@ def _load_model(meta: Dict[str, Any], where: str, urdf: Optional[str], dtype: to
 def _build_task(meta: Dict[str, Any], where: str, model):
     try:
         sim_cfg = SimConfig.from_dict(_finite_floats(dict(meta["simulator"])), "simulator")
-        return make_task(model, sim_cfg, _task_spec(meta, where), "config.task")
+        return make_task(model, sim_cfg, _finite_floats(_task_spec(meta, where)), "task")
     except physics.ConfigError as e:
         raise CheckpointError(f"{where}: cannot rebuild the simulator/task from its metadata: {e}") from None
 

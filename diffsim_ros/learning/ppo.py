@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -29,121 +29,61 @@ import torch
 from torch import nn
 
 from ..physics import ConfigError
+from ..physics.schema import normalise, option, section
 from ..tasks import Task
 from .apg import (ResumeError, RunLog, TrainResult, _better, _Checkpoints, _clear_run, _rng_state, _set_rng_state,
                   check_same_trainer, evaluation_columns, plot_history, read_resume_file, run_state)
 from .policy import RunningNorm
 
 
+@section("ppo")
 @dataclass(frozen=True)
 class PPOConfig:
-    """Options of the PPO baseline (defaults in brackets).
+    """Options of the PPO baseline (the ``ppo:`` section of a training file)."""
+    total_timesteps: int = option(2_000_000, "environment-step budget, summed over the parallel environments",
+                                  low=1)
+    num_envs: int = option(64, "parallel environments (the task batch)", low=1)
+    n_steps: int = option(64, "control steps per environment per rollout; a rollout is num_envs * n_steps steps",
+                          low=1)
+    batch_size: int = option(1024, "minibatch size of the PPO update, in [2, num_envs * n_steps]", low=2)
+    n_epochs: int = option(10, "passes over each rollout", low=1)
+    learning_rate: float = option(3e-4, "Adam step size", above=0)
+    gamma: float = option(0.99, "discount", low=0, high=1)
+    gae_lambda: float = option(0.95, "GAE lambda", low=0, high=1)
+    ent_coef: float = option(0.0, "entropy bonus")
+    clip_range: float = option(0.2, "PPO ratio clip", above=0)
+    max_grad_norm: float = option(0.5, "gradient-norm clip of the update", above=0)
+    log_std_init: float = option(-0.5, """initial log standard deviation of the Gaussian policy; SB3's 0 (std 1)
+        sends a third of the samples past the [-1, 1] action box even with the mean at its centre (more once the
+        mean moves off it), where they are clipped and their exploration is lost; exp(-0.5) = 0.61 sends about
+        10 %""")
+    hidden: Tuple[int, ...] = option((64, 64), "hidden layer sizes of actor and critic (tanh)", low=1)
+    normalize_obs: bool = option(True, "normalise observations with running statistics (VecNormalize)")
+    normalize_reward: bool = option(True, "scale rewards by the running return deviation (VecNormalize)")
+    bootstrap_time_limit: bool = option(True, "treat the episode's end as a time limit and bootstrap the value "
+                                        "there")
+    eval_every_steps: int = option(50_000, "environment steps between evaluations on fresh episodes", low=1)
+    eval_envs: int = option(64, "episodes per evaluation", low=1)
+    stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
+    checkpoint_every: int = option(1, """iterations between checkpoints of a run into a folder (checkpoints/latest
+        with the resume state, checkpoints/best), and at the end: an iteration is a whole rollout and its update,
+        so a checkpoint costs little beside it""", low=1)
+    seed: int = option(0, "random seed")
 
-    total_timesteps: environment-step budget, summed over the parallel environments [2_000_000]
-    num_envs: parallel environments (the task batch) [64]
-    n_steps: control steps per environment per rollout; a rollout is num_envs * n_steps steps [64]
-    batch_size: minibatch size of the PPO update, at most num_envs * n_steps [1024]
-    n_epochs: passes over each rollout [10]
-    learning_rate: Adam step size [3e-4]
-    gamma: discount [0.99]
-    gae_lambda: GAE lambda [0.95]
-    ent_coef: entropy bonus [0.0]
-    clip_range: PPO ratio clip [0.2]
-    max_grad_norm: gradient-norm clip of the update [0.5]
-    log_std_init: initial log standard deviation of the Gaussian policy [-0.5]; SB3's 0 (std 1)
-        sends a third of the samples past the [-1, 1] action box even with the mean at its
-        centre (more once the mean moves off it), where they are clipped and their exploration
-        is lost; exp(-0.5) = 0.61 sends about 10 %
-    hidden: hidden layer sizes of actor and critic (tanh) [(64, 64)]
-    normalize_obs: normalise observations with running statistics (VecNormalize) [True]
-    normalize_reward: scale rewards by the running return deviation (VecNormalize) [True]
-    bootstrap_time_limit: treat the episode's end as a time limit and bootstrap the value there [True]
-    eval_every_steps: environment steps between evaluations on fresh episodes [50_000]
-    eval_envs: episodes per evaluation [64]
-    stop_at_success: stop once the evaluation reaches the task's success threshold [True]
-    checkpoint_every: iterations between checkpoints of a run into a folder (checkpoints/latest
-        with the resume state, checkpoints/best), and at the end [1]: an iteration is a whole
-        rollout and its update, so a checkpoint costs little beside it
-    seed: random seed [0]
-    """
-    total_timesteps: int = 2_000_000
-    num_envs: int = 64
-    n_steps: int = 64
-    batch_size: int = 1024
-    n_epochs: int = 10
-    learning_rate: float = 3e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    ent_coef: float = 0.0
-    clip_range: float = 0.2
-    max_grad_norm: float = 0.5
-    log_std_init: float = -0.5
-    hidden: Tuple[int, ...] = (64, 64)
-    normalize_obs: bool = True
-    normalize_reward: bool = True
-    bootstrap_time_limit: bool = True
-    eval_every_steps: int = 50_000
-    eval_envs: int = 64
-    stop_at_success: bool = True
-    checkpoint_every: int = 1
-    seed: int = 0
+    def __post_init__(self):
+        normalise(self)
+        self.check()
 
     @property
     def rollout_steps(self) -> int:
         return self.num_envs * self.n_steps
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "ppo") -> "PPOConfig":
-        """From a mapping (a YAML ``ppo:`` section); unknown keys and wrong types are a
-        :class:`ConfigError` naming the key."""
-        if not isinstance(d, dict):
-            raise ConfigError(f"'{where}' must be a mapping")
-        known = {f.name for f in fields(cls)}
-        default = cls()
-        kw = {}
-        for k, v in d.items():
-            if k not in known:
-                raise ConfigError(f"unknown key '{where}.{k}' (known: {', '.join(sorted(known))})")
-            ref = getattr(default, k)
-            if isinstance(ref, tuple):
-                if not isinstance(v, (list, tuple)) or not all(
-                        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
-                    raise ConfigError(f"'{where}.{k}' must be a list of positive integers, got {v!r}")
-                v = tuple(int(x) for x in v)
-            elif isinstance(ref, bool):
-                if not isinstance(v, bool):
-                    raise ConfigError(f"'{where}.{k}' must be true or false, got {v!r}")
-            elif isinstance(ref, int):
-                if isinstance(v, bool) or not isinstance(v, int):
-                    if isinstance(v, float) and v.is_integer():
-                        v = int(v)
-                    else:
-                        raise ConfigError(f"'{where}.{k}' must be an integer, got {v!r}")
-            elif isinstance(ref, float):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ConfigError(f"'{where}.{k}' must be a number, got {v!r}")
-                v = float(v)
-            kw[k] = v
-        cfg = cls(**kw)
-        cfg.validate(where)
-        return cfg
-
-    def validate(self, where: str = "ppo") -> None:
-        for k in ("total_timesteps", "num_envs", "n_steps", "n_epochs", "eval_every_steps", "eval_envs",
-                  "checkpoint_every"):
-            if getattr(self, k) < 1:
-                raise ConfigError(f"'{where}.{k}' must be >= 1, got {getattr(self, k)}")
-        if not 2 <= self.batch_size <= self.rollout_steps:
-            raise ConfigError(f"'{where}.batch_size' must be in [2, num_envs * n_steps = {self.rollout_steps}], "
-                              f"got {self.batch_size}")
-        for k in ("learning_rate", "clip_range"):
-            if not getattr(self, k) > 0:
-                raise ConfigError(f"'{where}.{k}' must be > 0, got {getattr(self, k)}")
-        for k in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, k) <= 1.0:
-                raise ConfigError(f"'{where}.{k}' must be in [0, 1], got {getattr(self, k)}")
+    def check(self) -> None:
+        if not self.batch_size <= self.rollout_steps:
+            raise ConfigError(f"must be in [2, num_envs * n_steps = {self.rollout_steps}], got {self.batch_size}",
+                              "batch_size")
         if not self.hidden:
-            raise ConfigError(f"'{where}.hidden' must name at least one layer")
+            raise ConfigError("must name at least one layer", "hidden")
 
 
 class PPOPolicy(nn.Module):
@@ -230,7 +170,6 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
     its PPO update; ``env_steps`` counts every environment step taken. The
     evaluation after an update judges the policy those steps produced.
     """
-    cfg.validate()
     torch.manual_seed(cfg.seed)
     model, vn, raw = make_model(task, cfg)
     iterations = max(1, math.ceil(cfg.total_timesteps / cfg.rollout_steps))

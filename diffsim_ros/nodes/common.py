@@ -9,7 +9,7 @@ Parameters
         The ``ros__parameters`` mapping of a training/robot YAML: the file named by the
         ``config`` parameter, overlaid with the same keys given directly to the node
         (``--params-file config/hover.yaml`` or ``-p simulator.dt:=0.01``); each such key
-        is declared with its description from SimConfig/RotorConfig.
+        is declared with its description and constraints from SimConfig's schema.
 
 QoS (doc/interfaces.md)
     state_qos(depth=100), command_qos(depth=10): reliable, volatile, keep last ``depth``.
@@ -45,7 +45,6 @@ imports where ROS is absent (the pure helpers then still work).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import threading
@@ -71,12 +70,14 @@ class StartupError(RuntimeError):
 
 # ============================================================================ parameters
 def declare(node, name: str, default: Any, description: str, *, dynamic_typing: bool = False,
-            read_only: bool = False) -> Any:
-    """Declare ``name`` with ``default`` and ``description`` (shown by ``ros2 param describe``)
-    and return its value (the override from the command line or a params file, if any)."""
+            read_only: bool = False, constraints: str = "") -> Any:
+    """Declare ``name`` with ``default``, ``description`` and ``constraints`` (the descriptor's
+    additional_constraints; both shown by ``ros2 param describe``) and return its value (the
+    override from the command line or a params file, if any)."""
     from rcl_interfaces.msg import ParameterDescriptor
 
-    desc = ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=dynamic_typing)
+    desc = ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=dynamic_typing,
+                               additional_constraints=constraints)
     node.declare_parameter(name, default, desc)
     return value(node, name)
 
@@ -103,20 +104,6 @@ def value(node, name: str) -> Any:
     return val
 
 
-def _field_docs(cls) -> Dict[str, str]:
-    """{field: its line of the dataclass docstring} (SimConfig/RotorConfig document each field)."""
-    out: Dict[str, str] = {}
-    last = None
-    for line in (cls.__doc__ or "").splitlines():
-        m = re.match(r"\s{4}(\w+): (.*)$", line)
-        if m:
-            last = m.group(1)
-            out[last] = m.group(2).strip()
-        elif last and line.startswith("        ") and line.strip():
-            out[last] += " " + line.strip()
-    return {k: re.sub(r"\s{2,}", "; default ", v) for k, v in out.items()}
-
-
 def _overrides(node) -> Dict[str, Any]:
     """Parameter values given to the node at start (params files, ``-p``), by name.
     rclpy keeps them in ``Node._parameter_overrides`` (every release since Foxy)."""
@@ -129,25 +116,26 @@ def config_parameters(node, config_param: str = "config", sections: Sequence[str
 
     The file named by the ``config_param`` parameter (declared here, default "") is read
     first; then every key in ``keys`` and under ``sections`` that the node was given
-    directly overrides it. Those keys are declared here with their description (the
-    simulator's own documentation) so that ``ros2 param describe`` explains them.
+    directly overrides it. Those keys are declared here with their description and constraints
+    (the simulator's schema, physics/schema.py) so that ``ros2 param describe`` explains them.
     Raises ConfigError (naming the file or the key) on a bad file."""
     from .. import config as cfgmod
-    from ..physics import RotorConfig, SimConfig
+    from ..physics import SimConfig
+    from ..physics.schema import describe, entries
 
     path = declare(node, config_param, "", "training/robot YAML (config/<task>.yaml): urdf, floating_base and the "
                    "simulator section; keys given to the node directly (--params-file, -p) override it")
     params: Dict[str, Any] = cfgmod.load_yaml(path) if path else {}
-    docs = {f"simulator.{k}": v for k, v in _field_docs(SimConfig).items()}
-    docs.update({f"simulator.rotors.{k}": v for k, v in _field_docs(RotorConfig).items()})
-    docs.update({"urdf": "URDF of the robot: absolute, package://pkg/path, or relative to the diffsim_ros share "
-                         "folder", "floating_base": "bool: the root link gets a free-flyer joint (quadrotors)"})
+    docs = {e.name: (describe(e), e.constraints) for e in entries(SimConfig, "simulator")}
+    docs.update({"urdf": ("URDF of the robot: absolute, package://pkg/path, or relative to the diffsim_ros share "
+                          "folder", ""), "floating_base": ("the root link gets a free-flyer joint (quadrotors) [bool]",
+                                                           "")})
     flat = {}
     for name, val in sorted(_overrides(node).items()):
         if name in keys or any(name.startswith(s + ".") for s in sections):
             if not node.has_parameter(name):
-                declare(node, name, val, docs.get(name, "configuration key (see the config file's comments)"),
-                        dynamic_typing=True)
+                text, limits = docs.get(name, ("configuration key (see the config file's comments)", ""))
+                declare(node, name, val, text, dynamic_typing=True, constraints=limits)
             flat[name] = value(node, name)
     if flat:
         cfgmod.merge(params, cfgmod.unflatten(flat))

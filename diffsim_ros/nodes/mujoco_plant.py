@@ -42,12 +42,15 @@ published at once).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import List, Optional
 
 import numpy as np
 
 from .. import interfaces as ifc
+from ..physics.schema import ros_parameters
+from ..plant.perturbation import Perturbation
 from . import common
 
 NODE_NAME = "mujoco_plant"
@@ -99,22 +102,10 @@ PARAMETERS = [
                                  "configuration (at the origin)"),
     ("initial_velocities", [0.0], "initial velocities in the simulator convention (floating base: body-frame "
                                   "linear and angular velocity first); [0.0] alone: at rest"),
-    ("perturbation.mass_scale", 1.0, "factor on every link mass and inertia (the controllers keep the nominal ones)"),
-    ("perturbation.joint_damping_scale", 1.0, "factor on the URDF joint damping"),
-    ("perturbation.added_joint_damping", 0.0, "damping added to every joint, N m s/rad"),
-    ("perturbation.drag_scale", 1.0, "factor on the multirotor body drag"),
-    ("perturbation.actuator_lag", -1.0, "actuator time constant, s (joint torque lag, or rotor speed lag); "
-                                        "negative: the config's"),
-    ("perturbation.sensor_noise", [0.0, 0.0], "std of the measurement noise: [positions (m, rad), velocities "
-                                              "(m/s, rad/s)]"),
-    ("perturbation.latency", 0.0, "command latency, s (rounded to physics substeps)"),
-    ("perturbation.seed", 0, "seed of the measurement noise"),
-    ("perturbation.joint_friction_scale", 1.0, "factor on the URDF joint Coulomb friction"),
-    ("perturbation.constraint_friction", False, "joint friction as MuJoCo's frictionloss constraint instead of "
-                                                "the simulator's smoothed law (a friction model gap)"),
 ]
-PERTURBATION_KEYS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "actuator_lag",
-                     "sensor_noise", "latency", "seed", "joint_friction_scale", "constraint_friction")
+# perturbation.*: the fields of plant.Perturbation, with their documentation (physics/schema.py).
+PARAMETERS += ros_parameters(Perturbation, "perturbation")
+PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))
 
 
 def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):

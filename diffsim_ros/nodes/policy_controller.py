@@ -166,39 +166,12 @@ PARAMETERS.update(SUPERVISOR_PARAMETERS)
 
 
 def _excitation_parameters() -> Dict[str, Any]:
-    """``excitation.*``: the fields of control.excitation.ExcitationConfig with their defaults (mode excite)."""
-    import dataclasses
-
+    """``excitation.*``: the fields of control.excitation.ExcitationConfig with their defaults and
+    documentation (mode excite)."""
     from ..control.excitation import ExcitationConfig
+    from ..physics.schema import ros_parameters
 
-    out = {}
-    docs = {"amplitude": "fraction (0, 1] of the bounds used: arms the safe half range of each joint, multirotors "
-                         "the tilt/thrust/rate step bounds",
-            "duration": "s, length of the motion (arms: after the lead-in to the centre of the ranges)",
-            "seed": "random seed of the signal", "signal": "arms: multisine or chirp",
-            "f_min": "Hz, lowest frequency", "f_max": "Hz, highest frequency",
-            "margin": "arms: fraction of each joint range kept clear at both ends",
-            "velocity_fraction": "arms: largest target speed as a fraction of the URDF velocity limit",
-            "ramp": "s, fade in and out", "tilt_max": "rad, multirotors: largest tilt set-point",
-            "thrust_fraction": "multirotors: largest thrust step, a fraction of hover thrust",
-            "thrust_limit": "multirotors: collective thrust command within (1 +- this) x hover thrust",
-            "rate_max": "rad/s, multirotors: largest body-rate command and step",
-            "hold_min": "s, multirotors: shortest step", "hold_max": "s, multirotors: longest step",
-            "arena_radius": "m, multirotors: no step beyond this distance from home (the hold brings it back)",
-            "home": "m, multirotors: [x, y, z] the position hold keeps",
-            "position_gain": "1/s^2, multirotors: position gain of the hold along x and y",
-            "velocity_gain": "1/s, multirotors: velocity gain of the hold along x and y",
-            "attitude_gain": "1/s, multirotors: body rate per rad of attitude error",
-            "height_gain": "1/s^2, multirotors: position gain of the hold along z",
-            "height_velocity_gain": "1/s, multirotors: velocity gain of the hold along z",
-            "integral_gain": "1/s^3, multirotors: integral gain of the hold along z",
-            "steps": "multirotors: the kinds of step (attitude, thrust, rate); none: the hold alone (a hover)"}
-    for f in dataclasses.fields(ExcitationConfig):
-        default = getattr(ExcitationConfig(), f.name)
-        if isinstance(default, tuple):
-            default = list(default)
-        out[f"excitation.{f.name}"] = (default, docs.get(f.name, f.name))
-    return out
+    return {name: (default, text) for name, default, text in ros_parameters(ExcitationConfig, "excitation")}
 
 
 EXCITATION_PARAMETERS: Dict[str, Any] = _excitation_parameters()

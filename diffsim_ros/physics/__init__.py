@@ -16,7 +16,8 @@ from .algorithms import (aba, body_placements, body_states, crba, forward_kinema
                          link_kinematics, rnea)
 from .description import RobotDescription, UrdfError
 from .model import Collision, Model, build_model, load_urdf
-from .quadrotor import ConfigError, RotorConfig, Rotors
+from .quadrotor import RotorConfig, Rotors
+from .schema import ConfigError
 from .kinematics import Kinematics, kinematics
 from .pipeline import Data, check_finite, step
 from .simulator import SimConfig, SimulationError, Simulator, State, Trajectory

@@ -13,122 +13,62 @@ opposite.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Tuple
 
 import torch
 
+from .schema import ConfigError, normalise, option, section
 from .spatial import fast_cross as cross
 
 
 
-class ConfigError(ValueError):
-    """A configuration (YAML or dict) with a wrong key, type or value; the message names it."""
-
-
-def _vec3(name: str, value, allow_scalar: bool = True) -> Tuple[float, float, float]:
-    if isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(x, bool) for x in value)):
-        raise ConfigError(f"'{name}' must be numbers, got {value!r}")
-    if not allow_scalar and not isinstance(value, (list, tuple)):
-        raise ConfigError(f"'{name}' entries must be [x, y, z] lists, got {value!r}")
-    try:
-        if isinstance(value, (int, float)):
-            value = (value, value, value)
-        out = tuple(float(x) for x in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"'{name}' must be a number or a list of 3 numbers, got {value!r}") from None
-    if len(out) != 3:
-        raise ConfigError(f"'{name}' must have 3 entries, got {len(out)}")
-    return out
-
-
+@section("simulator.rotors")
 @dataclass(frozen=True)
 class RotorConfig:
-    """Rotor layout and aerodynamic coefficients of a multirotor (SI units).
+    """Rotor layout and aerodynamic coefficients of a multirotor (SI units). The rotors are
+    ``rotor_links`` (URDF links at the hubs, whose origins give the positions) or
+    ``positions``, one of the two; ``directions`` has one entry per rotor (see the module doc)."""
+    rotor_links: Tuple[str, ...] = option((), "names of the URDF links at the rotor hubs (their origins give the "
+                                          "positions); or give positions")
+    positions: Tuple[Tuple[float, float, float], ...] = option(
+        (), "rotor hub positions in the base frame, [x0, y0, z0, x1, ...] (ROS parameters hold a flat list)", "m")
+    directions: Tuple[float, ...] = option((), "+1/-1 per rotor: the sign of its yaw reaction torque about body +z",
+                                           choices=(-1.0, 1.0))
+    thrust_coefficient: float = option(1.0e-5, "thrust = k_f w^2", "N s^2/rad^2", above=0)
+    torque_coefficient: float = option(1.6e-7, "yaw torque = k_m w^2", "N m s^2/rad^2", low=0)
+    motor_time_constant: float = option(0.02, "first-order lag of the rotor speed (0: none)", "s", low=0)
+    max_rotor_speed: float = option(1500.0, "largest rotor speed", "rad/s", above=0)
+    drag_linear: Tuple[float, float, float] = option((0.1, 0.1, 0.15), "body-frame linear drag per axis", "N s/m",
+                                                     low=0, broadcast=True)
+    drag_quadratic: Tuple[float, float, float] = option((0.02, 0.02, 0.04), "body-frame quadratic drag per axis",
+                                                        "N s^2/m^2", low=0, broadcast=True)
+    rate_gain: Tuple[float, float, float] = option((20.0, 20.0, 8.0), "CTBR inner-loop proportional gain on the "
+                                                   "body-rate error", "1/s", low=0, broadcast=True)
+    thrust_scale: float = option(1.0, """factor on the thrust and yaw torque the rotors really produce at a given
+        speed, relative to thrust_coefficient/torque_coefficient, which the mixer and the CTBR loop use to command
+        speeds: a flight controller whose motor model is off by this factor (system identification writes
+        it)""", above=0)
 
-    rotor_links: names of URDF links at the rotor hubs (their origins give the
-        positions); or give ``positions`` directly.            default: none
-    positions: rotor hub positions in the base frame, m.       default: none
-    directions: +1/-1 per rotor, sign of the yaw reaction torque (see module doc).
-    thrust_coefficient: thrust = k_f w^2, N s^2/rad^2.        default 1.0e-5
-    torque_coefficient: yaw torque = k_m w^2, N m s^2/rad^2.   default 1.6e-7
-    motor_time_constant: first-order lag of rotor speed, s.    default 0.02 (0: none)
-    max_rotor_speed: rad/s.                                    default 1500
-    drag_linear: body-frame linear drag per axis, N s/m.       default (0.1, 0.1, 0.15)
-    drag_quadratic: body-frame quadratic drag per axis, N s^2/m^2. default (0.02, 0.02, 0.04)
-    rate_gain: CTBR inner-loop proportional gain on the body-rate error, 1/s. default (20, 20, 8)
-    thrust_scale: factor on the thrust and yaw torque the rotors really produce at a given speed,
-        relative to thrust_coefficient/torque_coefficient, which the mixer and the CTBR loop use
-        to command speeds: a flight controller whose motor model is off by this factor
-        (system identification writes it), dimensionless.   default 1.0
-    """
-    rotor_links: Tuple[str, ...] = ()
-    positions: Tuple[Tuple[float, float, float], ...] = ()
-    directions: Tuple[float, ...] = ()
-    thrust_coefficient: float = 1.0e-5
-    torque_coefficient: float = 1.6e-7
-    motor_time_constant: float = 0.02
-    max_rotor_speed: float = 1500.0
-    drag_linear: Tuple[float, float, float] = (0.1, 0.1, 0.15)
-    drag_quadratic: Tuple[float, float, float] = (0.02, 0.02, 0.04)
-    rate_gain: Tuple[float, float, float] = (20.0, 20.0, 8.0)
-    thrust_scale: float = 1.0
+    def __post_init__(self):
+        normalise(self)
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "rotors") -> "RotorConfig":
-        if not isinstance(d, dict):
-            raise ConfigError(f"'{where}' must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        for k in d:
-            if k not in known:
-                raise ConfigError(f"unknown key '{where}.{k}' (known: {', '.join(sorted(known))})")
-        kw = dict(d)
-        for k in ("rotor_links", "positions", "directions"):
-            if k in kw and not isinstance(kw[k], (list, tuple)):
-                raise ConfigError(f"'{where}.{k}' must be a list, got {kw[k]!r}")
-        for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed",
-                  "thrust_scale"):
-            if k in kw and (isinstance(kw[k], bool) or not isinstance(kw[k], (int, float))):
-                raise ConfigError(f"'{where}.{k}' must be a number, got {kw[k]!r}")
-        try:
-            if "rotor_links" in kw:
-                kw["rotor_links"] = tuple(str(x) for x in kw["rotor_links"])
-            if "positions" in kw:
-                kw["positions"] = tuple(_vec3(f"{where}.positions", p, allow_scalar=False) for p in kw["positions"])
-            if "directions" in kw:
-                kw["directions"] = tuple(float(x) for x in kw["directions"])
-            for k in ("thrust_coefficient", "torque_coefficient", "motor_time_constant", "max_rotor_speed",
-                      "thrust_scale"):
-                if k in kw:
-                    kw[k] = float(kw[k])
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"'{where}': {e}") from None
-        for k in ("drag_linear", "drag_quadratic", "rate_gain"):
-            if k in kw:
-                kw[k] = _vec3(f"{where}.{k}", kw[k])
-        cfg = cls(**kw)
-        cfg.validate(where)
-        return cfg
-
-    def validate(self, where: str = "rotors") -> None:
+    def check(self) -> None:
+        """The rules between fields (the layout), with relative key paths."""
         n = len(self.rotor_links) or len(self.positions)
         if n == 0:
-            raise ConfigError(f"'{where}' needs 'rotor_links' or 'positions'")
+            raise ConfigError("needs 'rotor_links' or 'positions'", "")
         if self.rotor_links and self.positions:
-            raise ConfigError(f"'{where}': give either 'rotor_links' or 'positions', not both")
+            raise ConfigError("has both 'rotor_links' and 'positions'; give one of them", "")
         if len(self.directions) != n:
-            raise ConfigError(f"'{where}.directions' has {len(self.directions)} entries for {n} rotors")
-        if any(d not in (-1.0, 1.0) for d in self.directions):
-            raise ConfigError(f"'{where}.directions' entries must be +1 or -1, got {self.directions}")
-        for k in ("thrust_coefficient", "max_rotor_speed", "thrust_scale"):
-            if not getattr(self, k) > 0:
-                raise ConfigError(f"'{where}.{k}' must be > 0, got {getattr(self, k)}")
-        for k in ("torque_coefficient", "motor_time_constant"):
-            if not getattr(self, k) >= 0:
-                raise ConfigError(f"'{where}.{k}' must be >= 0, got {getattr(self, k)}")
-        for k in ("drag_linear", "drag_quadratic", "rate_gain"):
-            if any(not x >= 0 for x in getattr(self, k)):
-                raise ConfigError(f"'{where}.{k}' entries must be >= 0, got {getattr(self, k)}")
+            raise ConfigError(f"has {len(self.directions)} entries for {n} rotors", "directions")
+
+    def validate(self, where: str = "rotors") -> None:
+        """:meth:`check`, errors named under ``where``."""
+        try:
+            self.check()
+        except ConfigError as e:
+            raise e.under(where) from None
 
     @property
     def n(self) -> int:
@@ -158,11 +98,12 @@ class Rotors:
             pos = []
             for name in cfg.rotor_links:
                 if name not in model.link_names:
-                    raise ConfigError(f"rotors.rotor_links: link '{name}' is not in the URDF "
-                                      f"(links: {', '.join(model.link_names)})")
+                    raise ConfigError(f"names link '{name}', which is not in the URDF "
+                                      f"(links: {', '.join(model.link_names)})", "simulator.rotors.rotor_links")
                 i = model.link_names.index(name)
                 if model.link_body[i] != 0:
-                    raise ConfigError(f"rotors.rotor_links: link '{name}' is not rigidly attached to the base")
+                    raise ConfigError(f"names link '{name}', which is not rigidly attached to the base",
+                                      "simulator.rotors.rotor_links")
                 pos.append(model.link_p[i])
             self.positions = torch.stack(pos).to(dtype=dt, device=dev)
         else:

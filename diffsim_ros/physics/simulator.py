@@ -36,7 +36,8 @@ from .algorithms import _cross
 from .kinematics import kinematics_record
 from .model import Model
 from .pipeline import Data, batch_action, check_finite, guard, step as pure_step
-from .quadrotor import ConfigError, RotorConfig, Rotors  # noqa: F401  (re-exported)
+from .quadrotor import RotorConfig, Rotors  # noqa: F401  (re-exported)
+from .schema import ConfigError  # noqa: F401  (re-exported)
 from .sim_config import ACTUATORS, INTEGRATORS, SimConfig  # noqa: F401  (re-exported)
 from .stages.contact import contact
 from .stages.integration import integrate as _integrate

@@ -21,7 +21,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from .model import Model
-from .quadrotor import ConfigError, Rotors
+from .quadrotor import Rotors
+from .schema import ConfigError
 from .sim_config import SimConfig
 
 
@@ -206,14 +207,12 @@ def build_system(model: Model, config: Optional[SimConfig] = None, nominal: Opti
     dt, dev = model.dtype, model.device
     model = model.replace(gravity=torch.tensor(cfg.gravity, dtype=dt, device=dev))
     nominal = model if nominal is None else nominal.replace(gravity=model.gravity)
-    n = torch.tensor(cfg.ground_normal, dtype=dt, device=dev)
-    if not torch.linalg.vector_norm(n) > 0:
-        raise ConfigError("'ground_normal' must be a non-zero vector")
+    n = torch.tensor(cfg.ground_normal, dtype=dt, device=dev)         # not zero: SimConfig.check
     names = list(cfg.actuated_joints) or list(model.joint_names)
     for nm in names:
         if nm not in model.joint_names:
-            raise ConfigError(f"actuated_joints: '{nm}' is not a joint of '{model.name}' "
-                              f"(joints: {', '.join(model.joint_names)})")
+            raise ConfigError(f"{{key}}: '{nm}' is not a joint of '{model.name}' "
+                              f"(joints: {', '.join(model.joint_names)})", "simulator.actuated_joints")
     act_index = torch.tensor([model.joint_names.index(nm) for nm in names], dtype=torch.long, device=dev)
     na = len(names)
 
@@ -222,7 +221,7 @@ def build_system(model: Model, config: Optional[SimConfig] = None, nominal: Opti
         if t.ndim == 0:
             return t.expand(na).clone()
         if t.shape != (na,):
-            raise ConfigError(f"'{key}' has {t.numel()} entries for {na} actuated joints")
+            raise ConfigError(f"has {t.numel()} entries for {na} actuated joints", f"simulator.{key}")
         return t
 
     rotors = Rotors(cfg.rotors, nominal) if cfg.rotors is not None else None

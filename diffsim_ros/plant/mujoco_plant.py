@@ -136,9 +136,8 @@ class MujocoPlant:
     def __init__(self, params: Dict[str, Any], source: str = "", interface: Optional[str] = None,
                  perturbation: Union[Perturbation, Dict[str, Any], None] = None,
                  initial_q: Optional[Sequence[float]] = None, initial_v: Optional[Sequence[float]] = None):
-        pre = f"{source}: " if source else ""
         if not isinstance(params, dict):
-            raise ConfigError(f"{pre}parameters must be a mapping, got {type(params).__name__}")
+            raise ConfigError(f"parameters must be a mapping, got {type(params).__name__}", source=source)
         self.source = source
         self.params = params
         self.sim_config = cfg = _config.simulator_config(params, source)
@@ -149,7 +148,7 @@ class MujocoPlant:
         try:
             self.perturbation = Perturbation.from_dict(perturbation)
         except ConfigError as e:
-            raise ConfigError(f"{pre}{e}") from None
+            raise e.at(source) from None
         self.floating_base = pm.floating_base
         self.joint_names: List[str] = list(pm.joint_names)
         self.dt = float(cfg.dt)
@@ -160,8 +159,9 @@ class MujocoPlant:
         names = list(cfg.actuated_joints) or list(pm.joint_names)
         for nm in names:
             if nm not in pm.joint_names:
-                raise ConfigError(f"{pre}'simulator.actuated_joints': '{nm}' is not a joint of '{pm.name}' "
-                                  f"(joints: {', '.join(pm.joint_names) or 'none'})")
+                raise ConfigError(f"{{key}}: '{nm}' is not a joint of '{pm.name}' "
+                                  f"(joints: {', '.join(pm.joint_names) or 'none'})", "simulator.actuated_joints",
+                                  source)
         self.actuated_joints: List[str] = names
         self._act = np.array([pm.joint_names.index(n) for n in names], dtype=int)
         na = len(names)
@@ -171,8 +171,8 @@ class MujocoPlant:
             if arr.size == 1:
                 return np.full(na, float(arr[0]))
             if arr.size != na:
-                raise ConfigError(f"{pre}'simulator.{key}' has {arr.size} entries for {na} actuated joints "
-                                  f"({', '.join(names)})")
+                raise ConfigError(f"has {arr.size} entries for {na} actuated joints ({', '.join(names)})",
+                                  f"simulator.{key}", source)
             return arr
         self.kp, self.kd = gains(cfg.kp, "kp"), gains(cfg.kd, "kd")
         self.effort_limit = pm.effort_limit.numpy()[self._act].astype(np.float64) if na else np.zeros(0)
@@ -186,7 +186,7 @@ class MujocoPlant:
             try:
                 rot = Rotors(cfg.rotors, pm)
             except ConfigError as e:
-                raise ConfigError(f"{pre}simulator.{e}") from None
+                raise e.at(source) from None
             lag = self.perturbation.actuator_lag
             self.flight = FlightController(cfg.rotors, rot.positions.numpy(), pm.inertia[0].numpy(),
                                            pm.com[0].numpy(), motor_time_constant=lag)
@@ -197,9 +197,10 @@ class MujocoPlant:
         interface = cfg.actuator if interface is None else interface
         if interface not in self.interfaces:
             key = "interface" if interface != cfg.actuator else "simulator.actuator"
-            raise ConfigError(f"{pre}'{key}': the plant of '{pm.name}' cannot take '{interface}' commands "
+            raise ConfigError(f"{{key}}: the plant of '{pm.name}' cannot take '{interface}' commands "
                               f"(it accepts: {', '.join(self.interfaces) or 'nothing'}"
-                              f"{'; rotor interfaces need a simulator.rotors section' if interface in ROTOR_INTERFACES else ''})")
+                              f"{'; rotor interfaces need a simulator.rotors section' if interface in ROTOR_INTERFACES else ''})",
+                              key, source)
         self.interface = interface
         self.torque_lag = cfg.actuator_lag if self.perturbation.actuator_lag is None else self.perturbation.actuator_lag
 
@@ -247,11 +248,10 @@ class MujocoPlant:
         # fixed links stay separate bodies so that their frames keep their names.
         text = re.sub(r"</robot>\s*$", '<mujoco><compiler discardvisual="true" fusestatic="false" '
                       'inertiafromgeom="false" angle="radian"/></mujoco></robot>', text.rstrip())
-        pre = f"{self.source}: " if self.source else ""
         try:
             spec = mujoco.MjSpec.from_string(text)
         except Exception as e:  # MuJoCo's parser errors are plain ValueErrors carrying its message
-            raise ConfigError(f"{pre}'urdf': MuJoCo cannot read {self.urdf_path}: {e}") from None
+            raise ConfigError(f"{{key}}: MuJoCo cannot read {self.urdf_path}: {e}", "urdf", self.source) from None
         if self.floating_base:
             spec.body(pm.body_names[0]).add_freejoint()
         if payload and self.perturbation.payload_mass > 0:
@@ -282,7 +282,7 @@ class MujocoPlant:
         try:
             m = spec.compile()
         except Exception as e:
-            raise ConfigError(f"{pre}'urdf': MuJoCo cannot compile {self.urdf_path}: {e}") from None
+            raise ConfigError(f"{{key}}: MuJoCo cannot compile {self.urdf_path}: {e}", "urdf", self.source) from None
         if not cfg.joint_damping:
             m.dof_damping[:] = 0.0
         return m

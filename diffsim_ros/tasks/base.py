@@ -9,12 +9,16 @@ and to the ROS controller.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from ..physics import Model, SimConfig, Simulator, State
+from ..physics import ConfigError, Model, SimConfig, Simulator, State
+from ..physics.schema import convert_value, unknown_key
 
 
 #: rad (or m for prismatic joints): how close to a URDF position limit counts as at the limit.
@@ -37,13 +41,82 @@ class TaskState:
 
 
 class Task:
-    """Base class. Subclasses set ``name``, ``obs_dim``, ``action_dim``, ``horizon``
-    and implement ``reset``, ``observe``, ``command``, ``step_loss`` and ``success``."""
+    """Base class. Subclasses set ``kind`` (the ``type`` of their ``task:`` section), ``name``,
+    ``obs_dim``, ``action_dim``, ``horizon`` and implement ``reset``, ``observe``, ``command``,
+    ``step_loss`` and ``success``.
+
+    A task's parameters are its constructor's keyword arguments after ``model`` and
+    ``sim_config``: :meth:`from_parameters` builds one from a ``task:`` mapping (checked
+    against the constructor's annotations, errors naming the key path) and
+    :meth:`export_parameters` gives the mapping that rebuilds it (what a checkpoint stores)."""
+    kind = ""
     name = "task"
     obs_dim: int
     action_dim: int
     horizon: int                      # control steps per episode
     success_threshold: float = 0.9    # success rate at which training counts as solved
+
+    def __init_subclass__(cls, **kwargs):
+        """Record the arguments each task is built with (the outermost constructor's)."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def recording(self, *args, **kw):
+            if "_parameters" not in self.__dict__:
+                bound = signature.bind(self, *args, **kw)
+                bound.apply_defaults()
+                self._parameters = {k: v for k, v in bound.arguments.items()
+                                    if k not in ("self", "model", "sim_config")}
+            init(self, *args, **kw)
+        cls.__init__ = recording
+
+    @classmethod
+    def parameter_names(cls) -> List[str]:
+        """The task's parameters (its constructor's keyword arguments after model and sim_config)."""
+        params = inspect.signature(inspect.unwrap(cls.__init__)).parameters
+        return [p for p in params if p not in ("self", "model", "sim_config")]
+
+    @classmethod
+    def from_parameters(cls, model: Model, sim_config: SimConfig, spec: Mapping[str, Any],
+                        where: str = "task") -> "Task":
+        """The task of the mapping ``spec`` (its ``type`` key, if present, is ignored here). Unknown
+        keys, values of the wrong type and values the task refuses are a ConfigError naming the
+        key path under ``where``."""
+        init = inspect.unwrap(cls.__init__)
+        hints = typing.get_type_hints(init)
+        allowed = cls.parameter_names()
+        kw = {}
+        for k, v in spec.items():
+            if k == "type":
+                continue
+            if k not in allowed:
+                raise unknown_key(k, allowed, where).under(where)
+            try:
+                kw[k] = convert_value(hints.get(k, Any), v, str(k))
+            except ConfigError as e:
+                raise e.under(where) from None
+        try:
+            return cls(model, sim_config, **kw)
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise e.under(where) from None
+            raise ConfigError(f"{{key}}: {e}", "").under(where) from None
+
+    def export_parameters(self) -> Dict[str, Any]:
+        """``{type: kind, parameter: value, ...}``: the ``task:`` mapping that rebuilds this task
+        with :meth:`from_parameters` (plain Python values: lists, numbers, strings)."""
+        out: Dict[str, Any] = {"type": self.kind}
+        for k, v in getattr(self, "_parameters", {}).items():
+            if isinstance(v, torch.Tensor):
+                v = v.tolist()
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[k] = v
+        return out
 
     def __init__(self, model: Model, sim_config: SimConfig):
         self.model = model

@@ -30,6 +30,11 @@ from .base import Task, TaskState, uniform
 
 
 class LocomotionTask(Task):
+    """A legged robot on the position interface: move forward from the ``stance`` pose (joint
+    targets about it, ``action_scale`` rad per unit action), or track a commanded forward speed
+    drawn per episode from ``command_speed``; see the module doc for the success metric."""
+    kind = "locomotion"
+
     name = "locomotion"
 
     def __init__(self, model: Model, sim_config: SimConfig, stance: Sequence[float], base_height: float,

@@ -26,6 +26,11 @@ MODES = ("hover", "waypoint", "velocity")
 
 
 class QuadrotorTask(Task):
+    """A multirotor on the CTBR interface: hover at a point, fly to a waypoint or track a commanded
+    velocity (``mode``); success: within ``success_distance`` m (or of the commanded velocity) and
+    ``success_speed`` after ``settle_time`` s."""
+    kind = "quadrotor"
+
     def __init__(self, model: Model, sim_config: SimConfig, mode: str = "hover", horizon: int = 150,
                  settle_time: float = 2.0, start_radius: float = 0.5, start_speed: float = 0.3,
                  waypoint_radius: float = 1.0, max_speed_command: float = 1.5, max_rate: float = 3.0,

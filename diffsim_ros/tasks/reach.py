@@ -29,6 +29,10 @@ from .base import Task, TaskState, actuated_limits, has_velocity_limit, uniform
 
 
 class ReachTask(Task):
+    """Reach: move a link (``ee_link``) of a fixed-base arm to a goal point drawn per episode and
+    stop there; success: within ``success_distance`` m and ``success_speed`` m/s at the end."""
+    kind = "reach"
+
     name = "reach"
 
     def __init__(self, model: Model, sim_config: SimConfig, ee_link: str, horizon: int = 100,

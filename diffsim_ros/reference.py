@@ -1,0 +1,92 @@
+"""doc/parameters.md, generated: every configuration section's keys from the schema
+(physics/schema.py), the tasks' parameters, and every node's ROS parameters from the tables the
+nodes declare them from, so the reference and ``ros2 param describe`` say the same.
+
+    python -m diffsim_ros.reference > doc/parameters.md
+"""
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Any, Iterable, List, Tuple
+
+from .config import TRAINING_FILE_KEYS
+
+NODES = ("policy_controller", "mujoco_plant", "train_node", "trajectory_recorder", "replay")
+
+def _sections():
+    """Every configuration section, by key path (importing the modules that declare them)."""
+    from .control import excitation  # noqa: F401  (registers its section)
+    from .learning import apg, ppo  # noqa: F401
+    from .physics import schema
+    from .plant import perturbation  # noqa: F401
+
+    return schema.sections()
+
+
+def parameter_reference() -> str:
+    """doc/parameters.md: every section's keys with type, unit, allowed values, default and
+    documentation, from the schema (``python -m diffsim_ros.reference > doc/parameters.md``
+    regenerates it; test_package checks that it is current), and the tasks' parameters."""
+    from .physics import schema
+    from .tasks import TASKS
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    out = ["# Configuration keys", "",
+           "Generated from the schema (`diffsim_ros/physics/schema.py`) by "
+           "`python -m diffsim_ros.reference > doc/parameters.md`; do not edit by hand.", "",
+           "A training file (`config/<task>.yaml`, under `/**: ros__parameters:`) has the top-level keys "
+           + ", ".join(f"`{k}`" for k in TRAINING_FILE_KEYS) + ". The same keys are ROS parameters of the "
+           "nodes that read them (`ros2 param describe` shows these descriptions); a wrong key or value is an "
+           "error naming its key path, with the nearest known names.", ""]
+    order = ["simulator", "training", "ppo", "perturbation", "excitation"]
+    found = _sections()
+    for name in order + sorted(set(found) - set(order)):
+        cls = found.get(name)
+        if cls is None or "." in name:        # nested sections are listed inside their parent's table
+            continue
+        out += [f"## `{name}`", "", " ".join((cls.__doc__ or "").split("Fields (schema):")[0].split()), "",
+                "| key | type | unit | allowed | default | meaning |", "|---|---|---|---|---|---|"]
+        for e in schema.entries(cls, name):
+            out.append(f"| `{e.name}` | {cell(schema.type_name(e.type))} | {cell(e.unit)} | {cell(e.constraints)} "
+                       f"| `{cell(schema.show(e.default))}` | {cell(e.doc)} |")
+        out.append("")
+    for kind, cls in TASKS.items():
+        init = inspect.unwrap(cls.__init__)
+        hints = typing.get_type_hints(init)
+        params = inspect.signature(init).parameters
+        out += [f"## `task` with `type: {kind}`", "", " ".join((cls.__doc__ or "").split()), "",
+                "| key | type | default |", "|---|---|---|"]
+        for p in cls.parameter_names():
+            default = params[p].default
+            shown = "required" if default is inspect.Parameter.empty else f"`{schema.show(default)}`"
+            out.append(f"| `task.{p}` | {cell(schema.type_name(hints.get(p, typing.Any)))} | {shown} |")
+        out.append("")
+    out += ["# Node parameters", "",
+            "Each node's ROS parameters as it declares them (`ros2 param describe <node> <name>` gives the same "
+            "text); `config_parameters` nodes also take the keys above, under their section names.", ""]
+    for node in NODES:
+        out += [f"## `{node}`", "", "| parameter | default | meaning |", "|---|---|---|"]
+        for name, default, text in node_parameters(node):
+            out.append(f"| `{name}` | `{cell(schema.show(_as_tuple(default)))}` | {cell(' '.join(text.split()))} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _as_tuple(val: Any) -> Any:
+    return tuple(_as_tuple(v) for v in val) if isinstance(val, list) else val
+
+
+def node_parameters(node: str) -> List[Tuple[str, Any, str]]:
+    """``(name, default, description)`` of the parameters the node ``node`` declares at start."""
+    import importlib
+
+    table = importlib.import_module(f"diffsim_ros.nodes.{node}").PARAMETERS
+    rows: Iterable = ((k, v[0], v[1]) for k, v in table.items()) if isinstance(table, dict) else table
+    return [(str(n), d, str(t)) for n, d, t in rows]
+
+
+if __name__ == "__main__":
+    print(parameter_reference(), end="")
