@@ -426,7 +426,7 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     import torch
 
     from . import physics
-    from .cli.demo import _tip_position
+    from .dynamics_demo import tip_position
 
     if model.floating_base:
         raise InitError("reach: the arm must have a fixed base")
@@ -436,7 +436,7 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     poses = physics.forward_kinematics(model, model.neutral_configuration()[None])[0]
     act_bodies = set(model.full_joint_names.index(n) for n in actuated)   # fixed base: body = full joint index
     if ee_link is None:
-        tip, _ = _tip_position(model, poses)
+        tip, _ = tip_position(model, poses)
         body = model.link_body[model.link_names.index(tip)]
         if body in act_bodies:
             ee_link, why = tip, "the tip of the longest kinematic chain"

@@ -199,12 +199,12 @@ def test_demo_reports_the_tip_of_the_longest_chain_where_pinocchio_puts_it(robot
 
     from conftest import REPO_ROOT
     from diffsim_ros import physics
-    from diffsim_ros.cli.demo import _tip_position
+    from diffsim_ros.dynamics_demo import tip_position
 
     path = str(REPO_ROOT / "urdf" / "diffsim_arm.urdf") if robot == "diffsim_arm" else str(robots_dir / robot)
     model = physics.load_urdf(path, dtype=torch.float64)
     q = torch.rand(model.nq, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) - 0.5
-    name, p = _tip_position(model, physics.forward_kinematics(model, q[None])[0])
+    name, p = tip_position(model, physics.forward_kinematics(model, q[None])[0])
     assert name == {"diffsim_arm": "ee_link", "panda_description/urdf/panda.urdf": "panda_rightfinger",
                     "ur_description/urdf/ur5_robot.urdf": "tool0"}[robot]
     pm = pin.buildModelFromUrdf(path)          # without its mimic option: every joint set from q_full
