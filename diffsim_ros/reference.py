@@ -2,7 +2,10 @@
 (physics/schema.py), the tasks' parameters, and every node's ROS parameters from the tables the
 nodes declare them from, so the reference and ``ros2 param describe`` say the same.
 
-    python -m diffsim_ros.reference > doc/parameters.md
+    python -m diffsim_ros.reference --update     # doc/parameters.md and launch/README.md's tables
+
+The launch files' argument tables in launch/README.md come from their ``ARGUMENTS`` lists the
+same way (``ros2 launch ... --show-args`` prints the same text).
 """
 from __future__ import annotations
 
@@ -31,9 +34,7 @@ def parameter_reference() -> str:
     from .physics import schema
     from .tasks import TASKS
 
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
+    cell = _cell
     out = ["# Configuration keys", "",
            "Generated from the schema (`diffsim_ros/physics/schema.py`) by "
            "`python -m diffsim_ros.reference > doc/parameters.md`; do not edit by hand.", "",
@@ -75,6 +76,45 @@ def parameter_reference() -> str:
     return "\n".join(out)
 
 
+def launch_arguments(path) -> List[Tuple[str, str, str]]:
+    """``(name, default, description)`` of a launch file's ``ARGUMENTS`` table, read without
+    importing launch (the file's literal list)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(path).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "ARGUMENTS" for t in node.targets):
+            return [tuple(row) for row in ast.literal_eval(node.value)]
+    raise ValueError(f"{path}: no ARGUMENTS table")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def launch_table(path) -> str:
+    """The markdown table of a launch file's arguments (launch/README.md holds one per file)."""
+    rows = ["| argument | default | meaning |", "|---|---|---|"]
+    for name, default, text in launch_arguments(path):
+        rows.append(f"| `{name}` | `{default or chr(34) * 2}` | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+def update_launch_readme(readme) -> str:
+    """The text of launch/README.md with each ``<!-- arguments: FILE -->`` ... ``<!-- end -->``
+    block replaced by FILE's argument table (FILE beside the README)."""
+    import re
+    from pathlib import Path
+
+    readme = Path(readme)
+    text = readme.read_text()
+
+    def table(m):
+        return f"{m.group(1)}\n{launch_table(readme.parent / m.group(2))}\n{m.group(3)}"
+    return re.sub(r"(<!-- arguments: (\S+) -->)\n(?:(?!<!-- ).*\n)*?(<!-- end -->)", table, text)
+
+
 def _as_tuple(val: Any) -> Any:
     return tuple(_as_tuple(v) for v in val) if isinstance(val, list) else val
 
@@ -89,4 +129,13 @@ def node_parameters(node: str) -> List[Tuple[str, Any, str]]:
 
 
 if __name__ == "__main__":
-    print(parameter_reference(), end="")
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:] == ["--update"]:
+        # Rewrite doc/parameters.md and launch/README.md's argument tables in this source tree.
+        root = Path(__file__).resolve().parent.parent
+        (root / "doc" / "parameters.md").write_text(parameter_reference())
+        (root / "launch" / "README.md").write_text(update_launch_readme(root / "launch" / "README.md"))
+    else:
+        print(parameter_reference(), end="")

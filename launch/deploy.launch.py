@@ -55,9 +55,15 @@ ROBOTS = {
 }
 TARGETS = ("mujoco", "gazebo", "hardware")
 ARGUMENTS = [
-    ("target", "mujoco", "where the robot is: mujoco | gazebo | hardware"),
-    ("robot", "auto", "quadrotor (shipped hover policy), arm (shipped reach policy), or auto: the robot of "
-                      "checkpoint:= (arm, quadrotor or legged), else quadrotor"),
+    ("target", "mujoco", "where the robot is. mujoco: mujoco_plant plays the robot; gazebo: robot_state_publisher, "
+                         "ros_gz_sim (gz sim, spawns the URDF from robot_description), a /clock bridge and, for "
+                         "arms, gz_ros2_control controllers from config/controller_arm_gazebo.yaml; hardware: only "
+                         "the controller and the recorder (the robot's drivers publish the states and take the "
+                         "commands)"),
+    ("robot", "auto", "quadrotor (config/hover.yaml, policies/hover), arm (config/reach_arm.yaml, "
+                      "policies/reach_arm), or auto: the robot of checkpoint:= (arm, quadrotor or legged, from its "
+                      "policy.json; a checkpoint for another robot than a named robot is refused), else the "
+                      "quadrotor"),
     ("config", "", "robot/training config file (default: the checkpoint's own training configuration; "
                    "config/hover.yaml or config/reach_arm.yaml for the shipped policies)"),
     ("checkpoint", "", "policy checkpoint folder (default: policies/hover or policies/reach_arm)"),
@@ -72,7 +78,8 @@ ARGUMENTS = [
     ("bag", "bags/deploy", "output folder of the bag"),
     ("controller_params", "", "extra parameter file for policy_controller (e.g. config/controller_*.yaml)"),
     ("plant_params", "", "extra parameter file for mujoco_plant (e.g. perturbation.mass_scale, initial_positions)"),
-    ("shutdown_on_exit", "true", "end the whole deployment when any node exits"),
+    ("shutdown_on_exit", "true", "end the whole deployment when any node exits (the others get SIGINT; the bag is "
+                                 "closed)"),
 ]
 
 

@@ -208,3 +208,16 @@ def test_task_parameters_export_and_rebuild(kind):
         make_task(model, task.sim_config, {**exported, "horizon": "long"})
     with pytest.raises(ConfigError, match=r"unknown key 'task\.horizn'; did you mean 'horizon'\?"):
         make_task(model, task.sim_config, {**exported, "horizn": 10})
+
+
+@pytest.mark.parametrize("launch_file", ["train.launch.py", "deploy.launch.py"])
+def test_the_launch_argument_tables_are_current(launch_file):
+    """launch/README.md's argument tables are the launch files' ARGUMENTS (what
+    `ros2 launch --show-args` prints); regenerate with `python -m diffsim_ros.reference --update`."""
+    readme = REPO / "launch" / "README.md"
+    have = readme.read_text()
+    assert f"<!-- arguments: {launch_file} -->" in have
+    assert have == reference.update_launch_readme(readme), "launch/README.md is stale: run " \
+        "`python -m diffsim_ros.reference --update`"
+    for name, default, _ in reference.launch_arguments(REPO / "launch" / launch_file):
+        assert f"| `{name}` | `{default or chr(34) * 2}` |" in have
