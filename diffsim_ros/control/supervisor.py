@@ -42,101 +42,85 @@ supervisor returns is finite and within the limits of the robot the checkpoint w
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from ..physics.schema import ConfigError, from_mapping, normalise, option, section
 
 __all__ = ["Supervisor", "SupervisorConfig", "JointStateIn", "OdometryIn", "ImuIn", "Verdict", "Tick",
            "SupervisorConfigError"]
 
 
-class SupervisorConfigError(ValueError):
+class SupervisorConfigError(ConfigError):
     """A supervisor setting out of its range (the message names the setting)."""
 
 
+@section("supervisor")
 @dataclass(frozen=True)
 class SupervisorConfig:
-    """The supervisor's rules (units SI; see the module doc)."""
-    #: s, watchdog: a state older than this (receive time, steady clock) latches the safe command
-    state_timeout_s: float = 0.1
-    #: consecutive new accepted states after a fault before the policy resumes
-    recover_states: int = 10
-    #: rad or m, how far beyond its URDF limits a joint position may be measured
-    position_margin: float = 0.1
-    #: measured joint speed bound, as a multiple of the URDF velocity limit. A plausibility bound
-    #: against broken sensors, not the robot's velocity limit: the shipped reach policies, trained
-    #: without simulator.velocity_limits, reach 3.8x (panda) and 7.4x (diffsim_arm) of them on the
-    #: stand-in
-    velocity_limit_factor: float = 10.0
-    #: rad/s or m/s, joint speed bound where the URDF gives no velocity limit
-    default_velocity_limit: float = 20.0
-    #: m, lower corner of the box the base position must be inside (floating base)
-    workspace_min: Tuple[float, float, float] = (-100.0, -100.0, -5.0)
-    #: m, upper corner of that box
-    workspace_max: Tuple[float, float, float] = (100.0, 100.0, 200.0)
-    #: m/s, bound of the measured base linear speed
-    max_linear_speed: float = 30.0
-    #: rad/s, bound of the measured base angular speed (odometry and IMU)
-    max_angular_speed: float = 35.0
-    #: accepted | |q| - 1 | of the measured orientation quaternion
-    quaternion_tolerance: float = 0.01
-    #: required odometry header.frame_id (empty: any non-empty frame)
-    frame_id: str = "world"
-    #: required odometry child_frame_id (empty: any non-empty frame)
-    child_frame_id: str = "base_link"
-    #: s, largest accepted |header stamp - node clock| (0: stamps are not compared with the clock)
-    max_stamp_skew_s: float = 0.5
-    #: s, legged robots: joint state and odometry stamps this close make one state (0: equal stamps)
-    pair_tolerance_s: float = 0.02
-    #: arms: hold, zero or auto (hold for a position interface, zero otherwise)
-    safe_mode: str = "auto"
-    #: N, quadrotors: collective thrust of the safe command (0: motors off)
-    safe_thrust: float = 0.0
-    #: position interfaces: each policy command moves each joint at most its URDF velocity limit x
-    #: one control step from the previous command sent (from the measured position at the start
-    #: and after a safe command), as ros2_control's joint limiters do; joints without a limit free
-    position_rate_limit: bool = False
+    """The supervisor's rules (policy_controller's parameters of these names; units SI; see the
+    module doc)."""
+    config_error = SupervisorConfigError
+    state_timeout_s: float = option(0.1, "watchdog: a state older than this (receive time, steady clock) latches "
+                                    "the safe command", "s", above=0)
+    recover_states: int = option(10, """after a fault (rejected state, stale state, exception in the control path)
+        the safe command is held until this many consecutive new accepted states, or a ~/reset call""", low=1)
+    position_margin: float = option(0.1, "a measured joint position further than this outside its URDF limits is "
+                                    "rejected", "rad or m", low=0)
+    velocity_limit_factor: float = option(10.0, """a measured joint speed above this multiple of its URDF velocity
+        limit is rejected. A plausibility bound against broken sensors, not the robot's velocity limit: the
+        shipped reach policies, trained without simulator.velocity_limits, reach 3.8x (panda) and 7.4x
+        (diffsim_arm) of them on the stand-in""", above=0)
+    default_velocity_limit: float = option(20.0, "joint speed bound where the URDF gives no velocity limit",
+                                           "rad/s or m/s", above=0)
+    workspace_min: Tuple[float, float, float] = option((-100.0, -100.0, -5.0), "[x, y, z] lower corner of the box "
+                                                       "a measured base position must lie in (floating base)", "m")
+    workspace_max: Tuple[float, float, float] = option((100.0, 100.0, 200.0), "[x, y, z] upper corner of that box",
+                                                       "m")
+    max_linear_speed: float = option(30.0, "bound of the measured base linear speed", "m/s", above=0)
+    max_angular_speed: float = option(35.0, "bound of the measured base angular speed (odometry, IMU)", "rad/s",
+                                      above=0)
+    quaternion_tolerance: float = option(0.01, "largest accepted | |q| - 1 | of a measured orientation", above=0)
+    frame_id: str = option("world", """world frame: the required header.frame_id of /odom and the frame of the
+        predicted odometry (empty: accept any non-empty frame)""")
+    child_frame_id: str = option("base_link", """body frame: the required child_frame_id of /odom and of the
+        predicted odometry (empty: accept any non-empty frame)""")
+    max_stamp_skew_s: float = option(0.5, """a state whose header stamp is further than this from the node's
+        clock is rejected (0: not compared; stamps must never go backwards either way). Against a simulator's time
+        set use_sim_time""", "s", low=0)
+    pair_tolerance_s: float = option(0.02, """legged robots: a joint state and an odometry message whose stamps are
+        this close make one state (lockstep: equal stamps)""", "s", low=0)
+    safe_mode: str = option("auto", """arms: hold (last accepted measured position), zero (zero effort/velocity) or
+        auto (hold for position and joint_trajectory, zero for effort and velocity)""",
+                            choices=("auto", "hold", "zero"))
+    safe_thrust: float = option(0.0, "quadrotors: collective thrust of the safe command (body rates zero); 0: "
+                                "motors off", "N", low=0)
+    position_rate_limit: bool = option(False, """position interfaces: each command moves each joint at most its
+        URDF velocity limit x one control step from the previous command (from the measured position at the start
+        and after a safe command), as ros2_control's joint limiters do; joints without a limit are free""")
 
     def __post_init__(self):
-        pos = ("state_timeout_s", "velocity_limit_factor", "default_velocity_limit", "max_linear_speed",
-               "max_angular_speed", "quaternion_tolerance")
-        for name in pos:
-            val = getattr(self, name)
-            if not (isinstance(val, (int, float)) and math.isfinite(val) and val > 0):
-                raise SupervisorConfigError(f"'{name}' must be a finite number > 0, got {val!r}")
-        for name in ("position_margin", "max_stamp_skew_s", "safe_thrust", "pair_tolerance_s"):
-            val = getattr(self, name)
-            if not (isinstance(val, (int, float)) and math.isfinite(val) and val >= 0):
-                raise SupervisorConfigError(f"'{name}' must be a finite number >= 0, got {val!r}")
-        if not (isinstance(self.recover_states, int) and self.recover_states >= 1):
-            raise SupervisorConfigError(f"'recover_states' must be an integer >= 1, got {self.recover_states!r}")
-        lo, hi = np.asarray(self.workspace_min, float), np.asarray(self.workspace_max, float)
-        if lo.shape != (3,) or hi.shape != (3,) or not (np.isfinite(lo).all() and np.isfinite(hi).all()) \
-                or not (lo < hi).all():
-            raise SupervisorConfigError(f"'workspace_min' {list(self.workspace_min)} and 'workspace_max' "
-                                        f"{list(self.workspace_max)} must be 3 finite numbers each, min < max")
-        if not isinstance(self.position_rate_limit, bool):
-            raise SupervisorConfigError(f"'position_rate_limit' must be true or false, got {self.position_rate_limit!r}")
-        if self.safe_mode not in ("auto", "hold", "zero"):
-            raise SupervisorConfigError(f"'safe_mode' must be auto, hold or zero, got {self.safe_mode!r}")
+        try:
+            normalise(self)
+            self.check()
+        except SupervisorConfigError:
+            raise
+        except ConfigError as e:
+            raise SupervisorConfigError(e.message, e.key, e.source) from None
+
+    def check(self) -> None:
+        if not all(lo < hi for lo, hi in zip(self.workspace_min, self.workspace_max)):
+            raise SupervisorConfigError(f"{{key}} {list(self.workspace_min)} and 'workspace_max' "
+                                        f"{list(self.workspace_max)} must have min < max on every axis",
+                                        "workspace_min")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "SupervisorConfig":
-        """From a mapping of setting names (e.g. the node's parameters); unknown names are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise SupervisorConfigError(f"unknown supervisor setting(s) {', '.join(unknown)} "
-                                        f"(known: {', '.join(sorted(known))})")
-        kw = dict(values)
-        for k in ("workspace_min", "workspace_max"):
-            if k in kw:
-                kw[k] = tuple(float(x) for x in kw[k])
-        if "recover_states" in kw and isinstance(kw["recover_states"], float) and kw["recover_states"].is_integer():
-            kw["recover_states"] = int(kw["recover_states"])
-        return cls(**kw)
+        """From a mapping of setting names (e.g. the node's parameters); unknown names, wrong
+        types and values out of range are a SupervisorConfigError naming the setting."""
+        return from_mapping(cls, dict(values), "")
 
 
 # ---------------------------------------------------------------------- inputs (plain records)

@@ -57,6 +57,7 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..control.supervisor import SupervisorConfig
+from ..physics.schema import ros_parameters
 from .common import StartupError as _CommonStartupError
 from .common import resolve_path
 
@@ -124,44 +125,9 @@ PARAMETERS: Dict[str, Any] = {
     "diagnostics_period_s": (1.0, "s, diagnostics period"),
     "stats_file": ("", "write the node's counters as JSON here at shutdown (empty: no file)"),
 }
-_SUP = SupervisorConfig()
-#: The supervisor's settings (control/supervisor.py), read into SupervisorConfig; defaults from it.
-SUPERVISOR_PARAMETERS: Dict[str, Any] = {
-    "state_timeout_s": (_SUP.state_timeout_s, "s, watchdog: a state older than this (receive time, steady clock) "
-                                              "latches the safe command"),
-    "recover_states": (_SUP.recover_states, "after a fault (rejected state, stale state, exception in the control "
-                                            "path) the safe command is held until this many consecutive new "
-                                            "accepted states, or a ~/reset call"),
-    "position_margin": (_SUP.position_margin, "rad or m: a measured joint position further than this outside its "
-                                              "URDF limits is rejected"),
-    "velocity_limit_factor": (_SUP.velocity_limit_factor, "a measured joint speed above this multiple of its URDF "
-                                                          "velocity limit is rejected"),
-    "default_velocity_limit": (_SUP.default_velocity_limit, "rad/s or m/s, joint speed bound where the URDF gives "
-                                                            "no velocity limit"),
-    "workspace_min": (list(_SUP.workspace_min), "m, [x, y, z] lower corner of the box a measured base position "
-                                                "must lie in (floating base)"),
-    "workspace_max": (list(_SUP.workspace_max), "m, [x, y, z] upper corner of that box"),
-    "max_linear_speed": (_SUP.max_linear_speed, "m/s, bound of the measured base linear speed"),
-    "max_angular_speed": (_SUP.max_angular_speed, "rad/s, bound of the measured base angular speed (odometry, IMU)"),
-    "quaternion_tolerance": (_SUP.quaternion_tolerance, "largest accepted | |q| - 1 | of a measured orientation"),
-    "frame_id": (_SUP.frame_id, "world frame: the required header.frame_id of /odom and the frame of the "
-                                "predicted odometry (empty: accept any non-empty frame)"),
-    "child_frame_id": (_SUP.child_frame_id, "body frame: the required child_frame_id of /odom and of the predicted "
-                                            "odometry (empty: accept any non-empty frame)"),
-    "max_stamp_skew_s": (_SUP.max_stamp_skew_s, "s, a state whose header stamp is further than this from the node's "
-                                                "clock is rejected (0: not compared; stamps must never go backwards "
-                                                "either way). Against a simulator's time set use_sim_time"),
-    "pair_tolerance_s": (_SUP.pair_tolerance_s, "s, legged robots: a joint state and an odometry message whose "
-                                                "stamps are this close make one state (lockstep: equal stamps)"),
-    "safe_mode": (_SUP.safe_mode, "arms: hold (last accepted measured position), zero (zero effort/velocity) or "
-                                  "auto (hold for position and joint_trajectory, zero for effort and velocity)"),
-    "safe_thrust": (_SUP.safe_thrust, "N, quadrotors: collective thrust of the safe command (body rates zero); "
-                                      "0: motors off"),
-    "position_rate_limit": (_SUP.position_rate_limit, "position interfaces: each command moves each joint at most "
-                                                      "its URDF velocity limit x one control step from the previous "
-                                                      "command (from the measured position at the start and after a "
-                                                      "safe command), as ros2_control's joint limiters do"),
-}
+#: The supervisor's settings (control/supervisor.py's SupervisorConfig: defaults, documentation, ranges).
+SUPERVISOR_PARAMETERS: Dict[str, Any] = {name: (default, text)
+                                         for name, default, text in ros_parameters(SupervisorConfig, "")}
 PARAMETERS.update(SUPERVISOR_PARAMETERS)
 
 
@@ -169,7 +135,6 @@ def _excitation_parameters() -> Dict[str, Any]:
     """``excitation.*``: the fields of control.excitation.ExcitationConfig with their defaults and
     documentation (mode excite)."""
     from ..control.excitation import ExcitationConfig
-    from ..physics.schema import ros_parameters
 
     return {name: (default, text) for name, default, text in ros_parameters(ExcitationConfig, "excitation")}
 
