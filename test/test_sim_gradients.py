@@ -22,6 +22,8 @@ import torch
 from diffsim_ros import config, physics
 from diffsim_ros.physics import SimConfig, SimulationError, Simulator
 
+from builders import ball_urdf
+
 REPO = Path(__file__).resolve().parent.parent
 F64 = torch.float64
 H = 1e-6
@@ -29,13 +31,6 @@ RTOL = 1e-4
 
 BALL_RADIUS = 0.05
 BALL_MASS = 0.5
-
-
-def ball_urdf(mass: float = BALL_MASS, radius: float = BALL_RADIUS) -> str:
-    i = 0.4 * mass * radius ** 2
-    return f"""<robot name="ball"><link name="ball">
-      <inertial><mass value="{mass}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" ixy="0" ixz="0" iyz="0"/></inertial>
-      <collision><geometry><sphere radius="{radius}"/></geometry></collision></link></robot>"""
 
 
 def fd_batch(p0: torch.Tensor, h: float = H) -> torch.Tensor:
@@ -86,7 +81,7 @@ def throw_ball(sim: Simulator, v0xz: torch.Tensor, steps: int, height: float = 0
 def test_ball_landing_x_gradient_through_contact():
     """x of a ball 0.25 s after being thrown at the ground from 0.12 m (it hits, bounces
     and slips under friction) w.r.t. its initial (vx, vz)."""
-    model = physics.load_urdf(ball_urdf(), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=1e-3, friction=0.5))
     p0 = torch.tensor([1.0, -1.0], dtype=F64, requires_grad=True)
     s, lowest = throw_ball(sim, fd_batch(p0), steps=250, height=0.12)
@@ -102,7 +97,7 @@ def test_ball_first_touch_x_gradient():
     """x where the ball first touches the ground, interpolated to gap = 0 in the step that
     crosses it (a smooth function of the initial velocity), against finite differences
     and against the ballistic closed form."""
-    model = physics.load_urdf(ball_urdf(), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=1e-3, ground=False))   # free flight up to the touch
     p0 = torch.tensor([0.8, -0.5], dtype=F64, requires_grad=True)
     v0 = fd_batch(p0)
@@ -270,7 +265,7 @@ def test_gradient_wrt_ball_mass_through_contact():
     """Height of a dropped ball after its bounce w.r.t. its mass (inertia scaled with it):
     the penalty contact makes the bounce depend on the mass."""
     cfg = SimConfig(dt=1e-3, friction=0.5)
-    base = physics.load_urdf(ball_urdf(), floating_base=True, dtype=F64)
+    base = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
 
     def final_height(mass):
         model = base.replace(mass=mass.reshape(1), inertia=base.inertia * (mass / BALL_MASS))
@@ -367,7 +362,7 @@ def test_rollout_gradients_rk4_substeps_floating_base_contact():
     renormalised after each substep): its final pose and twist, projected on a random
     direction, w.r.t. the initial twist."""
     torch.manual_seed(3)
-    model = physics.load_urdf(ball_urdf(), floating_base=True, dtype=F64)
+    model = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=2e-3, integrator="rk4", substeps=2, friction=0.5))
     v0 = torch.tensor([1.0, 0.3, -1.0, 4.0, -3.0, 2.0], dtype=F64, requires_grad=True)
     v = fd_batch(v0)
