@@ -36,7 +36,8 @@ pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package '
 
 from diffsim_ros import config, physics  # noqa: E402
 from diffsim_ros.testing.recordings import standard_params  # noqa: E402
-from diffsim_ros.physics.stages.passive import passive, tanh_ratio  # noqa: E402
+from diffsim_ros.physics.laws import tanh_ratio  # noqa: E402
+from diffsim_ros.physics.stages.passive import passive  # noqa: E402
 from diffsim_ros.plant import MujocoPlant  # noqa: E402
 
 F64 = torch.float64
@@ -164,7 +165,7 @@ def test_the_tangent_slope_would_turn_a_light_joint_back():
     f, eps, inertia, h, v = 0.02, 0.01, 2.9e-3, 0.01, 0.05
     th = math.tanh(v / eps)
     tangent = v - h * f * th / (inertia + h * f / eps * (1 - th * th))
-    secant = v - h * f * th / (inertia + h * f / eps * float(tanh_ratio(torch.tensor(v / eps))))
+    secant = v - h * f * th / (inertia + h * f / eps * float(tanh_ratio(np, v / eps)))
     assert tangent < 0 < secant < v, (tangent, secant)
 
 

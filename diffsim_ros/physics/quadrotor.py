@@ -18,6 +18,7 @@ from typing import Tuple
 
 import torch
 
+from . import laws
 from .schema import ConfigError, normalise, option, section
 from .spatial import fast_cross as cross
 
@@ -111,8 +112,7 @@ class Rotors:
         self.directions = torch.tensor(cfg.directions, dtype=dt, device=dev)
         kf, km = cfg.thrust_coefficient, cfg.torque_coefficient
         # Allocation: [F_z; M_x; M_y; M_z] = A @ thrusts (thrust along body z at each hub).
-        x, y = self.positions[:, 0], self.positions[:, 1]
-        self.allocation = torch.stack((torch.ones_like(x), y, -x, self.directions * (km / kf)))
+        self.allocation = laws.allocation(torch, self.positions, self.directions, kf, km)
         self.allocation_pinv = torch.linalg.pinv(self.allocation)
         self.drag_linear = torch.tensor(cfg.drag_linear, dtype=dt, device=dev)
         self.drag_quadratic = torch.tensor(cfg.drag_quadratic, dtype=dt, device=dev)
@@ -144,22 +144,15 @@ class Rotors:
     # ---------------------------------------------------------------- motors
     def speed_for_thrust(self, thrust: torch.Tensor) -> torch.Tensor:
         """Rotor speed (rad/s) that gives ``thrust`` (N), smooth at zero."""
-        return torch.sqrt(thrust / self.cfg.thrust_coefficient + 1e-6)
+        return laws.speed_for_thrust(torch, thrust, self.cfg.thrust_coefficient)
 
     def clamp_thrust(self, thrust: torch.Tensor) -> torch.Tensor:
-        """Smoothly clamp per-rotor thrust to [0, max_thrust].
-
-        Softplus corners 0.01 % of the range wide: gradients survive near the
-        bounds, and a zero command leaves a residual thrust of only
-        ln(2) 1e-4 max_thrust."""
-        hi = self.cfg.max_thrust
-        beta = 1.0e4 / hi
-        sp = torch.nn.functional.softplus
-        return sp(thrust, beta) - sp(thrust - hi, beta)
+        """Smoothly clamp per-rotor thrust to [0, max_thrust] (physics/laws.py, clamp_thrust)."""
+        return laws.clamp_thrust(torch, thrust, self.cfg.max_thrust)
 
     def wrench(self, speed: torch.Tensor) -> torch.Tensor:
         """Body-frame wrench [F; M] (..., 6) about the body origin from rotor speeds (..., n)."""
-        thrust = (self.thrust_scale * self.cfg.thrust_coefficient) * speed ** 2
+        thrust = laws.rotor_thrusts(torch, speed, self.cfg.thrust_coefficient, self.thrust_scale)
         fm = thrust @ self._arms                                   # (..., 4): F_z, M_x, M_y, M_z
         z = torch.zeros_like(fm[..., 0:2])
         return torch.cat((z, fm), -1)
@@ -168,14 +161,8 @@ class Rotors:
     def ctbr_thrusts(self, command: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
         """Per-rotor thrusts for a CTBR command (..., 4) = [collective thrust N, p, q, r rad/s]
         given the body rates ``omega`` (..., 3): a proportional rate loop with feedforward
-        of the gyroscopic term, mixed through the allocation pseudo-inverse."""
-        rate_err = command[..., 1:4] - omega
-        alpha = self.rate_gain * rate_err
-        J = self.inertia
-        Jw = omega @ J.T
-        torque = alpha @ J.T + cross(omega, Jw)
-        wrench = torch.cat((command[..., 0:1], torque), -1)
-        return wrench @ self.allocation_pinv.T
+        of the gyroscopic term, mixed through the allocation pseudo-inverse (physics/laws.py)."""
+        return laws.ctbr_thrusts(torch, command, omega, self.rate_gain, self.inertia, self.allocation_pinv)
 
     # ---------------------------------------------------------------- drag
     def drag(self, v_body: torch.Tensor) -> torch.Tensor:
@@ -186,6 +173,6 @@ class Rotors:
         """
         v_lin, w = v_body[..., 0:3], v_body[..., 3:6]
         v_com = v_lin + cross(w, self.com.expand_as(w))
-        F = -(self.drag_linear * v_com + self.drag_quadratic * v_com.abs() * v_com)
+        F = laws.drag_force(torch, v_com, self.drag_linear, self.drag_quadratic)
         M = cross(self.com.expand_as(F), F)
         return torch.cat((F, M), -1)

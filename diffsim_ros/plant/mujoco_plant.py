@@ -17,7 +17,8 @@ applied as ``qfrc_applied``, its secant slope ``f tanh(v / eps) / v`` in MuJoCo'
 damping as for the drives below, so that the unperturbed plant and the simulator agree to
 round-off (Perturbation ``constraint_friction`` puts MuJoCo's ``frictionloss`` constraint
 back, a friction model gap; doc/friction.md). What is computed here is what a robot's
-drives and flight controller compute:
+drives and flight controller compute, with the simulator's own laws (physics/laws.py,
+evaluated with NumPy: no torch on the real-time path):
 
 * joints (``position``, ``velocity``, ``effort``): the simulator's actuator law, PD
   ``kp (q* - q) - kd v`` or ``kd (v* - v)`` or the effort, plus gravity compensation
@@ -31,7 +32,7 @@ drives and flight controller compute:
   saturation's slope) is added to MuJoCo's implicitly integrated ``dof_damping`` and
   the applied force is corrected so that the explicit force is unchanged; MuJoCo then
   solves ``(M + h D + h^2 K) a = f - h K v`` exactly like the simulator.
-* rotors (``ctbr``, ``rotor_thrust``): the rate loop and mixer of
+* rotors (``ctbr``, ``rotor_thrust``, plant/flight.py): the rate loop and mixer of
   physics/quadrotor.py (on the nominal inertia), the smooth thrust clamp, the
   first-order rotor-speed lag; each rotor's thrust (along body +z at its hub) and
   reaction torque, and the body drag (at the nominal centre of mass, linear plus
@@ -46,7 +47,6 @@ Perturbations (:class:`Perturbation`) stand in for the reality gap; defaults are
 """
 from __future__ import annotations
 
-import math
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -56,9 +56,8 @@ import numpy as np
 import torch
 
 from .. import config as _config
-from ..physics import ConfigError, Rotors
+from ..physics import ConfigError, Rotors, laws
 from ..physics.rotation import quat_exp, quat_mul, quat_to_matrix
-from ..physics.stages.passive import tanh_ratio
 from .flight import FlightController
 from .perturbation import Perturbation
 
@@ -558,11 +557,10 @@ class MujocoPlant:
         with the linearly implicit Euler its secant slope joins MuJoCo's implicit damping, and
         adding slope x v back keeps the explicit force -f tanh(v / eps)."""
         cfg, dof = self.sim_config, self._dadr
-        v, f, eps = self.data.qvel[dof], self._friction, cfg.joint_friction_smoothing
-        x = v / eps
-        applied[dof] -= f * np.tanh(x)
+        v = self.data.qvel[dof]
+        force, slope = laws.coulomb_friction(np, v, self._friction, cfg.joint_friction_smoothing)
+        applied[dof] -= force
         if cfg.implicit_damping and self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER:
-            slope = f / eps * tanh_ratio(torch.from_numpy(x)).numpy()
             damping[dof] += slope
             applied[dof] += slope * v
 
@@ -576,47 +574,15 @@ class MujocoPlant:
         mujoco.mj_fwdVelocity(m0, d0)
         return d0.qfrc_bias[self._dadr[self._act]].copy()
 
-    def _saturate(self, u: np.ndarray, va: np.ndarray):
-        """The drives' smooth saturation (torque, slope d/du, brake -d/dv): ``L tanh(u / L)`` at the
-        effort limit L, or, with ``velocity_limits``, ``mid + half tanh((u - mid) / half)`` inside the
-        torque-speed window hi = L tanh((v_max - v) / (b v_max)), lo = -L tanh((v_max + v) / (b v_max))
-        (the simulator's law, physics/stages/actuation.py, written here for the stand-in's firmware)."""
-        cfg, lim = self.sim_config, self.effort_limit
-        out, slope = np.array(u, dtype=np.float64), np.ones_like(u, dtype=np.float64)
-        brake = np.zeros_like(out)
-        ok = np.isfinite(lim) & (lim > 0)
-        th = np.tanh(u[ok] / lim[ok])
-        out[ok], slope[ok] = lim[ok] * th, 1.0 - th * th
-        if not cfg.velocity_limits:
-            return out, slope, brake
-        vmax = self.velocity_limit
-        ok = ok & np.isfinite(vmax)
-        L, V, band = lim[ok], vmax[ok], cfg.velocity_limit_band * vmax[ok]
-
-        def window(v):
-            """(torque, slope d/du, tangent -d/dv) inside the torque-speed window at speeds v."""
-            hi, lo = L * np.tanh((V - v) / band), -L * np.tanh((V + v) / band)
-            mid, half = 0.5 * (hi + lo), np.maximum(0.5 * (hi - lo), 1e-3 * L)
-            x = (u[ok] - mid) / half
-            th = np.tanh(x)
-            dhi, dlo = -(L / band) * (1.0 - (hi / L) ** 2), -(L / band) * (1.0 - (lo / L) ** 2)
-            dmid, dhalf = 0.5 * (dhi + dlo), 0.5 * (dhi - dlo)
-            return mid + half * th, 1.0 - th * th, -(dmid * th * th + dhalf * (th - x * (1.0 - th * th)))
-        v = va[ok]
-        tau, sl, tangent = window(v)
-        # Beyond the limit the brake's secant to the nearest speed within it (see window_damping).
-        inside = np.clip(v, -V, V)
-        gap = v - inside
-        beyond = np.abs(gap) > 1e-9 * V
-        secant = -(tau - window(inside)[0]) / np.where(beyond, gap, 1.0)
-        out[ok], slope[ok] = tau, sl
-        brake[ok] = np.maximum(np.where(beyond, np.maximum(tangent, secant), tangent), 0.0)
-        return out, slope, brake
+    def _window(self):
+        """The drives' velocity limits and band as physics/laws.py takes them (None: no window)."""
+        cfg = self.sim_config
+        return (self.velocity_limit if cfg.velocity_limits else None), cfg.velocity_limit_band
 
     def _joint_actuation(self, interface, cmd, applied, damping):
-        """The simulator's joint actuator (see the module doc) into ``applied`` and ``damping``.
-        Returns what :meth:`_servo_refine` needs for a saturated position or velocity servo
-        (base, pd, va, torque, slope, brake), else None."""
+        """The simulator's joint actuator (see the module doc; physics/laws.py, drive) into
+        ``applied`` and ``damping``. Returns what :meth:`_servo_refine` needs for a saturated
+        position or velocity servo (base, pd, va, torque, slope, brake), else None."""
         d, cfg, h = self.data, self.sim_config, self.h
         dof = self._dadr[self._act]
         qa, va = d.qpos[self._qadr[self._act]], d.qvel[dof].copy()
@@ -630,20 +596,15 @@ class MujocoPlant:
         if cfg.gravity_compensation:
             u = u + self._gravity_torque()
         base = u - pd
-        s, brake = np.ones_like(u), np.zeros_like(u)
+        s = brake = None
         if cfg.effort_saturation:
-            total, s, brake = self._saturate(u, va)
-            if cfg.velocity_limits and interface != "effort":
-                # The secant of the saturated torque over the PD part (physics/stages/actuation.py).
-                lim = np.where(np.isfinite(self.effort_limit), self.effort_limit, 1.0)
-                small = np.abs(pd) <= 1e-9 * lim
-                s = np.where(small, s, (total - self._saturate(u - pd, va)[0]) / np.where(small, 1.0, pd))
-            elif cfg.gravity_compensation:
-                # The simulator's implicit gains use the saturation slope of the PD part alone.
-                s = self._saturate(pd, va)[1]
-            u = total
+            vmax, band = self._window()
+            u, s, brake = laws.drive(np, u, pd, va, self.effort_limit, vmax, band, servo=interface != "effort",
+                                     pd_slope=cfg.gravity_compensation)
+        s = np.ones_like(u) if s is None else s
+        brake = np.zeros_like(u) if brake is None else brake
         if self.torque_lag > 0:
-            self._torque = self._torque + (1.0 - math.exp(-h / self.torque_lag)) * (u - self._torque)
+            self._torque = laws.first_order_lag(np, self._torque, u, h, self.torque_lag)
             applied[dof] += self._torque
             self._effort = self._torque.copy()
             return None
@@ -669,7 +630,7 @@ class MujocoPlant:
         applied[dof] += sign * (kd + brake) * va
 
     def _servo_refine(self, interface, servo, applied, damping):
-        """The simulator's servo_iterations (physics/stages/actuation.py, servo_slope): the
+        """The simulator's servo_iterations (physics/laws.py, servo_secants): the
         saturated servo's implicit gains moved half way to the secants from the substep's start to
         the end MuJoCo predicts with the current ones (a trial step, undone), ``servo_iterations``
         times."""
@@ -679,25 +640,17 @@ class MujocoPlant:
         spec = mujoco.mjtState.mjSTATE_INTEGRATION
         saved = np.empty(mujoco.mj_stateSize(m, spec))
         mujoco.mj_getState(m, d, saved, spec)
-        lim = np.where(np.isfinite(self.effort_limit), self.effort_limit, 1.0)
-        vmax = np.where(np.isfinite(self.velocity_limit), self.velocity_limit, 1.0)
+        vmax, band = self._window()
+        kp = self.kp if interface == "position" else None
         for _ in range(cfg.servo_iterations):
             m.dof_damping[:] = damping
             d.qfrc_applied[:] = applied
             mujoco.mj_step(m, d)
             v1 = d.qvel[dof].copy()
             mujoco.mj_setState(m, d, saved, spec)
-            dv = v1 - va
-            dpd = self.kd * dv + (h * self.kp * v1 if interface == "position" else 0.0)
-            c1 = base + pd - dpd
-            end = self._saturate(c1, va)[0]
-            small = np.abs(dpd) <= 1e-9 * lim
-            s1 = np.where(small, s, (torque - end) / np.where(small, 1.0, dpd))
-            b1 = brake
-            if cfg.velocity_limits:
-                still = np.abs(dv) <= 1e-9 * vmax
-                moved = self._saturate(c1, v1)[0]
-                b1 = np.maximum(np.where(still, brake, -(moved - end) / np.where(still, 1.0, dv)), 0.0)
+            s1, b1 = laws.servo_secants(np, base, pd, va, torque, s, brake if vmax is not None else None, v1,
+                                        self.kd, kp, h, self.effort_limit, vmax, band)
+            b1 = brake if b1 is None else b1
             self._implicit_gains(interface, s, brake, va, applied, damping, -1.0)
             s, brake = 0.5 * (s + s1), 0.5 * (brake + b1)      # half way, as the simulator
             self._implicit_gains(interface, s, brake, va, applied, damping)
@@ -712,12 +665,12 @@ class MujocoPlant:
         origin = d.xpos[b].copy()
         z = R[:, 2]
         thrust = fc.rotor_thrusts(self._speed)
-        torque = fc.rotor_torques(self._speed)
+        torque = fc.allocation[3] * thrust                          # the reaction torques (rotor_torques)
         for i in range(fc.n):
             mujoco.mj_applyFT(m, d, z * thrust[i], z * torque[i], origin + R @ fc.positions[i], b, out)
         # Drag at the nominal centre of mass, from its velocity in body axes.
         w_body = d.qvel[3:6]
-        v_com_body = R.T @ d.qvel[0:3] + np.cross(w_body, fc.com)
+        v_com_body = R.T @ d.qvel[0:3] + laws.cross(np, w_body, fc.com)
         F = R @ fc.drag_force(v_com_body, self.perturbation.drag_scale)
         F = F + np.asarray(self.perturbation.wind_force)          # a perturbation outside the model
         mujoco.mj_applyFT(m, d, F, np.zeros(3), origin + R @ fc.com, b, out)

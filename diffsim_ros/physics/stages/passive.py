@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import laws
 from ..system import System
 
 
@@ -27,13 +28,6 @@ def limit_penetration(sys: System, qj: torch.Tensor):
     return torch.relu(qj - m.upper), torch.relu(m.lower - qj)      # an infinite limit: relu(-inf) = 0
 
 
-def tanh_ratio(x: torch.Tensor) -> torch.Tensor:
-    """tanh(x) / x, smooth through 0 (1 - x^2 / 3 there), with finite gradients everywhere."""
-    small = x.abs() < 1e-3
-    safe = torch.where(small, torch.ones_like(x), x)
-    return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
-
-
 def passive(sys: System, qj: torch.Tensor, vj: torch.Tensor) -> Passive:
     """Joint positions qj (B, nj) and velocities vj (B, nj) -> torques and slopes."""
     m, cfg = sys.model, sys.config
@@ -44,10 +38,9 @@ def passive(sys: System, qj: torch.Tensor, vj: torch.Tensor) -> Passive:
         tau = tau - m.damping * vj
         D = D + m.damping
     if cfg.joint_friction:
-        eps = cfg.joint_friction_smoothing
-        x = vj / eps
-        tau = tau - m.friction * torch.tanh(x)
-        D = D + m.friction / eps * tanh_ratio(x)
+        force, slope = laws.coulomb_friction(torch, vj, m.friction, cfg.joint_friction_smoothing)
+        tau = tau - force
+        D = D + slope
     if cfg.joint_limits:
         pen_u, pen_l = limit_penetration(sys, qj)
         pen = pen_u + pen_l
