@@ -458,7 +458,7 @@ def test_deploy_launch_parameters_through_ros2_param(deployment):
     res = cli.until(lambda r: r.returncode == 0 and "Description" in r.stdout,
                     "param", "describe", "/mujoco_plant", "perturbation.mass_scale")
     entry = next(e for e in entries(Perturbation, "perturbation") if e.name == "perturbation.mass_scale")
-    assert entry.doc in res.stdout and "Additional constraints: > 0" in res.stdout, res.stdout
+    assert entry.doc in res.stdout and "(> 0) default: 1" in res.stdout, res.stdout
 
 
 def test_deploy_launch_topics_through_ros2_topic_echo(deployment):

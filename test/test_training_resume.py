@@ -497,7 +497,7 @@ def test_the_loop_names_what_is_wrong_with_a_training_file(tiny_config, tmp_path
 def test_checkpoint_every_default_and_range():
     assert apg.TrainConfig().checkpoint_every == 10
     doc = apg.TrainConfig.__doc__
-    assert "[10]" in doc[doc.index("checkpoint_every:"):]        # the last option documented
+    assert "(>= 1) default: 10" in doc[doc.index("checkpoint_every:"):]    # its range and default documented
     assert apg.TrainConfig.from_dict({"checkpoint_every": 3}).checkpoint_every == 3
     with pytest.raises(physics.ConfigError, match="training.checkpoint_every' must be >= 1, got 0"):
         apg.TrainConfig.from_dict({"checkpoint_every": 0})
