@@ -103,11 +103,7 @@ class ExcitationConfig:
         0.4 g)""", "1/s^3", above=0)
 
     def __post_init__(self):
-        try:
-            normalise(self)
-            self.check()
-        except ConfigError as e:
-            raise ExcitationError(e.message, e.key, e.source) from None
+        normalise(self)
 
     def check(self) -> None:
         """The rules between settings (relative keys)."""

@@ -85,7 +85,6 @@ class TrainConfig:
 
     def __post_init__(self):
         normalise(self)
-        self.check()
 
     def check(self) -> None:
         for k in ("randomize_mass", "randomize_drag", "randomize_actuator_lag"):

@@ -72,7 +72,6 @@ class PPOConfig:
 
     def __post_init__(self):
         normalise(self)
-        self.check()
 
     @property
     def rollout_steps(self) -> int:

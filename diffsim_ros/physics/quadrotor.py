@@ -51,6 +51,9 @@ class RotorConfig:
         speeds: a flight controller whose motor model is off by this factor (system identification writes
         it)""", above=0)
 
+    #: The layout rules (check) run when a configuration is read, not on construction.
+    check_when_read = True
+
     def __post_init__(self):
         normalise(self)
 

@@ -8,7 +8,7 @@ every error.
         dt: float = schema.option(1e-3, "control step (one step call)", "s", above=0)
         ...
         def __post_init__(self):
-            schema.normalise(self)          # types, ranges, lists -> tuples, nested sections
+            schema.normalise(self)          # types, ranges, lists -> tuples, nested sections, check()
 
         def check(self):                    # optional: rules between fields, relative keys
             if ...: raise ConfigError("needs 'a' or 'b'", key="")
@@ -172,9 +172,8 @@ def from_mapping(cls, data: Any, path: str = ""):
             if k not in known:
                 raise unknown_key(k, known, getattr(cls, "section_name", ""))
         obj = cls(**dict(data))
-        check = getattr(obj, "check", None)
-        if check is not None:
-            check()
+        if getattr(cls, "check_when_read", False):
+            obj.check()
         return obj
     except ConfigError as e:
         kind = getattr(cls, "config_error", type(e))
@@ -182,13 +181,23 @@ def from_mapping(cls, data: Any, path: str = ""):
 
 
 def normalise(obj) -> None:
-    """Check and convert every field of the frozen dataclass ``obj`` in place (for its
+    """Check and convert every field of the frozen dataclass ``obj`` in place (its
     ``__post_init__``): lists become tuples, ints floats where the field is a float, nested
-    mappings sections; a wrong type or a value out of range raises ConfigError naming the field."""
-    hints = _hints(type(obj))
-    for f in fields(obj):
-        val = _convert(hints[f.name], getattr(obj, f.name), f.metadata, f.name)
-        object.__setattr__(obj, f.name, val)
+    mappings sections; then the rules between fields (``obj.check()``, unless the class sets
+    ``check_when_read``: then only :func:`from_mapping` runs them). A wrong type, a value out of
+    range or a broken rule raises the class's ``config_error`` (default ConfigError) naming the
+    field."""
+    cls = type(obj)
+    try:
+        hints = _hints(cls)
+        for f in fields(obj):
+            val = _convert(hints[f.name], getattr(obj, f.name), f.metadata, f.name)
+            object.__setattr__(obj, f.name, val)
+        if hasattr(obj, "check") and not getattr(cls, "check_when_read", False):
+            obj.check()
+    except ConfigError as e:
+        kind = getattr(cls, "config_error", type(e))
+        raise kind(e.message, e.key, e.source) from None
 
 
 def convert_value(tp, val, key: str, meta: Optional[Mapping[str, Any]] = None):

@@ -83,7 +83,6 @@ class SimConfig:
 
     def __post_init__(self):
         normalise(self)
-        self.check()
 
     def check(self) -> None:
         """The rules between fields (relative key paths)."""
