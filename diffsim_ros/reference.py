@@ -29,12 +29,11 @@ def _sections():
 
 def parameter_reference() -> str:
     """doc/parameters.md: every section's keys with type, unit, allowed values, default and
-    documentation, from the schema (``python -m diffsim_ros.reference > doc/parameters.md``
-    regenerates it; test_package checks that it is current), and the tasks' parameters."""
+    documentation, from the schema; the tasks' parameters; the nodes' ROS parameters
+    (test_schema checks that the file is current)."""
     from .physics import schema
     from .tasks import TASKS
 
-    cell = _cell
     out = ["# Configuration keys", "",
            "Generated from the schema (`diffsim_ros/physics/schema.py`) by "
            "`python -m diffsim_ros.reference > doc/parameters.md`; do not edit by hand.", "",
@@ -51,8 +50,8 @@ def parameter_reference() -> str:
         out += [f"## `{name}`", "", " ".join((cls.__doc__ or "").split("Fields (schema):")[0].split()), "",
                 "| key | type | unit | allowed | default | meaning |", "|---|---|---|---|---|---|"]
         for e in schema.entries(cls, name):
-            out.append(f"| `{e.name}` | {cell(schema.type_name(e.type))} | {cell(e.unit)} | {cell(e.constraints)} "
-                       f"| `{cell(schema.show(e.default))}` | {cell(e.doc)} |")
+            out.append(f"| `{e.name}` | {_cell(schema.type_name(e.type))} | {_cell(e.unit)} | {_cell(e.constraints)} "
+                       f"| `{_cell(schema.show(e.default))}` | {_cell(e.doc)} |")
         out.append("")
     for kind, cls in TASKS.items():
         init = inspect.unwrap(cls.__init__)
@@ -63,7 +62,7 @@ def parameter_reference() -> str:
         for p in cls.parameter_names():
             default = params[p].default
             shown = "required" if default is inspect.Parameter.empty else f"`{schema.show(default)}`"
-            out.append(f"| `task.{p}` | {cell(schema.type_name(hints.get(p, typing.Any)))} | {shown} |")
+            out.append(f"| `task.{p}` | {_cell(schema.type_name(hints.get(p, typing.Any)))} | {shown} |")
         out.append("")
     out += ["# Node parameters", "",
             "Each node's ROS parameters as it declares them (`ros2 param describe <node> <name>` gives the same "
@@ -71,7 +70,7 @@ def parameter_reference() -> str:
     for node in NODES:
         out += [f"## `{node}`", "", "| parameter | default | meaning |", "|---|---|---|"]
         for name, default, text in node_parameters(node):
-            out.append(f"| `{name}` | `{cell(schema.show(_as_tuple(default)))}` | {cell(' '.join(text.split()))} |")
+            out.append(f"| `{name}` | `{_cell(schema.show(_as_tuple(default)))}` | {_cell(' '.join(text.split()))} |")
         out.append("")
     return "\n".join(out)
 

@@ -101,9 +101,9 @@ class Task:
                 raise e.under(where) from None
         try:
             return cls(model, sim_config, **kw)
+        except ConfigError as e:
+            raise e.under(where) from None
         except (TypeError, ValueError) as e:
-            if isinstance(e, ConfigError):
-                raise e.under(where) from None
             raise ConfigError(f"{{key}}: {e}", "").under(where) from None
 
     def export_parameters(self) -> Dict[str, Any]:
