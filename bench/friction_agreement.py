@@ -22,7 +22,8 @@ import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "test"))
+sys.path.insert(0, os.path.join(ROOT, "test"))            # the tests' support modules (conftest, builders)
+sys.path.insert(0, os.path.join(ROOT, "test", "plant"))
 
 from diffsim_ros import analysis  # noqa: E402
 from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params  # noqa: E402
@@ -31,7 +32,7 @@ import test_friction_agreement as agreement  # noqa: E402  (the test's robots)
 
 def ur5_params(friction: float = 0.1):
     """UR5 (example-robot-data) under the arm's standard recording set-up, ``friction`` N m on every
-    joint (test/test_friction_agreement.py's URDF copy and servo)."""
+    joint (test/plant/test_friction_agreement.py's URDF copy and servo)."""
     out = tempfile.mkdtemp(prefix="diffsim_ur5_")
     return agreement.robot_params("ur5", agreement.friction_urdf("ur5", friction, out))
 

@@ -8,7 +8,7 @@ The project's arm as config/reach_arm.yaml has it (position servos with gravity 
 10 ms substeps, joint friction off here), with and without the drives' velocity limits:
 
 * accuracy: 24 random starts and position steps of up to 0.6 rad held two control steps each
-  (test/test_servo_solve.py's draws), the largest |v - v_ref| / v_max over 8 control steps and
+  (test/physics/test_servo_solve.py's draws), the largest |v - v_ref| / v_max over 8 control steps and
   the actuated joints, v_ref from 0.5 ms substeps;
 * cost: steps per second of a 10-step forward+backward rollout (the trainer's window) at each
   batch, float32, one torch thread, best of 3 windows; the ratio is iterations / tangent alone.
@@ -26,7 +26,8 @@ import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "test"))
+sys.path.insert(0, os.path.join(ROOT, "test"))            # the tests' support modules (conftest, builders)
+sys.path.insert(0, os.path.join(ROOT, "test", "physics"))
 
 from diffsim_ros import config, physics  # noqa: E402
 import test_servo_solve as draws  # noqa: E402  (the test's draws and reference)

@@ -4,7 +4,7 @@ tests, over many draws instead of one per run.
 
     python bench/sysid_draws.py [--kind arm] [--seeds 1-10] [--friction] [--max-lag 0.06]
 
-For each seed, the perturbation is drawn exactly as test/test_sysid_random.py draws it for
+For each seed, the perturbation is drawn exactly as test/analysis/test_sysid_random.py draws it for
 ``test_sysid_recovers_four_drawn_parameters_at_once`` (latency 1-3 control steps, arm torque
 lag in 0.008 s to ``--max-lag``, joint damping x0.3-3, mass x0.7-1.3; quadrotor: drag, rotor
 time constant, mass), the MuJoCo stand-in records 300 exciting commands, and ``calibrate``
@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))   # the tests' support modules
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test" / "analysis"))
 
 import test_sysid_random as T  # noqa: E402
 

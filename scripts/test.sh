@@ -2,8 +2,9 @@
 # Run the test suite: bootstrap the local .venv (pinned versions; a no-op when
 # nothing changed), then pytest over test/. Extra arguments go to pytest, e.g.
 #   scripts/test.sh -k urdf -x
-#   scripts/test.sh test/test_plant.py::test_arm_matches_simulator   # only that file or test
-# When an argument names a test file or folder (test/..., *.py), pytest runs only that.
+#   scripts/test.sh test/plant/test_mujoco_plant.py::test_arm_position_commands_match_simulator   # only that file or test
+# When an argument names a test file or folder (test/..., *.py), pytest runs only that; test/
+# is laid out like the package, so e.g. `scripts/test.sh test/nodes` runs the nodes' tests.
 # The tests run in DIFFSIM_TEST_WORKERS pytest-xdist worker processes (default 2, one per
 # core of the CI machine; 0 runs them in this process, as plain pytest does).
 # Exit status is pytest's; "no tests collected" (pytest's 5) is a failure too.

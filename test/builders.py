@@ -1,5 +1,17 @@
-"""URDF text of the simple bodies several test files drop on the ground (one definition each)."""
+"""What several test files build, defined once: URDF text of the simple bodies they drop on the
+ground, checkpoints of untrained policies for the shipped training files, and the small hover
+task the trainer's tests train."""
 from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from conftest import REPO_ROOT
+from diffsim_ros import config, physics
+from diffsim_ros.learning import MLPPolicy
+from diffsim_ros.learning.checkpoint import save_checkpoint
+from diffsim_ros.tasks import QuadrotorTask
 
 
 def box_urdf(mass: float, size) -> str:
@@ -20,3 +32,29 @@ def ball_urdf(mass: float, radius: float) -> str:
   <inertial><mass value="{mass}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" ixy="0" ixz="0" iyz="0"/></inertial>
   <collision><geometry><sphere radius="{radius}"/></geometry></collision>
 </link></robot>"""
+
+
+def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0):
+    """A checkpoint of an untrained policy for config/<cfg_name>.yaml with output weights scaled
+    up, so that actions spread over [-1, 1] (and some commands hit the limits)."""
+    params, task, model = config.load_training_file(REPO_ROOT / "config" / f"{cfg_name}.yaml")
+    torch.manual_seed(seed)
+    pol = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(model.dtype)
+    with torch.no_grad():
+        pol.head.weight.mul_(gain)
+        pol.head.bias.uniform_(-0.5, 0.5)
+        ts = task.reset(64, torch.Generator().manual_seed(seed))
+        pol.norm.update(task.observe(ts))
+    save_checkpoint(pol, task, out, extra={"config": params})
+    return pol, task
+
+
+def hover_task(horizon=50, settle_time=0.6, start_radius=0.2, mode="hover", **kw):
+    """A small quadrotor task (``mode`` hover, waypoint or velocity) on the project quadrotor:
+    float32, 0.02 s control steps of 4 substeps, no ground."""
+    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_quadrotor.urdf"), floating_base=True,
+                          dtype=torch.float32)
+    sc = config.simulator_config(config.load_yaml(REPO_ROOT / "config" / "diffsim_quadrotor.yaml"))
+    sc = dataclasses.replace(sc, dt=0.02, substeps=4, ground=False)
+    return QuadrotorTask(m, sc, mode=mode, horizon=horizon, settle_time=settle_time, start_radius=start_radius,
+                         start_speed=0.1, **kw)

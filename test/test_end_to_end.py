@@ -14,7 +14,7 @@ trajectory_recorder as separate processes on an isolated ROS_DOMAIN_ID, lockstep
   effector to a target drawn as the task draws them; judged by ReachTask.success.
 
 The controller's per-message behaviour (reordered joint names, missing joints,
-refusal of another robot's checkpoint) is tested over DDS in test_controller.py.
+refusal of another robot's checkpoint) is tested over DDS in test_policy_controller.py.
 """
 from __future__ import annotations
 
@@ -58,15 +58,15 @@ ARM_TYPES = ["/joint_states:sensor_msgs/msg/JointState",
 # ---------------------------------------------------------------------------- checkpoints
 def hover_checkpoint(tmp_path_factory) -> Path:
     """policies/hover if the pretrained one is there; else the small hover instance of
-    test_training.py trained here (it reaches the success threshold in a few dozen iterations)."""
+    builders.hover_task trained here (it reaches the success threshold in a few dozen iterations)."""
     if (POLICIES / "hover" / "policy.json").is_file():
         return POLICIES / "hover"
-    from test_training import _hover_task
+    from builders import hover_task
 
     from diffsim_ros.learning import TrainConfig, train
     from diffsim_ros.learning.checkpoint import save_checkpoint
 
-    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
+    task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
     res = train(task, TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=1e-2, eval_every=2,
                                   eval_envs=32, stop_at_success=True, seed=1), progress=False)
     out = tmp_path_factory.mktemp("hover_ckpt")
@@ -387,7 +387,7 @@ def arm_run(tmp_path_factory):
     if pretrained:
         ckpt = POLICIES / "reach_arm"
     else:
-        from test_deploy import make_checkpoint
+        from builders import make_checkpoint
         ckpt = tmp / "untrained"
         make_checkpoint("reach_arm", ckpt, gain=1.0)
     runner = PolicyRunner(ckpt)

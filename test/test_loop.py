@@ -1,5 +1,5 @@
 """The main job, `diffsim-ros loop`, on the pretrained hover policy (training is covered by
-test_training.py / test_cli_train.py): the nodes as separate processes over DDS, the bag, and
+learning/test_apg.py / cli/test_train.py): the nodes as separate processes over DDS, the bag, and
 the sim-vs-real summary checked against an analytic value of the gap."""
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
     out, /joint_states + /odom in; the verdict is the task's own metric on the recorded episode."""
     from rosbags.highlevel import AnyReader
 
-    from test_deploy import make_checkpoint
+    from builders import make_checkpoint
 
     make_checkpoint("locomotion", tmp_path / "ckpt", gain=1.0)
     summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(tmp_path / "ckpt"), duration=1.2,
@@ -143,7 +143,7 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
 
 def test_loop_refuses_a_config_for_another_robot(tmp_path):
     """A checkpoint for the arm with hover.yaml's quadrotor: refused before anything starts."""
-    from test_deploy import make_checkpoint
+    from builders import make_checkpoint
 
     make_checkpoint("reach_arm", tmp_path / "arm")
     with pytest.raises(LoopError, match="floating-base robot .* the checkpoint is for 'diffsim_arm'.*Leave --config out"):

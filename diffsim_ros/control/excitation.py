@@ -404,7 +404,7 @@ def identifiable_parameters(floating_base: bool, rotors: bool) -> Tuple[str, ...
 
     * arms: ``mass_scale``, ``inertia_scale``, ``joint_damping`` (per joint), ``actuator_lag``,
       ``latency``. ``joint_friction`` is identifiable beside them when the URDF has friction
-      (test_excite_sysid fits it as a sixth, from the project arm's 0.01-0.02 N m drawn x0.4-2.5:
+      (test_excite fits it as a sixth, from the project arm's 0.01-0.02 N m drawn x0.4-2.5:
       within 0.5 %; one law on both sides, doc/friction.md), but not listed: many URDFs carry
       none (UR5's is 0), and there is nothing to fit;
     * multirotors: ``mass_scale``, ``inertia_scale``, ``drag_scale``, ``motor_time_constant``,

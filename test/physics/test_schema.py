@@ -20,7 +20,7 @@ from diffsim_ros import config, reference
 from diffsim_ros.physics import ConfigError
 from diffsim_ros.physics import schema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECTIONS = reference._sections()
 TOP = {name: cls for name, cls in SECTIONS.items() if "." not in name}
 

@@ -26,8 +26,8 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytestmark = pytest.mark.ros
 
+from builders import make_checkpoint  # noqa: E402
 from conftest import ros_context, ros_domain  # noqa: E402
-from test_deploy import make_checkpoint  # noqa: E402
 from test_supervisor import ARM_BAD, QUAD_BAD, SKEW_S, TARGET, Harness  # noqa: E402
 
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402

@@ -20,7 +20,7 @@ from diffsim_ros.cli import main
 from diffsim_ros.learning.apg import TrainConfig
 from diffsim_ros.learning.checkpoint import CheckpointError, load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAINING_FILES = ["reach_arm", "reach_panda", "hover", "waypoint", "velocity", "locomotion"]
 # Every training file states at least these PPO settings (files used by the benchmark state more).
 PPO_KEYS = {"total_timesteps", "num_envs", "n_steps", "batch_size", "learning_rate", "seed"}

@@ -24,7 +24,7 @@ from diffsim_ros.physics import SimConfig, SimulationError, Simulator
 
 from builders import ball_urdf
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 F64 = torch.float64
 H = 1e-6
 RTOL = 1e-4

@@ -23,8 +23,8 @@ import torch
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytestmark = pytest.mark.ros
 
+from builders import make_checkpoint  # noqa: E402
 from conftest import REPO_ROOT, ros_context, ros_domain  # noqa: E402
-from test_deploy import make_checkpoint  # noqa: E402
 
 from diffsim_ros import physics  # noqa: E402
 from diffsim_ros.control import px4_rates_setpoint  # noqa: E402

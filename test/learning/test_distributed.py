@@ -49,7 +49,7 @@ from diffsim_ros.learning import distributed as ddp
 from diffsim_ros.physics import SimulationError
 from diffsim_ros.tasks.base import Task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
     reason="this torch build has no torch.distributed with the gloo backend")

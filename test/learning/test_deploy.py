@@ -15,27 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from builders import make_checkpoint
 from conftest import REPO_ROOT
 from diffsim_ros import config, physics
 from diffsim_ros.learning import MLPPolicy
 from diffsim_ros.learning.checkpoint import CheckpointError, save_checkpoint
 from diffsim_ros.learning.deploy import PolicyRunner, StateError
-
-
-
-def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0):
-    """A checkpoint of an untrained policy for config/<cfg_name>.yaml with output weights scaled
-    up, so that actions spread over [-1, 1] (and some commands hit the limits)."""
-    params, task, model = config.load_training_file(REPO_ROOT / "config" / f"{cfg_name}.yaml")
-    torch.manual_seed(seed)
-    pol = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(model.dtype)
-    with torch.no_grad():
-        pol.head.weight.mul_(gain)
-        pol.head.bias.uniform_(-0.5, 0.5)
-        ts = task.reset(64, torch.Generator().manual_seed(seed))
-        pol.norm.update(task.observe(ts))
-    save_checkpoint(pol, task, out, extra={"config": params})
-    return pol, task
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from urdf_parser_py.urdf import URDF
 
+from builders import make_checkpoint
 from conftest import REPO_ROOT
-from test_deploy import make_checkpoint
 
 from diffsim_ros.control import (ImuIn, JointStateIn, OdometryIn, Supervisor, SupervisorConfig,
                                  SupervisorConfigError)

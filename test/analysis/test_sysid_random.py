@@ -232,7 +232,7 @@ def test_known_failure_arm_four_with_joint_friction(tmp_path):
     parameters there: the landscape is a staircase. Longer or shorter windows (1-3 steps), 128
     windows instead of 32, 100 iterations and a continuation in the friction's smoothing (0.1 ->
     0.03 -> 0.01 rad/s) each still ended 3-18 % off. The multisine of `diffsim-ros excite`
-    identifies six arm parameters with the friction on (test_excite_sysid).
+    identifies six arm parameters with the friction on (test_excite).
 
     While it fails, the report must say why and what to do: the note naming the reversing
     joints and advising a smoother excitation (an expected failure only with that note)."""

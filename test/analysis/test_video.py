@@ -18,7 +18,7 @@ from diffsim_ros import config, evaluation
 from diffsim_ros.analysis import video
 from diffsim_ros.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BACKGROUND = np.array([round(255 * c) for c in video.BACKGROUND])
 
 

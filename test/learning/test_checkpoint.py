@@ -19,7 +19,7 @@ from diffsim_ros.learning.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointE
 from diffsim_ros.learning.policy import MLPPolicy
 from diffsim_ros.tasks import make_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ARM_URDF = REPO / "urdf" / "diffsim_arm.urdf"
 QUADRUPED_URDF = REPO / "urdf" / "diffsim_quadruped.urdf"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import dataclasses
 
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
@@ -19,6 +18,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
+from builders import hover_task
 from conftest import REPO_ROOT, drawn_seed
 from diffsim_ros import config, physics
 from diffsim_ros.learning import MLPPolicy, TrainConfig, train
@@ -36,15 +36,6 @@ def _episode_loss(task, policy, batch=16, seed=7):
             ts = task.step(ts, a)
             total += float(task.step_loss(ts, a).mean())
     return total / task.horizon, ts
-
-
-def _hover_task(horizon=50, settle_time=0.6, start_radius=0.2, mode="hover", **kw):
-    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_quadrotor.urdf"), floating_base=True,
-                          dtype=torch.float32)
-    sc = config.simulator_config(config.load_yaml(REPO_ROOT / "config" / "diffsim_quadrotor.yaml"))
-    sc = dataclasses.replace(sc, dt=0.02, substeps=4, ground=False)
-    return QuadrotorTask(m, sc, mode=mode, horizon=horizon, settle_time=settle_time, start_radius=start_radius,
-                         start_speed=0.1, **kw)
 
 
 def _reach_task(horizon=30):
@@ -81,9 +72,9 @@ def _untrained_policy(task, cfg):
 @pytest.mark.parametrize("make,iterations,lr", [
     (_reach_task, 6, 1e-2),
     (_panda_task, 4, 3e-3),
-    (_hover_task, 4, 3e-3),
-    (lambda: _hover_task(mode="waypoint"), 4, 3e-3),
-    (lambda: _hover_task(mode="velocity"), 4, 3e-3),
+    (hover_task, 4, 3e-3),
+    (lambda: hover_task(mode="waypoint"), 4, 3e-3),
+    (lambda: hover_task(mode="velocity"), 4, 3e-3),
     (_locomotion_task, 4, 3e-3),
 ], ids=["reach", "reach_panda", "hover", "waypoint", "velocity", "locomotion"])
 def test_task_loss_goes_down(make, iterations, lr):
@@ -113,7 +104,7 @@ def test_short_hover_run_reaches_success(tmp_path):
     iterations, three of six seeds failing there); at 5e-3 nine seeds solved
     it in 4-14 iterations."""
     seed = _train_seed("hover")
-    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
+    task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
     cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=32,
                       stop_at_success=True, seed=seed)
     res = train(task, cfg, out_dir=tmp_path, progress=False)
@@ -136,7 +127,7 @@ def test_short_waypoint_run_reaches_success():
     stopped seed 6973 after 12 iterations at 0.781 on fresh episodes; on 64 it went on to 18 and
     0.883 (seeds 11-15: the same or better)."""
     seed = _train_seed("waypoint")
-    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="waypoint", waypoint_radius=0.15,
+    task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="waypoint", waypoint_radius=0.15,
                        position_loss="distance")
     cfg = TrainConfig(iterations=60, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=64,
                       stop_at_success=True, seed=seed)
@@ -151,7 +142,7 @@ def test_short_velocity_tracking_run_reaches_success():
     simulated velocity), small instance: commands within 0.5 m/s per axis, 1 s episodes judged
     over their last 0.2 s, 16 environments. The task's own metric (velocity error below 0.2 m/s
     on every step after settling) reaches the threshold on fresh episodes."""
-    task = _hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="velocity", max_speed_command=0.5)
+    task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="velocity", max_speed_command=0.5)
     cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=1e-2, eval_every=2, eval_envs=32,
                       stop_at_success=True, seed=1)
     res = train(task, cfg, progress=False)
@@ -221,7 +212,7 @@ def test_short_locomotion_run_reaches_success(tmp_path):
 
 def test_domain_randomisation_and_critic_run():
     """Mass, drag and motor-lag randomisation and the short-horizon critic run and stay finite."""
-    task = _hover_task(horizon=20)
+    task = hover_task(horizon=20)
     cfg = TrainConfig(iterations=2, num_envs=8, window=10, critic=True, randomize_mass=(0.8, 1.2),
                       randomize_drag=(0.5, 2.0), randomize_actuator_lag=(0.01, 0.05), eval_every=1,
                       eval_envs=8, stop_at_success=False)
@@ -267,7 +258,7 @@ def test_scheduled_step_size_reaches_the_optimiser(monkeypatch):
         seen.append(self.param_groups[0]["lr"])
         return real_step(self, *a, **k)
     monkeypatch.setattr(torch.optim.Adam, "step", spy)
-    task = _hover_task(horizon=4)
+    task = hover_task(horizon=4)
     cfg = TrainConfig(iterations=3, num_envs=2, window=4, learning_rate=1e-2, lr_schedule="cosine",
                       final_learning_rate=1e-3, eval_every=1000, stop_at_success=False)
     train(task, cfg, progress=False)
@@ -277,7 +268,7 @@ def test_scheduled_step_size_reaches_the_optimiser(monkeypatch):
 def test_quadrotor_distance_loss():
     """position_loss: distance is the distance (not its square) plus speed_weight x speed;
     an unknown kind is refused with the accepted ones."""
-    task = _hover_task(horizon=4)
+    task = hover_task(horizon=4)
     sq = QuadrotorTask(task.model, task.sim_config, mode="hover", position_loss="squared", rate_weight=0.0)
     di = QuadrotorTask(task.model, task.sim_config, mode="hover", position_loss="distance", rate_weight=0.0,
                        speed_weight=0.5)
@@ -386,7 +377,7 @@ def test_a_diverged_iteration_is_dropped_and_retried():
     training.max_divergences it stops with the reason."""
     from diffsim_ros.physics import SimulationError
 
-    task = _hover_task(horizon=10)
+    task = hover_task(horizon=10)
     calls = {"n": 0}
     step = task.step
 

@@ -30,7 +30,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import PROJECT_URDFS, drawn_seed, example_robot_data_dir
-from test_plant import _compare
+from test_mujoco_plant import _compare
 
 pytest.importorskip("mujoco", reason="the stand-in runs on MuJoCo (pip package 'mujoco')")
 
@@ -95,7 +95,7 @@ def test_stand_in_matches_the_simulator_with_joint_friction(robot, tmp_path):
     """Drawn: per-joint friction log-uniform in 0.005-0.3 N m, the interface (position, velocity,
     effort), substeps (1, 2, 4), velocity limits on or off, servo_iterations 0 or 4, gravity
     compensation on or off, a start and 1 s of commands changed every 0.2 s; joint limits off (the
-    engines' limit models differ, test_plant). Asserted: the stand-in
+    engines' limit models differ, test_mujoco_plant). Asserted: the stand-in
     and the simulator within 1e-8 rad/s at every step; the same run with the stand-in's friction
     as the frictionloss constraint (the law before) at least 1e-4 rad/s off, and the simulator
     without friction at least 1e-4 rad/s off the stand-in (friction shaped the motion)."""

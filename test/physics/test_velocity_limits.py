@@ -80,7 +80,7 @@ def test_position_steps_stay_within_the_urdf_velocity_limits():
 
 
 def test_stand_in_and_simulator_agree_with_velocity_limits():
-    """The position steps of test_plant's comparison (the wrist would reach 10 rad/s, 2x its
+    """The position steps of test_mujoco_plant's comparison (the wrist would reach 10 rad/s, 2x its
     limit): with velocity_limits on both sides the stand-in's firmware and the simulator take the
     same steps (round-off only, as without limits), and the wrist stays within its limit."""
     from diffsim_ros.plant import MujocoPlant
