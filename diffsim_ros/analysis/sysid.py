@@ -46,7 +46,9 @@ deviation above ``MAX_REL_STD``) with the advice to record an excitation motion;
 rejection of a fit whose held-out RMSE does not improve at least ``MIN_IMPROVEMENT`` times,
 or whose held-out residual stays above ``MAX_UNEXPLAINED`` of the velocity change over a
 window and above ``NOISE_FACTOR`` times the noise floor (the measurement noise, estimated
-from the recording), or that has not converged (the best start, run out of iterations with its
+from the recording), or whose held-out error keeps a bias of one sign (per dof, RMS over the
+dofs) above ``MAX_SYSTEMATIC`` of the velocity change and above what the noise leaves on a mean
+(a constant push no fitted parameter models: wind, a payload's offset), or that has not converged (the best start, run out of iterations with its
 loss still falling, goes on once for ``max_iter`` more; a loss still falling ``UNCONVERGED``
 of itself per iteration then is no optimum, and its uncertainties do not hold). A rejected
 fit writes no calibrated.yaml unless asked (``write_calibrated(..., force=True)``,
@@ -80,6 +82,7 @@ from .predict import Replay, SimSetup, error_stats, replaying
 MIN_IMPROVEMENT = 1.5       # held-out RMSE before / after below this: rejected (unless nothing was wrong)
 MAX_UNEXPLAINED = 0.10      # held-out RMSE / RMS velocity change over the window
 NOISE_FACTOR = 3.0          # ... and held-out RMSE above this many times the noise floor: rejected
+MAX_SYSTEMATIC = 0.03       # RMS over dofs of the held-out bias / RMS velocity change: rejected (above noise)
 MAX_REL_STD = 0.10          # relative standard deviation above this: not identifiable
 BLIND_EIGENVALUE = 1e-6     # scaled J^T J eigenvalue below this: a parameter combination the data cannot see
 MIN_SENSITIVITY = 2e-4      # 10 % independent change moving predictions less than this (of the velocity change)
@@ -114,6 +117,7 @@ class SysIdResult:
     unidentifiable: List[str] = field(default_factory=list)
     noise_floor: float = 0.0
     unexplained: float = 0.0
+    systematic: float = 0.0                  # RMS per-dof held-out bias / RMS velocity change over a window
     verdict: str = "accepted"
     reasons: List[str] = field(default_factory=list)
     starts_tried: List[Dict[str, float]] = field(default_factory=list)
@@ -619,7 +623,10 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     b, a = heldout["before"]["rmse"], heldout["after"]["rmse"]
     heldout["improvement"] = b / a if a > 0 else float("inf")
     unexplained = a / max(ph.dv_rms_raw, 1e-12)
-    verdict, reasons = _verdict(heldout["improvement"], b / max(ph.dv_rms_raw, 1e-12), unexplained, a, floor)
+    bias_rms = math.sqrt(float(np.mean([d["bias"] ** 2 for d in heldout["after"]["per_dof"].values()])))
+    systematic = bias_rms / max(ph.dv_rms_raw, 1e-12)
+    verdict, reasons = _verdict(heldout["improvement"], b / max(ph.dv_rms_raw, 1e-12), unexplained, a, floor,
+                                systematic, bias_rms, heldout["after"]["per_dof"], len(held))
     if moving > UNCONVERGED:
         verdict = "rejected"
         reasons.append(f"the fit had not converged after {2 * max_iter} Levenberg-Marquardt iterations (its loss "
@@ -650,7 +657,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         fit_loss_after=loss_after, heldout=heldout, history=history, evaluations=counter[0],
         seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
         sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
-        unexplained=unexplained, verdict=verdict, reasons=reasons, starts_tried=tried)
+        unexplained=unexplained, systematic=systematic, verdict=verdict, reasons=reasons, starts_tried=tried)
 
 
 def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[str]:
@@ -701,7 +708,15 @@ def _blind_combinations(H: torch.Tensor, coords: _Coords) -> List[List[str]]:
 
 
 def _verdict(improvement: float, unexplained_before: float, unexplained: float, rmse_after: float,
-             floor: float) -> Tuple[str, List[str]]:
+             floor: float, systematic: float = 0.0, bias_rms: float = 0.0,
+             per_dof: Optional[Dict[str, Dict[str, float]]] = None, windows: int = 1) -> Tuple[str, List[str]]:
+    """"accepted" or "rejected" with the reasons. A model that explains the data leaves held-out
+    errors that average out over many windows; a constant force or torque that no parameter
+    models (wind, a payload's offset, a cable) leaves a bias of one sign on the dofs it pushes,
+    which the fit cannot remove, however small the residual is next to the velocity change:
+    rejected when the RMS of the per-dof biases is above ``MAX_SYSTEMATIC`` of the velocity
+    change and above ``NOISE_FACTOR`` times what measurement noise alone would leave on a mean
+    over ``windows`` held-out windows."""
     reasons = []
     far = unexplained > MAX_UNEXPLAINED and rmse_after > NOISE_FACTOR * floor
     if far:
@@ -710,6 +725,12 @@ def _verdict(improvement: float, unexplained_before: float, unexplained: float, 
         reasons.append(f"the held-out residual stays far above the noise floor: RMSE {rmse_after:.4g} is "
                        f"{unexplained:.0%} of the velocity change over a window (limit {MAX_UNEXPLAINED:.0%}), "
                        f"{noise}: the model cannot explain the data with these parameters")
+    if systematic > MAX_SYSTEMATIC and bias_rms > NOISE_FACTOR * floor / math.sqrt(max(windows, 1)):
+        worst = sorted((per_dof or {}).items(), key=lambda kv: -abs(kv[1]["bias"]))[:2]
+        which = ", ".join(f"{k} {v['bias']:+.3g}" for k, v in worst)
+        reasons.append(f"the held-out error keeps a bias of one sign ({which}): {systematic:.1%} of the velocity "
+                       f"change over a window (limit {MAX_SYSTEMATIC:.0%}), a constant force or torque that "
+                       f"none of the fitted parameters models (wind, a payload's offset, a cable)")
     nothing_wrong = unexplained_before <= MAX_UNEXPLAINED
     if improvement < MIN_IMPROVEMENT and not nothing_wrong:
         reasons.append(f"the held-out RMSE improved only {improvement:.3g} times (at least "
@@ -925,10 +946,12 @@ def sysid_markdown(r: SysIdResult, bag: str, source: str, notes: Sequence[str] =
     lines += ["", "## Held-out velocity error", "",
               f"RMSE over every step of the held-out windows: **{h['before']['rmse']:.4g} -> "
               f"{h['after']['rmse']:.4g}** ({h['improvement']:.2f} times smaller); the residual is "
-              f"{r.unexplained:.1%} of the velocity change over a window, noise floor {r.noise_floor:.3g}.", "",
+              f"{r.unexplained:.1%} of the velocity change over a window (its per-dof bias {r.systematic:.1%}), noise "
+              f"floor {r.noise_floor:.3g}.", "",
               f"Rejected when the improvement is below {MIN_IMPROVEMENT:g} times (unless the nominal model already "
               f"explains the data), or when the residual stays above {MAX_UNEXPLAINED:.0%} of the velocity change "
-              f"and above {NOISE_FACTOR:g} times the noise floor.", "",
+              f"and above {NOISE_FACTOR:g} times the noise floor, or when the bias stays above {MAX_SYSTEMATIC:.0%} of "
+              f"it (a constant push the model lacks).", "",
               "| dof | RMSE before | RMSE after | bias before | bias after |", "|---|---|---|---|---|"]
     for dof, b in h["before"]["per_dof"].items():
         a = h["after"]["per_dof"][dof]
