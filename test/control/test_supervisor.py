@@ -442,7 +442,7 @@ def test_settings_are_checked():
         SupervisorConfig(recover_states=0)
     with pytest.raises(SupervisorConfigError, match="workspace_min"):
         SupervisorConfig(workspace_min=(0, 0, 0), workspace_max=(1, 1, -1))
-    with pytest.raises(SupervisorConfigError, match="unknown key 'recover_state'; did you mean 'recover_states'\?"):
+    with pytest.raises(SupervisorConfigError, match=r"unknown key 'recover_state'; did you mean 'recover_states'\?"):
         SupervisorConfig.from_mapping({"recover_state": 3})
 
 

@@ -85,21 +85,32 @@ def _arm_params():
     return out
 
 
-#: Measured over seeds 0-5 and one random draw (24 draws each): with the iterations at most 0.52
-#: (limits off; typical 0.35-0.47, the first-order error of 10 ms substeps with joints at 3x their
-#: limit) and 0.38 (limits on); without them up to 15x (off) and 2.2x (on).
-BOUND = {False: 0.7, True: 0.5}
+DRAWS = 512
+#: (90th percentile, maximum) over DRAWS draws of the error with the iterations, and the 99th
+#: percentile the peer without them must exceed. Surveyed over 200 batches of 512 draws (limits
+#: on) and 100 (limits off; ``python bench/servo_solve.py --survey N`` prints these ranges): with 4 iterations the per-batch 90th percentile 0.23-0.27 (on) and 0.35-0.39
+#: (off), the maximum 0.42-0.81 and 0.47-0.79; without them the 99th percentile 1.7-2.3 (on) and
+#: 5.9-13 (off: a light joint flipping between substeps). The tail past 0.5 is the 10 ms implicit
+#: step's own error: iterated to convergence (32 iterations), 0.1 % of draws still exceed 0.5.
+BOUND = {False: (0.45, 1.0), True: (0.35, 1.0)}
+PEER_P99 = {False: 3.0, True: 1.2}
 
 
 @pytest.mark.parametrize("velocity_limits", [False, True])
 def test_the_project_arm_at_10ms_substeps_follows_the_fine_reference(velocity_limits):
-    """The project's arm (config/reach_arm.yaml: 10 ms substeps), 24 random starts and position
-    steps of up to 0.6 rad (seed printed): with the servo iterations every joint's speed stays
-    within BOUND of its URDF velocity limit of the 0.5 ms reference at every control step."""
+    """The project's arm (config/reach_arm.yaml: 10 ms substeps), DRAWS random starts and position
+    steps of up to 0.6 rad (seed printed). Per draw, the error is the largest difference over
+    control steps and joints between its speed and the 0.5 ms reference's, as a share of the
+    joint's URDF velocity limit. With the servo iterations, the draws' 90th percentile and maximum
+    stay within BOUND (no draw flips); without them the 99th percentile exceeds PEER_P99."""
     seed = _seed()
-    on, off, peak = _errors(_arm_params(), np.random.default_rng(seed), 24, 0.6, 2, velocity_limits=velocity_limits)
+    on, off, peak = _errors(_arm_params(), np.random.default_rng(seed), DRAWS, 0.6, 2,
+                            velocity_limits=velocity_limits)
+    p90, top = BOUND[velocity_limits]
+    stats = (seed, f"p90 {np.quantile(on, 0.9):.3f} max {on.max():.3f} peer p99 {np.quantile(off, 0.99):.3f}")
     assert peak > 0.5, (seed, peak)                # the draws do move the joints fast
-    assert on.max() <= BOUND[velocity_limits], (seed, on, off)
+    assert np.quantile(on, 0.9) <= p90 and on.max() <= top, stats
+    assert np.quantile(off, 0.99) > PEER_P99[velocity_limits], stats
 
 
 @pytest.mark.parametrize("velocity_limits", [False, True])
