@@ -10,7 +10,6 @@ same way (``ros2 launch ... --show-args`` prints the same text).
 from __future__ import annotations
 
 import inspect
-import typing
 from typing import Any, Iterable, List, Tuple
 
 from .config import TRAINING_FILE_KEYS
@@ -54,15 +53,11 @@ def parameter_reference() -> str:
                        f"| `{_cell(schema.show(e.default))}` | {_cell(e.doc)} |")
         out.append("")
     for kind, cls in TASKS.items():
-        init = inspect.unwrap(cls.__init__)
-        hints = typing.get_type_hints(init)
-        params = inspect.signature(init).parameters
         out += [f"## `task` with `type: {kind}`", "", " ".join((cls.__doc__ or "").split()), "",
                 "| key | type | default |", "|---|---|---|"]
-        for p in cls.parameter_names():
-            default = params[p].default
+        for p, hint, default in cls.parameter_spec():
             shown = "required" if default is inspect.Parameter.empty else f"`{schema.show(default)}`"
-            out.append(f"| `task.{p}` | {_cell(schema.type_name(hints.get(p, typing.Any)))} | {shown} |")
+            out.append(f"| `task.{p}` | {_cell(schema.type_name(hint))} | {shown} |")
         out.append("")
     out += ["# Node parameters", "",
             "Each node's ROS parameters as it declares them (`ros2 param describe <node> <name>` gives the same "

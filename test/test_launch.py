@@ -459,6 +459,7 @@ def test_deploy_launch_parameters_through_ros2_param(deployment):
                     "param", "describe", "/mujoco_plant", "perturbation.mass_scale")
     entry = next(e for e in entries(Perturbation, "perturbation") if e.name == "perturbation.mass_scale")
     assert entry.doc in res.stdout and "(> 0) default: 1" in res.stdout, res.stdout
+    assert f"Additional constraints: {entry.constraints}" in res.stdout, res.stdout
 
 
 def test_deploy_launch_topics_through_ros2_topic_echo(deployment):

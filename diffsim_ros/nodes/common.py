@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -82,9 +82,13 @@ def declare(node, name: str, default: Any, description: str, *, dynamic_typing: 
     return value(node, name)
 
 
-def declare_all(node, specs: Iterable[Tuple[str, Any, str]]) -> Dict[str, Any]:
-    """Declare every ``(name, default, description)``; returns {name: value}."""
-    return {name: declare(node, name, default, text) for name, default, text in specs}
+def declare_all(node, specs: Iterable[Tuple[str, Any, str]], constraints: Optional[Mapping[str, str]] = None
+                ) -> Dict[str, Any]:
+    """Declare every ``(name, default, description)``, with its ``constraints[name]`` where
+    given; returns {name: value}."""
+    constraints = constraints or {}
+    return {name: declare(node, name, default, text, constraints=constraints.get(name, ""))
+            for name, default, text in specs}
 
 
 def value(node, name: str) -> Any:

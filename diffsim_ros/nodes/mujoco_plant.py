@@ -49,7 +49,7 @@ from typing import List, Optional
 import numpy as np
 
 from .. import interfaces as ifc
-from ..physics.schema import ros_parameters
+from ..physics.schema import ros_constraints, ros_parameters
 from ..plant.perturbation import Perturbation
 from . import common
 
@@ -105,6 +105,7 @@ PARAMETERS = [
 ]
 # perturbation.*: the fields of plant.Perturbation, with their documentation (physics/schema.py).
 PARAMETERS += ros_parameters(Perturbation, "perturbation")
+CONSTRAINTS = ros_constraints(Perturbation, "perturbation")
 PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))
 
 
@@ -154,7 +155,7 @@ def _build_node_class():
     class MujocoPlantNode(Node):
         def __init__(self, **kw):
             super().__init__(NODE_NAME, **kw)
-            p = common.declare_all(self, PARAMETERS)
+            p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
             self.p = p
             params = common.config_parameters(self)
             if not params.get("urdf"):

@@ -57,7 +57,7 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..control.supervisor import SupervisorConfig
-from ..physics.schema import ros_parameters
+from ..physics.schema import ros_constraints, ros_parameters
 from .common import StartupError as _CommonStartupError
 from .common import resolve_path
 
@@ -141,6 +141,16 @@ def _excitation_parameters() -> Dict[str, Any]:
 
 EXCITATION_PARAMETERS: Dict[str, Any] = _excitation_parameters()
 PARAMETERS.update(EXCITATION_PARAMETERS)
+
+
+def _constraints() -> Dict[str, str]:
+    """The schema sections' ranges and value sets, for the descriptors' additional_constraints."""
+    from ..control.excitation import ExcitationConfig
+
+    return {**ros_constraints(SupervisorConfig, ""), **ros_constraints(ExcitationConfig, "excitation")}
+
+
+CONSTRAINTS: Dict[str, str] = _constraints()
 
 #: Element type of the list parameters (an empty default cannot say it).
 ARRAY_TYPES = {"controller_joints": "string", "target": "double", "workspace_min": "double",
@@ -382,7 +392,7 @@ def make_node_class():
         # -------------------------------------------------------------- parameters
         def _declare(self):
             for name, (default, desc) in PARAMETERS.items():
-                d = ParameterDescriptor(description=desc)
+                d = ParameterDescriptor(description=desc, additional_constraints=CONSTRAINTS.get(name, ""))
                 if isinstance(default, list) and not default:
                     # An empty list has no element type: declare the type; unset reads back as [].
                     kind = {"string": Parameter.Type.STRING_ARRAY, "double": Parameter.Type.DOUBLE_ARRAY}[

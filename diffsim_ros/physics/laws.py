@@ -218,6 +218,13 @@ def servo_secants(xp, base, pd, va, torque, slope, brake, va_next, kd, kp, h: fl
     return new_slope, clamp_min(xp, secant(xp, end, moved, dv, brake, limit_scale(xp, vmax)), 0.0)
 
 
+def relaxed(old, new):
+    """One relaxed step of the servo iterations (SimConfig.servo_iterations): half way from the
+    current linearisation to the new secants, so that the iteration settles where a plain one
+    alternates between a flat and a steep secant. The simulator and the stand-in take the same."""
+    return 0.5 * (old + new)
+
+
 # ----------------------------------------------------------------------------- joint friction
 def tanh_ratio(xp, x):
     """tanh(x) / x, smooth through 0 (1 - x^2 / 3 there), with finite gradients everywhere."""

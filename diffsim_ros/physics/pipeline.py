@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from . import laws
 from .algorithms import gravity_joint_forces
 from .kinematics import Kinematics, kinematics_record
 from .stages.acceleration import acceleration
@@ -99,11 +100,11 @@ def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
     def refine(qdd: torch.Tensor):
         va_next = (v + h * qdd.T)[:, nb:][:, idx]
         slope, brake = servo_slope(sys, servo, va_next, h)
-        cur[0] = 0.5 * (cur[0] + slope)
+        cur[0] = laws.relaxed(cur[0], slope)
         ds = cur[0] - servo.slope
         dd = sys.kd * ds
         if brake is not None:
-            cur[1] = 0.5 * (cur[1] + brake)
+            cur[1] = laws.relaxed(cur[1], brake)
             dd = dd + (cur[1] - servo.brake)
         zero = torch.zeros_like(v[:, nb:])
         D = f.D + _pad(sys, zero.index_add(-1, idx, dd))

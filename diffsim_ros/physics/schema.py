@@ -439,3 +439,9 @@ def ros_parameters(cls, prefix: str) -> List[Tuple[str, Any, str]]:
                 default = [y for x in default for y in x]
         out.append((e.name, default, describe(e)))
     return out
+
+
+def ros_constraints(cls, prefix: str) -> Dict[str, str]:
+    """``{prefix.field: constraints}`` of the section ``cls``'s ROS parameters that have a range
+    or a set of values: the ParameterDescriptor's additional_constraints (``ros2 param describe``)."""
+    return {e.name: e.constraints for e in entries(cls, prefix) if e.ros and e.constraints}

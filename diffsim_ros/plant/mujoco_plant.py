@@ -652,7 +652,7 @@ class MujocoPlant:
                                         self.kd, kp, h, self.effort_limit, vmax, band)
             b1 = brake if b1 is None else b1
             self._implicit_gains(interface, s, brake, va, applied, damping, -1.0)
-            s, brake = 0.5 * (s + s1), 0.5 * (brake + b1)      # half way, as the simulator
+            s, brake = laws.relaxed(s, s1), laws.relaxed(brake, b1)
             self._implicit_gains(interface, s, brake, va, applied, damping)
 
     def _rotor_forces(self) -> np.ndarray:

@@ -13,7 +13,7 @@ import functools
 import inspect
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -75,10 +75,19 @@ class Task:
         cls.__init__ = recording
 
     @classmethod
+    def parameter_spec(cls) -> List[Tuple[str, Any, Any]]:
+        """``(name, type hint, default)`` of the task's parameters (its constructor's keyword
+        arguments after model and sim_config); the default is ``inspect.Parameter.empty`` for a
+        required one. What from_parameters converts to and the reference's task tables show."""
+        init = inspect.unwrap(cls.__init__)
+        hints = typing.get_type_hints(init)
+        params = inspect.signature(init).parameters
+        return [(p, hints.get(p, Any), params[p].default) for p in params if p not in ("self", "model", "sim_config")]
+
+    @classmethod
     def parameter_names(cls) -> List[str]:
         """The task's parameters (its constructor's keyword arguments after model and sim_config)."""
-        params = inspect.signature(inspect.unwrap(cls.__init__)).parameters
-        return [p for p in params if p not in ("self", "model", "sim_config")]
+        return [name for name, _, _ in cls.parameter_spec()]
 
     @classmethod
     def from_parameters(cls, model: Model, sim_config: SimConfig, spec: Mapping[str, Any],
@@ -86,9 +95,8 @@ class Task:
         """The task of the mapping ``spec`` (its ``type`` key, if present, is ignored here). Unknown
         keys, values of the wrong type and values the task refuses are a ConfigError naming the
         key path under ``where``."""
-        init = inspect.unwrap(cls.__init__)
-        hints = typing.get_type_hints(init)
-        allowed = cls.parameter_names()
+        hints = {name: hint for name, hint, _ in cls.parameter_spec()}
+        allowed = list(hints)
         kw = {}
         for k, v in spec.items():
             if k == "type":
@@ -96,7 +104,7 @@ class Task:
             if k not in allowed:
                 raise unknown_key(k, allowed, where).under(where)
             try:
-                kw[k] = convert_value(hints.get(k, Any), v, str(k))
+                kw[k] = convert_value(hints[k], v, str(k))
             except ConfigError as e:
                 raise e.under(where) from None
         try:
