@@ -627,7 +627,8 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
             label = coords.label(sl.start + i)
             zi = z[sl][i]
             if float(zi) <= float(coords.lo[sl][i]) + 1e-9:
-                at_bound.append(f"{label} at its lower bound")
+                if not PARAMETERS[n].physical_low:
+                    at_bound.append(f"{label} at its lower bound")
             elif float(zi) >= float(coords.hi[sl][i]) - 1e-9:
                 at_bound.append(f"{label} at its upper bound")
             if float(sens_n[i]) < MIN_SENSITIVITY or float(rs[i]) > MAX_REL_STD or any(label in c for c in blind):

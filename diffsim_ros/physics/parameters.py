@@ -50,6 +50,8 @@ class Parameter:
     structural: bool = False              # apply() may rebuild the system (applied before the others)
     time_like: bool = False               # a time constant or a delay: a multi-start grid helps the fit
     differentiable: bool = True           # apply() keeps gradients in the value
+    physical_low: bool = False            # the lower bound is the quantity's own limit (a delay is >= 0): a
+                                          # fit that ends there found a value, not a bound to widen
 
     def applies(self, sys: System) -> bool:
         if self.needs == "joints":
@@ -216,7 +218,7 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
                          "fractional in sysid)", "steps", None,
               lambda s: _f64([float(s.config.command_delay)]),
               lambda n: (torch.zeros_like(n), torch.full_like(n, 10.0)), _latency, log_space=False,
-              structural=True, time_like=True, differentiable=False),
+              structural=True, time_like=True, differentiable=False, physical_low=True),
 ]}
 
 #: Pairs that describe the same physical quantity: never both in one set of values.
@@ -247,8 +249,8 @@ def help_text() -> str:
 
 #: The stand-in's perturbation fields (``diffsim_ros.plant.Perturbation``) that are registry
 #: parameters; the rest (sensor noise, seed, wind, payload) lie outside the simulator's model.
-PERTURBATION_FIELDS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "actuator_lag",
-                       "latency", "joint_friction_scale")
+PERTURBATION_FIELDS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "thrust_scale",
+                       "actuator_lag", "latency", "joint_friction_scale")
 
 
 def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[str, Tensor]:
@@ -259,8 +261,8 @@ def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[st
     ``added_joint_damping`` and ``joint_friction_scale`` become per-joint values."""
     p = dict(perturbation)
     out: Dict[str, Tensor] = {}
-    for k in ("mass_scale", "drag_scale"):
-        if k in p and (k != "drag_scale" or sys.rotors is not None):
+    for k in ("mass_scale", "drag_scale", "thrust_scale"):
+        if k in p and (k == "mass_scale" or sys.rotors is not None):
             out[k] = _f64([float(p[k])])
     if sys.model.nj and sys.rotors is None:
         scale, added = float(p.get("joint_damping_scale", 1.0)), float(p.get("added_joint_damping", 0.0))

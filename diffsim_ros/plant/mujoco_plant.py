@@ -47,6 +47,7 @@ Perturbations (:class:`Perturbation`) stand in for the reality gap; defaults are
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -187,7 +188,9 @@ class MujocoPlant:
             except ConfigError as e:
                 raise e.at(source) from None
             lag = self.perturbation.actuator_lag
-            self.flight = FlightController(cfg.rotors, rot.positions.numpy(), pm.inertia[0].numpy(),
+            real = dataclasses.replace(cfg.rotors, thrust_scale=cfg.rotors.thrust_scale
+                                       * self.perturbation.thrust_scale)
+            self.flight = FlightController(real, rot.positions.numpy(), pm.inertia[0].numpy(),
                                            pm.com[0].numpy(), motor_time_constant=lag)
             self.rotor_links = list(cfg.rotors.rotor_links)
 

@@ -27,6 +27,9 @@ class Perturbation:
     added_joint_damping: float = option(0.0, "viscous damping added to every joint (after the scale)",
                                         "N m s/rad (N s/m for prismatic joints)", low=0)
     drag_scale: float = option(1.0, "factor on the multirotor body drag (linear and quadratic)", low=0)
+    thrust_scale: float = option(1.0, """factor on the thrust and yaw torque a multirotor's rotors really produce
+        at a given speed (weaker motors or props, a low battery), on top of simulator.rotors.thrust_scale; the
+        flight controller's mixer keeps the nominal coefficients""", above=0)
     actuator_lag: Optional[float] = option(None, """first-order time constant of the actuators, replacing the
         configuration's: for joints the torque lag (simulator.actuator_lag), for rotors the rotor-speed lag
         (rotors.motor_time_constant). null, or as a ROS parameter any negative number: the configuration's

@@ -74,10 +74,13 @@ def _draw(rng, kind: str, names):
             # window's start diverged from about 0.017 s with a low damping (the true values then
             # left 3 % of the velocity change unexplained: seed 3646889006, damping 0.320 for 0.302).
             pert["actuator_lag"] = float(rng.uniform(0.008, 0.06))
+        elif n == "thrust_scale":
+            pert[n] = drawn_away(rng, 0.85, 1.1, 1.0, 0.04)
         elif n == "latency":
-            # 1-3 control steps of 20 ms (the arm's were 1-2 while 3 steps with a 0.025 s lag landed
-            # at 2.9, before the lagged-torque estimate was fixed).
-            pert["latency"] = 0.02 * int(rng.integers(1, 4))
+            # 0-3 control steps of 20 ms among other parameters, 1-3 alone (0 alone is no
+            # perturbation). (The arm's were 1-2 while 3 steps with a 0.025 s lag landed at 2.9,
+            # before the lagged-torque estimate was fixed.)
+            pert["latency"] = 0.02 * int(rng.integers(0 if len(names) > 1 else 1, 4))
     return pert
 
 
@@ -115,7 +118,7 @@ def _check(r, truth, names):
 
 
 @pytest.mark.parametrize("kind, pool", [
-    ("quadrotor", ["mass_scale", "drag_scale", "motor_time_constant", "latency"]),
+    ("quadrotor", ["mass_scale", "drag_scale", "thrust_scale", "motor_time_constant", "latency"]),
     ("arm", ["mass_scale", "joint_damping_scale", "joint_friction", "latency"]),
 ])
 def test_sysid_recovers_one_drawn_parameter(tmp_path, kind, pool):
