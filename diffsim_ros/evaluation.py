@@ -367,7 +367,7 @@ def mujoco_scene(params: Dict[str, Any], source: str = ""):
 
 def _marks(task, target) -> Tuple[Optional[List[float]], float, str]:
     """(point to draw or None, its radius m, caption) of one episode's goal."""
-    from .tasks import LocomotionTask, QuadrotorTask, ReachTask
+    from .tasks import JumpTask, LocomotionTask, QuadrotorTask, ReachTask
 
     t = [float(x) for x in target.reshape(-1).tolist()]
     xyz = lambda v: "(" + ", ".join(f"{x:.2f}" for x in v) + ")"  # noqa: E731
@@ -377,6 +377,8 @@ def _marks(task, target) -> Tuple[Optional[List[float]], float, str]:
         if task.mode == "velocity":
             return None, 0.0, f"velocity command {xyz(t)} m/s"
         return t, float(task.success_distance), f"{'setpoint' if task.mode == 'hover' else 'waypoint'} {xyz(t)} m"
+    if isinstance(task, JumpTask):
+        return None, 0.0, f"jump: apex >= {task.min_apex:g} m, feet off"
     if isinstance(task, LocomotionTask):
         if task.command_speed and t:
             return None, 0.0, f"forward speed command {t[0]:.2f} m/s"

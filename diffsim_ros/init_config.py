@@ -41,9 +41,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: --task values and the task section they become (type, quadrotor mode)
 TASK_CHOICES = {"reach": ("reach", None), "hover": ("quadrotor", "hover"), "waypoint": ("quadrotor", "waypoint"),
-                "velocity": ("quadrotor", "velocity"), "locomotion": ("locomotion", None)}
+                "velocity": ("quadrotor", "velocity"), "locomotion": ("locomotion", None), "jump": ("jump", None)}
 #: tasks asked for that diffsim_ros.tasks has no implementation of (refused, not invented)
-UNAVAILABLE_TASKS = ("jump",)
+UNAVAILABLE_TASKS: Tuple[str, ...] = ()
 GRIPPER_WORDS = ("finger", "gripper", "hand", "claw", "jaw", "thumb", "knuckle")
 ROTOR_WORDS = ("rotor", "prop", "motor")
 #: Default servo bandwidth, Hz. A 4 Hz critically damped servo (w = 25 rad/s) settles a step in
@@ -368,7 +368,7 @@ def plan(urdf: str, task: str, floating_base: Optional[bool] = None, ee_link: Op
     if not damping_ratio > 0:
         raise InitError(f"--damping-ratio must be > 0, got {damping_ratio}")
     kind, mode = TASK_CHOICES[task]
-    needs_base = kind in ("quadrotor", "locomotion")
+    needs_base = kind in ("quadrotor", "locomotion", "jump")
     if kind == "reach" and floating_base:
         raise InitError("--task reach drives an arm bolted to the world: drop --floating-base")
     path = _find_urdf(urdf)
@@ -396,6 +396,8 @@ def plan(urdf: str, task: str, floating_base: Optional[bool] = None, ee_link: Op
             _plan_reach(p, model, actuated, ee_link, bandwidth, damping_ratio)
         else:
             _plan_locomotion(p, model, desc, actuated, bandwidth, damping_ratio)
+            if kind == "jump":
+                _as_jump(p)
     return p
 
 
@@ -545,6 +547,28 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
     il["task.speed_limit_weight"] = ("loss weight on each joint's speed beyond its URDF velocity limit, "
                                      "(|v| / v_max - 1)^2 per step: at its effort limit a drive cannot always "
                                      "brake a heavy link that its neighbours swing")
+
+
+def _as_jump(p: Plan) -> None:
+    """The legged plan turned into the jump task (tasks/jump.py): the same robot, stance, gains
+    and contact, 1 s episodes, the apex objective with the tilt term, 25-step windows."""
+    t = p.params["task"]
+    p.params["task"] = dict(type="jump", stance=t["stance"], base_height=t["base_height"], horizon=100,
+                            action_scale=t["action_scale"], action_weight=0.001, upright_weight=4.0, min_apex=0.05,
+                            max_tilt=0.5, fall_height=0.5)
+    p.params["training"].update(iterations=60, window=25, learning_rate=0.002)
+    p.params["simulator"]["velocity_limits"] = True
+    il = p.inline
+    il["simulator.velocity_limits"] = "bool: the drives honour the URDF velocity limits: a push-off is fast"
+    il["task.upright_weight"] = "loss weight on the base's tilt, 1 - cos(angle of its z axis from vertical), per step"
+    il["task.min_apex"] = "m, the base's apex above base_height that counts as a jump (feet off the ground)"
+    il["task.max_tilt"] = "rad, largest roll and pitch at every step"
+    il["task.fall_height"] = "fraction of base_height the base stays above at every step"
+    il["task.action_weight"] = "loss weight on the action squared, per step"
+    p.header[:3] = [p.header[0].split(":")[0] + ": on a floating base, learns to jump as high as it can through "
+                    "ground contact;", "the loss is minus the base's ballistic apex above standing, plus the action "
+                    "and the tilt (no gait shaping). Success:", "the base min_apex above standing with every foot off "
+                    "the ground there, upright, only feet touching (tasks/jump.py)."]
 
 
 def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float, zeta: float) -> None:
@@ -830,7 +854,7 @@ COMMON_COMMENTS = {
     "simulator.joint_limits": "bool: URDF position limits as a smooth penalty",
     "simulator.actuator": "command interface",
     "simulator.effort_saturation": "bool: smooth saturation at the URDF effort limit",
-    "task.type": "reach | quadrotor | locomotion",
+    "task.type": "reach | quadrotor | locomotion | jump",
     "task.mode": "hover | waypoint | velocity",
     "task.start_radius": "m, start drawn within +-start_radius per axis of (0, 0, 1) m",
     "task.start_speed": "m/s, start velocity drawn within +-start_speed per axis",

@@ -268,6 +268,26 @@ def test_standing_torque_against_pinocchio(generated, robots_dir):
         np.testing.assert_allclose(hold, tau[6:], rtol=1e-6, atol=1e-9)
 
 
+def test_jump_is_the_legged_plan_with_the_jump_task(robots_dir, tmp_path):
+    """`--task jump` on the project's quadruped and solo12: the robot, stance, base height, gains
+    and contact of the locomotion plan, the drives' velocity limits on, and a task section that
+    builds tasks.jump.JumpTask through the project's loader."""
+    from diffsim_ros.tasks import JumpTask
+
+    for name in ("quadruped", "solo12"):
+        loco = init_config.plan(_urdf(name, robots_dir), "locomotion")
+        jump = init_config.plan(_urdf(name, robots_dir), "jump")
+        assert jump.params["task"]["type"] == "jump"
+        for k in ("stance", "base_height", "action_scale"):
+            assert jump.params["task"][k] == loco.params["task"][k], k
+        sim_l, sim_j = loco.params["simulator"], jump.params["simulator"]
+        assert {k: v for k, v in sim_j.items() if k != "velocity_limits"} == sim_l and sim_j["velocity_limits"]
+        out = tmp_path / f"{name}_jump.yaml"
+        assert cli.main(["init", "--urdf", _urdf(name, robots_dir), "--task", "jump", "--out", str(out)]) == 0
+        _, task, _ = config.load_training_file(out)
+        assert isinstance(task, JumpTask) and task.base_height == pytest.approx(loco.params["task"]["base_height"], abs=1e-6)
+
+
 # ------------------------------------------------------------------ legged geometry
 def _box_corners(size, R, p):
     h = 0.5 * np.asarray(size)
@@ -450,7 +470,6 @@ def test_reach_targets_fit_the_velocity_limits(generated):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--task", "jump"], "no 'jump' task (available: reach, hover, waypoint, velocity, locomotion)"),
     (["--task", "fly"], "unknown (available: reach, hover"),
     (["--task", "reach", "--floating-base"], "drop --floating-base"),
     (["--task", "hover"], "moving joints"),

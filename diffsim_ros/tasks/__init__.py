@@ -6,13 +6,14 @@ from typing import Any, Dict, Mapping
 
 from ..physics import ConfigError, Model, SimConfig
 from .base import Task, TaskState
+from .jump import JumpTask
 from .locomotion import LocomotionTask
 from .quadrotor import QuadrotorTask
 from .reach import ReachTask
 
-TASKS = {cls.kind: cls for cls in (ReachTask, QuadrotorTask, LocomotionTask)}
+TASKS = {cls.kind: cls for cls in (ReachTask, QuadrotorTask, LocomotionTask, JumpTask)}
 
-__all__ = ["Task", "TaskState", "ReachTask", "QuadrotorTask", "LocomotionTask", "TASKS", "make_task"]
+__all__ = ["Task", "TaskState", "ReachTask", "QuadrotorTask", "LocomotionTask", "JumpTask", "TASKS", "make_task"]
 
 
 def make_task(model: Model, sim_config: SimConfig, spec: Dict[str, Any], where: str = "task") -> Task:

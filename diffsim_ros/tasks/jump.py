@@ -1,0 +1,121 @@
+"""A legged jump: the base as high as it can go, through ground contact.
+
+The objective is the base's ballistic apex ``z_t + max(vz_t, 0)^2 / 2g`` (``vz`` the world
+vertical speed: the height the base reaches if it flies from step t) above its standing
+height, averaged over the episode, plus a small regulariser on the action and, with
+``upright_weight``, the base's tilt (1 - cos of the angle between its z axis and the world's). Every step
+counts, so a push-off is rewarded at once by the apex it sets up, and the flight (whose
+ascent holds the apex) outweighs standing tall on extended legs. There is no term on legs,
+phases, contacts or posture: crouching, pushing off and the flight come from the apex
+through the contact model. (The episode's maximum alone, the running maximum's rise per
+step, gave no gradient while the robot stood: the trainer never left the stance.)
+
+Success (independent of training, :func:`jump_metric`): the base rises at least ``min_apex``
+m above its standing height while every foot is off the ground at that step (a flight, not
+a stretch on extended legs); at every step the base stays above ``fall_height`` x its
+standing height with roll and pitch within ``max_tilt`` rad, and no body but the feet
+touches the ground.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..physics import Model, SimConfig
+from ..physics.spatial import quat_rotate, quat_to_matrix, roll_pitch
+from .base import TaskState
+from .locomotion import LocomotionTask
+
+
+class JumpTask(LocomotionTask):
+    """A legged robot on the position interface jumps as high as it can from the ``stance``
+    pose (joint targets about it, ``action_scale`` rad per unit action); see the module doc."""
+    kind = "jump"
+
+    name = "jump"
+
+    def __init__(self, model: Model, sim_config: SimConfig, stance: Sequence[float], base_height: float,
+                 horizon: int = 100, action_scale: float = 0.5, action_weight: float = 1e-3,
+                 upright_weight: float = 0.0, min_apex: float = 0.05, max_tilt: float = 0.5,
+                 fall_height: float = 0.5):
+        super().__init__(model, sim_config, stance, base_height, horizon=horizon, action_scale=action_scale,
+                         action_weight=action_weight, upright_weight=upright_weight, fall_height=fall_height,
+                         max_tilt=max_tilt)
+        if not min_apex > 0:
+            raise ValueError(f"jump: 'min_apex' must be > 0 m, got {min_apex}")
+        self.min_apex = float(min_apex)
+        self.gravity = float(-sim_config.gravity[2])
+        if not self.gravity > 0:
+            raise ValueError(f"jump: gravity must point down (-z), got {list(sim_config.gravity)}")
+
+    def apex(self, ts: TaskState) -> torch.Tensor:
+        """(B,) the base's ballistic apex from the current state: z + max(vz, 0)^2 / 2g (m)."""
+        q, v = ts.sim.q, ts.sim.v
+        quat = q[:, 3:7] / torch.linalg.vector_norm(q[:, 3:7], dim=-1, keepdim=True)
+        vz = quat_rotate(quat, v[:, 0:3])[:, 2]
+        return q[:, 2] + torch.clamp(vz, min=0.0) ** 2 / (2.0 * self.gravity)
+
+    def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
+        ts = super().reset(batch, generator)
+        ts.extra["peak_z"] = ts.sim.q[:, 2].detach().clone()
+        ts.extra["airborne_peak"] = torch.zeros(batch, dtype=torch.bool, device=self.model.device)
+        ts.extra["violation"] = torch.zeros(batch, dtype=torch.bool, device=self.model.device)
+        return ts
+
+    def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
+        ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
+        with torch.no_grad():
+            z = ts.sim.q[:, 2]
+            roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
+            bad = (z < self.fall_height) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
+            other = self.other_contact()
+            if other is not None:
+                bad = bad | other
+            ts.extra["violation"] = ts.extra["violation"] | bad
+            feet = self.feet_contact()
+            higher = z > ts.extra["peak_z"]
+            ts.extra["peak_z"] = torch.where(higher, z, ts.extra["peak_z"])
+            if feet is not None:
+                ts.extra["airborne_peak"] = torch.where(higher, ~feet.any(0), ts.extra["airborne_peak"])
+
+    def feet_contact(self) -> Optional[torch.Tensor]:
+        """(F, B) bool: each foot touching the ground in the last step (None when the step kept no
+        contact data)."""
+        data = self.sim.last_data
+        if data is None or not self.feet:
+            return None
+        return data.contact.wrench[self.feet, 2, :] > 1e-3
+
+    def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
+        loss = -(self.apex(ts) - self.base_height) + self.action_weight * (action ** 2).sum(-1)
+        if self.upright_weight:
+            loss = loss + self.upright_weight * (1.0 - quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2])
+        return loss
+
+    def success(self, ts: TaskState) -> torch.Tensor:
+        high = ts.extra["peak_z"] - self.base_height >= self.min_apex
+        return high & ts.extra["airborne_peak"] & ~ts.extra["violation"]
+
+
+def jump_metric(z, roll, pitch, feet_contact, other_contact, base_height: float, min_apex: float = 0.05,
+                max_tilt: float = 0.5, fall_height: float = 0.5) -> dict:
+    """The jump's success on one recorded episode, from plain arrays (simulator, stand-in or bag
+    alike): base height ``z`` (m), ``roll`` and ``pitch`` (rad) per step, ``feet_contact`` (T, F)
+    bool per foot, ``other_contact`` (T,) bool (a body other than a foot touching). Returns
+    the verdict and each of its parts."""
+    z = np.asarray(z, dtype=np.float64)
+    roll, pitch = np.asarray(roll, dtype=np.float64), np.asarray(pitch, dtype=np.float64)
+    feet = np.asarray(feet_contact, dtype=bool).reshape(len(z), -1)
+    other = np.asarray(other_contact, dtype=bool)
+    k = int(np.argmax(z))
+    parts = {"apex_m": float(z[k] - base_height), "apex_ok": bool(z[k] - base_height >= min_apex),
+             "airborne_at_apex": bool(not feet[k].any()),
+             "min_height_m": float(z.min()), "height_ok": bool((z >= fall_height * base_height).all()),
+             "max_tilt_rad": float(max(np.abs(roll).max(), np.abs(pitch).max())),
+             "tilt_ok": bool((np.abs(roll) <= max_tilt).all() and (np.abs(pitch) <= max_tilt).all()),
+             "only_feet_touch": bool(not other.any())}
+    parts["success"] = (parts["apex_ok"] and parts["airborne_at_apex"] and parts["height_ok"] and parts["tilt_ok"]
+                        and parts["only_feet_touch"])
+    return parts

@@ -1,0 +1,188 @@
+"""The jump task (issue 17 item 4) and its metric, which must fail on the wrong behaviour.
+
+On the project's quadruped: standing still never rises, stretching the legs raises the base
+with the feet on the ground (no flight), and an open-loop crouch-and-extend leaves the ground
+but pitches past the limit in the air; each fails ``jump_metric``, and the task's own verdict
+equals the metric computed from the recorded arrays. The metric's rules are checked on
+synthetic ballistic hops (hypothesis).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO_ROOT
+
+from diffsim_ros import config
+from diffsim_ros.physics.spatial import roll_pitch
+from diffsim_ros.tasks.jump import JumpTask, jump_metric
+
+
+@pytest.fixture(scope="module")
+def task():
+    _, t, _ = config.load_training_file(REPO_ROOT / "config" / "jump.yaml", dtype=torch.float64)
+    assert isinstance(t, JumpTask)
+    return t
+
+
+def rollout(task, policy, seed=0):
+    """(final task state, recorded arrays) of one episode under ``policy(step) -> action``."""
+    ts = task.reset(1, torch.Generator().manual_seed(seed))
+    rec = {"z": [float(ts.sim.q[0, 2])], "roll": [0.0], "pitch": [0.0], "feet": [[True] * len(task.feet)],
+           "other": [False]}
+    with torch.no_grad():
+        for k in range(task.horizon):
+            ts = task.step(ts, torch.as_tensor(policy(k), dtype=torch.float64)[None])
+            r, p = roll_pitch(ts.sim.q[:, 3:7])
+            rec["z"].append(float(ts.sim.q[0, 2]))
+            rec["roll"].append(float(r[0]))
+            rec["pitch"].append(float(p[0]))
+            rec["feet"].append(task.feet_contact()[:, 0].tolist())
+            rec["other"].append(bool(task.other_contact()[0]))
+    return ts, rec
+
+
+def verdict(task, rec):
+    return jump_metric(rec["z"], rec["roll"], rec["pitch"], rec["feet"], rec["other"], task.base_height,
+                       task.min_apex, task.max_tilt, task.fall_height / task.base_height)
+
+
+CROUCH = np.tile([0.0, 1.0, -1.0], 4)       # thighs forward, knees more bent: the base goes down
+
+
+def stand(k):
+    return np.zeros(12)
+
+
+def stretch(k):
+    return -CROUCH * min(1.0, k / 30)          # legs straightened slowly and held: up, feet down
+
+
+def crouch_and_extend(k):
+    return CROUCH if 10 <= k < 30 else (-CROUCH if 30 <= k < 45 else np.zeros(12))
+
+
+def test_standing_stretching_and_an_untrimmed_leap_fail(task):
+    ts, rec = rollout(task, stand)
+    v = verdict(task, rec)
+    assert not v["success"] and not v["apex_ok"] and v["apex_m"] < 0.01, v
+    ts, rec = rollout(task, stretch)
+    v = verdict(task, rec)
+    assert not v["success"] and v["apex_m"] > 0.02 and not v["airborne_at_apex"], v
+    ts, rec = rollout(task, crouch_and_extend)
+    v = verdict(task, rec)
+    # It does leave the ground, higher than the threshold, but lands tipped over.
+    assert v["apex_ok"] and v["airborne_at_apex"] and not v["tilt_ok"] and not v["success"], v
+
+
+@pytest.mark.parametrize("policy", [stand, stretch, crouch_and_extend])
+def test_the_task_verdict_is_the_metric_on_the_recorded_arrays(task, policy):
+    ts, rec = rollout(task, policy)
+    v = verdict(task, rec)
+    assert v["success"] == bool(task.success(ts)[0])
+    assert v["apex_m"] == pytest.approx(float(ts.extra["peak_z"][0]) - task.base_height, abs=1e-12)
+    assert v["airborne_at_apex"] == bool(ts.extra["airborne_peak"][0]) or not v["apex_ok"]
+    assert (not (v["height_ok"] and v["tilt_ok"] and v["only_feet_touch"])) == bool(ts.extra["violation"][0])
+
+
+def test_the_loss_rewards_height_and_upward_speed(task):
+    """The per-step loss is minus the ballistic apex above standing: a state higher, or moving
+    up faster, has a lower loss by exactly the apex's change (z + vz^2 / 2g)."""
+    ts = task.reset(2, torch.Generator().manual_seed(1))
+    a = torch.zeros(2, task.action_dim, dtype=torch.float64)
+    q, v = ts.sim.q.clone(), ts.sim.v.clone()
+    q[1, 2] += 0.1
+    v[1, 2] = 2.0                                  # base upright at reset: body z is world z
+    ts.sim = ts.sim.replace(q=q, v=v)
+    loss = task.step_loss(ts, a)
+    assert float(loss[0] - loss[1]) == pytest.approx(0.1 + 2.0 ** 2 / (2 * task.gravity), rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(apex=st.floats(0.0, 0.3), tilt=st.floats(0.0, 0.8), touch=st.booleans(), hold=st.booleans())
+def test_metric_on_synthetic_hops(apex, tilt, touch, hold):
+    """A ballistic hop of ``apex`` m above standing: a success exactly when the apex reaches
+    min_apex with the feet off the ground there (``hold``: the feet stay down, a stretch),
+    the tilt stays within max_tilt and no other body touches."""
+    h, g, dt = 0.3, 9.81, 0.01
+    t_up = np.sqrt(2 * apex / g)
+    t = np.arange(0, 2 * t_up + 0.3, dt)
+    z = h + np.clip(apex - 0.5 * g * (t - 0.1 - t_up) ** 2, 0.0, None) * ((t > 0.1) & (t < 0.1 + 2 * t_up))
+    flight = z > h + 1e-9
+    feet = np.repeat((~flight | hold)[:, None], 4, axis=1)
+    pitch = np.full_like(t, tilt)
+    other = np.zeros_like(t, dtype=bool)
+    if touch:
+        other[len(t) // 2] = True
+    v = jump_metric(z, np.zeros_like(t), pitch, feet, other, h, min_apex=0.05, max_tilt=0.5)
+    expect = bool(z.max() - h >= 0.05 and flight.any() and not hold and tilt <= 0.5 and not touch)
+    assert v["success"] == expect, v
+
+
+@pytest.mark.parametrize("name", ["jump", "jump_solo12"])
+def test_the_shipped_jump_policy_jumps_by_the_metric_on_recorded_arrays(name):
+    """policies/<name> on 32 fresh episodes, judged by jump_metric from the recorded heights,
+    attitudes and foot contacts (not the task's own flags): at least 0.8 jump, each one with a
+    flight; the same episodes under the zero action (standing) do not."""
+    from conftest import example_robot_data_dir
+    from diffsim_ros.learning.checkpoint import load_checkpoint
+
+    cfg = REPO_ROOT / "config" / f"{name}.yaml"
+    if "example-robot-data" in cfg.read_text() and example_robot_data_dir() is None:
+        pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
+    _, task, model = config.load_training_file(cfg)
+    policy, _ = load_checkpoint(REPO_ROOT / "policies" / name, model=model)
+    rates = {}
+    for label, act in (("policy", lambda obs: policy(obs)), ("stand", lambda obs: torch.zeros(len(obs), 12))):
+        ts = task.reset(32, torch.Generator().manual_seed(3))
+        rec = {"z": [ts.sim.q[:, 2].clone()], "roll": [], "pitch": [], "feet": [], "other": []}
+        r0, p0 = roll_pitch(ts.sim.q[:, 3:7])
+        rec["roll"].append(r0)
+        rec["pitch"].append(p0)
+        rec["feet"].append(torch.ones(len(task.feet), 32, dtype=torch.bool))
+        rec["other"].append(torch.zeros(32, dtype=torch.bool))
+        with torch.no_grad():
+            for _ in range(task.horizon):
+                ts = task.step(ts, act(task.observe(ts)).to(ts.sim.q.dtype))
+                r, p = roll_pitch(ts.sim.q[:, 3:7])
+                rec["z"].append(ts.sim.q[:, 2].clone())
+                rec["roll"].append(r)
+                rec["pitch"].append(p)
+                rec["feet"].append(task.feet_contact())
+                rec["other"].append(task.other_contact())
+        arr = {k: torch.stack(v).numpy() for k, v in rec.items()}         # (T, B) and feet (T, F, B)
+        verdicts = [jump_metric(arr["z"][:, b], arr["roll"][:, b], arr["pitch"][:, b], arr["feet"][:, :, b],
+                                arr["other"][:, b], task.base_height, task.min_apex, task.max_tilt,
+                                task.fall_height / task.base_height) for b in range(32)]
+        rates[label] = np.mean([v["success"] for v in verdicts])
+        if label == "policy":
+            assert all(v["airborne_at_apex"] for v in verdicts if v["success"])
+            assert [v["success"] for v in verdicts] == task.success(ts).tolist()
+    assert rates["policy"] >= 0.8 and rates["stand"] == 0.0, rates
+
+
+@pytest.mark.slow
+def test_a_jump_emerges_from_the_apex_objective():
+    """config/jump.yaml's quadruped, task and trainer settings with a drawn seed (printed; replay
+    with DIFFSIM_TRAIN_SEED): the untrained policy never jumps by the metric; within 40
+    iterations of 16 episodes the trainer's evaluation reaches the task's threshold, and fresh
+    episodes the trainer never saw hold at least 0.8."""
+    from conftest import drawn_seed
+    from diffsim_ros.learning import MLPPolicy, TrainConfig, train
+
+    seed = drawn_seed("jump training", "DIFFSIM_TRAIN_SEED", bits=16)
+    params, task, _ = config.load_training_file(REPO_ROOT / "config" / "jump.yaml")     # float32, as trained
+    t = params["training"]
+    cfg = TrainConfig(iterations=40, num_envs=t["num_envs"], window=t["window"], learning_rate=t["learning_rate"],
+                      grad_clip=t["grad_clip"], hidden=tuple(t["hidden"]), eval_every=5, eval_envs=32,
+                      stop_at_success=True, seed=seed)
+    torch.manual_seed(seed)
+    untrained = MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(task.model.dtype)
+    before = task.rollout_success(untrained, 32, torch.Generator().manual_seed(99))
+    res = train(task, cfg, progress=False)
+    assert res.solved_env_steps is not None, (f"seed {seed} (DIFFSIM_TRAIN_SEED): not solved", res.history[-3:])
+    after = task.rollout_success(res.policy, 64, torch.Generator().manual_seed(99))
+    assert before == 0.0 and after >= 0.8, (seed, before, after)
