@@ -179,8 +179,8 @@ def test_a_jump_emerges_from_the_apex_objective():
     params, task, _ = config.load_training_file(REPO_ROOT / "config" / "jump.yaml")     # float32, as trained
     t = params["training"]
     cfg = TrainConfig(iterations=t["iterations"], num_envs=t["num_envs"], window=t["window"],
-                      learning_rate=t["learning_rate"], grad_clip=t["grad_clip"], hidden=tuple(t["hidden"]), eval_every=5, eval_envs=32,
-                      stop_at_success=True, seed=seed)
+                      learning_rate=t["learning_rate"], grad_clip=t["grad_clip"], hidden=tuple(t["hidden"]),
+                      eval_every=5, eval_envs=32, stop_at_success=True, seed=seed)
     torch.manual_seed(seed)
     untrained = MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(task.model.dtype)
     before = task.rollout_success(untrained, 32, torch.Generator().manual_seed(99))
