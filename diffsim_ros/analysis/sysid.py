@@ -48,9 +48,11 @@ or whose held-out residual stays above ``MAX_UNEXPLAINED`` of the velocity chang
 window and above ``NOISE_FACTOR`` times the noise floor (the measurement noise, estimated
 from the recording), or whose held-out error keeps a bias of one sign (per dof, RMS over the
 dofs) above ``MAX_SYSTEMATIC`` of the velocity change and above what the noise leaves on a mean
-(a constant push no fitted parameter models: wind, a payload's offset), or that has not converged (the best start, run out of iterations with its
-loss still falling, goes on once for ``max_iter`` more; a loss still falling ``UNCONVERGED``
-of itself per iteration then is no optimum, and its uncertainties do not hold). A rejected
+(a constant push no fitted parameter models: wind, a payload's offset), or that has not
+converged (the best start, run out of iterations with its loss still falling, goes on once for
+``max_iter`` more; a loss still falling ``UNCONVERGED`` of itself per iteration then is no
+optimum, and its uncertainties do not hold). Windows in which a joint passes its position
+limit are left out of fit and judgement alike (:func:`_clear_of_limits`). A rejected
 fit writes no calibrated.yaml unless asked (``write_calibrated(..., force=True)``,
 ``diffsim-ros sysid --write-rejected``); the CLI exits with status 3.
 """
