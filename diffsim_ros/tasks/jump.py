@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from ..physics import Model, SimConfig
-from ..physics.spatial import quat_rotate, quat_to_matrix, roll_pitch
 from .base import TaskState
 from .locomotion import LocomotionTask
 
@@ -52,10 +51,8 @@ class JumpTask(LocomotionTask):
 
     def apex(self, ts: TaskState) -> torch.Tensor:
         """(B,) the base's ballistic apex from the current state: z + max(vz, 0)^2 / 2g (m)."""
-        q, v = ts.sim.q, ts.sim.v
-        quat = q[:, 3:7] / torch.linalg.vector_norm(q[:, 3:7], dim=-1, keepdim=True)
-        vz = quat_rotate(quat, v[:, 0:3])[:, 2]
-        return q[:, 2] + torch.clamp(vz, min=0.0) ** 2 / (2.0 * self.gravity)
+        vz = self.base_velocity_world(ts)[:, 2]
+        return ts.sim.q[:, 2] + torch.clamp(vz, min=0.0) ** 2 / (2.0 * self.gravity)
 
     def reset(self, batch: int, generator: Optional[torch.Generator] = None) -> TaskState:
         ts = super().reset(batch, generator)
@@ -66,14 +63,9 @@ class JumpTask(LocomotionTask):
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
         ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
+        ts.extra["violation"] = ts.extra["violation"] | self.posture_violation(ts, self.fall_height)
         with torch.no_grad():
             z = ts.sim.q[:, 2]
-            roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
-            bad = (z < self.fall_height) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
-            other = self.other_contact()
-            if other is not None:
-                bad = bad | other
-            ts.extra["violation"] = ts.extra["violation"] | bad
             feet = self.feet_contact()
             higher = z > ts.extra["peak_z"]
             ts.extra["peak_z"] = torch.where(higher, z, ts.extra["peak_z"])
@@ -83,16 +75,10 @@ class JumpTask(LocomotionTask):
     def feet_contact(self) -> Optional[torch.Tensor]:
         """(F, B) bool: each foot touching the ground in the last step (None when the step kept no
         contact data)."""
-        data = self.sim.last_data
-        if data is None or not self.feet:
-            return None
-        return data.contact.wrench[self.feet, 2, :] > 1e-3
+        return self.touching(self.feet)
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
-        loss = -(self.apex(ts) - self.base_height) + self.action_weight * (action ** 2).sum(-1)
-        if self.upright_weight:
-            loss = loss + self.upright_weight * (1.0 - quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2])
-        return loss
+        return self.with_physical_terms(-(self.apex(ts) - self.base_height), ts, action)
 
     def success(self, ts: TaskState) -> torch.Tensor:
         high = ts.extra["peak_z"] - self.base_height >= self.min_apex

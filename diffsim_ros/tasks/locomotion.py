@@ -119,19 +119,27 @@ class LocomotionTask(Task):
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
         return self.stance + self.action_scale * action
 
-    def forward_velocity(self, ts: TaskState) -> torch.Tensor:
+    def base_velocity_world(self, ts: TaskState) -> torch.Tensor:
+        """(B, 3) the base's linear velocity in the world frame (the state holds it in the body frame)."""
         quat = ts.sim.q[:, 3:7]
         quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
-        return quat_rotate(quat, ts.sim.v[:, 0:3])[:, 0]
+        return quat_rotate(quat, ts.sim.v[:, 0:3])
 
-    def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
-        if self.command_speed:
-            loss = (self.forward_velocity(ts) - ts.target[:, 0]) ** 2 + self.action_weight * (action ** 2).sum(-1)
-        else:
-            loss = -self.forward_velocity(ts) + self.action_weight * (action ** 2).sum(-1)
+    def forward_velocity(self, ts: TaskState) -> torch.Tensor:
+        return self.base_velocity_world(ts)[:, 0]
+
+    def with_physical_terms(self, loss: torch.Tensor, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
+        """(B,) ``loss`` plus the physical terms every legged objective carries: the action squared
+        and, with ``upright_weight``, the base's tilt (1 - cos of its z axis's angle from vertical)."""
+        loss = loss + self.action_weight * (action ** 2).sum(-1)
         if self.upright_weight:
             loss = loss + self.upright_weight * (1.0 - quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2])
         return loss
+
+    def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
+        if self.command_speed:
+            return self.with_physical_terms((self.forward_velocity(ts) - ts.target[:, 0]) ** 2, ts, action)
+        return self.with_physical_terms(-self.forward_velocity(ts), ts, action)
 
     def _fallen(self, ts: TaskState) -> torch.Tensor:
         up = quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2]
@@ -140,26 +148,35 @@ class LocomotionTask(Task):
     def window_start_step(self) -> int:
         return self.horizon - int(round(self.window_s / self.dt))
 
+    def touching(self, bodies: Sequence[int]) -> Optional[torch.Tensor]:
+        """(len(bodies), B) bool: each body pushed by the ground in the last step (None when the
+        step kept no contact data, e.g. under torch.compile, or no body is given)."""
+        data = self.sim.last_data
+        if data is None or not bodies:
+            return None
+        return data.contact.wrench[list(bodies), 2, :] > 1e-3
+
     def other_contact(self) -> Optional[torch.Tensor]:
         """(B,) bool: a body other than the feet touched the ground in the last step (None when the
         step kept no contact data, e.g. under torch.compile)."""
-        data = self.sim.last_data
-        if data is None or not self.other_bodies:
-            return None
-        return (data.contact.wrench[self.other_bodies, 2, :] > 1e-3).any(0)
+        other = self.touching(self.other_bodies)
+        return None if other is None else other.any(0)
+
+    def posture_violation(self, ts: TaskState, floor: float) -> torch.Tensor:
+        """(B,) bool: the base below ``floor`` m, roll or pitch beyond ``max_tilt``, or a body
+        other than the feet touching the ground, in this step."""
+        with torch.no_grad():
+            roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
+            bad = (ts.sim.q[:, 2] < floor) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
+            other = self.other_contact()
+            return bad if other is None else bad | other
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
         ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
         if self.command_speed:
-            with torch.no_grad():
-                roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
-                bad = (ts.sim.q[:, 2] < self.min_height) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
-                other = self.other_contact()
-                if other is not None:
-                    bad = bad | other
-                ts.extra["violation"] = ts.extra["violation"] | bad
-                if ts.step == self.window_start_step():
-                    ts.extra["x_window"] = ts.sim.q[:, 0].detach().clone()
+            ts.extra["violation"] = ts.extra["violation"] | self.posture_violation(ts, self.min_height)
+            if ts.step == self.window_start_step():
+                ts.extra["x_window"] = ts.sim.q[:, 0].detach().clone()
 
     def mean_speed(self, ts: TaskState) -> torch.Tensor:
         return (ts.sim.q[:, 0] - ts.extra["x0"]) / max(ts.step * self.dt, 1e-9)
