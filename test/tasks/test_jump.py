@@ -28,40 +28,45 @@ def task():
     return t
 
 
-def rollout(task, policy, seed=0):
-    """(final task state, recorded arrays) of one episode under ``policy(step) -> action``."""
-    ts = task.reset(1, torch.Generator().manual_seed(seed))
-    rec = {"z": [float(ts.sim.q[0, 2])], "roll": [0.0], "pitch": [0.0], "feet": [[True] * len(task.feet)],
-           "other": [False]}
+def rollout(task, act, batch=1, seed=0):
+    """(final task state, recorded arrays) of ``batch`` episodes under ``act(step, obs) -> actions``:
+    per step (T = horizon + 1, the start included) base height, roll and pitch (T, B), foot
+    contacts (T, F, B; all feet down at the start) and other bodies' contact (T, B)."""
+    ts = task.reset(batch, torch.Generator().manual_seed(seed))
+    rec = {k: [] for k in ("z", "roll", "pitch", "feet", "other")}
+
+    def record(feet, other):
+        r, p = roll_pitch(ts.sim.q[:, 3:7])
+        for k, v in (("z", ts.sim.q[:, 2]), ("roll", r), ("pitch", p), ("feet", feet), ("other", other)):
+            rec[k].append(v.clone())
+
+    record(torch.ones(len(task.feet), batch, dtype=torch.bool), torch.zeros(batch, dtype=torch.bool))
     with torch.no_grad():
         for k in range(task.horizon):
-            ts = task.step(ts, torch.as_tensor(policy(k), dtype=torch.float64)[None])
-            r, p = roll_pitch(ts.sim.q[:, 3:7])
-            rec["z"].append(float(ts.sim.q[0, 2]))
-            rec["roll"].append(float(r[0]))
-            rec["pitch"].append(float(p[0]))
-            rec["feet"].append(task.feet_contact()[:, 0].tolist())
-            rec["other"].append(bool(task.other_contact()[0]))
-    return ts, rec
+            ts = task.step(ts, torch.as_tensor(act(k, task.observe(ts)), dtype=ts.sim.q.dtype).reshape(batch, -1))
+            record(task.feet_contact(), task.other_contact())
+    return ts, {k: torch.stack(v).numpy() for k, v in rec.items()}
 
 
-def verdict(task, rec):
-    return jump_metric(rec["z"], rec["roll"], rec["pitch"], rec["feet"], rec["other"], task.base_height,
-                       task.min_apex, task.max_tilt, task.fall_height / task.base_height)
+def verdict(task, rec, b=0):
+    """jump_metric of episode ``b`` of a :func:`rollout`."""
+    return jump_metric(rec["z"][:, b], rec["roll"][:, b], rec["pitch"][:, b], rec["feet"][:, :, b],
+                       rec["other"][:, b], task.base_height, task.min_apex, task.max_tilt,
+                       task.fall_height / task.base_height)
 
 
 CROUCH = np.tile([0.0, 1.0, -1.0], 4)       # thighs forward, knees more bent: the base goes down
 
 
-def stand(k):
+def stand(k, obs=None):
     return np.zeros(12)
 
 
-def stretch(k):
+def stretch(k, obs=None):
     return -CROUCH * min(1.0, k / 30)          # legs straightened slowly and held: up, feet down
 
 
-def crouch_and_extend(k):
+def crouch_and_extend(k, obs=None):
     return CROUCH if 10 <= k < 30 else (-CROUCH if 30 <= k < 45 else np.zeros(12))
 
 
@@ -136,27 +141,9 @@ def test_the_shipped_jump_policy_jumps_by_the_metric_on_recorded_arrays(name):
     _, task, model = config.load_training_file(cfg)
     policy, _ = load_checkpoint(REPO_ROOT / "policies" / name, model=model)
     rates = {}
-    for label, act in (("policy", lambda obs: policy(obs)), ("stand", lambda obs: torch.zeros(len(obs), 12))):
-        ts = task.reset(32, torch.Generator().manual_seed(3))
-        rec = {"z": [ts.sim.q[:, 2].clone()], "roll": [], "pitch": [], "feet": [], "other": []}
-        r0, p0 = roll_pitch(ts.sim.q[:, 3:7])
-        rec["roll"].append(r0)
-        rec["pitch"].append(p0)
-        rec["feet"].append(torch.ones(len(task.feet), 32, dtype=torch.bool))
-        rec["other"].append(torch.zeros(32, dtype=torch.bool))
-        with torch.no_grad():
-            for _ in range(task.horizon):
-                ts = task.step(ts, act(task.observe(ts)).to(ts.sim.q.dtype))
-                r, p = roll_pitch(ts.sim.q[:, 3:7])
-                rec["z"].append(ts.sim.q[:, 2].clone())
-                rec["roll"].append(r)
-                rec["pitch"].append(p)
-                rec["feet"].append(task.feet_contact())
-                rec["other"].append(task.other_contact())
-        arr = {k: torch.stack(v).numpy() for k, v in rec.items()}         # (T, B) and feet (T, F, B)
-        verdicts = [jump_metric(arr["z"][:, b], arr["roll"][:, b], arr["pitch"][:, b], arr["feet"][:, :, b],
-                                arr["other"][:, b], task.base_height, task.min_apex, task.max_tilt,
-                                task.fall_height / task.base_height) for b in range(32)]
+    for label, act in (("policy", lambda k, obs: policy(obs)), ("stand", lambda k, obs: torch.zeros(len(obs), 12))):
+        ts, rec = rollout(task, act, batch=32, seed=3)
+        verdicts = [verdict(task, rec, b) for b in range(32)]
         rates[label] = np.mean([v["success"] for v in verdicts])
         if label == "policy":
             assert all(v["airborne_at_apex"] for v in verdicts if v["success"])
