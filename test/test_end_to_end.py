@@ -359,6 +359,7 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
     recorded = read_bag(bag)
     counts = bag_counts(recorded)
     # Every message the controller published is in the bag, per topic.
+    assert pub_counts["unacknowledged_topics"] == [], "the controller exited before the recorder acknowledged"
     for topic, n in pub_counts["published"].items():
         assert counts.get(topic, 0) == n, f"{topic}: bag {counts.get(topic, 0)}, controller published {n}"
     # The plant's states (and the injected NaN one) as an independent subscriber received them.
@@ -455,6 +456,7 @@ def test_arm_pipeline_end_to_end(arm_run):
     perm = [runner.actuated_joints.index(j) for j in r["order"]]
     np.testing.assert_allclose(r["wire"][0], r["sent"][0][perm], atol=0)
     counts = bag_counts(r["bag"])
+    assert r["pub_counts"]["unacknowledged_topics"] == [], "the controller exited before the recorder acknowledged"
     for topic, n in r["pub_counts"]["published"].items():
         assert counts.get(topic, 0) == n, f"{topic}: bag {counts.get(topic, 0)}, controller published {n}"
     assert sum(1 for _, m in r["bag"]["/joint_states"] if stamp_ns(m.header.stamp) > 0) == r["observed"]

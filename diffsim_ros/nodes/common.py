@@ -12,7 +12,7 @@ Parameters
         is declared with its description and constraints from SimConfig's schema.
 
 QoS (doc/interfaces.md)
-    state_qos(depth=100), command_qos(depth=10): reliable, volatile, keep last ``depth``.
+    state_qos(depth=1000), command_qos(depth=10): reliable, volatile, keep last ``depth``.
     latched_qos(depth=1): reliable, transient local (``/diffsim/metadata``).
     recorder_qos(depth=1000, transient_local=False): reliable, deep history (no loss at 500 Hz).
 
@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 __all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "config_parameters",
-           "state_qos", "command_qos", "latched_qos", "recorder_qos", "stamp", "stamp_from_ns", "stamp_to_ns",
+           "state_qos", "command_qos", "latched_qos", "recorder_qos", "flush_publishers", "stamp", "stamp_from_ns", "stamp_to_ns",
            "joint_state_msg", "joint_state_arrays", "float64_array", "trajectory_point",
            "odometry_msg", "imu_msg", "clock_msg", "tf_message", "have_tf2_msgs", "string_msg", "run_node"]
 
@@ -154,11 +154,33 @@ def _qos(depth: int, transient_local: bool = False):
                       durability=DurabilityPolicy.TRANSIENT_LOCAL if transient_local else DurabilityPolicy.VOLATILE)
 
 
-def state_qos(depth: int = 100):
-    """Reliable, volatile, keep last ``depth``: states (/joint_states, /odom, /imu). The deep
-    default is for the publisher side: a reliable KEEP_LAST writer drops unacknowledged
-    samples beyond its depth, so depth 100 lets a recorder stall 0.2 s at 500 Hz unharmed."""
+def state_qos(depth: int = 1000):
+    """Reliable, volatile, keep last ``depth``: states (/joint_states, /odom, /imu) and the
+    controller's recorded topics. The deep default is for the publisher side: a reliable
+    KEEP_LAST writer drops unacknowledged samples beyond its depth, so depth 1000 lets a
+    recorder stall 2 s at 500 Hz unharmed (a lockstep plant under the emergency stop runs
+    faster than that, and a loaded 2-core machine stalled a recorder past depth 100)."""
     return _qos(depth)
+
+
+def flush_publishers(publishers, timeout_s: float = 5.0) -> List[str]:
+    """At shutdown, wait (at most ``timeout_s`` in all) until every reliable subscriber has
+    acknowledged what ``publishers`` sent, so that a recorder gets the last messages before
+    the process exits. Returns the topics still unacknowledged at the deadline."""
+    from rclpy.duration import Duration
+
+    end = time.monotonic() + timeout_s
+    late = []
+    for pub in publishers:
+        if pub is None:
+            continue
+        try:
+            ok = pub.wait_for_all_acked(Duration(seconds=max(end - time.monotonic(), 0.0)))
+        except Exception:  # noqa: BLE001 - best effort at shutdown (e.g. an RMW without the call)
+            ok = True
+        if not ok:
+            late.append(pub.topic_name)
+    return late
 
 
 def command_qos(depth: int = 10):

@@ -414,6 +414,15 @@ def _build_node_class():
             response.message = "reset to the initial state, t = 0"
             return response
 
+        def close(self):
+            """Called once by run_node at shutdown: a recorder gets the last states before the exit."""
+            for t in (self.timer, self.idle_timer):
+                if t is not None:
+                    t.cancel()
+            late = common.flush_publishers((self.pub_js, self.pub_odom, self.pub_imu, self.pub_clock))
+            if late:
+                self.get_logger().warning(f"shutting down with states a subscriber has not acknowledged on {late}")
+
     return MujocoPlantNode
 
 

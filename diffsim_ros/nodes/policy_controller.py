@@ -810,17 +810,16 @@ def make_node_class():
             """Called once by run_node at shutdown (SIGINT/SIGTERM): the counters to stderr and stats_file."""
             self.timer.cancel()
             # Reliable subscribers (a recorder) get every message published before the process exits.
-            from rclpy.duration import Duration as _Duration
-            for pub in (self.pub_out, self.pub_cmd, self.pub_pred, self.pub_meta, self.pub_diag):
-                try:
-                    pub.wait_for_all_acked(_Duration(seconds=1.0))
-                except Exception:  # noqa: BLE001 - best effort at shutdown
-                    pass
-            self.finish()
+            late = common.flush_publishers((self.pub_out, self.pub_cmd, self.pub_pred, self.pub_meta, self.pub_diag))
+            if late:
+                self.get_logger().warning(f"shutting down with messages a subscriber has not acknowledged on {late}")
+            self.finish(unacknowledged=late)
 
-        def finish(self):
-            """Counters to the log (and stats_file) at shutdown."""
+        def finish(self, unacknowledged=()):
+            """Counters to the log (and stats_file) at shutdown; ``unacknowledged``: the topics a
+            reliable subscriber had not acknowledged when the process gave up waiting."""
             stats = dict(self.counts)
+            stats["unacknowledged_topics"] = list(unacknowledged)
             # Messages published per topic, for comparison with a recorder's bag.
             stats["published"] = {self.out_topic: self.counts["commands_sent"],
                                   self._p("command_topic"): self.counts["commands_sent"],
