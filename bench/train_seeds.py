@@ -6,7 +6,7 @@ success rate behind a slow training test, instead of one drawn seed per run.
         [--set training.num_envs=32 --set training.lr_schedule=cosine ...]
 
 For each seed the gradient trainer runs the file's ``training:`` section (with the ``--set``
-overrides, ``key=value`` read as YAML) with ``eval_envs`` 32 and ``stop_at_success`` as the
+overrides, ``key=value`` read as YAML) with ``--eval-envs`` (32) and ``stop_at_success`` as the
 tests use it; printed per seed: the iteration it first reached the threshold (or FAIL), the
 evaluations along the way, the success of 64 fresh episodes the trainer never saw, and the
 seconds. Each job runs on one torch thread. Nothing here is a test: no figure is asserted.
@@ -49,13 +49,13 @@ def _apply(params, sets):
 
 
 def run_one(args):
-    path, sets, seed = args
+    path, sets, seed, eval_envs = args
     torch.set_num_threads(1)
     from diffsim_ros.learning import TrainConfig, train
 
     params = _apply(config.load_yaml(path), sets)
     task, _ = config.build_task(params, str(path))
-    t = dict(params["training"], eval_envs=32, stop_at_success=True, seed=seed)
+    t = dict(params["training"], eval_envs=eval_envs, stop_at_success=True, seed=seed)
     cfg = TrainConfig.from_dict(t, "training")
     t0 = time.perf_counter()
     res = train(task, cfg, progress=False)
@@ -71,11 +71,12 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--seeds", default="1-8")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--eval-envs", type=int, default=32, help="episodes per evaluation (the tests' 32)")
     ap.add_argument("--set", action="append", default=[], help="key=value override, e.g. training.num_envs=32")
     a = ap.parse_args(argv)
     seeds = _seeds(a.seeds)
     print(f"{a.config} {' '.join(a.set)}: {len(seeds)} seeds, {a.jobs} jobs", flush=True)
-    jobs = [(a.config, a.set, s) for s in seeds]
+    jobs = [(a.config, a.set, s, a.eval_envs) for s in seeds]
     n_ok = 0
     with mp.get_context("spawn").Pool(a.jobs) as pool:
         for seed, solved, evals, fresh, secs, loss in pool.imap_unordered(run_one, jobs):

@@ -476,6 +476,8 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
         ts = TaskState(states[0], target)
         ts.extra = {k: v.clone() for k, v in task.reset(1, torch.Generator().manual_seed(0)).extra.items()}
         ts.extra["x0"] = states[0].q[:, 0].clone()
+        # Contact is judged from each recorded state (no simulator step produced these states).
+        ts.extra["replayed"] = torch.ones(1, dtype=torch.bool)
         for k in range(1, horizon + 1):
             ts = TaskState(states[k], target, k, dict(ts.extra))
             task.update_extra(ts, torch.zeros(1, task.action_dim, dtype=states[k].q.dtype))

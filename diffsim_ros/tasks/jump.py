@@ -66,16 +66,16 @@ class JumpTask(LocomotionTask):
         ts.extra["violation"] = ts.extra["violation"] | self.posture_violation(ts, self.fall_height)
         with torch.no_grad():
             z = ts.sim.q[:, 2]
-            feet = self.feet_contact()
+            feet = self.feet_contact(ts)
             higher = z > ts.extra["peak_z"]
             ts.extra["peak_z"] = torch.where(higher, z, ts.extra["peak_z"])
             if feet is not None:
                 ts.extra["airborne_peak"] = torch.where(higher, ~feet.any(0), ts.extra["airborne_peak"])
 
-    def feet_contact(self) -> Optional[torch.Tensor]:
-        """(F, B) bool: each foot touching the ground in the last step (None when the step kept no
-        contact data)."""
-        return self.touching(self.feet)
+    def feet_contact(self, ts: Optional[TaskState] = None) -> Optional[torch.Tensor]:
+        """(F, B) bool: each foot touching the ground in the last step, or in the replayed state
+        ``ts`` (None when the step kept no contact data)."""
+        return self.touching(self.feet, ts)
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
         return self.with_physical_terms(-(self.apex(ts) - self.base_height), ts, action)

@@ -148,18 +148,26 @@ class LocomotionTask(Task):
     def window_start_step(self) -> int:
         return self.horizon - int(round(self.window_s / self.dt))
 
-    def touching(self, bodies: Sequence[int]) -> Optional[torch.Tensor]:
-        """(len(bodies), B) bool: each body pushed by the ground in the last step (None when the
-        step kept no contact data, e.g. under torch.compile, or no body is given)."""
+    def touching(self, bodies: Sequence[int], ts: Optional[TaskState] = None) -> Optional[torch.Tensor]:
+        """(len(bodies), B) bool: each body pushed by the ground (normal force over 1 mN) in the
+        last step (None when the step kept no contact data, e.g. under torch.compile, or no body
+        is given). A state no step of this task produced (``ts.extra["replayed"]``: a recorded
+        episode read back) is judged from its own configuration and velocity instead."""
+        if not bodies:
+            return None
+        if ts is not None and "replayed" in ts.extra:
+            with torch.no_grad():
+                wrench = self.sim.contact_forces(ts.sim.q, ts.sim.v)[0]          # (B, nb, 6), world frame
+            return wrench[:, list(bodies), 2].T > 1e-3
         data = self.sim.last_data
-        if data is None or not bodies:
+        if data is None:
             return None
         return data.contact.wrench[list(bodies), 2, :] > 1e-3
 
-    def other_contact(self) -> Optional[torch.Tensor]:
-        """(B,) bool: a body other than the feet touched the ground in the last step (None when the
-        step kept no contact data, e.g. under torch.compile)."""
-        other = self.touching(self.other_bodies)
+    def other_contact(self, ts: Optional[TaskState] = None) -> Optional[torch.Tensor]:
+        """(B,) bool: a body other than the feet touched the ground in the last step (or in the
+        replayed state ``ts``; None when the step kept no contact data, e.g. under torch.compile)."""
+        other = self.touching(self.other_bodies, ts)
         return None if other is None else other.any(0)
 
     def posture_violation(self, ts: TaskState, floor: float) -> torch.Tensor:
@@ -168,7 +176,7 @@ class LocomotionTask(Task):
         with torch.no_grad():
             roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
             bad = (ts.sim.q[:, 2] < floor) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
-            other = self.other_contact()
+            other = self.other_contact(ts)
             return bad if other is None else bad | other
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:

@@ -175,3 +175,44 @@ def test_a_jump_emerges_from_the_apex_objective():
     assert res.solved_env_steps is not None, (f"seed {seed} (DIFFSIM_TRAIN_SEED): not solved", res.history[-3:])
     after = task.rollout_success(res.policy, 64, torch.Generator().manual_seed(99))
     assert before == 0.0 and after >= 0.8, (seed, before, after)
+
+
+def test_contact_of_a_replayed_state_comes_from_the_state(task):
+    """A recorded episode read back (``diffsim-ros loop``) has states no step produced: the feet
+    and other contact are then taken from each state itself. Analytic cases: the standing pose has
+    every foot on the ground and nothing else once settled; lifted 5 cm, nothing touches; sunk 25 cm, the trunk
+    touches. On the open-loop leap, the replayed flags agree with the step's own on at least 95 %
+    of the (step, foot) pairs (they differ only where a foot lands or lifts off within the step),
+    and the replayed verdict equals the task's."""
+    from diffsim_ros.tasks.base import TaskState
+
+    ts, _ = rollout(task, lambda k, obs: np.zeros((3, 12)), batch=3)     # settled on its feet after the 1 s episode
+    q = ts.sim.q.clone()
+    q[1, 2] += 0.05
+    q[2, 2] -= 0.25
+    replay = TaskState(ts.sim.replace(q=q), ts.target, 0, dict(ts.extra, replayed=torch.ones(1, dtype=torch.bool)))
+    feet, other = task.feet_contact(replay), task.other_contact(replay)
+    assert feet[:, 0].all() and not other[0]
+    assert not feet[:, 1].any() and not other[1]
+    assert bool(other[2])
+
+    states, flags = [], []
+    ts = task.reset(1, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for k in range(task.horizon):
+            ts = task.step(ts, torch.as_tensor(crouch_and_extend(k), dtype=ts.sim.q.dtype).reshape(1, -1))
+            states.append(ts.sim)
+            flags.append(task.feet_contact()[:, 0])
+        stepped = bool(task.success(ts)[0])
+        peak = float(ts.extra["peak_z"][0])
+        r = task.reset(1, torch.Generator().manual_seed(0))
+        r.extra["replayed"] = torch.ones(1, dtype=torch.bool)
+        replayed = []
+        for k, s in enumerate(states):
+            r = TaskState(s, r.target, k + 1, dict(r.extra))
+            task.update_extra(r, torch.zeros(1, task.action_dim, dtype=s.q.dtype))
+            replayed.append(task.feet_contact(r)[:, 0])
+    agree = float((torch.stack(flags) == torch.stack(replayed)).to(torch.float64).mean())
+    assert agree >= 0.95, agree
+    assert bool(task.success(r)[0]) == stepped and float(r.extra["peak_z"][0]) == peak
+    assert bool(r.extra["airborne_peak"][0]) == bool(ts.extra["airborne_peak"][0])
