@@ -456,7 +456,9 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     import torch
 
     from .analysis.legged import paired_states
+    from .physics.spatial import roll_pitch
     from .tasks.base import TaskState
+    from .tasks.locomotion import strict_metric
 
     odom, joints = paired_states(Path(bag))
     stamps = sorted(set(odom) & set(joints))
@@ -478,19 +480,33 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
         ts.extra["x0"] = states[0].q[:, 0].clone()
         # Contact is judged from each recorded state (no simulator step produced these states).
         ts.extra["replayed"] = torch.ones(1, dtype=torch.bool)
+        tilt, other = [(0.0, 0.0)], [False]
         for k in range(1, horizon + 1):
             ts = TaskState(states[k], target, k, dict(ts.extra))
             task.update_extra(ts, torch.zeros(1, task.action_dim, dtype=states[k].q.dtype))
+            r, p = roll_pitch(states[k].q[:, 3:7])
+            tilt.append((float(r[0]), float(p[0])))
+            touch = task.other_contact(ts)
+            other.append(bool(touch[0]) if touch is not None else False)
         ok = bool(task.success(ts)[0])
         mean_speed = float(task.mean_speed(ts)[0])
     x = np.array([float(s.q[0, 0]) for s in states])
     z = np.array([float(s.q[0, 2]) for s in states])
     duration = (stamps[-1] - stamps[0]) * 1e-9
-    return {"episode_steps": horizon, "success": ok, "episode_mean_forward_speed_m_s": mean_speed,
-            "success_speed_m_s": float(task.success_speed), "run_mean_forward_speed_m_s":
-            float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
-            "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
-            "steps_recorded": len(states)}
+    res = {"episode_steps": horizon, "success": ok, "episode_mean_forward_speed_m_s": mean_speed,
+           "success_speed_m_s": float(task.success_speed), "run_mean_forward_speed_m_s":
+           float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
+           "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
+           "steps_recorded": len(states)}
+    if getattr(task, "command_speed", None):
+        # The strict metric on the recorded arrays of the first episode (the task's verdict above
+        # comes from its own flags; both must agree).
+        t = (np.array(stamps[:horizon + 1], dtype=np.float64) - stamps[0]) * 1e-9
+        tilt_a = np.array(tilt)
+        res["strict_metric"] = strict_metric(
+            t, x[:horizon + 1], z[:horizon + 1], tilt_a[:, 0], tilt_a[:, 1], np.array(other), float(target[0, 0]),
+            task.base_height, task.window_s, task.speed_tolerance, task.min_height / task.base_height, task.max_tilt)
+    return res
 
 
 def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
@@ -824,10 +840,19 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     log("[loop] 4/4 summary (legged)")
     log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")
-    log(f"  locomotion on the stand-in: first episode ({res['episode_steps']} steps) mean forward speed "
-        f"{res['episode_mean_forward_speed_m_s']:.3f} m/s (success above {res['success_speed_m_s']:g}); lowest "
-        f"base height {res['min_base_height_m']:.3f} m (fall below {res['fall_height_m']:.3f}) -> "
-        f"{'SUCCESS' if res['success'] else 'not a success'}")
+    m = res.get("strict_metric")
+    if m is not None:
+        log(f"  velocity command on the stand-in: first episode ({res['episode_steps']} steps), command "
+            f"{m['command_m_s']:.3f} m/s, mean speed over its last {runner.task.window_s:g} s "
+            f"{m['window_speed_m_s']:.3f} m/s (within {100 * runner.task.speed_tolerance:g} % needed); lowest base "
+            f"{m['min_height_m']:.3f} m (above {runner.task.min_height:.3f}); largest roll/pitch "
+            f"{m['max_tilt_rad']:.2f} rad (within {runner.task.max_tilt:g}); only feet touching: "
+            f"{m['only_feet_touch']} -> {'SUCCESS' if res['success'] else 'not a success'}")
+    else:
+        log(f"  locomotion on the stand-in: first episode ({res['episode_steps']} steps) mean forward speed "
+            f"{res['episode_mean_forward_speed_m_s']:.3f} m/s (success above {res['success_speed_m_s']:g}); lowest "
+            f"base height {res['min_base_height_m']:.3f} m (fall below {res['fall_height_m']:.3f}) -> "
+            f"{'SUCCESS' if res['success'] else 'not a success'}")
     log(f"  whole run: mean forward speed {res['run_mean_forward_speed_m_s']:.3f} m/s")
     g = rep["gait"] or {}
     log(f"  gait: {g.get('gait', 'n/a')} (stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
