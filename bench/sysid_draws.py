@@ -29,17 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))   # the te
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test" / "analysis"))
 
 import test_sysid_random as T  # noqa: E402
+from seed_list import seed_list  # noqa: E402
 
 NAMES = {"arm": ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"],
          "quadrotor": ["latency", "drag_scale", "motor_time_constant", "mass_scale"]}
 
-
-def _seeds(text: str):
-    out = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out += list(range(int(a), int(b) + 1)) if b else [int(a)]
-    return out
 
 
 def main() -> int:
@@ -52,7 +46,7 @@ def main() -> int:
     torch.set_num_threads(1)
     names = NAMES[a.kind]
     passed = 0
-    seeds = _seeds(a.seeds)
+    seeds = seed_list(a.seeds)
     for seed in seeds:
         rng = np.random.default_rng(seed)
         pert = T._draw(rng, a.kind, names)

@@ -26,14 +26,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diffsim_ros import config  # noqa: E402
+from seed_list import seed_list  # noqa: E402
 
-
-def _seeds(text: str):
-    out = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out += list(range(int(a), int(b) + 1)) if b else [int(a)]
-    return out
 
 
 def _apply(params, sets):
@@ -74,7 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-envs", type=int, default=32, help="episodes per evaluation (the tests' 32)")
     ap.add_argument("--set", action="append", default=[], help="key=value override, e.g. training.num_envs=32")
     a = ap.parse_args(argv)
-    seeds = _seeds(a.seeds)
+    seeds = seed_list(a.seeds)
     print(f"{a.config} {' '.join(a.set)}: {len(seeds)} seeds, {a.jobs} jobs", flush=True)
     jobs = [(a.config, a.set, s, a.eval_envs) for s in seeds]
     n_ok = 0
