@@ -55,7 +55,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 __all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "config_parameters",
-           "state_qos", "command_qos", "latched_qos", "recorder_qos", "flush_publishers", "stamp", "stamp_from_ns", "stamp_to_ns",
+           "state_qos", "command_qos", "latched_qos", "recorder_qos", "flush_publishers", "stamp",
+           "stamp_from_ns", "stamp_to_ns",
            "joint_state_msg", "joint_state_arrays", "float64_array", "trajectory_point",
            "odometry_msg", "imu_msg", "clock_msg", "tf_message", "have_tf2_msgs", "string_msg", "run_node"]
 
