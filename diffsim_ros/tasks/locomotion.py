@@ -11,11 +11,12 @@ and the base not tipped past 60 degrees at every step).
 
 Velocity command (``command_speed: [low, high]``, m/s): each episode draws a forward speed
 command the policy observes; the loss is the squared tracking error of the forward speed
-plus the physical terms only (the action, optionally uprightness): no gait shaping. Its
-success is the strict metric :func:`strict_metric` (over the last ``window_s`` of the
-episode: mean forward speed within ``speed_tolerance`` of the command; at every step of the
-episode the base above ``min_height`` x its standing height, roll and pitch within
-``max_tilt`` rad, and no body but the feet touching the ground).
+plus the physical terms only (the action; optionally uprightness, and with ``height_weight`` a
+barrier at the metric's height floor): no gait shaping. Its success is the strict metric
+:func:`strict_metric` (over the last ``window_s`` of the episode: mean forward speed within
+``speed_tolerance`` of the command; at every step of the episode the base above
+``min_height`` x its standing height, roll and pitch within ``max_tilt`` rad, and no body but
+the feet touching the ground).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class LocomotionTask(Task):
                  horizon: int = 100, action_scale: float = 0.5, success_speed: float = 0.1,
                  fall_height: float = 0.5, action_weight: float = 1e-3, upright_weight: float = 0.0,
                  command_speed: Optional[Sequence[float]] = None, window_s: float = 3.0,
-                 speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5):
+                 speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5,
+                 height_weight: float = 0.0):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -57,6 +59,7 @@ class LocomotionTask(Task):
         self.success_speed = success_speed
         self.fall_height = fall_height * base_height
         self.action_weight, self.upright_weight = action_weight, upright_weight
+        self.height_weight = float(height_weight)
         self.n = n
         self.command_speed = None
         if command_speed is not None:
@@ -130,10 +133,16 @@ class LocomotionTask(Task):
 
     def with_physical_terms(self, loss: torch.Tensor, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
         """(B,) ``loss`` plus the physical terms every legged objective carries: the action squared
-        and, with ``upright_weight``, the base's tilt (1 - cos of its z axis's angle from vertical)."""
+        and, with ``upright_weight``, the base's tilt (1 - cos of its z axis's angle from vertical),
+        and, with ``height_weight``, the base's drop below ``min_height`` as a fraction of its
+        standing height, squared (nothing above it: a barrier at the metric's floor, not a
+        posture target)."""
         loss = loss + self.action_weight * (action ** 2).sum(-1)
         if self.upright_weight:
             loss = loss + self.upright_weight * (1.0 - quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2])
+        if self.height_weight:
+            drop = torch.clamp(self.min_height - ts.sim.q[:, 2], min=0.0) / self.base_height
+            loss = loss + self.height_weight * drop ** 2
         return loss
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:

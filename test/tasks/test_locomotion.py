@@ -138,3 +138,31 @@ def test_the_shipped_walking_policy_tracks_the_command_by_the_metric_on_recorded
         rates[label] = float(np.mean([v["success"] for v in verdicts]))
     print(f"shipped walking policy: {rates}")
     assert rates["policy"] >= 0.8 and rates["stand"] == 0.0, rates
+
+
+def test_the_height_barrier_costs_only_below_the_metric_floor():
+    """``height_weight``: the base's drop below min_height x base_height, as a fraction of the
+    standing height, squared and weighted; nothing above the floor (it is a barrier at the
+    metric's limit, not a posture target). Drawn drops, printed seed."""
+    from conftest import drawn_seed
+
+    seed = drawn_seed("height barrier", "DIFFSIM_HEIGHT_SEED", bits=16)
+    rng = np.random.default_rng(seed)
+    params, plain, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
+                                                     dtype=torch.float64)
+    w = float(rng.uniform(1.0, 20.0))
+    tasks = {weight: make_task(model, plain.sim_config, dict(params["task"], height_weight=weight), "task")
+             for weight in (0.0, w)}
+    task = tasks[w]
+    floor = task.min_height
+    above = float(rng.uniform(0.0, task.base_height - floor))      # lowered, still above the floor
+    below = float(rng.uniform(0.01, 0.1))                            # this far below the floor
+    ts = task.reset(3, torch.Generator().manual_seed(seed))
+    q = ts.sim.q.clone()
+    q[1, 2] = task.base_height - above
+    q[2, 2] = floor - below
+    ts.sim = ts.sim.replace(q=q)
+    a = torch.zeros(3, task.action_dim, dtype=torch.float64)
+    extra = task.step_loss(ts, a) - tasks[0.0].step_loss(ts, a)
+    assert float(extra[0]) == 0.0 and float(extra[1]) == 0.0, extra
+    assert float(extra[2]) == pytest.approx(w * (below / task.base_height) ** 2, rel=1e-12), (seed, extra)
