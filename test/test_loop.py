@@ -141,6 +141,33 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
     assert again["gait"] == summary["gait"] and again["steps"] == res["steps_recorded"]
 
 
+def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_bag(tmp_path):
+    """The shipped walking policy (a commanded forward speed) on the unperturbed stand-in: the
+    summary carries the strict metric of the bag's first 4 s episode, its verdict is the task's,
+    and its speed and height read again from the bag's /odom with the rosbags reader agree.
+    (It does not walk there yet: policies/README.md, locomotion_velocity.)"""
+    from rosbags.highlevel import AnyReader
+
+    summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(REPO_ROOT / "policies" / "locomotion_velocity"),
+                       duration=4.2, perturbation={}, log=lambda *_: None, domain=ros_domain())
+    res = summary["task"]
+    m = res["strict_metric"]
+    assert summary["lost"] == {} and m["success"] == res["success"]
+    assert 0.2 <= m["command_m_s"] <= 0.8
+    with AnyReader([tmp_path / "loop" / "bag"]) as reader:
+        conns = [c for c in reader.connections if c.topic == "/odom"]
+        odom = {}
+        for conn, _, raw in reader.messages(connections=conns):
+            msg = reader.deserialize(raw, conn.msgtype)
+            odom.setdefault(msg.header.stamp.sec * 10 ** 9 + msg.header.stamp.nanosec, msg.pose.pose.position)
+    t = sorted(odom)[:res["episode_steps"] + 1]
+    i0 = len(t) - 1 - 300                                   # the last 3 s of 0.01 s steps
+    speed = (odom[t[-1]].x - odom[t[i0]].x) / ((t[-1] - t[i0]) * 1e-9)
+    assert m["window_speed_m_s"] == pytest.approx(speed, abs=1e-6)
+    assert m["min_height_m"] == pytest.approx(min(odom[k].z for k in t), abs=1e-9)
+    assert m["speed_ok"] == (abs(speed - m["command_m_s"]) <= 0.2 * m["command_m_s"])
+
+
 def test_loop_refuses_a_config_for_another_robot(tmp_path):
     """A checkpoint for the arm with hover.yaml's quadrotor: refused before anything starts."""
     from builders import make_checkpoint
