@@ -102,12 +102,24 @@ def test_loop_cli_rejects_bad_perturbation(capsys):
     assert "KEY=NUMBER" in capsys.readouterr().err
 
 
+def odom_positions(bag):
+    """{header stamp (ns): position} of the bag's /odom, read with the rosbags reader (the first
+    message of each stamp)."""
+    from rosbags.highlevel import AnyReader
+
+    with AnyReader([bag]) as reader:
+        conns = [c for c in reader.connections if c.topic == "/odom"]
+        odom = {}
+        for conn, _, raw in reader.messages(connections=conns):
+            msg = reader.deserialize(raw, conn.msgtype)
+            odom.setdefault(msg.header.stamp.sec * 10 ** 9 + msg.header.stamp.nanosec, msg.pose.pose.position)
+    return odom
+
+
 def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
     """No --config: the robot, simulator and task come from the checkpoint. A legged robot (the
     project's quadruped) runs over DDS on the stand-in with ground contact: joint position commands
     out, /joint_states + /odom in; the verdict is the task's own metric on the recorded episode."""
-    from rosbags.highlevel import AnyReader
-
     from builders import make_checkpoint
 
     make_checkpoint("locomotion", tmp_path / "ckpt", gain=1.0)
@@ -119,12 +131,7 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
     assert sent == summary["bag_counts"]["/position_controller/commands"] > 100
     assert summary["controller"]["states_rejected"] == 0 and summary["controller"]["safe_commands"] == 0
     # The verdict read independently from the bag: /odom's x over the first episode.
-    with AnyReader([tmp_path / "loop" / "bag"]) as reader:
-        conns = [c for c in reader.connections if c.topic == "/odom"]
-        odom = {}
-        for conn, _, raw in reader.messages(connections=conns):
-            m = reader.deserialize(raw, conn.msgtype)
-            odom.setdefault(m.header.stamp.sec * 10 ** 9 + m.header.stamp.nanosec, m.pose.pose.position)
+    odom = odom_positions(tmp_path / "loop" / "bag")
     t = sorted(odom)
     k = res["episode_steps"]
     speed = (odom[t[k]].x - odom[t[0]].x) / ((t[k] - t[0]) * 1e-9)
@@ -146,20 +153,13 @@ def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_b
     summary carries the strict metric of the bag's first 4 s episode, its verdict is the task's,
     and its speed and height read again from the bag's /odom with the rosbags reader agree.
     (It does not walk there yet: policies/README.md, locomotion_velocity.)"""
-    from rosbags.highlevel import AnyReader
-
     summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(REPO_ROOT / "policies" / "locomotion_velocity"),
                        duration=4.2, perturbation={}, log=lambda *_: None, domain=ros_domain())
     res = summary["task"]
     m = res["strict_metric"]
     assert summary["lost"] == {} and m["success"] == res["success"]
     assert 0.2 <= m["command_m_s"] <= 0.8
-    with AnyReader([tmp_path / "loop" / "bag"]) as reader:
-        conns = [c for c in reader.connections if c.topic == "/odom"]
-        odom = {}
-        for conn, _, raw in reader.messages(connections=conns):
-            msg = reader.deserialize(raw, conn.msgtype)
-            odom.setdefault(msg.header.stamp.sec * 10 ** 9 + msg.header.stamp.nanosec, msg.pose.pose.position)
+    odom = odom_positions(tmp_path / "loop" / "bag")
     t = sorted(odom)[:res["episode_steps"] + 1]
     i0 = len(t) - 1 - 300                                   # the last 3 s of 0.01 s steps
     speed = (odom[t[-1]].x - odom[t[i0]].x) / ((t[-1] - t[i0]) * 1e-9)
