@@ -29,7 +29,6 @@ from diffsim_ros import config  # noqa: E402
 from seed_list import seed_list  # noqa: E402
 
 
-
 def _apply(params, sets):
     params = copy.deepcopy(params)
     for s in sets:

@@ -35,48 +35,62 @@ def tasks(tmp_path_factory):
     return strict, make_task(model, strict.sim_config, legacy, "task")
 
 
-def rollout(task, action):
-    ts = task.reset(1, torch.Generator().manual_seed(0))
-    a = torch.as_tensor(action, dtype=torch.float64)[None]
-    rec = {"t": [0.0], "x": [float(ts.sim.q[0, 0])], "z": [float(ts.sim.q[0, 2])], "roll": [0.0], "pitch": [0.0],
-           "other": [False]}
+def rollout(task, act, batch=1, seed=0):
+    """(final task state, recorded arrays) of ``batch`` episodes under ``act(obs) -> actions``: per
+    step (T = horizon + 1, the start included) time (T,), base x, height, roll, pitch and
+    other bodies' contact (T, B)."""
+    ts = task.reset(batch, torch.Generator().manual_seed(seed))
+    rec = {k: [] for k in ("x", "z", "roll", "pitch", "other")}
+
+    def record(other):
+        r, p = roll_pitch(ts.sim.q[:, 3:7])
+        for k, v in (("x", ts.sim.q[:, 0]), ("z", ts.sim.q[:, 2]), ("roll", r), ("pitch", p), ("other", other)):
+            rec[k].append(v.clone())
+
+    record(torch.zeros(batch, dtype=torch.bool))
     with torch.no_grad():
-        for k in range(task.horizon):
-            ts = task.step(ts, a)
-            r, p = roll_pitch(ts.sim.q[:, 3:7])
-            rec["t"].append((k + 1) * task.dt)
-            rec["x"].append(float(ts.sim.q[0, 0]))
-            rec["z"].append(float(ts.sim.q[0, 2]))
-            rec["roll"].append(float(r[0]))
-            rec["pitch"].append(float(p[0]))
-            other = task.other_contact() if hasattr(task, "other_contact") else None
-            rec["other"].append(bool(other[0]) if other is not None else False)
-    return ts, rec
+        for _ in range(task.horizon):
+            ts = task.step(ts, torch.as_tensor(act(task.observe(ts)), dtype=ts.sim.q.dtype).reshape(batch, -1))
+            other = task.other_contact()
+            record(other if other is not None else torch.zeros(batch, dtype=torch.bool))
+    arr = {k: torch.stack(v).double().numpy() for k, v in rec.items()}
+    arr["other"] = arr["other"].astype(bool)
+    arr["t"] = np.arange(task.horizon + 1) * task.dt
+    return ts, arr
+
+
+def hold(action):
+    """``act`` for :func:`rollout`: the same action at every step."""
+    return lambda obs: np.broadcast_to(action, (len(obs), len(action)))
+
+
+def verdict(task, ts, rec, b=0):
+    """strict_metric of episode ``b`` of a :func:`rollout`, with the task's own limits."""
+    return strict_metric(rec["t"], rec["x"][:, b], rec["z"][:, b], rec["roll"][:, b], rec["pitch"][:, b],
+                         rec["other"][:, b], float(ts.target[b, 0]), task.base_height, task.window_s,
+                         task.speed_tolerance, task.min_height / task.base_height, task.max_tilt)
 
 
 def test_a_lunge_passes_the_old_metric_and_fails_the_strict_one(tasks):
     strict, legacy = tasks
     lunge = np.tile([0.0, 0.9, 0.0], 4)               # thighs forward (0.45 rad past the stance), held
-    ts_old, rec_old = rollout(legacy, lunge)
+    ts_old, rec_old = rollout(legacy, hold(lunge))
     assert bool(legacy.success(ts_old)[0]), "the lunge no longer fools the old metric: revisit this test"
-    assert min(rec_old["z"]) < 0.6 * legacy.base_height           # the base dropped
-    ts, rec = rollout(strict, lunge)
+    assert rec_old["z"][:, 0].min() < 0.6 * legacy.base_height           # the base dropped
+    ts, rec = rollout(strict, hold(lunge))
     assert not bool(strict.success(ts)[0])
-    verdict = strict_metric(rec["t"], rec["x"], rec["z"], rec["roll"], rec["pitch"], rec["other"],
-                            float(ts.target[0, 0]), strict.base_height)
-    assert not verdict["success"] and not verdict["height_ok"] and not verdict["speed_ok"], verdict
+    v = verdict(strict, ts, rec)
+    assert not v["success"] and not v["height_ok"] and not v["speed_ok"], v
 
 
 @pytest.mark.parametrize("action", [np.zeros(12), np.tile([0.0, 0.0, 1.0], 4), np.tile([0.0, -1.0, 0.0], 4)])
 def test_the_task_verdict_is_the_metric_on_the_recorded_arrays(tasks, action):
     strict, _ = tasks
-    ts, rec = rollout(strict, action)
-    verdict = strict_metric(rec["t"], rec["x"], rec["z"], rec["roll"], rec["pitch"], rec["other"],
-                            float(ts.target[0, 0]), strict.base_height)
-    assert verdict["success"] == bool(strict.success(ts)[0])
-    assert verdict["window_speed_m_s"] == pytest.approx(float(strict.window_speed(ts)[0]), abs=1e-9)
-    assert (not (verdict["height_ok"] and verdict["tilt_ok"] and verdict["only_feet_touch"])) == \
-        bool(ts.extra["violation"][0])
+    ts, rec = rollout(strict, hold(action))
+    v = verdict(strict, ts, rec)
+    assert v["success"] == bool(strict.success(ts)[0])
+    assert v["window_speed_m_s"] == pytest.approx(float(strict.window_speed(ts)[0]), abs=1e-9)
+    assert (not (v["height_ok"] and v["tilt_ok"] and v["only_feet_touch"])) == bool(ts.extra["violation"][0])
 
 
 def test_metric_rules_one_by_one():
@@ -115,25 +129,8 @@ def test_the_shipped_walking_policy_tracks_the_command_by_the_metric_on_recorded
     B = 32
     rates = {}
     for label, act in (("policy", policy), ("stand", lambda obs: torch.zeros(len(obs), task.action_dim))):
-        ts = task.reset(B, torch.Generator().manual_seed(21))
-        rec = {k: [] for k in ("x", "z", "roll", "pitch", "other")}
-
-        def record(other):
-            r, p = roll_pitch(ts.sim.q[:, 3:7])
-            for k, v in (("x", ts.sim.q[:, 0]), ("z", ts.sim.q[:, 2]), ("roll", r), ("pitch", p), ("other", other)):
-                rec[k].append(v.clone())
-        record(torch.zeros(B, dtype=torch.bool))
-        with torch.no_grad():
-            for k in range(task.horizon):
-                ts = task.step(ts, act(task.observe(ts)))
-                record(task.other_contact())
-        arr = {k: torch.stack(v).double().numpy() for k, v in rec.items()}
-        t = np.arange(task.horizon + 1) * task.dt
-        verdicts = [strict_metric(t, arr["x"][:, b], arr["z"][:, b], arr["roll"][:, b], arr["pitch"][:, b],
-                                  arr["other"][:, b].astype(bool), float(ts.target[b, 0]), task.base_height,
-                                  task.window_s, task.speed_tolerance, task.min_height / task.base_height,
-                                  task.max_tilt)
-                    for b in range(B)]
+        ts, rec = rollout(task, act, batch=B, seed=21)
+        verdicts = [verdict(task, ts, rec, b) for b in range(B)]
         assert [v["success"] for v in verdicts] == task.success(ts).tolist(), label
         rates[label] = float(np.mean([v["success"] for v in verdicts]))
     print(f"shipped walking policy: {rates}")
@@ -148,10 +145,10 @@ def test_the_height_barrier_costs_only_below_the_metric_floor():
 
     seed = drawn_seed("height barrier", "DIFFSIM_HEIGHT_SEED", bits=16)
     rng = np.random.default_rng(seed)
-    params, plain, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
-                                                     dtype=torch.float64)
+    params, file_task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
+                                                         dtype=torch.float64)
     w = float(rng.uniform(1.0, 20.0))
-    tasks = {weight: make_task(model, plain.sim_config, dict(params["task"], height_weight=weight), "task")
+    tasks = {weight: make_task(model, file_task.sim_config, dict(params["task"], height_weight=weight), "task")
              for weight in (0.0, w)}
     task = tasks[w]
     floor = task.min_height
