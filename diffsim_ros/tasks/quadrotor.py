@@ -148,7 +148,9 @@ class QuadrotorTask(Task):
         dist = np.linalg.norm(pos - target, axis=1)
         speed = np.linalg.norm(vw, axis=1)
         settle = self.settle_steps * self.dt
-        after = t >= settle
+        # The states after the settling time, as :meth:`update_extra` counts them: control steps
+        # past settle_steps (the state at exactly the settling time is not judged).
+        after = np.round(t / self.dt) > self.settle_steps
         ok = self.within_tolerance(torch.as_tensor(pos), torch.as_tensor(vw), torch.as_tensor(target)).numpy()
         return {"settle_time_s": settle, "final_distance_m": float(dist[-1]), "final_speed_m_s": float(speed[-1]),
                 "max_distance_after_settling_m": float(dist[after].max()) if after.any() else float("nan"),
