@@ -72,6 +72,11 @@ class TrainConfig:
                                                "[] (none)", low=0)
     randomize_drag: Tuple[float, ...] = option((), "[low, high] scale on the rotor drag coefficients, or []", low=0)
     randomize_actuator_lag: Tuple[float, ...] = option((), "[low, high] actuator lag, or []", "s", low=0)
+    randomize_contact_stiffness: Tuple[float, ...] = option((), """[low, high] ground contact stiffness
+        (simulator.contact_stiffness), drawn log-uniformly per iteration, or []: a floor or foot softer or harder
+        than the model's""", "N/m^2", low=0)
+    randomize_ground_friction: Tuple[float, ...] = option((), """[low, high] Coulomb coefficient of the ground
+        (simulator.friction), drawn per iteration, or []""", low=0)
     eval_every: int = option(5, "iterations between evaluations on fresh episodes (no gradient)", low=1)
     eval_envs: int = option(64, "episodes per evaluation", low=1)
     stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
@@ -87,10 +92,15 @@ class TrainConfig:
         normalise(self)
 
     def check(self) -> None:
-        for k in ("randomize_mass", "randomize_drag", "randomize_actuator_lag"):
+        for k in RANDOMIZED:
             r = getattr(self, k)
             if r and (len(r) != 2 or not r[0] <= r[1]):
                 raise ConfigError(f"must be [low, high] with low <= high, got {list(r)}", k)
+
+    @property
+    def randomized(self) -> bool:
+        """Whether any physical parameter is drawn per iteration."""
+        return any(getattr(self, k) for k in RANDOMIZED)
 
     def learning_rate_at(self, iteration: int) -> float:
         """Adam step size of iteration ``iteration`` (0-based) under ``lr_schedule``."""
@@ -99,6 +109,11 @@ class TrainConfig:
         frac = min(iteration / (self.iterations - 1), 1.0)
         return self.final_learning_rate + 0.5 * (self.learning_rate - self.final_learning_rate) * (
             1.0 + math.cos(math.pi * frac))
+
+
+#: The domain randomisation options of TrainConfig.
+RANDOMIZED = ("randomize_mass", "randomize_drag", "randomize_actuator_lag", "randomize_contact_stiffness",
+              "randomize_ground_friction")
 
 
 @dataclass
@@ -114,7 +129,9 @@ def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) 
     (:mod:`diffsim_ros.physics.parameters`, ``System.replace``): ``mass_scale`` (every link
     mass and inertia; the controller's model, which gravity compensation and the rate loop
     use, stays nominal, as on a robot), the actuator or motor time constant
-    (``motor_time_constant`` for rotors, ``actuator_lag`` for joints), ``drag_scale``."""
+    (``motor_time_constant`` for rotors, ``actuator_lag`` for joints), ``drag_scale``, and with
+    ground contact ``contact_stiffness`` (log-uniform: it spans orders of magnitude) and
+    ``ground_friction``."""
     sys = nominal.system
     dt, dev = sys.model.dtype, sys.model.device
 
@@ -127,6 +144,11 @@ def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) 
         values["motor_time_constant" if sys.rotors is not None else "actuator_lag"] = draw(cfg.randomize_actuator_lag)
     if cfg.randomize_drag and sys.rotors is not None:
         values["drag_scale"] = draw(cfg.randomize_drag)
+    if sys.config.ground and cfg.randomize_contact_stiffness:
+        low, high = cfg.randomize_contact_stiffness
+        values["contact_stiffness"] = torch.exp(draw((math.log(max(low, 1e-12)), math.log(max(high, 1e-12)))))
+    if sys.config.ground and cfg.randomize_ground_friction:
+        values["ground_friction"] = draw(cfg.randomize_ground_friction)
     return Simulator(apply_values(sys, values))
 
 
@@ -256,7 +278,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         bar = tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
     try:
         while it < cfg.iterations:
-            if cfg.randomize_mass or cfg.randomize_drag or cfg.randomize_actuator_lag:
+            if cfg.randomized:
                 task.sim = _randomized_sim(nominal_sim, cfg, gen)
             lr = cfg.learning_rate_at(it)
             for group in opt.param_groups:

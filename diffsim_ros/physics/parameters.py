@@ -42,7 +42,7 @@ class Parameter:
     name: str
     doc: str
     unit: str
-    needs: Optional[str]                  # "joints", "rotors" or None (any robot)
+    needs: Optional[str]                  # "joints", "rotors", "ground" (contact on) or None (any robot)
     nominal: Callable[[System], Tensor]   # (n,) float64
     bounds: Callable[[Tensor], Tuple[Tensor, Tensor]]
     apply: Callable[[System, Tensor], System]
@@ -58,6 +58,8 @@ class Parameter:
             return sys.model.nj > 0 and sys.rotors is None
         if self.needs == "rotors":
             return sys.rotors is not None
+        if self.needs == "ground":
+            return bool(sys.config.ground)
         return True
 
     def size(self, sys: System) -> int:
@@ -83,6 +85,13 @@ def _scalar(sys, value) -> Tensor:
 def _scale_bounds(lo: float, hi: float):
     def b(nominal: Tensor):
         return torch.full_like(nominal, lo), torch.full_like(nominal, hi)
+    return b
+
+
+def _scale_bounds_of_nominal(lo: float, hi: float):
+    """[lo x nominal, hi x nominal] (a positive nominal)."""
+    def b(nominal: Tensor):
+        return lo * nominal, hi * nominal
     return b
 
 
@@ -124,6 +133,13 @@ def _joint_damping_scale(sys, value):
 
 def _joint_friction(sys, value):
     return sys.replace(model=sys.model.replace(friction=_val(sys, value).reshape(-1)))
+
+
+def _ground(name: str):
+    """apply() of one of the ground contact's scalars (System.contact_stiffness, ...)."""
+    def apply(sys, value):
+        return sys.replace(**{name: _scalar(sys, value)})
+    return apply
 
 
 def _rotors(sys, **changes):
@@ -214,6 +230,16 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
               lambda s: _f64([s.config.rotors.motor_time_constant]),
               lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _motor_time_constant, structural=True,
               time_like=True),
+    Parameter("contact_stiffness", "ground contact stiffness k in lambda_n = k max(0, -gap)^2 "
+                                   "(simulator.contact_stiffness)", "N/m^2", "ground",
+              lambda s: _f64([float(s.contact_stiffness)]), _scale_bounds_of_nominal(1e-3, 10.0),
+              _ground("contact_stiffness")),
+    Parameter("contact_damping", "ground contact damping c in lambda_d = -c max(0, -gap) dgap/dt "
+                                 "(simulator.contact_damping)", "N s/m^2", "ground",
+              lambda s: _f64([float(s.contact_damping)]), _scale_bounds_of_nominal(1e-3, 100.0),
+              _ground("contact_damping")),
+    Parameter("ground_friction", "Coulomb coefficient of the ground contact (simulator.friction)", "-", "ground",
+              lambda s: _f64([float(s.friction)]), _abs_bounds(0.5, rel_low=0.05), _ground("friction")),
     Parameter("latency", "command delay, control steps (simulator.command_delay; whole steps in the step, "
                          "fractional in sysid)", "steps", None,
               lambda s: _f64([float(s.config.command_delay)]),
@@ -250,7 +276,7 @@ def help_text() -> str:
 #: The stand-in's perturbation fields (``diffsim_ros.plant.Perturbation``) that are registry
 #: parameters; the rest (sensor noise, seed, wind, payload) lie outside the simulator's model.
 PERTURBATION_FIELDS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "thrust_scale",
-                       "actuator_lag", "latency", "joint_friction_scale")
+                       "actuator_lag", "latency", "joint_friction_scale", "ground_friction_scale")
 
 
 def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[str, Tensor]:
@@ -258,7 +284,8 @@ def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[st
     ``diffsim_ros.plant.Perturbation``; others are ignored) on the robot of ``sys``: the truth
     a calibration should find. ``actuator_lag`` is the rotors' ``motor_time_constant`` on a
     multirotor; ``latency`` (s) becomes control steps after the plant's rounding to substeps;
-    ``added_joint_damping`` and ``joint_friction_scale`` become per-joint values."""
+    ``added_joint_damping`` and ``joint_friction_scale`` become per-joint values,
+    ``ground_friction_scale`` the ground's coefficient."""
     p = dict(perturbation)
     out: Dict[str, Tensor] = {}
     for k in ("mass_scale", "drag_scale", "thrust_scale"):
@@ -272,6 +299,8 @@ def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[st
             out["joint_damping_scale"] = _f64([scale])
         if "joint_friction_scale" in p:
             out["joint_friction"] = _f64(sys.model.friction.detach()) * float(p["joint_friction_scale"])
+    if "ground_friction_scale" in p and sys.config.ground:
+        out["ground_friction"] = _f64([float(sys.friction) * float(p["ground_friction_scale"])])
     lag = p.get("actuator_lag")
     if lag is not None and lag >= 0:
         out["motor_time_constant" if sys.rotors is not None else "actuator_lag"] = _f64([float(lag)])

@@ -323,6 +323,8 @@ class MujocoPlant:
     def _apply_perturbation(self):
         p, m = self.perturbation, self.model
         m.body_mass[:] = m.body_mass * p.mass_scale
+        # MuJoCo takes the larger of two geoms' coefficients: the ground's and the robot's, scaled alike.
+        m.geom_friction[:, 0] = m.geom_friction[:, 0] * p.ground_friction_scale
         m.body_inertia[:] = m.body_inertia * p.mass_scale
         d = m.dof_damping.copy()
         if len(self._dadr):

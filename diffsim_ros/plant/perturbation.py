@@ -41,6 +41,8 @@ class Perturbation:
         (dt / substeps) and added to simulator.command_delay""", "s", low=0)
     seed: int = option(0, "seed of the sensor-noise generator")
     joint_friction_scale: float = option(1.0, "factor on the URDF <dynamics friction>", low=0)
+    ground_friction_scale: float = option(1.0, """factor on the Coulomb coefficient between the robot and the ground
+        (simulator.friction): a slippery or grippy floor""", low=0)
     constraint_friction: bool = option(False, """the joints' Coulomb friction as MuJoCo's frictionloss constraint
         (dry friction as a soft constraint, solved with the contacts) instead of the simulator's smoothed law,
         which the stand-in otherwise applies as the simulator does (doc/friction.md): a friction model gap""")

@@ -88,6 +88,10 @@ class MujocoStandIn:
             return m.t, np.asarray(m.position)[idx], np.asarray(m.velocity)[idx]
         q = np.concatenate((m.position, m.orientation))
         v = np.concatenate((m.linear_velocity_body, m.angular_velocity))
+        if m.joints is not None:                   # a legged robot: the joints follow the base
+            idx = [list(m.joints.names).index(n) for n in self.joint_names]
+            q = np.concatenate((q, np.asarray(m.joints.position)[idx]))
+            v = np.concatenate((v, np.asarray(m.joints.velocity)[idx]))
         return m.t, q, v
 
     def step(self, command) -> None:

@@ -222,11 +222,38 @@ def test_domain_randomisation_and_critic_run():
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in res.history)
 
 
+def test_contact_randomisation_draws_the_ground_within_its_ranges():
+    """Per-iteration draws of the ground's stiffness (log-uniform) and friction stay inside their
+    ranges, cover them, reach the step, and leave the nominal simulator as it was."""
+    from diffsim_ros.learning.apg import _randomized_sim
+    task = _locomotion_task()
+    cfg = TrainConfig(randomize_contact_stiffness=(1e5, 1e7), randomize_ground_friction=(0.4, 1.0))
+    seed = drawn_seed("contact randomisation", "DIFFSIM_TRAIN_SEED")
+    gen = torch.Generator().manual_seed(seed)
+    sims = [_randomized_sim(task.sim, cfg, gen) for _ in range(200)]
+    k = np.array([float(s.system.contact_stiffness) for s in sims])
+    mu = np.array([float(s.system.friction) for s in sims])
+    assert k.min() >= 1e5 and k.max() <= 1e7 and mu.min() >= 0.4 and mu.max() <= 1.0
+    # log-uniform: about half the draws below the geometric mean 1e6, a fifth in each fifth of the log range
+    counts = np.histogram(np.log10(k), bins=5, range=(5, 7))[0]
+    assert counts.min() >= 20 and counts.max() <= 60, counts
+    assert np.histogram(mu, bins=5, range=(0.4, 1.0))[0].min() >= 20
+    assert float(task.sim.system.contact_stiffness) == task.sim.config.contact_stiffness
+    ts = task.reset(4, torch.Generator().manual_seed(1))
+    action = torch.zeros(4, task.sim.action_dim, dtype=ts.sim.q.dtype)
+    soft, hard = sims[int(k.argmin())], sims[int(k.argmax())]
+    with torch.no_grad():
+        a, b = soft.step(ts.sim, action), hard.step(ts.sim, action)
+    assert float((a.v - b.v).abs().max()) > 1e-3, "the drawn stiffness should change the standing robot's step"
+
+
 def test_train_config_rejects_unknown_keys():
     with pytest.raises(physics.ConfigError, match="unknown key 'training.iteratons'"):
         TrainConfig.from_dict({"iteratons": 3})
     with pytest.raises(physics.ConfigError, match="randomize_mass"):
         TrainConfig.from_dict({"randomize_mass": [1.2, 0.8]})
+    with pytest.raises(physics.ConfigError, match="randomize_contact_stiffness"):
+        TrainConfig.from_dict({"randomize_contact_stiffness": [1e6]})
     with pytest.raises(physics.ConfigError, match="unknown key 'task.ee_lnk'"):
         make_task(_reach_task().model, physics.SimConfig(actuator="position"), {"type": "reach", "ee_lnk": "x"})
 
