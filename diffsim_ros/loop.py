@@ -781,9 +781,7 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
             summary["task"] = dict(verdict, target=target.tolist())
     if runner.kind == "arm":
         summary["task"] = _arm_result(data, runner, targets, hold_s)
-    summary["velocity_error"] = {
-        k: {"rmse": v["rmse"], "per_dof_rmse": {d: s["rmse"] for d, s in v["per_dof"].items()}}
-        for k, v in metrics["prediction"]["by_horizon"].items()}
+    summary["velocity_error"] = _velocity_error(metrics)
     summary["online_prediction"] = metrics.get("online_prediction")
     summary["analysis_files"] = metrics.get("files", {})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -828,15 +826,17 @@ def _run_summary(ckpt: Path, bag: Path, perturbation: Dict[str, Any], logs: Path
 
 
 def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
-    """Summary of a legged run: the task's verdict from the bag and the bag's completeness (the
-    sim-vs-real velocity comparison covers arm and multirotor bags only so far)."""
+    """Summary of a legged run: the task's verdict from the bag, its gait, the sim-vs-real velocity
+    comparison (base twist and joints) and the bag's completeness."""
+    from . import analysis
     from .analysis.legged import legged_report
 
     res = _legged_result(bag, runner)
     rep = legged_report(bag, out_dir / "analysis")
-    summary.update({"kind": "legged", "task": res, "gait": rep["gait"], "analysis_files": rep["files"],
-                    "velocity_error": None,
-                    "note": "sim-vs-real velocity analysis is not implemented for legged bags yet"})
+    metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"))
+    summary.update({"kind": "legged", "task": res, "gait": rep["gait"],
+                    "analysis_files": {**rep["files"], **metrics.get("files", {})},
+                    "velocity_error": _velocity_error(metrics)})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     log("[loop] 4/4 summary (legged)")
     log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")
@@ -857,10 +857,18 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     g = rep["gait"] or {}
     log(f"  gait: {g.get('gait', 'n/a')} (stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
         f"{g.get('duty_factor')}); footfall diagram {rep['files']['footfall']}")
+    byh = metrics["prediction"]["by_horizon"]
+    log("  sim-vs-real velocity RMSE (base twist and joints, 1/5/10 steps ahead): "
+        + " / ".join(f"{byh[k]['rmse']:.3g}" for k in byh) + f"; plots {out_dir / 'analysis'}")
     lost = summary.get("lost")
     log("  bag: every published message recorded" if not lost else f"  bag: MISSING messages {lost}")
-    log(f"  ({summary['note']})")
     return summary
+
+
+def _velocity_error(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """Per horizon: the velocity RMSE over every dof and per dof (the summary's velocity_error)."""
+    return {k: {"rmse": v["rmse"], "per_dof_rmse": {d: s["rmse"] for d, s in v["per_dof"].items()}}
+            for k, v in metrics["prediction"]["by_horizon"].items()}
 
 
 def format_summary(summary: Dict[str, Any], metrics: Dict[str, Any]) -> List[str]:

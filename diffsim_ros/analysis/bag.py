@@ -1,7 +1,8 @@
 """rosbag2 reading and writing for the analysis, with the ``rosbags`` library (no ROS install).
 
 Layout (doc/interfaces.md): states on ``/joint_states`` (sensor_msgs/JointState, arms)
-or ``/odom`` (nav_msgs/Odometry, quadrotors; twist in the body frame) and ``/imu``;
+or ``/odom`` (nav_msgs/Odometry, quadrotors; twist in the body frame) and ``/imu``, or
+both for a legged robot (its state is the pair of equal stamp);
 commands on ``/diffsim/command`` (std_msgs/Float64MultiArray in the simulator's own
 interface, ``layout.dim[0].label`` = the stamp in ns of the state it was computed
 from) or on the interface topics (``/cmd_ctbr``, ``/cmd_rotor_thrust``,
@@ -128,12 +129,14 @@ class BagData:
     States are sorted by header stamp with duplicate stamps dropped; ``q``/``v`` follow
     the message layout: arms in ``joint_names`` order (the JointState's own order, mapped
     to a model's by name later), quadrotors ``q = [x y z qx qy qz qw]``,
-    ``v = [v_lin v_ang]`` in the body frame. ``cmd_state_stamp[i]`` is the stamp of the
-    state command ``i`` was computed from.
+    ``v = [v_lin v_ang]`` in the body frame, legged robots the base's then the joints'
+    (``q = [x y z qx qy qz qw, joints]``, ``v = [v_lin v_ang, joint velocities]``, joints in
+    ``joint_names`` order). ``cmd_state_stamp[i]`` is the stamp of the state command ``i``
+    was computed from.
     """
     path: str
     storage: str
-    kind: str                                   # "arm" or "quadrotor"
+    kind: str                                   # "arm", "quadrotor" or "legged"
     state_topic: str
     joint_names: List[str]
     t_state: np.ndarray
@@ -153,6 +156,8 @@ class BagData:
 
     @property
     def dof_names(self) -> List[str]:
+        if self.kind == "legged":
+            return list(BASE_AXES) + list(self.joint_names)
         return list(self.joint_names) if self.kind == "arm" else list(BASE_AXES)
 
     @property
@@ -445,6 +450,37 @@ def _read_states(src: _Source, state_topic: str, kind: str, stats: Dict[str, Top
     return t_state, q, v, recv_a[order], names
 
 
+def _read_legged_states(src: _Source, stats: Dict[str, TopicStats], warnings: List[str]):
+    """A legged robot's states: each /odom message paired with the /joint_states message nearest
+    in stamp, within half the shorter of the two topics' periods (the stand-in in lockstep
+    publishes both with one stamp; a robot's drivers stamp them apart), the base's q, v then the
+    joints'; the pair's stamp is the later one, as policy_controller's supervisor stamps it. A
+    message without a partner is left out, with a warning counting them."""
+    t_o, q_o, v_o, r_o, _ = _read_states(src, ODOM, "quadrotor", stats, warnings)
+    t_j, q_j, v_j, _, names = _read_states(src, JOINT_STATES, "arm", stats, warnings)
+    periods = [float(np.median(np.diff(t))) for t in (t_o, t_j)]
+    tol = 0.5 * min(periods)
+    j = np.clip(np.searchsorted(t_j, t_o), 1, len(t_j) - 1)
+    j = np.where(np.abs(t_j[j - 1] - t_o) <= np.abs(t_j[j] - t_o), j - 1, j)
+    ok = np.abs(t_j[j] - t_o) <= tol
+    io, ij = np.nonzero(ok)[0], j[ok]
+    first = np.ones(len(ij), dtype=bool)
+    first[1:] = np.diff(ij) != 0                      # a joint state pairs once (the first odometry)
+    io, ij = io[first], ij[first]
+    if len(io) < 2:
+        raise AnalysisError(f"{src.path}: a legged robot's state is an '{ODOM}' and a '{JOINT_STATES}' message of "
+                            f"(nearly) equal stamp; {len(io)} pair(s) within {tol * 1e-6:.3g} ms ({len(t_o)} "
+                            f"odometry, {len(t_j)} joint states)")
+    lone = len(t_o) + len(t_j) - 2 * len(io)
+    if lone:
+        warnings.append(f"'{ODOM}' + '{JOINT_STATES}': {lone} message(s) without a partner within "
+                        f"{tol * 1e-6:.3g} ms on the other topic; left out")
+    q = np.concatenate((q_o[io], q_j[ij]), axis=1)
+    v = np.concatenate((v_o[io], v_j[ij]), axis=1)
+    stamps = np.maximum(t_o[io], t_j[ij])
+    return stamps, q, v, np.maximum(r_o[io], 0), names
+
+
 def _imu_stats(src: _Source, stats: Dict[str, TopicStats]) -> None:
     """The IMU topic's timing, where the bag has one (its values are not analysed)."""
     if IMU not in src.topics:
@@ -564,7 +600,7 @@ def _read_predictions(src: _Source, topic: str, kind: str, stats: Dict[str, Topi
     """(stamps, velocities, joint names) of the controller's online predictions, sorted by
     stamp; (None, None, []) when the bag has none."""
     pred_names: List[str] = []
-    if topic not in src.topics:
+    if topic not in src.topics or kind == "legged":     # policy_controller predicts no legged state
         return None, None, pred_names
     path = src.path
     _check_type(path, topic, src.topics[topic], [JOINT_STATE_T if kind == "arm" else ODOMETRY_T])
@@ -600,11 +636,15 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
     src = _Source(reader, path)
     # Metadata first: it tells the robot kind and the command layout.
     metadata = _read_metadata(src, metadata_topic)
-    state_topic = _state_topic(src, state_topic)
-    kind = "arm" if src.topics[state_topic] == JOINT_STATE_T else "quadrotor"
     stats: Dict[str, TopicStats] = {}
     warnings: List[str] = []
-    t_state, q, v, recv_state, names = _read_states(src, state_topic, kind, stats, warnings)
+    if state_topic is None and _legged(src, metadata):
+        kind, state_topic = "legged", f"{ODOM} + {JOINT_STATES}"
+        t_state, q, v, recv_state, names = _read_legged_states(src, stats, warnings)
+    else:
+        state_topic = _state_topic(src, state_topic)
+        kind = "arm" if src.topics[state_topic] == JOINT_STATE_T else "quadrotor"
+        t_state, q, v, recv_state, names = _read_states(src, state_topic, kind, stats, warnings)
     _imu_stats(src, stats)
     command_topic = _command_topic(src, command_topic)
     cmd_state_stamp, cmd, source = _read_commands(src, command_topic, state_topic, t_state, recv_state, stats,
@@ -616,6 +656,22 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
                    cmd_state_stamp=cmd_state_stamp, cmd=cmd, cmd_names=cmd_names, cmd_stamp_source=source,
                    pred_t=pred_t, pred_v=pred_v, pred_joint_names=pred_names, metadata=metadata,
                    topics=stats, warnings=warnings)
+
+
+def _legged(src: _Source, metadata: Optional[Dict[str, Any]]) -> bool:
+    """Both /odom and /joint_states are in the bag, and the metadata (where there is some)
+    describes a floating base with joints and no rotors: a legged robot."""
+    if not (ODOM in src.topics and JOINT_STATES in src.topics):
+        return False
+    if metadata is None:
+        return True
+    ck = metadata.get("checkpoint") or {}
+    robot = (ck.get("robot") or {}) if isinstance(ck, dict) else {}
+    cfg = metadata.get("config") or {}
+    floating = robot.get("floating_base", cfg.get("floating_base") if isinstance(cfg, dict) else None)
+    sim = ((ck.get("simulator") if isinstance(ck, dict) else None)
+           or (cfg.get("simulator") if isinstance(cfg, dict) else None) or {})
+    return bool(floating) and not sim.get("rotors")
 
 
 def _command_names(metadata, topic, width, kind, joint_names) -> List[str]:

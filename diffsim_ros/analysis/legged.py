@@ -8,10 +8,11 @@ metadata); the states are the /odom and /joint_states messages of equal stamp (a
 robot's state is the pair). Foot contact is read from the recorded configuration alone:
 a foot touches when one of its contact spheres reaches within ``contact_tolerance`` of the
 ground (forward kinematics of the model, independent of the stand-in's own contact
-solver). Written to ``out_dir``: footfall.png, legged.json and report.md.
+solver). Written to ``out_dir``: footfall.png, legged.json and legged.md.
 
-The sim-vs-real velocity comparison of :func:`diffsim_ros.analysis.analyze` covers arm and
-multirotor bags; for legged bags it is not implemented yet.
+The sim-vs-real velocity comparison of a legged bag is :func:`diffsim_ros.analysis.analyze`'s
+(the base's twist and the joint velocities, replayed from the same paired states); it writes
+report.md, metrics.json and the plots beside these.
 """
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
         files = {"footfall": footfall_png(contacts, dt, foot_names, out / "footfall.png",
                                           title=f"{model.name}: {gait.name if gait else 'n/a'}",
                                           roles=gait.roles if gait else None),
-                 "json": str(out / "legged.json"), "report": str(out / "report.md")}
+                 "json": str(out / "legged.json"), "report": str(out / "legged.md")}
         rep["files"] = files
         (out / "legged.json").write_text(json.dumps(rep, indent=1, default=str))
         g = rep["gait"] or {}
@@ -162,5 +163,5 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
                  f"{contact_tolerance * 1e3:g} mm of the ground)", "", "![footfall](footfall.png)", ""]
         if "strict_metric" in rep:
             lines.insert(-2, f"- strict metric at {cmd:g} m/s: {rep['strict_metric']}")
-        (out / "report.md").write_text("\n".join(lines))
+        (out / "legged.md").write_text("\n".join(lines))
     return rep

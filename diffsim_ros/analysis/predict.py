@@ -108,6 +108,9 @@ def sim_setup(data: BagData, config_path: Optional[str] = None, dtype=torch.floa
     if data.kind == "quadrotor" and not model.floating_base:
         raise AnalysisError(f"{data.path}: the bag holds odometry ('{data.state_topic}') but the model from {source} "
                             f"has a fixed base; set floating_base: true")
+    if data.kind == "legged" and not (model.floating_base and model.nj):
+        raise AnalysisError(f"{data.path}: the bag holds a legged robot's odometry and joint states but the model "
+                            f"from {source} has " + ("no joints" if model.floating_base else "a fixed base"))
     if data.kind == "arm" and model.floating_base:
         raise AnalysisError(f"{data.path}: the bag holds joint states but the model from {source} has a floating "
                             f"base; the analysis of floating-base robots needs '/odom'")
@@ -176,6 +179,15 @@ class Replay:
             idx = [data.joint_names.index(j) for j in model.joint_names]
             q, v = data.q[:, idx], data.v[:, idx]
             self.dof_names = list(model.joint_names)
+        elif data.kind == "legged":
+            missing = [j for j in model.joint_names if j not in data.joint_names]
+            if missing:
+                raise AnalysisError(f"{data.path}: '/joint_states' lacks joint(s) {missing} of model '{model.name}' "
+                                    f"(bag joints: {data.joint_names})")
+            idx = [7 + data.joint_names.index(j) for j in model.joint_names]
+            q = np.concatenate((data.q[:, :7], data.q[:, idx]), axis=1)
+            v = np.concatenate((data.v[:, :6], data.v[:, [i - 1 for i in idx]]), axis=1)
+            self.dof_names = list(BASE_AXES) + list(model.joint_names)
         else:
             if model.nj:
                 raise AnalysisError(f"{data.path}: model '{model.name}' has {model.nj} joints besides the floating "
@@ -192,7 +204,7 @@ class Replay:
             raise AnalysisError(f"{data.path}: topic '{data.command_topic}' has {cmd.shape[1]} entries per command; "
                                 f"the simulator's '{cfg.actuator}' interface ({setup.source}) takes "
                                 f"{self.sim.action_dim}")
-        if data.kind == "arm" and all(n in data.cmd_names for n in self.sim.actuated_joints):
+        if data.kind in ("arm", "legged") and all(n in data.cmd_names for n in self.sim.actuated_joints):
             cmd = cmd[:, [data.cmd_names.index(n) for n in self.sim.actuated_joints]]
         topic = data.command_topic
         if topic not in (COMMAND,):

@@ -149,7 +149,7 @@ def plot_velocity(rp: Replay, preds, path) -> None:
             s = _thin(len(d.pred_t))
             ax.plot((d.pred_t[s] - t0) * 1e-9, d.pred_v[s, d.pred_joint_names.index(name)], "--", lw=0.8,
                     color="tab:green", label="controller's prediction")
-        unit = "rad/s" if (d.kind == "arm" or name.startswith("w")) else "m/s"
+        unit = "rad/s" if (d.kind == "arm" or name.startswith("w") or name in d.joint_names) else "m/s"
         ax.set_ylabel(f"{name}\n[{unit}]")
         ax.grid(alpha=0.3)
         ax_e = axes[i, 1]

@@ -420,10 +420,10 @@ def _clear_of_limits(rp: Replay, starts: np.ndarray, window: int) -> Tuple[np.nd
     fits: on an arm recording that passed its base joint's limit in the held-out part only, the
     true parameters, found exactly, left 13 % of the held-out velocity change unexplained."""
     model = rp.model
-    if rp.data.kind != "arm" or not len(starts):
+    if rp.data.kind not in ("arm", "legged") or not len(starts):
         return starts, 0
     lo, hi = (model.lower.double().cpu().numpy(), model.upper.double().cpu().numpy())
-    q = rp.q.double().cpu().numpy()
+    q = rp.q.double().cpu().numpy()[:, model.nq - model.nj:]        # the joints (after a floating base)
     past = ((q < lo) | (q > hi)).any(1)
     if not past.any():
         return starts, 0

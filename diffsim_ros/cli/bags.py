@@ -18,7 +18,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from diffsim_ros.analysis import analyze
     from diffsim_ros.analysis.legged import is_legged_bag, legged_report
 
-    if is_legged_bag(args.bag):
+    legged_files = []
+    if is_legged_bag(args.bag) and not args.state_topic:
         rep = _analysis_call(legged_report, args.bag, where=args.bag, out_dir=args.out)
         g = rep["gait"] or {}
         print(f"analyze: {rep['bag']} (legged '{rep['robot']}', {rep['duration_s']:.2f} s, {rep['steps']} steps)")
@@ -26,10 +27,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
               f"{g.get('duty_factor')} ({', '.join(rep['feet'])})")
         print(f"  mean forward speed {rep['mean_forward_speed_m_s']:.3f} m/s, lowest base height "
               f"{rep['min_base_height_m']:.3f} m, largest roll/pitch {rep['max_tilt_rad']:.3f} rad")
-        print("warning: the sim-vs-real velocity comparison is not implemented for legged bags yet", file=sys.stderr)
-        if args.out:
-            print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in rep["files"].values()))
-        return 0
+        legged_files = list(rep.get("files", {}).values())
     m = _analysis_call(analyze, args.bag, where=args.bag, out_dir=args.out, config_path=args.config, horizons=horizons,
                        max_starts=args.max_starts, plots=not args.no_plots, state_topic=args.state_topic,
                        command_topic=args.command_topic)
@@ -50,7 +48,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     tm = m["timing"]
     print(f"time {tm['analysis_s']:.2f} s ({tm['faster_than_real_time']:.1f}x faster than the bag's duration)")
     if args.out:
-        print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in m.get("files", {}).values()))
+        print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in
+                                                   legged_files + list(m.get("files", {}).values())))
     return 0
 
 
@@ -115,7 +114,9 @@ def _add_analyze(sub) -> None:
                     "duplicates, out-of-order), replay the recorded commands through the simulator from every "
                     "recorded state 1 and k steps ahead, and report the velocity error per joint or axis (RMSE, "
                     "bias, maximum, growth with the horizon); with --out, write metrics.json, velocity.png, "
-                    "error_vs_horizon.png and report.md.")
+                    "error_vs_horizon.png and report.md. A legged robot's bag (/odom and /joint_states of equal stamp, "
+                    "a floating base with joints) is replayed whole, the base's twist and the joints; its gait "
+                    "(footfall.png, legged.json, legged.md) is reported as well.")
     _add_bag_args(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: print only)")
     p.add_argument("--horizons", default="1,5,10", metavar="K,K,...",

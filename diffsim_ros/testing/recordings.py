@@ -16,7 +16,7 @@ the analysis machinery). Both expose ``dt``, ``joint_names``, ``floating_base``,
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -186,9 +186,29 @@ def quadrotor_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 1.0, 
     return command
 
 
+def legged_exciter(params: Dict[str, Any], seed: int = 0, amplitude: float = 0.3,
+                   frequency: Tuple[float, float] = (1.0, 3.0)) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
+    """Exciting joint targets for a legged robot on the position interface: the task's
+    ``stance`` plus a sine per joint (``amplitude`` rad, a frequency drawn in ``frequency`` Hz
+    and a phase), so that the feet lift, stamp and slide for as long as the recording lasts:
+    contact throughout, which a walking policy that stops does not give."""
+    cfg = _config.simulator_config(params)
+    stance = np.asarray(params["task"]["stance"], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    f = rng.uniform(frequency[0], frequency[1], len(stance))
+    phase = rng.uniform(0.0, 2 * math.pi, len(stance))
+
+    def command(k: int, q: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return stance + amplitude * np.sin(2 * math.pi * f * k * cfg.dt + phase)
+    return command
+
+
 def exciter(params: Dict[str, Any], seed: int = 0, **kw):
-    """The exciting controller for the configured robot (arm or quadrotor)."""
+    """The exciting controller for the configured robot (arm, quadrotor, or a legged robot: a
+    floating base with a ``task.stance``)."""
     if bool(params.get("floating_base", False)):
+        if "stance" in (params.get("task") or {}):
+            return legged_exciter(params, seed, **kw)
         return quadrotor_exciter(params, seed, **kw)
     return arm_exciter(params, seed, **kw)
 
@@ -262,11 +282,13 @@ def write_recording(path, rec: Dict[str, np.ndarray], joint_names, floating_base
                     Rp = quat_to_matrix(rec["q"][k - 1][3:7])
                     acc = (R @ v[0:3] - Rp @ rec["v"][k - 1][0:3]) / max(rec["t"][k] - rec["t"][k - 1], 1e-9)
                 w.imu(t_ns[k], q[3:7], v[3:6], R.T @ (acc - g), receive_ns=t_ns[k] + d_ns)
+                if len(joint_names):               # a legged robot: its joints with the base's stamp
+                    w.joint_state(t_ns[k], joint_names, q[7:], v[6:], receive_ns=t_ns[k] + d_ns)
             else:
                 w.joint_state(t_ns[k], joint_names, q, v, receive_ns=t_ns[k] + d_ns)
             if k < len(rec["cmd"]):
                 w.command(t_ns[k] + 2 * d_ns, rec["cmd"][k], t_ns[k] if labels else None)
-                if pred is not None:
+                if pred is not None and not (floating_base and len(joint_names)):   # none for legged robots
                     tp = t_ns[k] + int(round(cfg.dt * 1e9))
                     if floating_base:
                         w.odometry(tp, rec["q"][k + 1], pred[k], receive_ns=t_ns[k] + 2 * d_ns,
