@@ -44,7 +44,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["DEFAULT_SEED", "DEFAULT_EPISODES", "EvalError", "Rollout", "EvalReport", "wilson_interval", "rollout",
            "failure_modes", "evaluate_task", "load_checkpoint_task", "evaluate_checkpoint", "rollout_video",
-           "training_video", "mujoco_scene", "format_report", "add_parser", "cmd_eval"]
+           "training_video", "mujoco_scene", "format_report", "add_parser", "cmd_eval", "evaluate_on_standin",
+           "format_standin_report"]
 
 DEFAULT_SEED = 2024
 DEFAULT_EPISODES = 256
@@ -350,6 +351,68 @@ def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEF
     return report
 
 
+# ---------------------------------------------------------------------------- on the stand-in
+def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32, seed: int = DEFAULT_SEED,
+                        perturbation: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The checkpoint's policy on the MuJoCo stand-in (``diffsim_ros.plant.MujocoPlant``, another
+    engine; no ROS), episode by episode: the starts and goals of the task's reset distribution
+    drawn from ``seed``, the policy's command (``learning.deploy.PolicyRunner``, as the controller
+    computes it) at each control step from the stand-in's true state, and the task's own verdict
+    on the recorded episode (``Task.recorded_verdict``: the quadrotor's tolerance after settling,
+    the legged velocity command's strict metric). ``perturbation``: the stand-in's
+    (``plant.Perturbation`` fields). Returns the success rate with its 95 % Wilson interval and,
+    per part of the verdict that has one (speed_ok, height_ok, ...), how many episodes failed it."""
+    import numpy as np
+    import torch
+
+    from .learning.deploy import PolicyRunner
+    from .plant.mujoco_plant import MujocoPlant
+
+    if episodes < 1:
+        raise EvalError(f"episodes must be at least 1, got {episodes}")
+    _, _, meta, params = load_checkpoint_task(checkpoint)
+    runner = PolicyRunner(checkpoint)
+    task = runner.task
+    with torch.no_grad():
+        ts = task.reset(episodes, torch.Generator().manual_seed(seed))
+    if task.recorded_verdict(np.zeros(2), ts.sim.q[:1].repeat(2, 1).double().numpy(),
+                             ts.sim.v[:1].repeat(2, 1).double().numpy(), ts.target[0].double().numpy()) is None:
+        raise EvalError(f"{os.fspath(checkpoint)}: the '{task.name}' task has no verdict on a recorded episode "
+                        "(the stand-in evaluation judges quadrotor tasks and velocity-command locomotion)")
+    plant = MujocoPlant(params, source=os.fspath(checkpoint), perturbation=perturbation or {})
+    verdicts = []
+    for i in range(episodes):
+        plant.reset(ts.sim.q[i].double().numpy(), ts.sim.v[i].double().numpy())
+        runner.reset()
+        target = ts.target[i:i + 1].to(runner.dtype)
+        q, v = [plant.q], [plant.v]
+        for _ in range(int(task.horizon)):
+            state = runner.state(q[-1], v[-1])
+            plant.step(runner.decide(state, target, predict=False).command)
+            q.append(plant.q)
+            v.append(plant.v)
+        t = np.arange(len(q)) * task.dt
+        verdicts.append(task.recorded_verdict(t, np.array(q), np.array(v), ts.target[i].double().numpy()))
+    ok = sum(bool(x["success"]) for x in verdicts)
+    lo, hi = wilson_interval(ok, episodes)
+    failed = {k: sum(1 for x in verdicts if x.get(k) is False) for k in verdicts[0] if k.endswith("_ok")
+              or k == "only_feet_touch"}
+    return {"checkpoint": os.fspath(checkpoint), "robot": meta["robot"]["name"], "plant": "mujoco",
+            "perturbation": dict(perturbation or {}), "episodes": episodes, "seed": seed, "successes": ok,
+            "success_rate": ok / episodes, "interval_95": [lo, hi], "failed": failed, "verdicts": verdicts}
+
+
+def format_standin_report(rep: Dict[str, Any]) -> str:
+    lines = [f"checkpoint      {rep['checkpoint']} ({rep['robot']})",
+             f"plant           the MuJoCo stand-in, perturbation {rep['perturbation'] or 'none'}",
+             f"episodes        {rep['episodes']} (seed {rep['seed']})",
+             f"success         {rep['success_rate']:.3f}  [{rep['interval_95'][0]:.3f}, {rep['interval_95'][1]:.3f}] "
+             f"(95 % Wilson, {rep['successes']} of {rep['episodes']})"]
+    for k, n in rep["failed"].items():
+        lines.append(f"  failed {k:<16} {n} episode(s)")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- video
 def mujoco_scene(params: Dict[str, Any], source: str = ""):
     """A :class:`~diffsim_ros.analysis.video.MujocoScene` of the robot of ``params`` (urdf,
@@ -469,6 +532,24 @@ def cmd_eval(args, cli=None) -> int:
     torch.set_num_threads(args.threads)
     device = _device(args.device)
     errors = _input_errors() + (EvalError, VideoError)
+    if args.plant == "mujoco":
+        if args.video is not None or str(device) != "cpu":
+            raise CliError("--plant mujoco runs on the CPU and draws no video (leave out --video and --device)")
+        try:
+            pert = cli._perturbation(args.perturb or "")
+            from .plant.perturbation import Perturbation
+            Perturbation.from_dict(pert, "--perturb")
+            rep = evaluate_on_standin(args.checkpoint, args.episodes, args.seed, pert)
+        except errors as exc:
+            raise CliError(_describe(exc, args.checkpoint)) from None
+        print(format_standin_report(rep))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(rep, indent=2, default=str) + "\n")
+            print(f"json            {args.json}")
+        return 0
+    if args.perturb:
+        raise CliError("--perturb perturbs the MuJoCo stand-in: use it with --plant mujoco")
     import warnings
 
     try:
@@ -529,4 +610,10 @@ def add_parser(sub, cli=None) -> None:
                    help="distance to a URDF position limit counted as at the limit, rad or m (default 0.01)")
     p.add_argument("--crash-height", type=float, default=0.1, metavar="M",
                    help="quadrotor: base height above the ground counted as a crash, m (default 0.1)")
+    p.add_argument("--plant", choices=("simulator", "mujoco"), default="simulator",
+                   help="where the episodes run: the simulator the policy was trained in (default), or the MuJoCo "
+                        "stand-in (another engine, no ROS; the task's verdict on each recorded episode: quadrotor "
+                        "tasks and velocity-command locomotion)")
+    p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",
+                   help="with --plant mujoco: the stand-in's perturbation (e.g. mass_scale=1.1,actuator_lag=0.03)")
     p.set_defaults(func=lambda args: cmd_eval(args, cli))

@@ -227,6 +227,38 @@ def test_cli_eval_bad_input_is_exit_2(tmp_path, capsys):
     assert not (tmp_path / "v.avi").exists()
 
 
+def test_on_the_stand_in_each_episode_is_judged_by_the_tasks_recorded_verdict(tmp_path, capsys):
+    """--plant mujoco: the shipped hover policy on the MuJoCo stand-in succeeds; an untrained
+    velocity-command quadruped stands or stumbles and fails its metric on every episode (the
+    speed); a heavier stand-in is what --perturb gives; tasks without a recorded verdict and a
+    misspelt perturbation are refused by name."""
+    from builders import make_checkpoint
+
+    hover = evaluation.evaluate_on_standin(REPO / "policies" / "hover", episodes=6, seed=3)
+    assert hover["successes"] >= 5 and len(hover["verdicts"]) == 6, hover["verdicts"]
+    assert all(v["success"] == (v["fraction_within_tolerance_after_settling"] == 1.0) for v in hover["verdicts"])
+    make_checkpoint("locomotion_velocity", tmp_path / "walk", gain=0.3)
+    rc = main(["eval", str(tmp_path / "walk"), "--plant", "mujoco", "--episodes", "4", "--perturb", "mass_scale=1.2",
+               "--json", str(tmp_path / "w.json")])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["successes"] == 0 and data["failed"]["speed_ok"] == 4, data["failed"]
+    assert data["perturbation"] == {"mass_scale": 1.2} and "0 of 4" in text
+    for v in data["verdicts"]:
+        assert 0.2 <= v["command_m_s"] <= 0.8 and abs(v["window_speed_m_s"] - v["command_m_s"]) > 0.2 * v["command_m_s"]
+
+    def refused(*argv):
+        rc = main(["eval", *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err, err
+        return err
+    assert "no verdict on a recorded episode" in refused(str(REPO / "policies" / "reach_arm"), "--plant", "mujoco")
+    assert "did you mean 'mass_scale'" in refused(str(REPO / "policies" / "hover"), "--plant", "mujoco", "--perturb",
+                                                  "mass_scal=1.2")
+    assert "with --plant mujoco" in refused(str(REPO / "policies" / "hover"), "--perturb", "mass_scale=1.2")
+
+
 def test_python_dash_m_reports_bad_input_as_exit_2(tmp_path):
     """Under ``python -m diffsim_ros.cli`` the CLI module is __main__: eval's errors must still be
     the CliError its main catches (one line, exit 2), not a traceback."""

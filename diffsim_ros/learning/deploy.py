@@ -301,6 +301,11 @@ class PolicyRunner:
         x[3:7] /= norm
         return x
 
+    def state(self, q, v) -> State:
+        """The simulator state (batch 1) of a whole q, v in the simulator's convention (a floating
+        base's pose then the joints; its twist in the body frame), with the carried actuator state."""
+        return self._tensors(np.asarray(q, dtype=np.float64), np.asarray(v, dtype=np.float64))
+
     def _tensors(self, q: np.ndarray, v: np.ndarray) -> State:
         return self._with_carry(torch.from_numpy(q).to(self.dtype).unsqueeze(0),
                                 torch.from_numpy(v).to(self.dtype).unsqueeze(0))

@@ -195,6 +195,29 @@ class LocomotionTask(Task):
             if ts.step == self.window_start_step():
                 ts.extra["x_window"] = ts.sim.q[:, 0].detach().clone()
 
+    def recorded_verdict(self, t, q, v, target) -> Optional[dict]:
+        """The strict metric (:func:`strict_metric`) of one recorded velocity-command episode (plain
+        arrays, as the stand-in or a bag gives them: ``q`` the base pose then the joints, ``v`` the
+        body-frame twist then the joints, ``target`` the command); whether a body other than a foot
+        touches is judged from each recorded state's own configuration and velocity. None for the
+        forward-progress task (no command: its episode is judged by :meth:`success`)."""
+        if not self.command_speed:
+            return None
+        import numpy as np
+
+        m = self.model
+        qt = torch.as_tensor(np.asarray(q, dtype=np.float64), dtype=m.dtype, device=m.device)
+        vt = torch.as_tensor(np.asarray(v, dtype=np.float64), dtype=m.dtype, device=m.device)
+        with torch.no_grad():
+            roll, pitch = roll_pitch(qt[:, 3:7])
+            other = self.touching(self.other_bodies, TaskState(self.sim.initial_state(qt, vt),
+                                                               torch.zeros(len(qt), 1), 0, {"replayed": True}))
+        other = np.zeros(len(qt), bool) if other is None else other.any(0).cpu().numpy()
+        cmd = float(np.asarray(target, dtype=np.float64).reshape(-1)[0])
+        return strict_metric(np.asarray(t, dtype=np.float64), qt[:, 0].cpu().numpy(), qt[:, 2].cpu().numpy(),
+                             roll.cpu().numpy(), pitch.cpu().numpy(), other, cmd, self.base_height, self.window_s,
+                             self.speed_tolerance, self.min_height / self.base_height, self.max_tilt)
+
     def mean_speed(self, ts: TaskState) -> torch.Tensor:
         return (ts.sim.q[:, 0] - ts.extra["x0"]) / max(ts.step * self.dt, 1e-9)
 

@@ -38,13 +38,14 @@ def tasks(tmp_path_factory):
 def rollout(task, act, batch=1, seed=0):
     """(final task state, recorded arrays) of ``batch`` episodes under ``act(obs) -> actions``: per
     step (T = horizon + 1, the start included) time (T,), base x, height, roll, pitch and
-    other bodies' contact (T, B)."""
+    other bodies' contact (T, B), and the whole q, v (T, B, n)."""
     ts = task.reset(batch, torch.Generator().manual_seed(seed))
-    rec = {k: [] for k in ("x", "z", "roll", "pitch", "other")}
+    rec = {k: [] for k in ("x", "z", "roll", "pitch", "other", "q", "v")}
 
     def record(other):
         r, p = roll_pitch(ts.sim.q[:, 3:7])
-        for k, v in (("x", ts.sim.q[:, 0]), ("z", ts.sim.q[:, 2]), ("roll", r), ("pitch", p), ("other", other)):
+        for k, v in (("x", ts.sim.q[:, 0]), ("z", ts.sim.q[:, 2]), ("roll", r), ("pitch", p), ("other", other),
+                     ("q", ts.sim.q), ("v", ts.sim.v)):
             rec[k].append(v.clone())
 
     record(torch.zeros(batch, dtype=torch.bool))
@@ -91,6 +92,10 @@ def test_the_task_verdict_is_the_metric_on_the_recorded_arrays(tasks, action):
     assert v["success"] == bool(strict.success(ts)[0])
     assert v["window_speed_m_s"] == pytest.approx(float(strict.window_speed(ts)[0]), abs=1e-9)
     assert (not (v["height_ok"] and v["tilt_ok"] and v["only_feet_touch"])) == bool(ts.extra["violation"][0])
+    # From q, v alone (as the stand-in or a bag gives them), contact judged from each state:
+    # the same verdict, part by part.
+    rv = strict.recorded_verdict(rec["t"], rec["q"][:, 0], rec["v"][:, 0], ts.target[0].numpy())
+    assert {k: rv[k] for k in v} == pytest.approx(v), (rv, v)
 
 
 def test_metric_rules_one_by_one():
