@@ -51,20 +51,26 @@ def _draw(rng):
             "ground_friction": float(rng.uniform(0.2, 1.5))}
 
 
+def _drawn_case(quadruped, label, batch):
+    """(rng, nominal system, contact state, action) drawn from a printed seed."""
+    model, cfg = quadruped
+    seed = drawn_seed(label, "DIFFSIM_CONTACT_SEED")
+    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    q, v = _contact_states(model, batch, gen)
+    action = 0.3 * torch.randn(batch, 12, generator=gen, dtype=F64)
+    sys = physics.build_system(model, cfg)
+    return rng, sys, physics.Simulator(sys).initial_state(q, v), action
+
+
 def test_applied_contact_parameters_step_as_the_configured_ones(quadruped):
     model, cfg = quadruped
-    seed = drawn_seed("contact parameters", "DIFFSIM_CONTACT_SEED")
-    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
-    q, v = _contact_states(model, 16, gen)
-    action = 0.3 * torch.randn(16, 12, generator=gen, dtype=F64)
-    nominal = physics.build_system(model, cfg)
+    rng, nominal, state, action = _drawn_case(quadruped, "contact parameters", 16)
     for _ in range(3):
         values = _draw(rng)
         applied = apply_values(nominal, values)
         built = physics.build_system(model, dataclasses.replace(
             cfg, contact_stiffness=values["contact_stiffness"], contact_damping=values["contact_damping"],
             friction=values["ground_friction"]))
-        state = physics.Simulator(nominal).initial_state(q, v)
         a, _ = physics.step(applied, state, action)
         b, _ = physics.step(built, state, action)
         n, _ = physics.step(nominal, state, action)
@@ -75,13 +81,7 @@ def test_applied_contact_parameters_step_as_the_configured_ones(quadruped):
 
 
 def test_contact_parameter_gradients_match_finite_differences(quadruped):
-    model, cfg = quadruped
-    seed = drawn_seed("contact parameter gradients", "DIFFSIM_CONTACT_SEED")
-    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
-    q, v = _contact_states(model, 8, gen)
-    action = 0.3 * torch.randn(8, 12, generator=gen, dtype=F64)
-    sys0 = physics.build_system(model, cfg)
-    state = physics.Simulator(sys0).initial_state(q, v)
+    rng, sys0, state, action = _drawn_case(quadruped, "contact parameter gradients", 8)
     values = _draw(rng)
     x0 = torch.tensor([np.log(values[n]) for n in NAMES], dtype=F64)
 
