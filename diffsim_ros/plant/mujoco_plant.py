@@ -325,6 +325,12 @@ class MujocoPlant:
         m.body_mass[:] = m.body_mass * p.mass_scale
         # MuJoCo takes the larger of two geoms' coefficients: the ground's and the robot's, scaled alike.
         m.geom_friction[:, 0] = m.geom_friction[:, 0] * p.ground_friction_scale
+        if p.contact_time_constant is not None:
+            if p.contact_time_constant < 2 * self.h:
+                raise ConfigError(f"{{key}}: {p.contact_time_constant} s is below twice the physics substep "
+                                  f"({2 * self.h:g} s), where MuJoCo's contact is no longer stable",
+                                  "perturbation.contact_time_constant", self.source)
+            m.geom_solref[:, 0] = p.contact_time_constant
         m.body_inertia[:] = m.body_inertia * p.mass_scale
         d = m.dof_damping.copy()
         if len(self._dadr):

@@ -43,6 +43,11 @@ class Perturbation:
     joint_friction_scale: float = option(1.0, "factor on the URDF <dynamics friction>", low=0)
     ground_friction_scale: float = option(1.0, """factor on the Coulomb coefficient between the robot and the ground
         (simulator.friction): a slippery or grippy floor""", low=0)
+    contact_time_constant: Optional[float] = option(None, """time constant of MuJoCo's soft ground contact (the
+        geoms' solref[0]; MuJoCo's default 0.02 s lets a foot sink millimetres and creep): smaller is a harder
+        floor, down to twice the physics substep. null, or as a ROS parameter any negative number: MuJoCo's
+        default. Outside the simulator's model: its penalty contact has a stiffness instead
+        (simulator.contact_stiffness, which sysid fits)""", "s", low=0, ros_null=-1.0)
     constraint_friction: bool = option(False, """the joints' Coulomb friction as MuJoCo's frictionloss constraint
         (dry friction as a soft constraint, solved with the contacts) instead of the simulator's smoothed law,
         which the stand-in otherwise applies as the simulator does (doc/friction.md): a friction model gap""")
@@ -59,14 +64,15 @@ class Perturbation:
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]], where: str = "perturbation") -> "Perturbation":
         """Build from a mapping (a YAML section or node parameters; None: no perturbation);
-        errors name the key path under ``where``. ``actuator_lag`` < 0 means None (ROS
-        parameters cannot be null)."""
+        errors name the key path under ``where``. ``actuator_lag`` or ``contact_time_constant`` < 0
+        means None (ROS parameters cannot be null)."""
         if d is None:
             return cls()
         if isinstance(d, dict):
-            lag = d.get("actuator_lag")
-            if isinstance(lag, (int, float)) and not isinstance(lag, bool) and lag < 0:
-                d = {**d, "actuator_lag": None}
+            for key in ("actuator_lag", "contact_time_constant"):
+                val = d.get(key)
+                if isinstance(val, (int, float)) and not isinstance(val, bool) and val < 0:
+                    d = {**d, key: None}
         return from_mapping(cls, d, where)
 
     def to_dict(self) -> Dict[str, Any]:

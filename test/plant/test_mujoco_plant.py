@@ -351,3 +351,29 @@ def test_bad_rotor_link_names_it():
     params["simulator"]["rotors"]["rotor_links"] = ["rotor_0", "rotor_1", "rotor_2", "rotor_9"]
     with pytest.raises(ConfigError, match="rotor_9"):
         MujocoPlant(params)
+
+
+def test_a_harder_floor_is_the_contact_time_constant():
+    """The quadruped standing in its stance: a smaller contact_time_constant than MuJoCo's
+    default lets its feet sink less (a harder floor), a larger one more. Below twice the substep
+    it is refused; a negative ROS value is MuJoCo's default."""
+    params = config.load_yaml(REPO_ROOT / "config" / "locomotion_velocity.yaml")
+    stance = np.asarray(params["task"]["stance"])
+
+    def sink(**pert):
+        plant = MujocoPlant(params, perturbation=pert)
+        q0 = np.r_[0.0, 0.0, params["task"]["base_height"] + 0.01, 0, 0, 0, 1, np.zeros(12)]
+        plant.reset(q0)
+        idx = [plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]
+        q0[7:][idx] = stance
+        plant.reset(q0)
+        for _ in range(150):
+            plant.step(stance)
+        d = plant.data
+        feet = [i for i in range(plant.model.ngeom) if plant.model.geom_type[i] == 2]   # the foot spheres
+        return -min(float(d.geom_xpos[i][2] - plant.model.geom_size[i][0]) for i in feet)
+    soft, hard, softer = sink(), sink(contact_time_constant=0.005), sink(contact_time_constant=0.05)
+    assert 0 < hard < 0.5 * soft < 0.5 * softer, (hard, soft, softer)
+    with pytest.raises(ConfigError, match="contact_time_constant.*twice the physics substep"):
+        MujocoPlant(params, perturbation={"contact_time_constant": 0.003})
+    assert Perturbation.from_dict({"contact_time_constant": -1.0}).contact_time_constant is None
