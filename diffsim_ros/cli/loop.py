@@ -65,7 +65,8 @@ def _add_loop(sub) -> None:
                    help="arms without --target: this many goals drawn from the task's reset distribution (default 3)")
     p.add_argument("--perturb", default=None,
                    help="stand-in perturbation, KEY=VALUE,... (mass_scale, joint_damping_scale, "
-                        "added_joint_damping, drag_scale, actuator_lag, latency); default: "
+                        "added_joint_damping, drag_scale, actuator_lag, latency, ground_friction_scale, "
+                        "contact_time_constant, ...: the fields of plant.Perturbation); default: "
                         "mass_scale=1.1,drag_scale=1.5,actuator_lag=0.03; '' for none")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
