@@ -658,20 +658,24 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
                    topics=stats, warnings=warnings)
 
 
+def describes_legged_robot(metadata: Dict[str, Any]) -> bool:
+    """/diffsim/metadata describes a floating base without rotors (a legged robot): its
+    ``checkpoint`` metadata where the controller ran one, else the training file in ``config``."""
+    ck = metadata.get("checkpoint")
+    if isinstance(ck, dict):
+        floating, sim = (ck.get("robot") or {}).get("floating_base"), ck.get("simulator") or {}
+    else:
+        cfg = metadata.get("config") if isinstance(metadata.get("config"), dict) else {}
+        floating, sim = cfg.get("floating_base"), cfg.get("simulator") or {}
+    return bool(floating) and not sim.get("rotors")
+
+
 def _legged(src: _Source, metadata: Optional[Dict[str, Any]]) -> bool:
     """Both /odom and /joint_states are in the bag, and the metadata (where there is some)
-    describes a floating base with joints and no rotors: a legged robot."""
+    describes a legged robot."""
     if not (ODOM in src.topics and JOINT_STATES in src.topics):
         return False
-    if metadata is None:
-        return True
-    ck = metadata.get("checkpoint") or {}
-    robot = (ck.get("robot") or {}) if isinstance(ck, dict) else {}
-    cfg = metadata.get("config") or {}
-    floating = robot.get("floating_base", cfg.get("floating_base") if isinstance(cfg, dict) else None)
-    sim = ((ck.get("simulator") if isinstance(ck, dict) else None)
-           or (cfg.get("simulator") if isinstance(cfg, dict) else None) or {})
-    return bool(floating) and not sim.get("rotors")
+    return metadata is None or describes_legged_robot(metadata)
 
 
 def _command_names(metadata, topic, width, kind, joint_names) -> List[str]:

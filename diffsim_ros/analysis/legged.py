@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import interfaces as ifc
+from .bag import describes_legged_robot
 from .errors import AnalysisError
 
 __all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "paired_states"]
@@ -45,9 +46,7 @@ def is_legged_bag(path) -> bool:
         meta = _metadata(Path(path))
     except Exception:  # noqa: BLE001 - an unreadable bag is read_bag's to report
         return False
-    ck = (meta or {}).get("checkpoint") or {}
-    robot, sim = ck.get("robot") or {}, ck.get("simulator") or {}
-    return bool(robot.get("floating_base")) and not sim.get("rotors")
+    return isinstance((meta or {}).get("checkpoint"), dict) and describes_legged_robot(meta)
 
 
 def paired_states(path: Path):
