@@ -11,6 +11,8 @@ from_perturbation``), an independent statement of what the plant was given."""
 from __future__ import annotations
 
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -266,8 +268,12 @@ def test_slow_arm_actuator_among_four_with_joint_friction(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("DIFFSIM_KNOWN_FAILURES"),
+                    reason="a documented limitation, 3.5 min on 2 cores: run with DIFFSIM_KNOWN_FAILURES=1")
 def test_known_failure_arm_four_with_joint_friction(tmp_path):
-    """Why (measured on this draw): the residual's Jacobian agrees with central differences to
+    """Opt-in (DIFFSIM_KNOWN_FAILURES=1): it took 212 s of a 26 min CI run to show again an
+    expected failure, and a single start of the same fit costs 170 s, too much for the default
+    suite. Why (measured on this draw): the residual's Jacobian agrees with central differences to
     1e-5 and the loss is quadratic within 1e-4 of the truth, but a straight line from where the
     fits end to the truth climbs over a ridge 3x higher. The standard recording's white-noise
     position targets make the light wrist reverse nearly every control step (2 % of the windows
