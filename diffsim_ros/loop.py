@@ -455,22 +455,17 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     import numpy as np
     import torch
 
-    from .analysis.legged import paired_states
+    from .analysis.bag import read_legged_states
     from .physics.spatial import roll_pitch
     from .tasks.base import TaskState
     from .tasks.locomotion import strict_metric
 
-    odom, joints = paired_states(Path(bag))
-    stamps = sorted(set(odom) & set(joints))
+    stamps, qb, vb, names, _ = read_legged_states(Path(bag))
     if len(stamps) < 2:
         raise LoopError(f"{bag}: fewer than two steps with both /odom and /joint_states")
-    states = []
-    for t in stamps:
-        o, j = odom[t], joints[t]
-        p, q, tw = o.pose.pose.position, o.pose.pose.orientation, o.twist.twist
-        states.append(runner.legged_state(list(j.name), list(j.position), list(j.velocity), [p.x, p.y, p.z],
-                                          [q.x, q.y, q.z, q.w], [tw.linear.x, tw.linear.y, tw.linear.z],
-                                          [tw.angular.x, tw.angular.y, tw.angular.z]))
+    states = [runner.legged_state(names, qb[i, 7:].tolist(), vb[i, 6:].tolist(), qb[i, 0:3].tolist(),
+                                  qb[i, 3:7].tolist(), vb[i, 0:3].tolist(), vb[i, 3:6].tolist())
+              for i in range(len(stamps))]
     task = runner.task
     horizon = min(int(task.horizon), len(states) - 1)
     target = runner.target_tensor(None)

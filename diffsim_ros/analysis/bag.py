@@ -23,7 +23,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -238,6 +238,30 @@ def read_bag(path, state_topic: Optional[str] = None, command_topic: Optional[st
     reader = _open_reader(path)
     try:
         return _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic)
+    finally:
+        try:
+            reader.close()
+        except Exception:
+            pass
+
+
+def read_legged_states(path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str], List[str]]:
+    """(stamps ns, q, v, joint names, warnings) of a legged robot's bag: its /odom and
+    /joint_states paired as :func:`read_bag` pairs them (the nearest stamp within half the
+    shorter period; the pair's stamp the later one), q = base position, quaternion xyzw, joint
+    positions, v = the odometry's twist, joint velocities, joints in the message's order. No
+    command topic is needed (a robot's own recording has none)."""
+    path = Path(os.fspath(path))
+    reader = _open_reader(path)
+    try:
+        src = _Source(reader, path)
+        for topic in (ODOM, JOINT_STATES):
+            if topic not in src.topics:
+                raise AnalysisError(f"{path}: a legged robot's state is '{ODOM}' + '{JOINT_STATES}'; '{topic}' is "
+                                    f"not in the bag (topics: {src.present})")
+        warnings: List[str] = []
+        t, q, v, _, names = _read_legged_states(src, {}, warnings)
+        return t, q, v, list(names or []), warnings
     finally:
         try:
             reader.close()

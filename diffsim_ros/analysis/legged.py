@@ -4,8 +4,8 @@
     rep["gait"]["gait"], rep["gait"]["stride_frequency_hz"], rep["files"]["footfall"]
 
 The robot and task come from the bag's /diffsim/metadata (the controller's checkpoint
-metadata); the states are the /odom and /joint_states messages of equal stamp (a legged
-robot's state is the pair). Foot contact is read from the recorded configuration alone:
+metadata); the states are the /odom and /joint_states messages paired as read_bag pairs them
+(nearest stamp within half the shorter period: a robot's drivers stamp them apart). Foot contact is read from the recorded configuration alone:
 a foot touches when one of its contact spheres reaches within ``contact_tolerance`` of the
 ground (forward kinematics of the model, independent of the stand-in's own contact
 solver). Written to ``out_dir``: footfall.png, legged.json and legged.md.
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from .. import interfaces as ifc
-from .bag import describes_legged_robot
+from .bag import describes_legged_robot, read_legged_states
 from .errors import AnalysisError
 
-__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "paired_states"]
+__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "legged_states"]
 
 
 def _metadata(path: Path) -> Optional[Dict[str, Any]]:
@@ -49,22 +49,15 @@ def is_legged_bag(path) -> bool:
     return isinstance((meta or {}).get("checkpoint"), dict) and describes_legged_robot(meta)
 
 
-def paired_states(path: Path):
-    """{stamp ns: Odometry}, {stamp ns: JointState} of a bag (the first message of each stamp)."""
-    return _states(path)
-
-
-def _states(path: Path):
-    from rosbags.highlevel import AnyReader
-
-    odom, joints = {}, {}
-    with AnyReader([path]) as reader:
-        conns = [c for c in reader.connections if c.topic in (ifc.ODOM, ifc.JOINT_STATES)]
-        for conn, _, raw in reader.messages(connections=conns):
-            m = reader.deserialize(raw, conn.msgtype)
-            t = int(m.header.stamp.sec) * 1_000_000_000 + int(m.header.stamp.nanosec)
-            (odom if conn.topic == ifc.ODOM else joints).setdefault(t, m)
-    return odom, joints
+def legged_states(path: Path, model):
+    """(stamps ns, q (T, nq) in ``model``'s joint order) of a legged bag, the /odom and
+    /joint_states pairs of :func:`..bag.read_legged_states` (the pairing read_bag uses)."""
+    t, q_bag, _, names, _ = read_legged_states(path)
+    missing = [n for n in model.joint_names if n not in names]
+    if missing:
+        raise AnalysisError(f"{path}: /joint_states lacks joint(s) {', '.join(missing)} of robot '{model.name}'")
+    cols = [names.index(n) for n in model.joint_names]
+    return t, np.concatenate((q_bag[:, :7], q_bag[:, 7:][:, cols]), axis=1)
 
 
 def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005) -> np.ndarray:
@@ -104,23 +97,9 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
         model, task = task_from_metadata(meta["checkpoint"], str(path))
     except CheckpointError as e:
         raise AnalysisError(str(e)) from None
-    odom, joints = _states(path)
-    stamps = sorted(set(odom) & set(joints))
+    stamps, q = legged_states(path, model)
     if len(stamps) < 10:
         raise AnalysisError(f"{path}: {len(stamps)} steps with both /odom and /joint_states (at least 10 needed)")
-    names = list(model.joint_names)
-    q = np.zeros((len(stamps), model.nq))
-    for i, t in enumerate(stamps):
-        o, j = odom[t], joints[t]
-        pp, qq = o.pose.pose.position, o.pose.pose.orientation
-        q[i, 0:7] = [pp.x, pp.y, pp.z, qq.x, qq.y, qq.z, qq.w]
-        idx = {n: k for k, n in enumerate(j.name)}
-        missing = [n for n in names if n not in idx]
-        if missing:
-            raise AnalysisError(f"{path}: /joint_states at t={t} ns lacks joint(s) {', '.join(missing)}")
-        q[i, 7:] = [j.position[idx[n]] for n in names]
-    if not np.isfinite(q).all():
-        raise AnalysisError(f"{path}: non-finite /odom or /joint_states values")
     qt = torch.as_tensor(q, dtype=model.dtype)
     t_s = (np.array(stamps) - stamps[0]) * 1e-9
     dt = float(np.median(np.diff(t_s)))

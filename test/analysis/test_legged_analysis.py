@@ -17,6 +17,7 @@ from conftest import REPO_ROOT, drawn_away, drawn_seed
 from diffsim_ros import cli, config, physics
 from diffsim_ros.analysis import AnalysisError, analyze, calibrate, read_bag, sim_setup
 from diffsim_ros.analysis.bag import BagWriter
+from diffsim_ros.analysis.legged import legged_report
 from diffsim_ros.learning.deploy import PolicyRunner
 from diffsim_ros.physics.parameters import from_perturbation
 from diffsim_ros.testing.recordings import make_plant, record_bag
@@ -71,7 +72,7 @@ def test_a_legged_bag_is_the_pair_of_base_and_joints_and_replays_exactly(tmp_pat
     t_ns = np.round((rec["t"] + 100.0) * 1e9).astype(np.int64)
     t_joint = t_ns + rng.integers(-2_000_000, 2_000_000, len(t_ns))
     with BagWriter(tmp_path / "shuffled") as w:
-        w.metadata({"config": config.load_yaml(CONFIG)}, receive_ns=int(t_ns[0]))
+        w.metadata({"config": config.load_yaml(CONFIG), "checkpoint": runner.meta}, receive_ns=int(t_ns[0]))
         for k in range(len(t_ns)):
             q, v = rec["q"][k], rec["v"][k]
             w.odometry(t_ns[k], q, v, receive_ns=t_ns[k])
@@ -87,6 +88,11 @@ def test_a_legged_bag_is_the_pair_of_base_and_joints_and_replays_exactly(tmp_pat
     m2 = analyze(tmp_path / "shuffled", horizons=(1,), plots=False)
     assert m2["prediction"]["by_horizon"]["1"]["rmse"] < 1e-9
     assert m2["model"]["dofs"][6:] == names
+    # The gait report pairs them the same way (it required equal stamps, and found none here).
+    rep = legged_report(tmp_path / "shuffled")
+    assert rep["steps"] == 120 and rep["min_base_height_m"] == pytest.approx(rec["q"][keep][:, 2].min(), abs=1e-12)
+    assert rep["duration_s"] == pytest.approx((np.maximum(t_ns, t_joint)[keep][-1] - t_ns[0]) * 1e-9 -
+                                              (np.maximum(t_ns, t_joint)[keep][0] - t_ns[0]) * 1e-9, abs=1e-9)
 
     rc = cli.main(["analyze", str(tmp_path / "sim"), "--out", str(tmp_path / "out"), "--horizons", "1,5"])
     assert rc == 0
