@@ -2,7 +2,7 @@
 
 Layout (doc/interfaces.md): states on ``/joint_states`` (sensor_msgs/JointState, arms)
 or ``/odom`` (nav_msgs/Odometry, quadrotors; twist in the body frame) and ``/imu``, or
-both for a legged robot (its state is the pair of equal stamp);
+both for a legged robot (its state is the pair of nearest stamp);
 commands on ``/diffsim/command`` (std_msgs/Float64MultiArray in the simulator's own
 interface, ``layout.dim[0].label`` = the stamp in ns of the state it was computed
 from) or on the interface topics (``/cmd_ctbr``, ``/cmd_rotor_thrust``,
