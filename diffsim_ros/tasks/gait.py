@@ -87,12 +87,23 @@ def _circular_mean(x: np.ndarray) -> Tuple[float, float]:
     return float((np.arctan2(s, c) / (2 * np.pi)) % 1.0), float(np.hypot(s, c))
 
 
+#: Touchdowns this fraction of a stride before the reference foot's first touchdown or after its
+#: last are phased by the nearest stride (a phase near 0: the unknown stride's length hardly
+#: matters); others there are not.
+EDGE = 0.2
+
+
 def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: float = 0.125,
                  max_period_spread: float = 0.15, min_phase_coherence: float = 0.8) -> GaitStats:
     """Gait statistics of a contact timeline ``contact`` (T, 4) bool sampled every ``dt`` s.
-    A gait is named only when it is periodic: every foot's stride period within
-    ``max_period_spread`` of the common one, and each foot's touchdown phase steady (mean
-    resultant length at least ``min_phase_coherence``)."""
+    A gait is named only when the feet move in step: each foot touches down as often as the
+    reference foot (the left fore) over the run, within ``max_period_spread`` of its count (one
+    touchdown more or less always allowed), and at a steady phase of the reference's strides
+    (mean resultant length at least ``min_phase_coherence``). A touchdown's phase is its delay
+    after the reference's last touchdown as a fraction of that stride (the time to the
+    reference's next touchdown; before its first or after its last touchdown only those within
+    ``EDGE`` of the nearest stride are phased, by that stride's length, where its error is small),
+    so strides of uneven length, a run of hops of different heights, keep their phases."""
     c = np.asarray(contact, dtype=bool)
     if c.ndim != 2 or c.shape[1] != len(feet):
         raise ValueError(f"contact must be (T, {len(feet)}), got {c.shape}")
@@ -107,15 +118,21 @@ def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: fl
         return GaitStats("irregular", list(feet), roles, duty, nan, [nan] * 4, nan, n_down)
     periods = [float(np.median(np.diff(d))) * dt for d in downs]
     period = float(np.median(periods))
-    ref = downs[roles.index("LF")] * dt
-    phase, steady = [], max(abs(p / period - 1.0) for p in periods) <= max_period_spread
+    i_ref = roles.index("LF")
+    ref = downs[i_ref] * dt
+    n_ref = n_down[i_ref]
+    phase = []
+    steady = all(abs(n - n_ref) <= max(1.0, max_period_spread * n_ref) for n in n_down)
     for i in range(c.shape[1]):
-        t = downs[i] * dt
         offs = []
-        for ti in t:
-            before = ref[ref <= ti + 1e-12]
-            if before.size:
-                offs.append(((ti - before[-1]) / period) % 1.0)
+        for ti in downs[i] * dt:
+            k = int(np.searchsorted(ref, ti + 1e-12, side="right")) - 1     # the reference's last touchdown
+            if 0 <= k < len(ref) - 1:                   # within a stride of the reference (known length)
+                offs.append(((ti - ref[k]) / (ref[k + 1] - ref[k])) % 1.0)
+            elif k < 0 and ref[0] - ti < EDGE * (ref[1] - ref[0]):          # just before the first
+                offs.append(1.0 - (ref[0] - ti) / (ref[1] - ref[0]))
+            elif k == len(ref) - 1 and ti - ref[-1] < EDGE * (ref[-1] - ref[-2]):   # just after the last
+                offs.append((ti - ref[-1]) / (ref[-1] - ref[-2]))
         if not offs:
             phase.append(nan)
             steady = False
