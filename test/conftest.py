@@ -164,24 +164,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if ROS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ros)
-    _slow_first_per_worker(config, items)
-
-
-def _slow_first_per_worker(config, items):
-    """Under pytest-xdist (``-n N``, worksteal) each worker starts on a contiguous 1/N of the
-    items and the idle ones steal from the others' ends: with the slow tests dealt round-robin
-    to the fronts of those N parts, no worker ends on a multi-minute test while the others wait.
-    The order is a function of the collected items alone (every worker must collect the same)."""
-    n = config.getoption("numprocesses", default=None)
-    if not isinstance(n, int) or n < 2 or len(items) < n:
-        return
-    slow = [it for it in items if it.get_closest_marker("slow")]
-    rest = [it for it in items if not it.get_closest_marker("slow")]
-    sizes = [len(items) // n + (1 if k < len(items) % n else 0) for k in range(n)]
-    parts = [slow[k::n] for k in range(n)]
-    for k in range(n):
-        take = max(0, sizes[k] - len(parts[k]))
-        parts[k] += rest[:take]
-        rest = rest[take:]
-    parts[-1] += rest
-    items[:] = [it for part in parts for it in part]
