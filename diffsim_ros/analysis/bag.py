@@ -18,6 +18,7 @@ Every problem is an :class:`AnalysisError` naming the bag and the topic or field
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -235,9 +236,16 @@ def read_bag(path, state_topic: Optional[str] = None, command_topic: Optional[st
     ``/<controller>/commands``).
     """
     path = Path(os.fspath(path))
+    with _opened(path) as reader:
+        return _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic)
+
+
+@contextlib.contextmanager
+def _opened(path: Path):
+    """The bag's reader (:func:`_open_reader`), closed on the way out whatever happened."""
     reader = _open_reader(path)
     try:
-        return _read(reader, path, state_topic, command_topic, predicted_topic, metadata_topic)
+        yield reader
     finally:
         try:
             reader.close()
@@ -252,8 +260,7 @@ def read_legged_states(path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[s
     positions, v = the odometry's twist, joint velocities, joints in the message's order. No
     command topic is needed (a robot's own recording has none)."""
     path = Path(os.fspath(path))
-    reader = _open_reader(path)
-    try:
+    with _opened(path) as reader:
         src = _Source(reader, path)
         for topic in (ODOM, JOINT_STATES):
             if topic not in src.topics:
@@ -262,11 +269,18 @@ def read_legged_states(path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[s
         warnings: List[str] = []
         t, q, v, _, names = _read_legged_states(src, {}, warnings)
         return t, q, v, list(names or []), warnings
-    finally:
-        try:
-            reader.close()
-        except Exception:
-            pass
+
+
+def legged_in_model_order(where: str, q: np.ndarray, v: np.ndarray, names: Sequence[str], model):
+    """(q, v) of a legged bag's states (base, then joints in ``names`` order) with the joints in
+    ``model``'s order; an AnalysisError naming ``where`` when the bag lacks one of them."""
+    missing = [j for j in model.joint_names if j not in names]
+    if missing:
+        raise AnalysisError(f"{where}: '{JOINT_STATES}' lacks joint(s) {missing} of model '{model.name}' "
+                            f"(bag joints: {list(names)})")
+    idx = [list(names).index(j) for j in model.joint_names]
+    return (np.concatenate((q[:, :7], q[:, 7:][:, idx]), axis=1),
+            np.concatenate((v[:, :6], v[:, 6:][:, idx]), axis=1))
 
 
 def _messages(reader, path: Path, conns, what: str):

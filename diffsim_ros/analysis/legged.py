@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import interfaces as ifc
-from .bag import describes_legged_robot, read_legged_states
+from .bag import describes_legged_robot, legged_in_model_order, read_legged_states
 from .errors import AnalysisError
 
 __all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "legged_states"]
@@ -52,12 +52,8 @@ def is_legged_bag(path) -> bool:
 def legged_states(path: Path, model):
     """(stamps ns, q (T, nq) in ``model``'s joint order) of a legged bag, the /odom and
     /joint_states pairs of :func:`..bag.read_legged_states` (the pairing read_bag uses)."""
-    t, q_bag, _, names, _ = read_legged_states(path)
-    missing = [n for n in model.joint_names if n not in names]
-    if missing:
-        raise AnalysisError(f"{path}: /joint_states lacks joint(s) {', '.join(missing)} of robot '{model.name}'")
-    cols = [names.index(n) for n in model.joint_names]
-    return t, np.concatenate((q_bag[:, :7], q_bag[:, 7:][:, cols]), axis=1)
+    t, q, v, names, _ = read_legged_states(path)
+    return t, legged_in_model_order(str(path), q, v, names, model)[0]
 
 
 def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005) -> np.ndarray:

@@ -29,7 +29,7 @@ import torch
 
 from .. import config as _config
 from .. import physics
-from .bag import BASE_AXES, CMD_CTBR, CMD_ROTOR_THRUST, COMMAND, BagData
+from .bag import BASE_AXES, CMD_CTBR, CMD_ROTOR_THRUST, COMMAND, BagData, legged_in_model_order
 from .errors import AnalysisError
 
 #: Passes of the plain actuator chain at most (Replay.actuator_chain), where the lag's form does not converge.
@@ -180,13 +180,7 @@ class Replay:
             q, v = data.q[:, idx], data.v[:, idx]
             self.dof_names = list(model.joint_names)
         elif data.kind == "legged":
-            missing = [j for j in model.joint_names if j not in data.joint_names]
-            if missing:
-                raise AnalysisError(f"{data.path}: '/joint_states' lacks joint(s) {missing} of model '{model.name}' "
-                                    f"(bag joints: {data.joint_names})")
-            idx = [7 + data.joint_names.index(j) for j in model.joint_names]
-            q = np.concatenate((data.q[:, :7], data.q[:, idx]), axis=1)
-            v = np.concatenate((data.v[:, :6], data.v[:, [i - 1 for i in idx]]), axis=1)
+            q, v = legged_in_model_order(data.path, data.q, data.v, data.joint_names, model)
             self.dof_names = list(BASE_AXES) + list(model.joint_names)
         else:
             if model.nj:
