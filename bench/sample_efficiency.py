@@ -17,10 +17,13 @@ different seed from the one training stops on), and the ratios PPO / gradient.
 
 Tasks and hyper-parameters come from the training files config/reach_arm.yaml
 (the project's arm), config/hover.yaml (quadrotor hover), config/velocity.yaml and
-config/waypoint.yaml (velocity tracking and waypoints, ``--tasks velocity,waypoint``)
-and config/locomotion.yaml (the quadruped): their ``simulator``, ``task``, ``training`` (TrainConfig) and
-``ppo`` (PPOConfig) sections; the PPO settings are documented there. Where a file
-is missing the defaults written in this script are used.
+config/waypoint.yaml (velocity tracking and waypoints, ``--tasks velocity,waypoint``),
+config/locomotion.yaml (the quadruped, forward progress) and the velocity-command
+walking of config/locomotion_velocity.yaml (the quadruped) and
+config/locomotion_velocity_solo12.yaml (``--tasks locomotion_velocity,locomotion_velocity_solo12``):
+their ``simulator``, ``task``, ``training`` (TrainConfig) and ``ppo`` (PPOConfig) sections;
+the PPO settings are documented there. Where a file is missing the defaults written in
+this script are used.
 
 Budgets: PPO runs up to ``--budget`` environment steps (default: the file's
 ``ppo.total_timesteps``); the gradient trainer runs up to its file's
@@ -62,7 +65,8 @@ from diffsim_ros.learning.ppo import PPOConfig, train_ppo  # noqa: E402
 
 CONFIG_DIR = Path(REPO_ROOT) / "config"
 FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "velocity": "velocity.yaml", "waypoint": "waypoint.yaml",
-         "locomotion": "locomotion.yaml"}
+         "locomotion": "locomotion.yaml", "locomotion_velocity": "locomotion_velocity.yaml",
+         "locomotion_velocity_solo12": "locomotion_velocity_solo12.yaml"}
 FINAL_EPISODES = 256
 FINAL_SEED = 2024
 
