@@ -80,7 +80,7 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
     """Gait (tasks/gait.py) and locomotion verdict of a legged bag; see the module doc."""
     from ..learning.checkpoint import CheckpointError
     from ..learning.deploy import task_from_metadata
-    from ..tasks.gait import analyze_gait, foot_bodies, foot_xy, footfall_png
+    from ..tasks.gait import analyze_gait, foot_bodies, foot_slip, foot_xy, footfall_png
     from ..physics.spatial import roll_pitch
     from ..tasks.locomotion import strict_metric
 
@@ -105,11 +105,13 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
     xy = foot_xy(task.sim, task.reset(1, torch.Generator().manual_seed(0)).sim.q[0])
     skip = len(stamps) // 4                      # the start transient
     gait = analyze_gait(contacts[skip:], dt, foot_names, xy) if len(feet) == 4 else None
+    slip = foot_slip(task.sim, qt[skip:], feet, contacts[skip:], dt)
     roll, pitch = (a.numpy() for a in roll_pitch(qt[:, 3:7].double()))
     duration = t_s[-1]
     rep: Dict[str, Any] = {"bag": str(path), "robot": model.name, "steps": len(stamps), "duration_s": float(duration),
                            "dt_s": dt, "feet": foot_names,
                            "gait": gait.as_dict() if gait is not None else None,
+                           "foot_slip_m_s": [None if x is None else round(x, 4) for x in slip],
                            "mean_forward_speed_m_s": float((q[-1, 0] - q[0, 0]) / duration) if duration > 0 else None,
                            "min_base_height_m": float(q[:, 2].min()),
                            "max_tilt_rad": float(max(np.abs(roll).max(), np.abs(pitch).max()))}
@@ -131,6 +133,7 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
                  f"robot {model.name}, {rep['steps']} steps of {dt * 1e3:.1f} ms ({duration:.2f} s)", "",
                  f"- gait: **{g.get('gait', 'n/a')}**, stride frequency {g.get('stride_frequency_hz')} Hz, "
                  f"duty factors {g.get('duty_factor')} ({', '.join(foot_names)})",
+                 f"- foot slip (mean horizontal speed while on the ground) {rep['foot_slip_m_s']} m/s",
                  f"- mean forward speed {rep['mean_forward_speed_m_s']:.3f} m/s, lowest base height "
                  f"{rep['min_base_height_m']:.3f} m, largest roll/pitch {rep['max_tilt_rad']:.3f} rad",
                  "- contacts from forward kinematics of the recorded states (foot spheres within "

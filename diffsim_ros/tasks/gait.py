@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["GaitStats", "analyze_gait", "leg_roles", "footfall_png", "TEMPLATES"]
+__all__ = ["GaitStats", "analyze_gait", "leg_roles", "footfall_png", "foot_slip", "TEMPLATES"]
 
 ROLES = ("LF", "RF", "LH", "RH")
 #: Phase offsets (fraction of a stride) of LF, RF, LH, RH relative to LF.
@@ -216,10 +216,45 @@ def foot_contacts(sim, feet: Sequence[int], threshold: float = 1e-3) -> np.ndarr
     return (fz > threshold).detach().cpu().numpy()
 
 
+def foot_slip(sim, q, feet: Sequence[int], contact, dt: float) -> List[Optional[float]]:
+    """Per foot, its mean horizontal speed (m/s) while it stays on the ground: over each pair of
+    consecutive steps with the foot in contact at both, the displacement of the foot's contact
+    point that was lowest at the first of them (one body-fixed point, so a foot rolling from one
+    corner to another does not count as a jump). A planted foot reads about 0; a foot dragged
+    along reads about the speed it is dragged at. ``q`` (T, nq) configurations, ``contact``
+    (T, F) bool for the same steps; None for a foot with no such pair of steps."""
+    import torch
+
+    from ..physics import forward_kinematics
+
+    m = sim.model
+    c = np.asarray(contact, dtype=bool)
+    q = torch.as_tensor(q, dtype=m.dtype).reshape(-1, m.nq)
+    if c.shape != (q.shape[0], len(feet)):
+        raise ValueError(f"contact must be ({q.shape[0]}, {len(feet)}), got {c.shape}")
+    with torch.no_grad():
+        T = forward_kinematics(m, q)                                  # (T, links, 4, 4)
+    body, local = sim.system.contact.body, sim.system.contact.local
+    out: List[Optional[float]] = []
+    for f, b in enumerate(feet):
+        pose = T[:, list(m.link_body).index(b)]
+        pts = (torch.einsum("tij,pj->tpi", pose[:, :3, :3], local[body == b]) + pose[:, None, :3, 3])
+        pts = pts.double().numpy()                                     # (T, P, 3) world
+        both = np.nonzero(c[:-1, f] & c[1:, f])[0]
+        if len(both) == 0:
+            out.append(None)
+            continue
+        low = pts[both, :, 2].argmin(axis=1)
+        step = pts[both + 1, low, :2] - pts[both, low, :2]
+        out.append(float(np.linalg.norm(step, axis=1).mean() / dt))
+    return out
+
+
 # ---------------------------------------------------------------------- a policy's gait
-def rollout_contacts(task, policy, target=None, seed: int = 0):
+def rollout_contacts(task, policy, target=None, seed: int = 0, states: Optional[list] = None):
     """One episode of ``policy`` (obs -> action) on a legged ``task`` (batch 1, no gradients):
-    the (T, 4) foot contacts, the final TaskState and the feet's (x, y) at the start."""
+    the (T, 4) foot contacts, the final TaskState and the feet's (x, y) at the start; with a list
+    ``states``, each step's configuration q (nq,) is appended to it."""
     import torch
 
     with torch.no_grad():
@@ -232,25 +267,33 @@ def rollout_contacts(task, policy, target=None, seed: int = 0):
         for _ in range(task.horizon):
             ts = task.step(ts, policy(task.observe(ts)))
             contacts.append(foot_contacts(task.sim, feet)[0])
+            if states is not None:
+                states.append(ts.sim.q[0].clone())
     return np.array(contacts), ts, xy
 
 
 def write_gait_report(task, policy, out_dir, speeds: Sequence[float] = (0.2, 0.5, 0.8)) -> Dict[str, object]:
     """footfall.png (one panel per commanded speed, or one for a forward-progress task) and
-    gait.json: which gait the policy uses at which commanded speed, its duty factors and
-    stride frequency, and the task's own success on that episode."""
+    gait.json: which gait the policy uses at which commanded speed, its duty factors, stride
+    frequency and foot slip (:func:`foot_slip`), and the task's own success on that episode."""
     import json
     from pathlib import Path
 
+    import torch
+
     out = Path(out_dir)
-    names = [task.model.body_names[b] for b in foot_bodies(task.sim)]
+    feet = foot_bodies(task.sim)
+    names = [task.model.body_names[b] for b in feet]
     commands = list(speeds) if getattr(task, "command_speed", None) else [None]
     report: Dict[str, object] = {"feet": names, "dt": task.dt, "episodes": []}
     for k, cmd in enumerate(commands):
-        contacts, ts, xy = rollout_contacts(task, policy, None if cmd is None else [cmd])
-        half = contacts[len(contacts) // 4:]          # after the start transient
-        g = analyze_gait(half, task.dt, names, xy)
-        entry = dict(g.as_dict(), command_m_s=cmd, success=bool(task.success(ts)[0]))
+        qs: list = []
+        contacts, ts, xy = rollout_contacts(task, policy, None if cmd is None else [cmd], states=qs)
+        skip = len(contacts) // 4                     # the start transient
+        g = analyze_gait(contacts[skip:], task.dt, names, xy)
+        slip = foot_slip(task.sim, torch.stack(qs[skip:]), feet, contacts[skip:], task.dt)
+        entry = dict(g.as_dict(), foot_slip_m_s=[None if x is None else round(x, 4) for x in slip],
+                     command_m_s=cmd, success=bool(task.success(ts)[0]))
         report["episodes"].append(entry)
         suffix = "" if cmd is None else f"_{cmd:g}"
         footfall_png(contacts, task.dt, names, out / f"footfall{suffix}.png",

@@ -47,16 +47,21 @@ def test_named_gaits_are_recognised(gait, which, period, duty, jitter, offset, o
 
 def uneven_timeline(phases, periods, duty, dt, jitter):
     """(T, 4) contacts of strides of the given lengths: in stride k (start s_k, length T_k) foot i
-    is down during [s_k + (phase_i + jitter_i) T_k, + duty T_k), a foot's late part running into
-    the next stride."""
+    is down from s_k + (phase_i + jitter_i) T_k for duty T_k, a foot's late part running into
+    the next stride, and lifted at least 0.1 of the next stride before its next touchdown (after
+    a long stride a short one could otherwise begin before the long stance ended, two stances
+    merging into one without a touchdown between them)."""
     starts = np.concatenate(([0.0], np.cumsum(periods)))
     T = int(starts[-1] / dt)
     t = np.arange(T) * dt
     c = np.zeros((T, 4), bool)
-    for k, Tk in enumerate(periods):
-        for i, (p, j) in enumerate(zip(phases, jitter)):
-            on = starts[k] + ((p + j) % 1.0) * Tk
-            c[(t >= on) & (t < on + duty * Tk), i] = True
+    for i, (p, j) in enumerate(zip(phases, jitter)):
+        ons = [starts[k] + ((p + j) % 1.0) * Tk for k, Tk in enumerate(periods)]
+        for k, Tk in enumerate(periods):
+            off = ons[k] + duty * Tk
+            if k + 1 < len(periods):
+                off = min(off, ons[k + 1] - 0.1 * periods[k + 1])
+            c[(t >= ons[k]) & (t < off), i] = True
     return c
 
 
@@ -160,3 +165,32 @@ def test_contacts_from_kinematics_agree_with_contact_forces():
     geo = foot_contacts_from_states(sim, torch.stack(qs), feet)
     agree = (geo == np.array(force)).mean()
     assert agree > 0.9, agree
+
+
+def test_foot_slip_is_the_speed_a_foot_is_dragged_at():
+    """foot_slip against the kinematics it measures: the robot carried rigidly (joints fixed)
+    at a drawn horizontal velocity, with a drawn vertical bob, reads that horizontal speed for
+    every foot counted as touching; carried on the spot, 0; a foot counted as touching only at
+    isolated steps gives no pair of steps (None)."""
+    from diffsim_ros.tasks.gait import foot_slip
+
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion.yaml", dtype=torch.float64)
+    sim = task.sim
+    feet = foot_bodies(sim)
+    q0 = task.reset(1, torch.Generator().manual_seed(seed)).sim.q[0]
+    steps, dt = 40, task.dt
+    u = rng.uniform(-1.0, 1.0, 2)
+    t = np.arange(steps) * dt
+    q = q0.repeat(steps, 1)
+    q[:, 0] += torch.as_tensor(u[0] * t)
+    q[:, 1] += torch.as_tensor(u[1] * t)
+    q[:, 2] += torch.as_tensor(0.02 * np.sin(2 * np.pi * 3.0 * t))
+    touching = np.ones((steps, 4), bool)
+    assert foot_slip(sim, q, feet, touching, dt) == pytest.approx([np.hypot(*u)] * 4, rel=1e-9)
+    assert foot_slip(sim, q0.repeat(steps, 1), feet, touching, dt) == pytest.approx([0.0] * 4, abs=1e-12)
+    lone = np.zeros((steps, 4), bool)
+    lone[::2, 1] = True
+    assert foot_slip(sim, q, feet, lone, dt)[1] is None
