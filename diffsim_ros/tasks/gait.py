@@ -298,6 +298,7 @@ def write_gait_report(task, policy, out_dir, speeds: Sequence[float] = (0.2, 0.5
         suffix = "" if cmd is None else f"_{cmd:g}"
         footfall_png(contacts, task.dt, names, out / f"footfall{suffix}.png",
                      title=f"{task.name}{'' if cmd is None else f' at {cmd:g} m/s'}: {g.name}, "
-                           f"{g.frequency_hz:.2f} Hz, duty {np.mean(g.duty_factor):.2f}", roles=g.roles)
+                           + (f"{g.frequency_hz:.2f} Hz" if np.isfinite(g.frequency_hz) else "no stride")
+                           + f", duty {np.mean(g.duty_factor):.2f}", roles=g.roles)
     (out / "gait.json").write_text(json.dumps(report, indent=1))
     return report
