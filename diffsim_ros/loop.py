@@ -849,7 +849,7 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     log(f"  whole run: mean forward speed {res['run_mean_forward_speed_m_s']:.3f} m/s")
     g = rep["gait"] or {}
     log(f"  gait: {g.get('gait', 'n/a')} (stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
-        f"{g.get('duty_factor')}); footfall diagram {rep['files']['footfall']}")
+        f"{g.get('duty_factor')}); foot slip {rep.get('foot_slip_m_s')} m/s; footfall diagram {rep['files']['footfall']}")
     byh = metrics["prediction"]["by_horizon"]
     log("  sim-vs-real velocity RMSE (base twist and joints, 1/5/10 steps ahead): "
         + " / ".join(f"{byh[k]['rmse']:.3g}" for k in byh) + f"; plots {out_dir / 'analysis'}")
