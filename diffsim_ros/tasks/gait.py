@@ -4,7 +4,7 @@ phase offsets between feet and the gait's name.
     stats = analyze_gait(contact, dt, feet, foot_xy)     # contact (T, F) bool, foot_xy (F, 2) base frame
     stats.name            # walk, trot, pace, bound, pronk, stand or irregular
     stats.duty_factor     # per foot, fraction of the stride in contact
-    stats.frequency_hz    # strides per second
+    stats.frequency_hz    # strides per second (of the feet that step, when one does not)
     stats.phase           # per foot, touchdown offset from the left-front foot, fraction of a stride
 
 The legs' roles (left/right, front/hind) come from the feet's positions in the base frame
@@ -114,9 +114,12 @@ def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: fl
     nan = float("nan")
     if c.all():
         return GaitStats("stand", list(feet), roles, duty, 0.0, [nan] * 4, nan, n_down)
+    periods = [float(np.median(np.diff(d))) * dt for d in downs if len(d) >= 2]
     if min(n_down) < 2:
-        return GaitStats("irregular", list(feet), roles, duty, nan, [nan] * 4, nan, n_down)
-    periods = [float(np.median(np.diff(d))) * dt for d in downs]
+        # No stride for some foot (one that never lifts, or lifts once): no gait, but the rate
+        # of the feet that do step is still reported.
+        rate = 1.0 / float(np.median(periods)) if periods else nan
+        return GaitStats("irregular", list(feet), roles, duty, rate, [nan] * 4, nan, n_down)
     period = float(np.median(periods))
     i_ref = roles.index("LF")
     ref = downs[i_ref] * dt

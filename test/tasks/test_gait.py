@@ -88,6 +88,14 @@ def test_no_gait_is_not_named():
     c = np.ones((300, 4), bool)
     c[100:110, 0] = False                       # one step of one foot: no stride
     assert analyze_gait(c, dt, list("abcd"), list(ROLE_XY.values())).name == "irregular"
+    # Three feet stepping at a drawn rate and one dragged (never lifted): no gait, the rate of
+    # the three.
+    rate = float(np.random.default_rng().uniform(1.0, 5.0))
+    print("stepping rate", rate, "Hz")
+    c = ((np.arange(300)[:, None] * dt * rate + np.array([0.0, 0.5, 0.5, 0.0])) % 1.0) < 0.5
+    c[:, 2] = True
+    g = analyze_gait(c, dt, list("abcd"), list(ROLE_XY.values()))
+    assert g.name == "irregular" and abs(1.0 / g.frequency_hz - 1.0 / rate) <= dt + 1e-9, (rate, g)   # a step
     # Feet that touch down at unrelated frequencies match no template.
     rng = np.random.default_rng(0)
     named = 0
