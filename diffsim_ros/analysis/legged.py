@@ -59,18 +59,13 @@ def legged_states(path: Path, model):
 def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005) -> np.ndarray:
     """(T, F) bool: a foot body touches when one of its contact spheres comes within ``tolerance``
     (m) of the ground, by forward kinematics of ``q`` (T, nq)."""
-    from ..physics.kinematics import kinematics
+    from ..tasks.gait import foot_points
 
     sys = sim.system
-    kin = kinematics(sim.model, q)
     cs = sys.contact
-    R, p, o = kin.R, kin.p, kin.o                        # (nb, 3, 3, T), (nb, 3, T), (1, 3, T)
     out = []
-    for b in feet:
-        pts = (cs.body == b).nonzero()[:, 0]
-        local = cs.local[pts]                               # (P, 3)
-        x = torch.einsum("ijt,pj->pit", R[b], local) + p[b][None] + o     # (P, 3, T)
-        gap = (x * sys.ground_normal[None, :, None]).sum(1) - sys.ground_height - cs.radius[pts][:, None]
+    for b, x in zip(feet, foot_points(sim, q, feet)):                        # (P, 3, T) each
+        gap = (x * sys.ground_normal[None, :, None]).sum(1) - sys.ground_height - cs.radius[cs.body == b][:, None]
         out.append((gap <= tolerance).any(0))
     return torch.stack(out, 1).cpu().numpy()
 

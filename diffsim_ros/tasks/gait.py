@@ -219,6 +219,21 @@ def foot_contacts(sim, feet: Sequence[int], threshold: float = 1e-3) -> np.ndarr
     return (fz > threshold).detach().cpu().numpy()
 
 
+def foot_points(sim, q, feet: Sequence[int]) -> list:
+    """Per foot body, the world positions (P, 3, T) of its contact points (sphere centres, box
+    corners) at the configurations ``q`` (T, nq), by the kinematics record."""
+    import torch
+
+    from ..physics.kinematics import kinematics
+
+    cs = sim.system.contact
+    q = torch.as_tensor(q, dtype=sim.model.dtype).reshape(-1, sim.model.nq)
+    with torch.no_grad():
+        kin = kinematics(sim.model, q)
+    R, p, o = kin.R, kin.p, kin.o                        # (nb, 3, 3, T), (nb, 3, T), (1, 3, T)
+    return [torch.einsum("ijt,pj->pit", R[b], cs.local[cs.body == b]) + p[b][None] + o for b in feet]
+
+
 def foot_slip(sim, q, feet: Sequence[int], contact, dt: float) -> List[Optional[float]]:
     """Per foot, its mean horizontal speed (m/s) while it stays on the ground: over each pair of
     consecutive steps with the foot in contact at both, the displacement of the foot's contact
@@ -228,21 +243,13 @@ def foot_slip(sim, q, feet: Sequence[int], contact, dt: float) -> List[Optional[
     (T, F) bool for the same steps; None for a foot with no such pair of steps."""
     import torch
 
-    from ..physics import forward_kinematics
-
-    m = sim.model
     c = np.asarray(contact, dtype=bool)
-    q = torch.as_tensor(q, dtype=m.dtype).reshape(-1, m.nq)
+    q = torch.as_tensor(q, dtype=sim.model.dtype).reshape(-1, sim.model.nq)
     if c.shape != (q.shape[0], len(feet)):
         raise ValueError(f"contact must be ({q.shape[0]}, {len(feet)}), got {c.shape}")
-    with torch.no_grad():
-        T = forward_kinematics(m, q)                                  # (T, links, 4, 4)
-    body, local = sim.system.contact.body, sim.system.contact.local
     out: List[Optional[float]] = []
-    for f, b in enumerate(feet):
-        pose = T[:, list(m.link_body).index(b)]
-        pts = (torch.einsum("tij,pj->tpi", pose[:, :3, :3], local[body == b]) + pose[:, None, :3, 3])
-        pts = pts.double().numpy()                                     # (T, P, 3) world
+    for f, x in enumerate(foot_points(sim, q, feet)):
+        pts = x.permute(2, 0, 1).double().numpy()                      # (T, P, 3) world
         both = np.nonzero(c[:-1, f] & c[1:, f])[0]
         if len(both) == 0:
             out.append(None)
