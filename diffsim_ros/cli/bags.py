@@ -67,6 +67,8 @@ def cmd_sysid(args: argparse.Namespace) -> int:
     data = _analysis_call(read_bag, args.bag, where=args.bag, state_topic=args.state_topic,
                           command_topic=args.command_topic)
     setup = _analysis_call(sim_setup, data, args.config, where=args.bag)
+    if args.method == "contact-free":
+        return _sysid_contact_free(args, names, data, setup)
 
     def progress(n, loss, vals):
         if not args.quiet:
@@ -87,6 +89,29 @@ def cmd_sysid(args: argparse.Namespace) -> int:
           f"({h['improvement']:.2f}x smaller)")
     for n in r.notes:
         print(f"warning: {n}", file=sys.stderr)
+    print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
+    if not r.accepted:
+        print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)
+        return 3
+    print(f"retrain: diffsim-ros train --config {files['yaml']} --out DIR")
+    return 0
+
+
+def _sysid_contact_free(args: argparse.Namespace, names, data, setup) -> int:
+    from diffsim_ros.analysis.contact_free import contact_free_mass, write_contact_free
+
+    if names != ["mass_scale"]:
+        raise CliError(f"--method contact-free identifies mass_scale alone (--params mass_scale), not {names}")
+    if not args.contact_tolerance > 0:
+        raise CliError(f"--contact-tolerance must be positive (m), got {args.contact_tolerance}")
+    r = _analysis_call(contact_free_mass, data, setup, where=args.bag, contact_tolerance=args.contact_tolerance,
+                       fit_fraction=args.fit_fraction)
+    files = _analysis_call(write_contact_free, r, setup, args.out, bag=str(args.bag), force=args.write_rejected)
+    print(f"sysid (contact-free): {args.bag} ({r.fit_intervals} intervals to fit, {r.heldout_intervals} held out, "
+          f"{r.equations} equations; {r.seconds:.1f} s)")
+    print(_table(["parameter", "nominal", "calibrated", "std", "held-out end alone"],
+                 [["mass_scale", "1", f"{r.mass_scale:.5g}", f"{r.std:.2g}", f"{r.heldout_mass_scale:.5g}"]]))
+    print(f"explained: {r.explained:.2%} of the projected applied impulse (fit), {r.explained_heldout:.2%} (held out)")
     print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
     if not r.accepted:
         print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)
@@ -159,6 +184,14 @@ def _add_sysid(sub) -> None:
                         "floor (default: 0)")
     p.add_argument("--write-rejected", action="store_true",
                    help="write calibrated.yaml even for a rejected fit")
+    p.add_argument("--method", choices=("replay", "contact-free"), default="replay",
+                   help="replay: the fit through the simulator described above (default); contact-free: a legged "
+                        "robot's mass_scale from the equations of motion projected away from the touching contact "
+                        "points, without the simulator's contact model (analysis/contact_free.py): for bags whose "
+                        "ground differs from the simulator's")
+    p.add_argument("--contact-tolerance", type=float, default=0.005, metavar="M",
+                   help="contact-free: a contact point within this distance of the ground counts as touching "
+                        "(default: 0.005 m)")
     p.add_argument("--quiet", action="store_true", help="no per-evaluation progress")
     p.set_defaults(func=cmd_sysid)
 

@@ -19,12 +19,12 @@ from .model import Collision, Model, build_model, load_urdf
 from .quadrotor import RotorConfig, Rotors
 from .schema import ConfigError
 from .kinematics import Kinematics, kinematics
-from .pipeline import Data, check_finite, step
+from .pipeline import Data, applied_forces, check_finite, step
 from .simulator import SimConfig, SimulationError, Simulator, State, Trajectory
 from .system import ContactSet, System, build_system
 
 __all__ = [
-    "ContactSet", "Data", "Kinematics", "System", "build_system", "check_finite", "kinematics", "step",
+    "ContactSet", "Data", "Kinematics", "System", "build_system", "applied_forces", "check_finite", "kinematics", "step",
     "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError", "Simulator", "State", "Trajectory",
     "Collision", "Model", "RobotDescription", "UrdfError",
     "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements",

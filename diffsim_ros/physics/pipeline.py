@@ -89,6 +89,18 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
     return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo)
 
 
+def applied_forces(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
+    """The generalised forces (B, nv) at batch-first states q (B, nq), v (B, nv) under ``command``
+    (B, action_dim), contact excluded: the actuators (the controller's gravity torques included),
+    the passive joint forces and aerodynamics, explicit (as one substep's right-hand side before
+    the implicit terms). For actuators without their own state (no actuator_lag, no rotors):
+    with one, the force depends on the history, and this raises ValueError."""
+    if sys.rotors is not None or sys.config.actuator_lag > 0:
+        raise ValueError("applied_forces needs an actuator without state (no rotors, actuator_lag 0)")
+    kin = kinematics_record(sys.model, q.T, v.T)
+    return _forces(sys, kin, q, v, command, None, sys.config.dt / sys.config.substeps, False).tau
+
+
 def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
     """The implicit diagonals (D, K), batch-last, with the saturated servo's slopes re-taken from
     a predicted end of the substep (accelerations qdd, batch-last): each call moves them half way
