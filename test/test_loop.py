@@ -149,12 +149,21 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
 
 
 def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_bag(tmp_path):
-    """The shipped walking policy (a commanded forward speed) on the unperturbed stand-in: the
-    summary carries the strict metric of the bag's first 4 s episode, its verdict is the task's,
-    and its speed and height read again from the bag's /odom with the rosbags reader agree.
-    (It does not walk there yet: policies/README.md, locomotion_velocity.)"""
+    """The shipped walking policy (a commanded forward speed) on the stand-in with a drawn mass and
+    floor friction: the summary carries the strict metric of the bag's first 4 s episode, its
+    verdict is the task's, and its speed and height read again from the bag's /odom with the
+    rosbags reader agree; the contact-free estimate gives the drawn mass back from the bag."""
+    import numpy as np
+
+    from conftest import drawn_seed
+    from diffsim_ros import analysis
+    from diffsim_ros.analysis.contact_free import contact_free_mass
+
+    seed = drawn_seed("legged loop", "DIFFSIM_SYSID_SEED")
+    rng = np.random.default_rng(seed)
+    pert = {"mass_scale": float(rng.uniform(0.85, 1.2)), "ground_friction_scale": float(rng.uniform(0.6, 1.2))}
     summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(REPO_ROOT / "policies" / "locomotion_velocity"),
-                       duration=4.2, perturbation={}, log=lambda *_: None, domain=ros_domain())
+                       duration=4.2, perturbation=pert, log=lambda *_: None, domain=ros_domain())
     res = summary["task"]
     m = res["strict_metric"]
     assert summary["lost"] == {} and m["success"] == res["success"]
@@ -166,6 +175,11 @@ def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_b
     assert m["window_speed_m_s"] == pytest.approx(speed, abs=1e-6)
     assert m["min_height_m"] == pytest.approx(min(odom[k].z for k in t), abs=1e-9)
     assert m["speed_ok"] == (abs(speed - m["command_m_s"]) <= 0.2 * m["command_m_s"])
+    # The drawn mass from the ROS 2 bag, by the contact-free estimate (the stand-in's ground is MuJoCo's).
+    data = analysis.read_bag(summary["bag"])
+    r = contact_free_mass(data, analysis.sim_setup(data))
+    print(f"{pert}: contact-free mass_scale {r.mass_scale:.4f}, {r.verdict} {r.reasons}")
+    assert r.accepted and r.mass_scale == pytest.approx(pert["mass_scale"], rel=0.02), (seed, r.mass_scale)
 
 
 def test_loop_refuses_a_config_for_another_robot(tmp_path):
