@@ -174,7 +174,8 @@ def fmt_f(x, spec=".1f") -> str:
 
 
 def print_table(rows: List[Dict[str, Any]], ratios: List[Dict[str, Any]]) -> None:
-    head = (f"{'task':<11}{'method':<10}{'steps to success':>18}{'time to success':>17}"
+    w = max([11] + [len(r["task"]) + 2 for r in rows])     # the task column fits the longest name
+    head = (f"{'task':<{w}}{'method':<10}{'steps to success':>18}{'time to success':>17}"
             f"{'final success / threshold':>27}{'budget':>12}{'steps run':>12}{'time run':>10}")
     print()
     print(head)
@@ -185,17 +186,17 @@ def print_table(rows: List[Dict[str, Any]], ratios: List[Dict[str, Any]]) -> Non
             steps, clock = fmt_int(r["solved_env_steps"]), fmt_f(r["solved_time"]) + " s"
         else:        # not reached within the budget: say so, with the budget and the time spent
             steps, clock = "> " + fmt_int(r["budget"]), "> " + fmt_f(r["wall_time"], ".0f") + " s"
-        print(f"{r['task']:<11}{r['method']:<10}{steps:>18}{clock:>17}"
+        print(f"{r['task']:<{w}}{r['method']:<10}{steps:>18}{clock:>17}"
               f"{fin:>27}{r['budget']:>12,}{r['env_steps']:>12,}{r['wall_time']:>9.0f}s")
     if ratios:
         print()
-        print(f"{'task':<11}{'PPO / gradient: env steps':>27}{'wall-clock':>12}")
+        print(f"{'task':<{w}}{'PPO / gradient: env steps':>27}{'wall-clock':>12}")
         for q in ratios:
             if q["steps_ratio"] is None:
-                print(f"{q['task']:<11}{q['bound']:>39}")
+                print(f"{q['task']:<{w}}{q['bound']:>39}")
                 continue
             b = "> " if q["bound"] == ">" else ""
-            print(f"{q['task']:<11}{b + format(q['steps_ratio'], '.1f') + 'x':>27}"
+            print(f"{q['task']:<{w}}{b + format(q['steps_ratio'], '.1f') + 'x':>27}"
                   f"{b + format(q['time_ratio'], '.1f') + 'x':>12}")
         print("(> : PPO did not reach the threshold within its budget; the ratio is a lower bound, its budget "
               "(wall time spent) over the gradient trainer's steps (time) to success)")
