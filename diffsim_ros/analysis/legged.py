@@ -56,15 +56,17 @@ def legged_states(path: Path, model):
     return t, legged_in_model_order(str(path), q, v, names, model)[0]
 
 
-def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005) -> np.ndarray:
+def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005,
+                              points: Optional[list] = None) -> np.ndarray:
     """(T, F) bool: a foot body touches when one of its contact spheres comes within ``tolerance``
-    (m) of the ground, by forward kinematics of ``q`` (T, nq)."""
+    (m) of the ground, by forward kinematics of ``q`` (T, nq) (or the given ``points``,
+    :func:`..tasks.gait.foot_points` of ``q``)."""
     from ..tasks.gait import foot_points
 
     sys = sim.system
     cs = sys.contact
     out = []
-    for b, x in zip(feet, foot_points(sim, q, feet)):                        # (P, 3, T) each
+    for b, x in zip(feet, foot_points(sim, q, feet) if points is None else points):   # (P, 3, T) each
         gap = (x * sys.ground_normal[None, :, None]).sum(1) - sys.ground_height - cs.radius[cs.body == b][:, None]
         out.append((gap <= tolerance).any(0))
     return torch.stack(out, 1).cpu().numpy()
@@ -75,7 +77,7 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
     """Gait (tasks/gait.py) and locomotion verdict of a legged bag; see the module doc."""
     from ..learning.checkpoint import CheckpointError
     from ..learning.deploy import task_from_metadata
-    from ..tasks.gait import analyze_gait, foot_bodies, foot_slip, foot_xy, footfall_png
+    from ..tasks.gait import analyze_gait, foot_bodies, foot_points, foot_slip, foot_xy, footfall_png
     from ..physics.spatial import roll_pitch
     from ..tasks.locomotion import strict_metric
 
@@ -96,11 +98,12 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
     dt = float(np.median(np.diff(t_s)))
     feet = foot_bodies(task.sim)
     foot_names = [model.body_names[b] for b in feet]
-    contacts = foot_contacts_from_states(task.sim, qt, feet, contact_tolerance)
+    points = foot_points(task.sim, qt, feet)       # the kinematics once, for the contacts and the slip
+    contacts = foot_contacts_from_states(task.sim, qt, feet, contact_tolerance, points)
     xy = foot_xy(task.sim, task.reset(1, torch.Generator().manual_seed(0)).sim.q[0])
     skip = len(stamps) // 4                      # the start transient
     gait = analyze_gait(contacts[skip:], dt, foot_names, xy) if len(feet) == 4 else None
-    slip = foot_slip(task.sim, qt[skip:], feet, contacts[skip:], dt)
+    slip = foot_slip(task.sim, qt[skip:], feet, contacts[skip:], dt, [x[..., skip:] for x in points])
     roll, pitch = (a.numpy() for a in roll_pitch(qt[:, 3:7].double()))
     duration = t_s[-1]
     rep: Dict[str, Any] = {"bag": str(path), "robot": model.name, "steps": len(stamps), "duration_s": float(duration),

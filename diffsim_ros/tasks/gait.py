@@ -234,13 +234,15 @@ def foot_points(sim, q, feet: Sequence[int]) -> list:
     return [torch.einsum("ijt,pj->pit", R[b], cs.local[cs.body == b]) + p[b][None] + o for b in feet]
 
 
-def foot_slip(sim, q, feet: Sequence[int], contact, dt: float) -> List[Optional[float]]:
+def foot_slip(sim, q, feet: Sequence[int], contact, dt: float, points: Optional[list] = None
+              ) -> List[Optional[float]]:
     """Per foot, its mean horizontal speed (m/s) while it stays on the ground: over each pair of
     consecutive steps with the foot in contact at both, the displacement of the foot's contact
     point that was lowest at the first of them (one body-fixed point, so a foot rolling from one
     corner to another does not count as a jump). A planted foot reads about 0; a foot dragged
     along reads about the speed it is dragged at. ``q`` (T, nq) configurations, ``contact``
-    (T, F) bool for the same steps; None for a foot with no such pair of steps."""
+    (T, F) bool for the same steps; None for a foot with no such pair of steps. ``points``:
+    :func:`foot_points` of ``q`` when the caller has them already."""
     import torch
 
     c = np.asarray(contact, dtype=bool)
@@ -248,7 +250,7 @@ def foot_slip(sim, q, feet: Sequence[int], contact, dt: float) -> List[Optional[
     if c.shape != (q.shape[0], len(feet)):
         raise ValueError(f"contact must be ({q.shape[0]}, {len(feet)}), got {c.shape}")
     out: List[Optional[float]] = []
-    for f, x in enumerate(foot_points(sim, q, feet)):
+    for f, x in enumerate(foot_points(sim, q, feet) if points is None else points):
         pts = x.permute(2, 0, 1).double().numpy()                      # (T, P, 3) world
         both = np.nonzero(c[:-1, f] & c[1:, f])[0]
         if len(both) == 0:

@@ -180,7 +180,7 @@ def test_foot_slip_is_the_speed_a_foot_is_dragged_at():
     at a drawn horizontal velocity, with a drawn vertical bob, reads that horizontal speed for
     every foot counted as touching; carried on the spot, 0; a foot counted as touching only at
     isolated steps gives no pair of steps (None)."""
-    from diffsim_ros.tasks.gait import foot_slip
+    from diffsim_ros.tasks.gait import foot_points, foot_slip
 
     seed = int(np.random.SeedSequence().entropy % 2**32)
     print("seed", seed)
@@ -198,6 +198,9 @@ def test_foot_slip_is_the_speed_a_foot_is_dragged_at():
     q[:, 2] += torch.as_tensor(0.02 * np.sin(2 * np.pi * 3.0 * t))
     touching = np.ones((steps, 4), bool)
     assert foot_slip(sim, q, feet, touching, dt) == pytest.approx([np.hypot(*u)] * 4, rel=1e-9)
+    # The feet's points handed in (as the bag report does) give the same, sliced with the states.
+    pts = [x[..., 5:] for x in foot_points(sim, q, feet)]
+    assert foot_slip(sim, q[5:], feet, touching[5:], dt, pts) == pytest.approx([np.hypot(*u)] * 4, rel=1e-9)
     assert foot_slip(sim, q0.repeat(steps, 1), feet, touching, dt) == pytest.approx([0.0] * 4, abs=1e-12)
     lone = np.zeros((steps, 4), bool)
     lone[::2, 1] = True
