@@ -829,7 +829,7 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"))
     summary.update({"kind": "legged", "task": res, "gait": rep["gait"],
                     "analysis_files": {**rep["files"], **metrics.get("files", {})},
-                    "velocity_error": _velocity_error(metrics)})
+                    "velocity_error": _velocity_error(metrics), "mass_contact_free": _contact_free_mass(bag)})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     log("[loop] 4/4 summary (legged)")
     log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")
@@ -853,9 +853,30 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     byh = metrics["prediction"]["by_horizon"]
     log("  sim-vs-real velocity RMSE (base twist and joints, 1/5/10 steps ahead): "
         + " / ".join(f"{byh[k]['rmse']:.3g}" for k in byh) + f"; plots {out_dir / 'analysis'}")
+    cf = summary["mass_contact_free"]
+    if "mass_scale" in cf:
+        truth = summary.get("perturbation", {}).get("mass_scale", 1.0)
+        log(f"  mass from the bag without the contact model (sysid --method contact-free): mass_scale "
+            f"{cf['mass_scale']:.4f}, {cf['verdict']} (the stand-in's mass_scale {truth:g})")
+    else:
+        log(f"  mass from the bag without the contact model: not estimated ({cf['error']})")
     lost = summary.get("lost")
     log("  bag: every published message recorded" if not lost else f"  bag: MISSING messages {lost}")
     return summary
+
+
+def _contact_free_mass(bag) -> Dict[str, Any]:
+    """The contact-free mass estimate of a legged bag (analysis/contact_free.py), or why not."""
+    from . import analysis
+    from .analysis.contact_free import contact_free_mass
+
+    try:
+        data = analysis.read_bag(str(bag))
+        r = contact_free_mass(data, analysis.sim_setup(data))
+    except analysis.AnalysisError as exc:
+        return {"error": str(exc)}
+    return {"mass_scale": r.mass_scale, "std": r.std, "heldout_mass_scale": r.heldout_mass_scale,
+            "explained": r.explained, "verdict": r.verdict, "reasons": r.reasons}
 
 
 def _velocity_error(metrics: Dict[str, Any]) -> Dict[str, Any]:

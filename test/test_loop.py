@@ -180,6 +180,7 @@ def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_b
     r = contact_free_mass(data, analysis.sim_setup(data))
     print(f"{pert}: contact-free mass_scale {r.mass_scale:.4f}, {r.verdict} {r.reasons}")
     assert r.accepted and r.mass_scale == pytest.approx(pert["mass_scale"], rel=0.02), (seed, r.mass_scale)
+    assert summary["mass_contact_free"]["mass_scale"] == pytest.approx(r.mass_scale, rel=1e-12)
 
 
 def test_loop_refuses_a_config_for_another_robot(tmp_path):
