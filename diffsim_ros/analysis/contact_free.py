@@ -32,7 +32,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -248,34 +248,23 @@ def write_contact_free(result: ContactFreeResult, setup: SimSetup, out_dir, bag:
     training file for ``diffsim-ros train --config``) with calibrated.urdf holding the scaled
     masses. Returns the paths."""
     import json
-    from types import SimpleNamespace
-
-    import yaml
 
     from ..learning.checkpoint import json_safe
-    from .sysid import calibrated_params, calibrated_urdf
+    from .sysid import write_training_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: Dict[str, str] = {}
+    notes: List[str] = []
     if result.accepted or force:
-        fitted = SimpleNamespace(fitted={"mass_scale": [result.mass_scale]})
-        urdf = (out / "calibrated.urdf").resolve()
-        urdf.write_text('<?xml version="1.0"?>\n' + calibrated_urdf(setup, fitted) + "\n")
-        files["urdf"] = str(urdf)
-        params = calibrated_params(setup, fitted, str(urdf))
-        header = [f"# Calibrated by `diffsim-ros sysid --method contact-free` from {bag or 'a bag'} "
-                  f"(model from {setup.source}).",
-                  f"# Fitted: mass_scale = {result.mass_scale:.5g} (std {result.std:.2g}; held-out end alone "
-                  f"{result.heldout_mass_scale:.5g}).",
-                  "#   diffsim-ros train --config <this file> --out DIR"]
-        yml = yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False, default_flow_style=None)
-        (out / "calibrated.yaml").write_text("\n".join(header) + "\n" + yml)
-        files["yaml"] = str(out / "calibrated.yaml")
+        files.update(write_training_file(
+            {"mass_scale": [result.mass_scale]}, setup, out, bag, notes, "`diffsim-ros sysid --method contact-free`",
+            [f"std {result.std:.2g}; the held-out end of the bag alone gives {result.heldout_mass_scale:.5g}."]))
     d = dict(result.as_dict(), method="contact-free", bag=bag, model_source=setup.source,
-             fitted={"mass_scale": [result.mass_scale]})
+             fitted={"mass_scale": [result.mass_scale]}, notes=notes)
     (out / "sysid.json").write_text(json.dumps(json_safe(d), indent=2))
     files["json"] = str(out / "sysid.json")
-    (out / "sysid.md").write_text(contact_free_markdown(result, bag, setup.source, "yaml" in files))
+    (out / "sysid.md").write_text(contact_free_markdown(result, bag, setup.source, "yaml" in files)
+                                  + "".join(f"\nNote: {n}\n" for n in notes))
     files["markdown"] = str(out / "sysid.md")
     return files

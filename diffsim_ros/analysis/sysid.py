@@ -921,8 +921,21 @@ def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "
 
 def _write_training_file(result: SysIdResult, setup: SimSetup, out: Path, bag: str, notes: List[str]
                          ) -> Dict[str, str]:
-    import yaml
+    h = result.heldout
+    return write_training_file(result.fitted, setup, out, bag, notes, "`diffsim-ros sysid`",
+                               [f"Held-out velocity RMSE {h['before']['rmse']:.4g} -> {h['after']['rmse']:.4g} "
+                                f"({result.window}-step windows)."])
 
+
+def write_training_file(fitted: Dict[str, List[float]], setup: SimSetup, out: Path, bag: str, notes: List[str],
+                        by: str, summary: Sequence[str] = ()) -> Dict[str, str]:
+    """calibrated.yaml (and calibrated.urdf where URDF quantities changed) in ``out`` from the
+    ``fitted`` values, with a header naming the method ``by``, the ``summary`` lines and the
+    ``notes`` (this appends its own to them). Returns the paths."""
+    import yaml
+    from types import SimpleNamespace
+
+    result = SimpleNamespace(fitted=fitted)
     files: Dict[str, str] = {}
     text = calibrated_urdf(setup, result)
     urdf_path = None
@@ -931,17 +944,16 @@ def _write_training_file(result: SysIdResult, setup: SimSetup, out: Path, bag: s
         urdf_path.write_text('<?xml version="1.0"?>\n' + text + "\n")
         files["urdf"] = str(urdf_path)
     params = calibrated_params(setup, result, urdf_path)
-    if setup.sim_config.gravity_compensation and any(n in result.fitted for n in ("mass_scale", "link_mass_scale")):
+    if setup.sim_config.gravity_compensation and any(n in fitted for n in ("mass_scale", "link_mass_scale")):
         notes.append("masses are written into the calibrated URDF, so the simulator's gravity compensation uses "
                      "them too, while the robot's controller compensates with the nominal model; the simulator has "
                      "no setting for a separate controller model")
-    if setup.sim_config.actuator == "ctbr" and _base_inertia_scale(result.fitted) != 1.0:
+    if setup.sim_config.actuator == "ctbr" and _base_inertia_scale(fitted) != 1.0:
         notes.append("rotors.rate_gain is divided by the calibrated inertia scale: the robot's rate loop, tuned "
                      "for the nominal inertia, is that much weaker on the calibrated body")
-    header = ["# Calibrated by `diffsim-ros sysid` from " + (bag or "a bag") + f" (model from {setup.source}).",
-              "# Fitted: " + "; ".join(f"{n} = [{_fmt_list(v)}]" for n, v in result.fitted.items()),
-              f"# Held-out velocity RMSE {result.heldout['before']['rmse']:.4g} -> "
-              f"{result.heldout['after']['rmse']:.4g} ({result.window}-step windows).",
+    header = [f"# Calibrated by {by} from " + (bag or "a bag") + f" (model from {setup.source}).",
+              "# Fitted: " + "; ".join(f"{n} = [{_fmt_list(v)}]" for n, v in fitted.items()),
+              *[f"# {line}" for line in summary],
               *[f"# Note: {n}" for n in notes],
               "#   diffsim-ros train --config <this file> --out DIR"]
     yml = yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False, default_flow_style=None)

@@ -89,6 +89,11 @@ def cmd_sysid(args: argparse.Namespace) -> int:
           f"({h['improvement']:.2f}x smaller)")
     for n in r.notes:
         print(f"warning: {n}", file=sys.stderr)
+    return _sysid_verdict(args, r, files)
+
+
+def _sysid_verdict(args: argparse.Namespace, r, files) -> int:
+    """The files written and the exit status of a fit: 0 accepted, 3 rejected (with the reasons)."""
     print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
     if not r.accepted:
         print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)
@@ -112,12 +117,7 @@ def _sysid_contact_free(args: argparse.Namespace, names, data, setup) -> int:
     print(_table(["parameter", "nominal", "calibrated", "std", "held-out end alone"],
                  [["mass_scale", "1", f"{r.mass_scale:.5g}", f"{r.std:.2g}", f"{r.heldout_mass_scale:.5g}"]]))
     print(f"explained: {r.explained:.2%} of the projected applied impulse (fit), {r.explained_heldout:.2%} (held out)")
-    print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
-    if not r.accepted:
-        print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)
-        return 3
-    print(f"retrain: diffsim-ros train --config {files['yaml']} --out DIR")
-    return 0
+    return _sysid_verdict(args, r, files)
 
 
 def _add_bag_args(p) -> None:
