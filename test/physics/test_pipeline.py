@@ -119,6 +119,32 @@ def test_linearly_implicit_step_solves_its_defining_equation(robots):
         torch.testing.assert_close(lhs, tau - b - h * K * v, rtol=1e-9, atol=1e-8, msg=lambda m: f"{name}: {m}")
 
 
+def test_applied_forces_are_the_pd_and_damping_torques_and_refuse_an_actuator_with_state(robots):
+    """physics.applied_forces: every generalised force but contact at a state, explicit. With
+    the ground on (it must not count), PD targets and joint damping: kp (target - q) - kd v -
+    d v on the joints, zero on a floating base; with the gravity compensation, plus the
+    nominal model's gravity torques (the public rnea at rest). An actuator lag is refused."""
+    gen = _seed("applied forces")
+    for name, model in robots:
+        B, nj = 3, model.nj
+        q, v = _random_state(model, B, gen)
+        kp, kd = 40.0, 2.0
+        target = torch.randn(B, nj, generator=gen, dtype=F64)
+        nq0, nv0 = (7, 6) if model.floating_base else (0, 0)
+        qj, vj = q[:, nq0:], v[:, nv0:]
+        pd = kp * (target - qj) - kd * vj - model.damping * vj
+        for comp in (False, True):
+            cfg = physics.SimConfig(dt=4e-3, actuator="position", kp=kp, kd=kd, ground=True, effort_saturation=False,
+                                    joint_limits=False, joint_friction=False, gravity_compensation=comp)
+            tau = physics.applied_forces(physics.build_system(model, cfg), q, v, target)
+            want = pd + (physics.rnea(model, q, torch.zeros_like(v), torch.zeros_like(v))[:, nv0:] if comp else 0)
+            torch.testing.assert_close(tau[:, nv0:], want, rtol=1e-10, atol=1e-10, msg=lambda m: f"{name}: {m}")
+            assert not nv0 or float(tau[:, :nv0].abs().max()) == 0.0, name
+        lagged = physics.build_system(model, physics.SimConfig(dt=4e-3, actuator="position", actuator_lag=0.01))
+        with pytest.raises(ValueError, match="actuator without state"):
+            physics.applied_forces(lagged, q, v, target)
+
+
 def _point_jacobians(sys, q):
     """Per-point (P, 3, nv) Jacobians of the contact points on the surface, from the
     kinematics of unit velocities (one environment per dof): independent of the blocks."""
