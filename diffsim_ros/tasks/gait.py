@@ -294,6 +294,7 @@ def write_gait_report(task, policy, out_dir, speeds: Sequence[float] = (0.2, 0.5
     import torch
 
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     feet = foot_bodies(task.sim)
     names = [task.model.body_names[b] for b in feet]
     commands = list(speeds) if getattr(task, "command_speed", None) else [None]

@@ -205,3 +205,23 @@ def test_foot_slip_is_the_speed_a_foot_is_dragged_at():
     lone = np.zeros((steps, 4), bool)
     lone[::2, 1] = True
     assert foot_slip(sim, q, feet, lone, dt)[1] is None
+
+
+def test_the_gait_report_makes_its_folder_and_reports_each_commanded_speed(tmp_path):
+    """write_gait_report into a folder that does not exist yet (it failed there on its first PNG):
+    the shipped quadruped walker at one commanded speed gives gait.json with that episode, the
+    duty factors of the contact timeline it drew, and the footfall diagram."""
+    import json
+
+    from diffsim_ros import evaluation
+    from diffsim_ros.tasks.gait import rollout_contacts, write_gait_report
+
+    task, policy = evaluation.load_checkpoint_task(str(REPO_ROOT / "policies" / "locomotion_velocity"))[:2]
+    out = tmp_path / "new" / "gait"
+    rep = write_gait_report(task, policy, out, speeds=(0.5,))
+    saved = json.loads((out / "gait.json").read_text())
+    assert [e["command_m_s"] for e in saved["episodes"]] == [0.5] and saved["feet"] == rep["feet"]
+    contacts, _, _ = rollout_contacts(task, policy, [0.5])          # the same episode (seed 0)
+    duty = contacts[len(contacts) // 4:].mean(0)
+    assert saved["episodes"][0]["duty_factor"] == pytest.approx(duty.tolist(), abs=1e-3)
+    assert list(out.glob("footfall*.png")) and all(p.stat().st_size > 5000 for p in out.glob("footfall*.png"))
