@@ -141,6 +141,11 @@ def make_model(task: Task, cfg: PPOConfig):
                 policy_kwargs=dict(net_arch=dict(pi=list(cfg.hidden), vf=list(cfg.hidden)),
                                    log_std_init=cfg.log_std_init),
                 seed=cfg.seed, device=str(task.model.device), verbose=0)
+    # A logger with no outputs: without one, every learn() makes an empty tempdir/SB3-<time> folder
+    # (the run's own CSV and TensorBoard logs are written by this module).
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
     return model, vn, raw
 
 
