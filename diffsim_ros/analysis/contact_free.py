@@ -142,14 +142,24 @@ def _free_directions(setup: SimSetup, qm: torch.Tensor, tolerance: float) -> Lis
     return out
 
 
+def _explained(A: torch.Tensor, C: torch.Tensor, s: float) -> float:
+    """Share of |C|^2 that s A explains."""
+    r = C - s * A
+    return float(1.0 - (r @ r) / (C @ C))
+
+
 def _fit(rows_a: List[torch.Tensor], rows_c: List[torch.Tensor]):
+    """Least squares of C = s A over the projected equations: s, its standard deviation, the
+    share explained and the number of equations (NaNs and 0 where there are none)."""
+    if not rows_a:
+        return math.nan, math.nan, math.nan, 0
     A, C = torch.cat(rows_a), torch.cat(rows_c)
-    if A.numel() == 0 or float(A @ A) == 0.0:
+    if float(A @ A) == 0.0:
         return math.nan, math.nan, math.nan, 0
     s = float(A @ C / (A @ A))
     r = C - s * A
     std = float(torch.sqrt((r @ r) / max(len(r) - 1, 1)) / A.norm())
-    return s, std, float(1.0 - (r @ r) / (C @ C)), len(A)
+    return s, std, _explained(A, C, s), len(A)
 
 
 def contact_free_mass(data: BagData, setup: SimSetup, contact_tolerance: float = 0.005,
@@ -175,9 +185,9 @@ def contact_free_mass(data: BagData, setup: SimSetup, contact_tolerance: float =
     if model.dtype != torch.float64:
         model = model.to(dtype=torch.float64)
     cmd = rp.cmd.to(q.dtype)[[at[int(k) - d] for k in ks]]
-    scaled, applied, qm = interval_equations(dataclasses.replace(setup, model=model), q[ks], v[ks],
-                                             q[ks + 1], v[ks + 1], cmd)
-    bases = _free_directions(dataclasses.replace(setup, model=model), qm, contact_tolerance)
+    setup64 = dataclasses.replace(setup, model=model)
+    scaled, applied, qm = interval_equations(setup64, q[ks], v[ks], q[ks + 1], v[ks + 1], cmd)
+    bases = _free_directions(setup64, qm, contact_tolerance)
     split = int(round(fit_fraction * len(ks)))
     parts: List[Dict[str, list]] = [{"a": [], "c": []}, {"a": [], "c": []}]
     hist: Dict[str, int] = {}
@@ -190,11 +200,7 @@ def contact_free_mass(data: BagData, setup: SimSetup, contact_tolerance: float =
         part["c"].append(N.T @ applied[i])
     s, std, explained, n_fit = _fit(parts[0]["a"], parts[0]["c"])
     s_h, _, _, n_held = _fit(parts[1]["a"], parts[1]["c"])
-    explained_h = math.nan
-    if n_held:
-        A, C = torch.cat(parts[1]["a"]), torch.cat(parts[1]["c"])
-        r = C - s * A
-        explained_h = float(1.0 - (r @ r) / (C @ C))
+    explained_h = (_explained(torch.cat(parts[1]["a"]), torch.cat(parts[1]["c"]), s) if n_held else math.nan)
     reasons = []
     if n_fit < MIN_EQUATIONS or n_held < MIN_EQUATIONS:
         reasons.append(f"too few equations once the touching contacts are projected out ({n_fit} to fit, {n_held} "

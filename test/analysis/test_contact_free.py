@@ -117,3 +117,19 @@ def test_a_bag_that_is_not_legged_is_refused(tmp_path):
     data = read_bag(tmp_path / "arm")
     with pytest.raises(AnalysisError, match="legged robot's bag"):
         contact_free_mass(data, sim_setup(data))
+
+
+
+def test_a_part_of_the_bag_without_equations_is_no_estimate_rather_than_a_crash():
+    """Where every interval of a part has its feet pushing in all directions (no projected equation
+    left), the fit reports no estimate and no equations (it raised on an empty concatenation), so
+    the verdict's "too few equations" applies; with equations it is the least-squares slope."""
+    import math
+
+    from diffsim_ros.analysis.contact_free import _fit
+
+    s, std, explained, n = _fit([], [])
+    assert n == 0 and math.isnan(s) and math.isnan(std) and math.isnan(explained)
+    a = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    s, _, explained, n = _fit([a[:2], a[2:]], [1.3 * a[:2], 1.3 * a[2:]])
+    assert n == 3 and s == pytest.approx(1.3, rel=1e-12) and explained == pytest.approx(1.0, abs=1e-12)
