@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.PathLike],
                       overrides: Optional[Dict[str, Any]] = None, callback=None, progress: bool = False,
-                      task=None, resume: bool = False, distributed=None):
+                      task=None, resume: bool = False, distributed=None, init_from=None):
     """Train on ``params`` (read from ``source``) into ``out``; returns (task, result, files).
 
     ``overrides`` replace entries of the ``training`` section (None values are ignored);
@@ -41,10 +41,15 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
 
     ``distributed``: this process's :class:`~diffsim_ros.learning.distributed.Context` in a
     data-parallel run (process group set up): rank 0 reads the resume state and hands it to the
-    others, and alone writes ``out`` (checkpoint, log, video); the other ranks return no files."""
+    others, and alone writes ``out`` (checkpoint, log, video); the other ranks return no files.
+
+    ``init_from``: a trained checkpoint folder whose policy this run starts from instead of fresh
+    weights (fine-tuning; :func:`~diffsim_ros.learning.checkpoint.initial_weights` says what must
+    match, a CheckpointError otherwise); policy.json records it as ``training.initialized_from``.
+    Ignored when resuming (the run continues from its own weights)."""
     from . import config
     from .learning.apg import TrainConfig, load_resume_state, train
-    from .learning.checkpoint import json_safe, save_checkpoint, training_summary
+    from .learning.checkpoint import initial_weights, json_safe, save_checkpoint, training_summary
     from .learning.distributed import SINGLE
 
     if task is None:
@@ -63,6 +68,10 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     run_info = {"config": effective, "config_file": os.path.abspath(source),
                 "urdf_sha256": task.model.urdf_sha256}
     dist = distributed or SINGLE
+    init = origin = None
+    if init_from is not None and not resume:
+        init, origin = initial_weights(init_from, task, cfg.hidden, cfg.normalize_obs)
+        run_info["initialized_from"] = origin
     state = None
     if resume:
         def read():
@@ -73,18 +82,28 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
 
+    if state is not None:       # a resumed run keeps the record of where it started
+        origin = (state.get("run_info") or {}).get("initialized_from")
+        if origin is not None:
+            run_info["initialized_from"] = origin
+
+    def summary(res):
+        out_ = dict(training_summary(res, cfg), method="analytic_gradient")
+        if origin is not None:
+            out_["initialized_from"] = json_safe(origin)
+        return out_
+
     def export(policy, partial, folder, info):
         """checkpoints/latest and checkpoints/best: the final checkpoint's metadata, so far."""
         save_checkpoint(policy, task, folder, extra={
-            "training": dict(training_summary(partial, cfg), method="analytic_gradient"),
-            "config": json_safe(params), "config_file": os.path.abspath(source), "checkpoint": info})
+            "training": summary(partial), "config": json_safe(params), "config_file": os.path.abspath(source),
+            "checkpoint": info})
 
     result = train(task, cfg, out_dir=out, progress=progress, callback=callback, resume=state, export=export,
-                   run_info=run_info, distributed=dist)
+                   run_info=run_info, distributed=dist, init=init)
     if not dist.is_main:
         return task, result, {}
-    extra = {"training": dict(training_summary(result, cfg), method="analytic_gradient"),
-             "config": json_safe(params), "config_file": os.path.abspath(source)}
+    extra = {"training": summary(result), "config": json_safe(params), "config_file": os.path.abspath(source)}
     files = save_checkpoint(result.policy, task, out, extra=extra)
     # rollout.gif beside learning_curve.png: one episode of the final policy, 160x120, <= 40 frames
     # (diffsim_ros.evaluation.training_video). DIFFSIM_NO_VIDEO=1 skips it; a rendering problem is

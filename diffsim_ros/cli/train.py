@@ -181,6 +181,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     for name in ("iterations", "num_envs"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _resume_folder(args, "train")
+    if args.init_from is not None:
+        if args.resume is not None:
+            raise CliError("--init-from with --resume: a resumed run continues from its own weights; give one")
+        if not os.path.isdir(args.init_from):
+            raise CliError(f"--init-from {args.init_from}: no such folder (a checkpoint folder with policy.json "
+                           f"and policy.pt)")
     try:
         return _train(args, _train_context(args))
     except _SharedError:        # rank 0 has reported it
@@ -229,7 +235,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
                      "stop_at_success": False if args.keep_training else None}
         task, result, _ = train_from_params(params, args.config, args.out, overrides,
                                             progress=not args.no_progress and ctx.is_main, task=task,
-                                            resume=args.resume is not None, distributed=ctx)
+                                            resume=args.resume is not None, distributed=ctx,
+                                            init_from=args.init_from)
         wall = time.perf_counter() - t0
     except CliError as exc:         # in a distributed run: what rank 0 met, or every rank alike
         raise _shared(ctx, str(exc)) from None
@@ -357,6 +364,10 @@ def _add_train(sub) -> None:
                    help="policy updates (default: the file's training.iterations)")
     p.add_argument("--num-envs", type=int, default=None, metavar="N",
                    help="parallel episodes per iteration (default: the file's training.num_envs)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from the policy of a trained checkpoint folder instead of fresh weights "
+                        "(fine-tuning, e.g. on a calibrated simulator: the same joints, task and observation, "
+                        "the same hidden layers; the URDF's values may differ); the optimiser starts afresh")
     p.add_argument("--keep-training", action="store_true",
                    help="run all the iterations even after the success threshold is reached "
                         "(default: the file's training.stop_at_success)")

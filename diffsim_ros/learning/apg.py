@@ -177,7 +177,7 @@ COLUMNS = ("iteration", "env_steps", "wall_time", "loss", "grad_norm", "train_su
 def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress: bool = True,
           callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
           export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None,
-          distributed: Optional[Context] = None) -> TrainResult:
+          distributed: Optional[Context] = None, init: Optional[Dict[str, torch.Tensor]] = None) -> TrainResult:
     """Train a policy for ``task``.
 
     ``out_dir``: the run's folder. ``training.csv`` gets one row per iteration as it ends (flushed),
@@ -208,6 +208,10 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     single-process run's up to rounding. Only rank 0 writes ``out_dir`` (the others ignore it and
     show no progress bar); every rank returns the same result. ``resume`` must then be given to
     every rank. A DistributedError (a ConfigError) when ``cfg.num_envs`` does not split evenly.
+
+    ``init``: the policy's starting weights (a state dict of an :class:`MLPPolicy` of ``cfg.hidden``,
+    e.g. :func:`~diffsim_ros.learning.checkpoint.initial_weights` of a trained checkpoint) instead of a
+    fresh initialisation; the optimiser starts afresh. A resumed run takes its own weights.
     """
     dist = distributed or SINGLE
     dist.shard(cfg.num_envs)            # refuses a batch the ranks cannot share evenly
@@ -230,6 +234,8 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     diverged = 0
     it = 0
     best = None             # {"iteration", "eval_success", "loss"} of the best evaluated policy so far
+    if init is not None and resume is None:
+        policy.load_state_dict(init)
     if resume is not None:
         check_resume_state(resume, task, cfg)
         policy.load_state_dict(resume["policy"])

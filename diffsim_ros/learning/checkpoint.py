@@ -587,3 +587,51 @@ def load_checkpoint(path_or_dir: PathLike, model=None, expect_joints: Optional[S
         raise CheckpointError(f"{pt_path}: the policy outputs {shape} for a (2, {od}) observation, but "
                               f"{meta_path.name} declares 'action.dim' = {ad}")
     return policy, meta
+
+
+# ---------------------------------------------------------------------------- fine-tuning
+def initial_weights(path_or_dir: PathLike, task, hidden: Sequence[int], normalize: bool
+                    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """The weights of a trained policy to start a new training run of ``task`` from (fine-tuning:
+    on a calibrated simulator, another ground, a longer schedule): ``(state_dict, info)``.
+
+    The checkpoint must drive the same joints in the same action order, on the same tree (joint
+    names, floating base), and observe the same quantities in the same order (``observation.names``);
+    its network must have the ``hidden`` layer sizes and, when ``normalize``, an observation
+    normaliser (which is carried over with its statistics). The URDF may differ in its inertial
+    and geometric values (a calibrated copy from ``diffsim-ros sysid``): ``info`` records both
+    sha256 sums. Anything else raises :class:`CheckpointError` naming the difference."""
+    policy, meta = load_checkpoint(path_or_dir)
+    where = str(Path(os.fspath(path_or_dir)))
+    spec = task.spec()
+    model, robot = task.model, meta["robot"]
+    if list(robot["joint_names"]) != list(model.joint_names) or bool(robot["floating_base"]) != bool(model.floating_base):
+        raise CheckpointError(f"{where}: made for robot '{robot['name']}' (joints {list(robot['joint_names'])}, "
+                              f"floating_base {robot['floating_base']}); this run trains '{model.name}' (joints "
+                              f"{list(model.joint_names)}, floating_base {model.floating_base})")
+    act = list(task.sim.actuated_joints)
+    if list(robot["actuated_joints"]) != act:
+        raise CheckpointError(f"{where}: its actions drive {list(robot['actuated_joints'])}; this run's drive {act} "
+                              f"(the same joints in the same order are needed)")
+    if meta["task"] != spec["task"]:
+        raise CheckpointError(f"{where}: trained for task '{meta['task']}', this run's task is '{spec['task']}'")
+    theirs, ours = list(meta["observation"].get("names") or []), list(spec["observation"].get("names") or [])
+    if int(meta["observation"]["dim"]) != int(spec["observation"]["dim"]) or theirs != ours:
+        diff = [f"{i}: {a} / {b}" for i, (a, b) in enumerate(zip(theirs, ours)) if a != b][:3]
+        raise CheckpointError(f"{where}: observes {meta['observation']['dim']} quantities, this run's task "
+                              f"{spec['observation']['dim']}" + (f" (first differences, checkpoint / run: "
+                                                                  f"{'; '.join(diff)})" if diff else ""))
+    state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    body = sorted((int(k.split(".")[1]), v) for k, v in state.items() if k.startswith("body.") and k.endswith(".weight"))
+    layers = [int(v.shape[0]) for _, v in body]
+    if layers != [int(h) for h in hidden]:
+        raise CheckpointError(f"{where}: its hidden layers are {layers}, this run's training.hidden is "
+                              f"{[int(h) for h in hidden]}")
+    has_norm = any(k.startswith("norm.") for k in state)
+    if has_norm != bool(normalize):
+        raise CheckpointError(f"{where}: {'has' if has_norm else 'has no'} observation normaliser, but this run's "
+                              f"training.normalize_obs is {bool(normalize)}")
+    info = {"checkpoint": os.path.abspath(where), "policy_sha256": meta["policy"]["sha256"],
+            "urdf_sha256": robot["urdf_sha256"], "same_urdf": robot["urdf_sha256"] == model.urdf_sha256,
+            "iterations": (meta.get("training") or {}).get("iterations")}
+    return state, info
