@@ -164,3 +164,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if ROS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ros)
+    # The slow tests first (a stable sort: each keeps its place among its kind): pytest-xdist's
+    # worksteal hands each worker a contiguous share and lets an idle one take from the end of
+    # another's, so with the long tests at the front both workers end on short ones instead of
+    # one waiting out a training run that started last.
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)

@@ -452,22 +452,31 @@ def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int 
     naming the bag. ``velocity_noise``: the sensor's velocity noise (standard deviation), for
     the noise floor of the verdict; ``starts``: at most this many starts of the joint fit."""
     with replaying(data):
+        rest = [n for n in dict.fromkeys(names) if n != "actuator_lag"]
+        if "actuator_lag" not in names or setup.sim_config.actuator_lag != 0 or not rest:
+            return _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
+                              starts, velocity_noise)
+        # The unlagged drive is another model, not the limit of a vanishing lag: the lagged torque is
+        # explicit in the step while the unlagged servo's PD gains are implicit, so a light joint
+        # behaves differently however short the lag. Where the robot's file has no lag, the drive
+        # without one is fitted too and kept if it explains the fit windows better (a lag-free UR5:
+        # lag 0.011 s, latency 1.27 for 1 step, every damping at its bound; without the lag, all
+        # exact). Its fit from the best grid point comes first, being cheap: where it explains the
+        # data, the lagged fit is compared from its own best grid point only (not continued past
+        # max_iter), instead of escalating through further starts in search of what a lag cannot
+        # give (the UR5's lagged fit tried all six, 4-5 minutes); where it does not, everything runs
+        # as if it had not been tried.
+        alt = _calibrate(data, setup, rest, window, fit_fraction, max_starts, max_iter, replay, progress,
+                         1, velocity_noise, thorough=False)
+        lag_free = alt.unexplained <= ESCALATE_UNEXPLAINED
         res = _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
-                         starts, velocity_noise)
-        if "actuator_lag" in res.names and setup.sim_config.actuator_lag == 0 and \
-                res.unexplained > ESCALATE_UNEXPLAINED:
-            # The unlagged drive is another model, not the limit of a vanishing lag: the lagged torque
-            # is explicit in the step while the unlagged servo's PD gains are implicit, so a light
-            # joint behaves differently however short the lag. Where the lagged fit leaves the data
-            # unexplained and the robot's file has no lag, the drive without one is fitted too and
-            # kept if it explains the fit windows better (a lag-free UR5: lag 0.011 s, latency 1.27
-            # for 1 step, every damping at its bound; without the lag, all exact).
-            rest = [n for n in res.names if n != "actuator_lag"]
-            if rest:
-                alt = _calibrate(data, setup, rest, window, fit_fraction, max_starts, max_iter, replay, progress,
-                                 starts, velocity_noise)
-                if alt.fit_loss_after < res.fit_loss_after:
-                    res = _without_lag(alt, res)
+                         1 if lag_free else starts, velocity_noise, thorough=not lag_free)
+        if not lag_free and res.unexplained > ESCALATE_UNEXPLAINED:
+            # neither explains the data: the drive without a lag gets its further starts too
+            alt = _calibrate(data, setup, rest, window, fit_fraction, max_starts, max_iter, replay, progress,
+                             starts, velocity_noise)
+        if alt.fit_loss_after < res.fit_loss_after:
+            res = _without_lag(alt, res)
         return res
 
 
@@ -492,7 +501,10 @@ def _without_lag(alt: SysIdResult, lagged: SysIdResult) -> SysIdResult:
 
 
 def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
-               n_starts, velocity_noise) -> SysIdResult:
+               n_starts, velocity_noise, thorough: bool = True) -> SysIdResult:
+    """:func:`calibrate` of one model; ``thorough``: while the best fit leaves the fit windows
+    unexplained, start further fits from the next grid points (up to ``MAX_STARTS``), and let a best
+    fit still improving at ``max_iter`` go on once; without, the first starts' fits as they end."""
     t_start = time.perf_counter()
     requested = list(dict.fromkeys(names))
     if not requested:
@@ -549,7 +561,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         # their loss are the reserve, tried while the best fit leaves the data unexplained.
         ranked = [torch.tensor(zz, dtype=torch.float64) for loss, zz in grid if math.isfinite(loss)]
         cands = [z for (loss, _), z in zip(grid[:max(1, n_starts)], ranked) if loss <= 4.0 * grid[0][0]]
-        reserve = ranked[len(cands):]
+        reserve = ranked[len(cands):] if thorough else []
     else:
         reserve = []
     floor = noise_floor(velocity_noise)
@@ -586,7 +598,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     if best is None:
         raise AnalysisError(f"{data.path}: every start of the calibration diverged ({tried})")
     f, z, r, J, moving, best_i = best
-    if moving > 0.0:
+    if moving > 0.0 and thorough:
         # The best fit ran out of iterations while its loss still fell: it goes on, once, for as
         # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
         # explaining the data, two dampings 37-65 % off; at 30 every value was exact).

@@ -98,7 +98,8 @@ def _sysid_verdict(args: argparse.Namespace, r, files) -> int:
     if not r.accepted:
         print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)
         return 3
-    print(f"retrain: diffsim-ros train --config {files['yaml']} --out DIR")
+    print(f"retrain: diffsim-ros train --config {files['yaml']} --out DIR   (or fine-tune the deployed "
+          f"policy: add --init-from ITS_CHECKPOINT_DIR)")
     return 0
 
 

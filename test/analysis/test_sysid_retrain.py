@@ -1,7 +1,7 @@
 """Closing the loop: a hover policy retrained on the calibrated parameters flies the perturbed
 MuJoCo quadrotor better than one trained on the nominal parameters.
 
-Slow (two short trainings, about two minutes on one core), and part of the suite: it is the
+Slow (two short trainings, about a minute and a half on one core), and part of the suite: it is the
 proof that calibration pays off. Steps: record the perturbed stand-in (mass +20 %, drag x2), calibrate
 mass_scale and drag_scale on the bag, write calibrated.yaml; train the same small policy
 (same seed, same settings) on config/hover.yaml and on calibrated.yaml; fly both on the
@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("rosbags")
 pytest.importorskip("mujoco")
 
-ITERATIONS = 12
+ITERATIONS = 8
 
 
 def _train(path, out):
