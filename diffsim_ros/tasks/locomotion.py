@@ -10,8 +10,9 @@ Success (independent of training): mean forward speed over the episode above
 and the base not tipped past 60 degrees at every step).
 
 Velocity command (``command_speed: [low, high]``, m/s): each episode draws a forward speed
-command the policy observes; the loss is the squared tracking error of the forward speed
-plus the physical terms only (the action; optionally uprightness, and with ``height_weight`` a
+command the policy observes; the loss is the squared tracking error of the forward speed (with
+``speed_average_s``, of its moving average; with ``relative_tracking``, as a fraction of the command,
+as the metric judges it) plus the physical terms only (the action; optionally uprightness, and with ``height_weight`` a
 barrier at the metric's height floor): no gait shaping. Its success is the strict metric
 :func:`strict_metric` (over the last ``window_s`` of the episode: mean forward speed within
 ``speed_tolerance`` of the command; at every step of the episode the base above
@@ -43,7 +44,7 @@ class LocomotionTask(Task):
                  fall_height: float = 0.5, action_weight: float = 1e-3, upright_weight: float = 0.0,
                  command_speed: Optional[Sequence[float]] = None, window_s: float = 3.0,
                  speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5,
-                 height_weight: float = 0.0):
+                 height_weight: float = 0.0, speed_average_s: float = 0.0, relative_tracking: bool = False):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -71,6 +72,12 @@ class LocomotionTask(Task):
             if not 0 < window_s <= horizon * self.dt:
                 raise ValueError(f"locomotion: 'window_s' {window_s} must lie within the episode "
                                  f"({horizon} x {self.dt} s)")
+        self.speed_average_s, self.relative_tracking = float(speed_average_s), bool(relative_tracking)
+        if self.speed_average_s < 0:
+            raise ValueError(f"locomotion: 'speed_average_s' must be >= 0, got {speed_average_s}")
+        if self.relative_tracking and (self.command_speed is None or self.command_speed[0] <= 0):
+            raise ValueError("locomotion: 'relative_tracking' divides by the command: it needs 'command_speed' "
+                             "[low, high] with low > 0")
         self.window_s, self.speed_tolerance = float(window_s), float(speed_tolerance)
         self.min_height, self.max_tilt = float(min_height) * base_height, float(max_tilt)
         from .gait import foot_bodies
@@ -108,6 +115,7 @@ class LocomotionTask(Task):
         if self.command_speed:
             ts.extra["x_window"] = q[:, 0].clone()                 # base x when the judged window starts
             ts.extra["violation"] = torch.zeros(batch, dtype=torch.bool, device=m.device)
+            ts.extra["speed_average"] = torch.zeros(batch, dtype=m.dtype, device=m.device)
         return ts
 
     def observe(self, ts: TaskState) -> torch.Tensor:
@@ -145,9 +153,19 @@ class LocomotionTask(Task):
             loss = loss + self.height_weight * drop ** 2
         return loss
 
+    def tracked_speed(self, ts: TaskState) -> torch.Tensor:
+        """(B,) the forward speed the command is compared with in the loss: the base's forward
+        velocity now, or with ``speed_average_s`` its exponential moving average of that time
+        constant (a hopping or stepping base's speed swings within every stride; the metric judges
+        the mean over seconds)."""
+        return ts.extra["speed_average"] if self.speed_average_s > 0 else self.forward_velocity(ts)
+
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
         if self.command_speed:
-            return self.with_physical_terms((self.forward_velocity(ts) - ts.target[:, 0]) ** 2, ts, action)
+            err = self.tracked_speed(ts) - ts.target[:, 0]
+            if self.relative_tracking:          # the metric's tolerance is a fraction of the command
+                err = err / ts.target[:, 0]
+            return self.with_physical_terms(err ** 2, ts, action)
         return self.with_physical_terms(-self.forward_velocity(ts), ts, action)
 
     def _fallen(self, ts: TaskState) -> torch.Tensor:
@@ -192,6 +210,10 @@ class LocomotionTask(Task):
         ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
         if self.command_speed:
             ts.extra["violation"] = ts.extra["violation"] | self.posture_violation(ts, self.min_height)
+            if self.speed_average_s > 0:
+                rate = min(self.dt / self.speed_average_s, 1.0)
+                avg = ts.extra["speed_average"]
+                ts.extra["speed_average"] = avg + rate * (self.forward_velocity(ts) - avg)
             if ts.step == self.window_start_step():
                 ts.extra["x_window"] = ts.sim.q[:, 0].detach().clone()
 

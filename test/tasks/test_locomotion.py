@@ -168,3 +168,37 @@ def test_the_height_barrier_costs_only_below_the_metric_floor():
     extra = task.step_loss(ts, a) - tasks[0.0].step_loss(ts, a)
     assert float(extra[0]) == 0.0 and float(extra[1]) == 0.0, extra
     assert float(extra[2]) == pytest.approx(w * (below / task.base_height) ** 2, rel=1e-12), (seed, extra)
+
+
+def test_the_averaged_relative_tracking_loss_is_the_moving_average_against_the_command():
+    """``speed_average_s`` and ``relative_tracking``: over a rollout of drawn actions from drawn
+    starts (seed printed), the loss's tracking term is ((s_k - c) / c)^2, s the exponential moving
+    average of the base's forward velocity computed here from the recorded world-frame velocity
+    (s_0 = 0, s_k = s_{k-1} + dt / tau (v_k - s_{k-1})); with tau 0 and no division it is the old
+    instantaneous (v_k - c)^2. A command range reaching 0 is refused with relative tracking."""
+    from conftest import drawn_seed
+    from diffsim_ros.physics.spatial import quat_rotate
+
+    seed = drawn_seed("averaged tracking", "DIFFSIM_TRACKING_SEED", bits=16)
+    rng = np.random.default_rng(seed)
+    params, file_task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
+                                                         dtype=torch.float64)
+    tau = float(rng.uniform(0.05, 1.0))
+    base = dict(params["task"], horizon=40, window_s=0.3, upright_weight=0.0, action_weight=0.0)
+    avg = make_task(model, file_task.sim_config, dict(base, speed_average_s=tau, relative_tracking=True), "task")
+    now = make_task(model, file_task.sim_config, base, "task")
+    ts_a = avg.reset(4, torch.Generator().manual_seed(seed))
+    ts_n = now.reset(4, torch.Generator().manual_seed(seed))
+    c = ts_a.target[:, 0].numpy()
+    s = np.zeros(4)
+    actions = torch.as_tensor(rng.uniform(-1, 1, (avg.horizon, 4, avg.action_dim)))
+    with torch.no_grad():
+        for k in range(avg.horizon):
+            ts_a, ts_n = avg.step(ts_a, actions[k]), now.step(ts_n, actions[k])
+            v = quat_rotate(ts_a.sim.q[:, 3:7], ts_a.sim.v[:, 0:3])[:, 0].numpy()
+            s = s + min(avg.dt / tau, 1.0) * (v - s)
+            np.testing.assert_allclose(avg.step_loss(ts_a, actions[k]).numpy(), ((s - c) / c) ** 2, rtol=1e-9,
+                                       atol=1e-12, err_msg=f"step {k}, seed {seed}, tau {tau}")
+            np.testing.assert_allclose(now.step_loss(ts_n, actions[k]).numpy(), (v - c) ** 2, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="relative_tracking"):
+        make_task(model, file_task.sim_config, dict(base, command_speed=[0.0, 0.5], relative_tracking=True), "task")
