@@ -98,18 +98,29 @@ def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
 
 
 def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
-    """The URDF the checkpoint names: its recorded path, else the file of that name in this package."""
+    """The URDF the checkpoint names, on this machine: its recorded path where that file exists,
+    else the training file's own ``urdf`` entry (``package://...`` or a path in this package's share
+    folder, recorded in ``config``: a checkpoint trained in another clone or virtual environment
+    names that one's absolute path), else the file of the recorded name in this package's urdf
+    folder. Whether it is the same robot is checked when the model is compared with the checkpoint."""
     src = str(meta["robot"].get("urdf") or "")
     if src and os.path.isfile(src):
         return src
-    from ..config import package_share
+    from ..config import ConfigError, package_share, resolve_urdf
 
+    trained = (meta.get("config") or {}).get("urdf") if isinstance(meta.get("config"), dict) else None
+    if isinstance(trained, str) and trained.strip():
+        try:
+            return str(resolve_urdf({"urdf": trained}, where))
+        except ConfigError:
+            pass
     share = package_share()
     if src and share is not None:
         cand = share / "urdf" / Path(src).name
         if cand.is_file():
             return str(cand)
-    raise CheckpointError(f"{where}: the URDF it was trained on ('{src}') is not on this machine; pass the "
+    shown = f"'{src}'" + (f", trained from '{trained}'" if isinstance(trained, str) and trained.strip() else "")
+    raise CheckpointError(f"{where}: the URDF it was trained on ({shown}) is not on this machine; pass the "
                           "robot's URDF (a path or the robot_description XML)")
 
 

@@ -302,3 +302,28 @@ def test_robot_kind_from_metadata_alone_matches_the_runner(cfg_name, kind, tmp_p
     assert robot_kind(load_metadata(tmp_path / "ckpt")) == runner.kind == kind
     assert runner.model.floating_base == (kind != "arm")
     assert (runner.sim.rotors is not None) == (kind == "quadrotor")
+
+
+@pytest.mark.parametrize("name", ["jump_solo12", "hover"])
+def test_a_checkpoint_from_another_clone_finds_its_urdf_here(tmp_path, name):
+    """policy.json records the URDF's absolute path on the machine that trained it (another clone,
+    another virtual environment); where that path does not exist here, the training file's own
+    entry (package://example-robot-data/... for solo12) or the file of that name in this package's
+    urdf folder (the hover) is the same robot: the checkpoint loads and is the robot it was trained
+    on. With none of them, the error names what it looked for."""
+    from diffsim_ros import evaluation
+    from diffsim_ros.learning.deploy import resolve_urdf_source
+
+    folder = tmp_path / name
+    shutil.copytree(REPO_ROOT / "policies" / name, folder)
+    meta = json.loads((folder / "policy.json").read_text())
+    meta["robot"]["urdf"] = "/elsewhere/.venv/share/robots/" + meta["robot"]["urdf"].rsplit("/", 1)[-1]
+    (folder / "policy.json").write_text(json.dumps(meta))
+    found = resolve_urdf_source(meta, str(folder))
+    assert found != meta["robot"]["urdf"]
+    task, policy = evaluation.load_checkpoint_task(folder)[:2]
+    assert task.model.urdf_sha256 == meta["robot"]["urdf_sha256"]
+    meta["config"] = dict(meta.get("config") or {}, urdf="package://no_such_package/robot.urdf")
+    meta["robot"]["urdf"] = "/elsewhere/robot.urdf"
+    with pytest.raises(CheckpointError, match="no_such_package.*not on this machine"):
+        resolve_urdf_source(meta, str(folder))
