@@ -503,10 +503,12 @@ def _read_meta(path_or_dir: PathLike) -> Tuple[Dict[str, Any], Path, Path]:
 
 # ---------------------------------------------------------------------------- loading
 def check_compatible(meta: Dict[str, Any], model=None, expect_joints: Optional[Sequence[str]] = None,
-                     where: str = "checkpoint") -> None:
+                     where: str = "checkpoint", same_urdf: bool = True) -> None:
     """Refuse (``CheckpointError``) a checkpoint made for another robot than ``model``, or one
     whose actuated joints are not exactly ``expect_joints`` (the joints the caller commands;
-    compared as sets: the action order is the checkpoint's ``robot.actuated_joints``)."""
+    compared as sets: the action order is the checkpoint's ``robot.actuated_joints``).
+    ``same_urdf=False``: the same tree (joints, floating base) is enough, the URDF's values may
+    differ (a calibrated copy to fine-tune on)."""
     robot = meta["robot"]
     if model is not None:
         theirs, ours = list(robot["joint_names"]), list(model.joint_names)
@@ -528,7 +530,7 @@ def check_compatible(meta: Dict[str, Any], model=None, expect_joints: Optional[S
         if bool(robot["floating_base"]) != bool(model.floating_base):
             raise CheckpointError(f"{where}: floating_base is {robot['floating_base']} in the checkpoint but "
                                   f"{model.floating_base} in model '{model.name}'")
-        if robot["urdf_sha256"] != model.urdf_sha256:
+        if same_urdf and robot["urdf_sha256"] != model.urdf_sha256:
             raise CheckpointError(f"{where}: the URDF differs: the checkpoint was trained on '{robot['name']}' with "
                                   f"URDF sha256 {robot['urdf_sha256'][:16]}... ({robot.get('urdf', '?')}); the model "
                                   f"'{model.name}' has URDF sha256 {model.urdf_sha256[:16]}... ({model.source})")
@@ -605,10 +607,7 @@ def initial_weights(path_or_dir: PathLike, task, hidden: Sequence[int], normaliz
     where = str(Path(os.fspath(path_or_dir)))
     spec = task.spec()
     model, robot = task.model, meta["robot"]
-    if list(robot["joint_names"]) != list(model.joint_names) or bool(robot["floating_base"]) != bool(model.floating_base):
-        raise CheckpointError(f"{where}: made for robot '{robot['name']}' (joints {list(robot['joint_names'])}, "
-                              f"floating_base {robot['floating_base']}); this run trains '{model.name}' (joints "
-                              f"{list(model.joint_names)}, floating_base {model.floating_base})")
+    check_compatible(meta, model, where=where, same_urdf=False)
     act = list(task.sim.actuated_joints)
     if list(robot["actuated_joints"]) != act:
         raise CheckpointError(f"{where}: its actions drive {list(robot['actuated_joints'])}; this run's drive {act} "

@@ -108,8 +108,9 @@ def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
         return src
     from ..config import ConfigError, package_share, resolve_urdf
 
-    trained = (meta.get("config") or {}).get("urdf") if isinstance(meta.get("config"), dict) else None
-    if isinstance(trained, str) and trained.strip():
+    trained = meta["config"].get("urdf") if isinstance(meta.get("config"), dict) else None
+    trained = trained.strip() if isinstance(trained, str) and trained.strip() else None
+    if trained is not None:
         try:
             return str(resolve_urdf({"urdf": trained}, where))
         except ConfigError:
@@ -119,7 +120,7 @@ def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
         cand = share / "urdf" / Path(src).name
         if cand.is_file():
             return str(cand)
-    shown = f"'{src}'" + (f", trained from '{trained}'" if isinstance(trained, str) and trained.strip() else "")
+    shown = f"'{src}'" + (f", trained from '{trained}'" if trained is not None else "")
     raise CheckpointError(f"{where}: the URDF it was trained on ({shown}) is not on this machine; pass the "
                           "robot's URDF (a path or the robot_description XML)")
 
