@@ -18,7 +18,9 @@ under /tmp, which a reboot clears).
 """
 from __future__ import annotations
 
+import itertools
 import os
+import types
 from typing import Optional
 
 import torch
@@ -28,8 +30,27 @@ from .pipeline import batch_action, guard, step as pure_step
 from .state import State
 from .system import System
 
+_INPUTS = frozenset(("q", "v", "actuator", "delay", "t", "action"))
+_SERIAL = itertools.count()
 VECTOR_BATCH = 8     # from this many environments on, the CPU kernels are vectorised
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "diffsim_ros", "torchinductor")
+
+
+def _input_guards(entries):
+    """Dynamo's guards to keep: those on the step's inputs (shape, dtype, device, strides,
+    requires_grad) and on the global state (grad mode and the like). The ones on the captured
+    System (a few hundred: every tensor's metadata, every constant) and on the modules'
+    globals are dropped: each CompiledStep compiles its own copy of the step function for
+    one frozen System, so they cannot fail, and checking them cost a fifth of a step at
+    one environment."""
+    return [e.name == "" or e.name.split(".")[0].split("[")[0] in _INPUTS for e in entries]
+
+
+def _own_copy(fn):
+    """``fn`` with a code object of its own: Dynamo keeps compiled graphs per code object,
+    so two CompiledSteps (two systems) never share, or pick from, each other's graphs."""
+    code = fn.__code__.replace(co_name="%s_%d" % (fn.__code__.co_name, next(_SERIAL)))
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 def _persistent_cache() -> None:
@@ -58,11 +79,13 @@ class CompiledStep:
             finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
             return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite
 
-        self._flat = flat
+        self._flat = _own_copy(flat)
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
         # which at one environment halves what is left of the per-call overhead.
         self._cpu = sys.model.device.type == "cpu"
-        self._options = {"cpp_wrapper": True} if cpp_wrapper and self._cpu else {}
+        self._options = {"guard_filter_fn": _input_guards}
+        if cpp_wrapper and self._cpu:
+            self._options["cpp_wrapper"] = True
         self._fns = {}
 
     def _compiled(self, batch: int):

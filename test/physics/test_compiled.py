@@ -80,3 +80,37 @@ def _compare(model, cfg, q0, action):
     bad[1, 0] = float("nan")
     with pytest.raises(physics.SimulationError, match=r"non-finite action in environment 1 \(entries \[0\]\)"):
         compiled.step(sc, bad.requires_grad_(True))
+
+
+PENDULUM = """<robot name="pendulum">
+  <link name="base"/>
+  <link name="rod"><inertial><origin xyz="0 0 -0.5"/><mass value="1"/>
+    <inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
+  <joint name="hinge" type="revolute"><parent link="base"/><child link="rod"/><axis xyz="0 1 0"/>
+    <limit lower="-3" upper="3" effort="10" velocity="10"/></joint>
+</robot>"""
+
+
+def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path):
+    """Two systems that differ only in values (a link mass; the gravity and the step, which the
+    graph holds as constants) compile to graphs of the same signature; each CompiledStep keeps its own (it guards on its inputs only), so
+    each must follow its own eager step, whichever compiled first."""
+    path = tmp_path / "pendulum.urdf"
+    path.write_text(PENDULUM)
+    model = physics.load_urdf(str(path), dtype=torch.float64)
+    cfg = physics.SimConfig(dt=1e-2, ground=False, actuator="effort")
+    heavy = physics.Simulator(model, cfg).system
+    heavy = heavy.replace(model=heavy.model.replace(mass=heavy.model.mass * 3.0))
+    light = physics.Simulator(model, dataclasses.replace(cfg, gravity=(0.0, 0.0, -1.62), dt=2e-2)).system
+    q0 = torch.tensor([[0.7], [-0.3]], dtype=torch.float64)
+    tau = torch.tensor([[0.5], [-0.2]], dtype=torch.float64)
+    finals = []
+    for sys in (heavy, light):
+        compiled, eager = physics.Simulator(sys, compile=True), physics.Simulator(sys)
+        sc = se = eager.initial_state(q0)
+        for _ in range(5):
+            sc, se = compiled.step(sc, tau), eager.step(se, tau)
+        torch.testing.assert_close(sc.q, se.q, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(sc.v, se.v, rtol=1e-9, atol=1e-12)
+        finals.append(se.v)
+    assert float((finals[0] - finals[1]).abs().max()) > 1e-3      # the two systems do differ
