@@ -41,8 +41,9 @@ def _input_guards(entries):
     requires_grad) and on the global state (grad mode and the like). The ones on the captured
     System (a few hundred: every tensor's metadata, every constant) and on the modules'
     globals are dropped: each CompiledStep compiles its own copy of the step function for
-    one frozen System, so they cannot fail, and checking them cost a fifth of a step at
-    one environment."""
+    one frozen System, so they hold as long as nobody patches diffsim_ros's modules or mutates
+    the System's tensors in place (neither is supported: ``sys.replace`` and a new
+    CompiledStep are), and checking them cost a fifth of a step at one environment."""
     return [e.name == "" or e.name.split(".")[0].split("[")[0] in _INPUTS for e in entries]
 
 
