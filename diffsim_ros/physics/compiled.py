@@ -30,21 +30,24 @@ from .pipeline import batch_action, guard, step as pure_step
 from .state import State
 from .system import System
 
-_INPUTS = frozenset(("q", "v", "actuator", "delay", "t", "action"))
 _SERIAL = itertools.count()
 VECTOR_BATCH = 8     # from this many environments on, the CPU kernels are vectorised
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "diffsim_ros", "torchinductor")
 
 
-def _input_guards(entries):
-    """Dynamo's guards to keep: those on the step's inputs (shape, dtype, device, strides,
-    requires_grad) and on the global state (grad mode and the like). The ones on the captured
-    System (a few hundred: every tensor's metadata, every constant) and on the modules'
-    globals are dropped: each CompiledStep compiles its own copy of the step function for
-    one frozen System, so they hold as long as nobody patches diffsim_ros's modules or mutates
-    the System's tensors in place (neither is supported: ``sys.replace`` and a new
+def _input_guards(fn):
+    """The guard filter for Dynamo that keeps the guards on ``fn``'s arguments (shape, dtype,
+    device, strides, requires_grad) and on the global state (grad mode and the like). The ones on
+    the captured System (a few hundred: every tensor's metadata, every constant) and on the
+    modules' globals are dropped: each CompiledStep compiles its own copy of the step function
+    for one frozen System, so they hold as long as nobody patches diffsim_ros's modules or
+    mutates the System's tensors in place (neither is supported: ``sys.replace`` and a new
     CompiledStep are), and checking them cost a fifth of a step at one environment."""
-    return [e.name == "" or e.name.split(".")[0].split("[")[0] in _INPUTS for e in entries]
+    inputs = frozenset(fn.__code__.co_varnames[:fn.__code__.co_argcount])
+
+    def keep(entries):
+        return [e.name == "" or e.name.split(".")[0].split("[")[0] in inputs for e in entries]
+    return keep
 
 
 def _own_copy(fn):
@@ -84,7 +87,7 @@ class CompiledStep:
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
         # which at one environment halves what is left of the per-call overhead.
         self._cpu = sys.model.device.type == "cpu"
-        self._options = {"guard_filter_fn": _input_guards}
+        self._options = {"guard_filter_fn": _input_guards(self._flat)}
         if cpp_wrapper and self._cpu:
             self._options["cpp_wrapper"] = True
         self._fns = {}

@@ -93,8 +93,9 @@ PENDULUM = """<robot name="pendulum">
 
 def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path):
     """Two systems that differ only in values (a link mass; the gravity and the step, which the
-    graph holds as constants) compile to graphs of the same signature; each CompiledStep keeps its own (it guards on its inputs only), so
-    each must follow its own eager step, whichever compiled first."""
+    graph holds as constants) compile to graphs of the same signature; each CompiledStep keeps
+    its own (it guards on its inputs only), so each must follow its own eager step, whichever
+    compiled first."""
     path = tmp_path / "pendulum.urdf"
     path.write_text(PENDULUM)
     model = physics.load_urdf(str(path), dtype=torch.float64)
