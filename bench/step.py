@@ -162,6 +162,26 @@ def bench_compiled(case: Case, batch: int, seconds: float):
     return rate(forward, k_f * batch, seconds), rate(forward_backward, k_b * batch, seconds), t_f, t_b
 
 
+def bench_exported(case: Case, batch: int, seconds: float):
+    """fwd steps/s of the ahead-of-time compiled step (physics.compiled.ExportedStep), and the
+    seconds its first call took (export, and the library's build or load from the cache)."""
+    from diffsim_ros.physics.compiled import ExportedStep
+
+    step = ExportedStep(case.sim.system)
+    state0 = case.sim.initial_state(case.q0.expand(batch, -1).clone())
+    action = case.action.expand(batch, -1).clone()
+    k_f = steps_for(batch, True)
+
+    def forward():
+        with torch.no_grad():
+            s = state0
+            for _ in range(k_f):
+                s = step(s, action)
+    t0 = time.perf_counter()
+    forward()
+    return rate(forward, k_f * batch, seconds), time.perf_counter() - t0
+
+
 def mjx_python(choice):
     """An interpreter that imports mujoco.mjx and jax: --mjx-python, $DIFFSIM_MJX_PYTHON, or this one."""
     import subprocess
@@ -468,17 +488,21 @@ def main(argv=None) -> int:
                 fwd_bwd / fd_rates[case.name], mjx_txt))
             sys.stdout.flush()
             if batch in compile_batches:
-                compiled_rows.append((case.name, batch, fwd, fwd_bwd, mj) + bench_compiled(case, batch, seconds))
+                compiled_rows.append((case.name, batch, fwd, fwd_bwd, mj) + bench_compiled(case, batch, seconds)
+                                     + bench_exported(case, batch, seconds) + (mjx.get(case.name, {}).get(batch),))
     if compiled_rows:
         log("")
-        log("torch.compile'd step (physics.compiled.CompiledStep, Inductor with its C++ wrapper):")
+        log("torch.compile'd step (physics.compiled.CompiledStep, Inductor with its C++ wrapper) and the forward "
+            "step compiled ahead of time (physics.compiled.ExportedStep, torch.export + AOTInductor):")
         log("| model | batch | compiled fwd steps/s | compiled fwd+bwd steps/s | per step fwd / fwd+bwd (ms) "
-            "| vs eager fwd / fwd+bwd | fwd / MuJoCo | first calls fwd / fwd+bwd (s) |")
-        log("|---|---|---|---|---|---|---|---|")
-        for name, batch, fwd, fwd_bwd, mj, cf, cb, tf, tb in compiled_rows:
-            log("| %s | %d | %s | %s | %.3f / %.3f | %.3gx / %.3gx | %.3g | %.0f / %.0f |" % (
-                name, batch, fmt(cf), fmt(cb), 1e3 * batch / cf, 1e3 * batch / cb, cf / fwd, cb / fwd_bwd, cf / mj,
-                tf, tb))
+            "| vs eager fwd / fwd+bwd | exported fwd steps/s | exported per step (ms) | exported fwd / MuJoCo "
+            "| exported fwd / MJX fwd | compiled fwd+bwd / MJX grad | first calls fwd / fwd+bwd / exported (s) |")
+        log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name, batch, fwd, fwd_bwd, mj, cf, cb, tf, tb, xf, tx, peer in compiled_rows:
+            vs_mjx = ("%.3g | %.3g" % (xf / peer["fwd"], cb / peer["grad"])) if peer else "- | -"
+            log("| %s | %d | %s | %s | %.3f / %.3f | %.3gx / %.3gx | %s | %.3f | %.3g | %s | %.0f / %.0f / %.0f |" % (
+                name, batch, fmt(cf), fmt(cb), 1e3 * batch / cf, 1e3 * batch / cb, cf / fwd, cb / fwd_bwd, fmt(xf),
+                1e3 * batch / xf, xf / mj, vs_mjx, tf, tb, tx))
     log("")
     log("load average (1, 5, 15 min) at the end: %.2f %.2f %.2f on %s CPUs (other processes distort the figures)"
         % (os.getloadavg() + (os.cpu_count(),)))

@@ -40,7 +40,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 from .model import Model
-from .spatial import _hamilton_table, kept_in, process_constant, skew
+from .spatial import _hamilton_table, kept_in, process_constant, skew, traced
 
 
 # ------------------------------------------------------------------- topology
@@ -102,7 +102,7 @@ SMALL_BATCH = 32     # below this many environments, prefer fewer, larger ops
 # A vector is (..., 3, B) or (..., 6, B); a matrix (..., n, m, B). Model constants
 # broadcast with a trailing dimension of 1.
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if max(a.shape[-1], b.shape[-1]) < SMALL_BATCH and not torch.compiler.is_compiling():
+    if max(a.shape[-1], b.shape[-1]) < SMALL_BATCH and not traced():
         # One kernel: at a small batch the step is bound by per-op overhead.
         return torch.linalg.cross(a, b, dim=-2)
     # Written out: over long batch rows this beats the strided kernel several times.
@@ -301,7 +301,7 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
     R, p = _joint_placements(model, q)
     if relative and model.joint_type[0] == "free":
         p = torch.cat((torch.zeros_like(p[0:1]), p[1:]), 0)
-    if q.shape[-1] < SMALL_BATCH and not torch.compiler.is_compiling():
+    if q.shape[-1] < SMALL_BATCH and not traced():
         return _chain_homogeneous(model, R, p)
     # Depth by depth: the bodies of one depth from their parents' poses in one product.
     Rw: List[torch.Tensor] = list(R.unbind(0))
@@ -527,7 +527,7 @@ def _gravity_acc(model: Model) -> torch.Tensor:
 
 def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:
     """Per-dof (nv, k, B) -> per-body (nb, k, B) sums."""
-    if torch.compiler.is_compiling():
+    if traced():
         # A product with the one-hot map, not a scatter: Inductor (torch 2.13, CPU, more than
         # one thread) failed to generate the atomic-add kernel of the scatters here.
         return (topo.dof_body.T @ x.reshape(x.shape[0], -1)).reshape((nb,) + x.shape[1:])
@@ -538,7 +538,7 @@ def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:
 def _of_dof(topo: _Topology, x: torch.Tensor) -> torch.Tensor:
     """Per-body (nb, k, B) -> per-dof (nv, k, B): each dof's body's value. Compiled, a product
     with the one-hot map, whose gradient is another product rather than a scatter-add."""
-    if torch.compiler.is_compiling():
+    if traced():
         return (topo.dof_body @ x.reshape(x.shape[0], -1)).reshape(topo.dof_body.shape[:1] + x.shape[1:])
     return x[topo.body_of_dof]
 
@@ -709,7 +709,7 @@ def solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     is bound by per-op overhead there). Many: Gauss-Jordan over the batch-last layout,
     whose elementwise kernels beat batched LAPACK calls on thousands of tiny systems (and
     fuse into a few kernels under torch.compile)."""
-    if A.shape[-1] <= CHOLESKY_MAX_BATCH and not torch.compiler.is_compiling():
+    if A.shape[-1] <= CHOLESKY_MAX_BATCH and not traced():
         L = torch.linalg.cholesky_ex(A.permute(2, 0, 1))[0]   # no raise: a NaN state is the NaN guard's to name
         return torch.cholesky_solve(b.T[..., None], L)[..., 0].T
     return _solve_spd(A, b)

@@ -15,13 +15,28 @@ eager step). Compiling costs about two minutes for a nine-joint arm on a two-cor
 the first time and ~10 s once the persistent cache holds it: ``TORCHINDUCTOR_CACHE_DIR``
 defaults here to ``~/.cache/diffsim_ros/torchinductor`` (Inductor's own default lies
 under /tmp, which a reboot clears).
+
+    step = ExportedStep(sys)              # forward only: the controller's prediction
+    state = step(state, action)
+
+:class:`ExportedStep` is the forward step compiled ahead of time (torch.export, then
+AOTInductor) into a shared library per batch shape, called from C++ with no tracing,
+guard or autograd wrapper in Python per call: at one environment the compiled step spends
+about as long in those wrappers as in its kernels. The libraries are kept on disk under
+``~/.cache/diffsim_ros/aoti``, keyed by the exported graph and the value of every constant
+in it (the system's tensors), so a changed system is a new library, never a stale one.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import logging
 import os
+import platform
+import tempfile
 import types
-from typing import Optional
+import warnings
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -112,3 +127,135 @@ class CompiledStep:
         if self.nan_check and not bool(finite):        # one host synchronisation; the guard names what
             guard(state, new, action, qdd)
         return new
+
+
+AOTI_DIR = os.path.join(os.path.expanduser("~"), ".cache", "diffsim_ros", "aoti")
+_STATE_FIELDS = ("q", "v", "actuator", "delay", "t")
+
+
+class _Forward(torch.nn.Module):
+    """The step as a module for torch.export: the System's tensors are constants of the graph;
+    inputs and outputs are the state's fields that exist (None ones are left out), then the
+    action; outputs end with qdd and the finite flag of the NaN guard."""
+
+    def __init__(self, sys: System, present: Tuple[bool, ...]):
+        super().__init__()
+        self.system, self.present = sys, present
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        fields = {f: (next(it) if p else None) for f, p in zip(_STATE_FIELDS, self.present)}
+        action = next(it)
+        new, data = pure_step(self.system, State(**fields), action)
+        parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
+        finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
+        outs = tuple(getattr(new, f) for f in _STATE_FIELDS)
+        return tuple(x for x in outs if x is not None) + (data.qdd, finite)
+
+
+def _fingerprint(program, batch: int) -> str:
+    """What decides the compiled library: the graph's code, every constant's value, the
+    torch version and the CPU's vector instruction set (the library is built for it)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    h = hashlib.sha256()
+    for part in (torch.__version__, platform.machine(), str(pick_vec_isa()), str(batch),
+                 program.graph_module.code):
+        h.update(part.encode())
+        h.update(b"\0")
+    for name, value in sorted(dict(program.constants, **program.state_dict).items()):
+        h.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            t = value.detach().to("cpu").contiguous()
+            h.update(("%s%s" % (t.dtype, tuple(t.shape))).encode())
+            h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()[:40]
+
+
+class _QuietISA(logging.Filter):
+    """Loading a library built without vector kernels (one environment) logs an instruction-set
+    'mismatch' that is by design; other records pass."""
+
+    def filter(self, record):
+        return "AOTI_CPU_ISA" not in record.getMessage()
+
+
+class ExportedStep:
+    """The forward step of a fixed :class:`System`, compiled ahead of time per batch shape
+    (torch.export + AOTInductor): the same results as the compiled step, without its
+    per-call Python (the controller's prediction at one environment). No gradient: inputs
+    that require grad with grad mode on are refused (use :class:`CompiledStep` or the eager
+    step). The first call for a shape exports the step (seconds) and builds the library
+    (about 20 s for an arm on a two-core machine) or loads it from ``cache_dir``."""
+
+    def __init__(self, sys: System, nan_check: Optional[bool] = None, cache_dir: Optional[str] = None):
+        _persistent_cache()
+        self.system = sys
+        for model in (sys.model, sys.nominal):
+            model_constants(model)
+        self.nan_check = sys.config.nan_check if nan_check is None else nan_check
+        self.cache_dir = cache_dir or AOTI_DIR
+        self._runs: Dict[tuple, tuple] = {}
+        self.built = 0          # libraries built (not found in the cache) by this object
+
+    def _library(self, inputs, present):
+        key = (tuple(inputs[0].shape), inputs[0].dtype, inputs[0].device, present)
+        hit = self._runs.get(key)
+        if hit is None:
+            hit = self._runs[key] = self._load(inputs, present)
+        return hit
+
+    def _load(self, inputs, present):
+        batch = inputs[0][..., 0].numel()
+        with torch.no_grad():
+            program = torch.export.export(_Forward(self.system, present), tuple(inputs), strict=False)
+        path = os.path.join(self.cache_dir, _fingerprint(program, batch) + ".pt2")
+        runner = None
+        if os.path.exists(path):
+            try:
+                runner = _load_package(path)
+            except Exception as exc:                   # a truncated or foreign file: build it again
+                warnings.warn(f"ExportedStep: {path} could not be loaded ({exc}); building it again")
+        if runner is None:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            options = {"cpp.simdlen": 1} if inputs[0].device.type == "cpu" and batch < VECTOR_BATCH else {}
+            fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=self.cache_dir)
+            os.close(fd)
+            try:
+                torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=options)
+                os.replace(tmp, path)                  # whole or not at all, for a concurrent reader
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            self.built += 1
+            runner = _load_package(path)
+        return runner.loader
+
+    def __call__(self, state: State, action) -> State:
+        action = batch_action(self.system, state, action)
+        fields = [getattr(state, f) for f in _STATE_FIELDS]
+        if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in fields + [action]):
+            raise RuntimeError("ExportedStep computes no gradient: its inputs require grad; step with "
+                               "CompiledStep (Simulator(..., compile=True)) or the eager Simulator instead")
+        present = tuple(x is not None for x in fields)
+        inputs = [x.contiguous() for x in fields if x is not None] + [action.contiguous()]
+        loader = self._library(inputs, present)
+        outs = iter(loader.run(inputs))
+        new = State(**{f: (next(outs) if p else None) for f, p in zip(_STATE_FIELDS, present)})
+        qdd, finite = next(outs), next(outs)
+        if self.nan_check and not bool(finite):
+            guard(state, new, action, qdd)
+        return new
+
+
+def _load_package(path: str):
+    quiet = _QuietISA()
+    log = logging.getLogger("torch.export.pt2_archive._package")
+    log.addFilter(quiet)
+    try:
+        with warnings.catch_warnings():        # torch's own deprecation notice while it unpickles the call spec
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            return torch._inductor.aoti_load_package(path)
+    finally:
+        log.removeFilter(quiet)

@@ -188,8 +188,11 @@ def batch_action(sys: System, state: State, action) -> torch.Tensor:
     """The action as a tensor of the state's dtype and device, expanded to its batch; a wrong
     last dimension is a ValueError naming the interface."""
     q = state.q
-    action = torch.as_tensor(action, dtype=q.dtype, device=q.device)
     na = sys.action_dim
+    if (isinstance(action, torch.Tensor) and action.shape[:-1] == q.shape[:-1] and action.shape[-1] == na
+            and action.dtype == q.dtype and action.device == q.device):
+        return action                   # already the batch's (a view costs microseconds at one environment)
+    action = torch.as_tensor(action, dtype=q.dtype, device=q.device)
     if action.shape[-1] != na:
         raise ValueError(f"action has last dimension {action.shape[-1]}, the '{sys.config.actuator}' interface "
                          f"of this simulator expects {na}")

@@ -52,16 +52,24 @@ __all__ = ["ACTUATORS", "INTEGRATORS", "ConfigError", "RotorConfig", "Rotors", "
 class Simulator:
     """Batched differentiable simulator over a :class:`Model` (or a ready :class:`System`)."""
 
-    def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None, compile: bool = False):
-        """compile: step through :class:`~diffsim_ros.physics.compiled.CompiledStep` (torch.compile;
-        minutes the first time, then cached; ``last_data`` stays None)."""
+    def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None,
+                 compile: Union[bool, str] = False):
+        """compile: True steps through :class:`~diffsim_ros.physics.compiled.CompiledStep`
+        (torch.compile; minutes the first time, then cached; differentiable); ``"aot"`` through
+        :class:`~diffsim_ros.physics.compiled.ExportedStep` (compiled ahead of time, forward
+        only, the fastest at one environment). Either way ``last_data`` stays None."""
         if isinstance(model, System):
             self.system = model
         else:
             self.system = build_system(model, config)
         self.last_data: Optional[Data] = None
         self._compiled = None
-        if compile:
+        if compile not in (False, True, "aot"):
+            raise ValueError(f"compile must be False, True or 'aot', not {compile!r}")
+        if compile == "aot":
+            from .compiled import ExportedStep
+            self._compiled = ExportedStep(self.system)
+        elif compile:
             from .compiled import CompiledStep
             self._compiled = CompiledStep(self.system)
 

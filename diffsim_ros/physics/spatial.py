@@ -10,6 +10,8 @@ Naming follows *Rigid Body Dynamics Algorithms*: ``X`` a 6x6 motion transform,
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -68,9 +70,26 @@ def kept_in(store: dict, key, make):
     table again inside every graph."""
     value = store.get(key)
     if value is None:
-        with torch.inference_mode(False):
+        with torch.inference_mode(False), _real_tensors():
             value = store[key] = make()
     return value
+
+
+def traced() -> bool:
+    """Whether the step is being traced into one graph (torch.compile, or torch.export for the
+    ahead-of-time compiled step): the branches that suit eager execution (host-side selection,
+    small-batch kernels) give way to ones without host synchronisation."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _real_tensors():
+    """Under torch.export's tracing (non-strict: Python runs with fake tensors), a table made
+    for the store must still be a real tensor: the export takes it as a constant, and a later
+    eager caller reads the same entry. Outside an export this does nothing."""
+    if torch.compiler.is_exporting():
+        from torch.utils._python_dispatch import _disable_current_modes
+        return _disable_current_modes()
+    return contextlib.nullcontext()
 
 
 def process_constant(key: tuple, make):

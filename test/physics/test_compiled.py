@@ -1,15 +1,20 @@
 """The compiled step (torch.compile) against the eager step it compiles: states over a
 rollout and gradients through it, on the quadrotor (free flight, CTBR, motor lag, drag,
-ground contact) and on the project's arm with ground contact and implicit PD.
+ground contact) and on the project's arm with ground contact and implicit PD; the step
+compiled ahead of time (ExportedStep) against the eager one, and its library cache.
 Compiling takes a minute or two per model the first time (cached after)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import random
+import warnings
 
 import pytest
 import torch
 
 from diffsim_ros import config, physics
+from diffsim_ros.physics.compiled import ExportedStep
 
 from conftest import PROJECT_URDFS, REPO_ROOT
 
@@ -115,3 +120,89 @@ def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path):
         torch.testing.assert_close(sc.v, se.v, rtol=1e-9, atol=1e-12)
         finals.append(se.v)
     assert float((finals[0] - finals[1]).abs().max()) > 1e-3      # the two systems do differ
+
+
+def _pendulum_systems(tmp_path, rng):
+    path = tmp_path / "pendulum.urdf"
+    path.write_text(PENDULUM)
+    model = physics.load_urdf(str(path), dtype=torch.float64)
+    cfg = physics.SimConfig(dt=rng.uniform(5e-3, 2e-2), ground=False, actuator="effort")
+    first = physics.Simulator(model, cfg).system
+    other = first.replace(model=first.model.replace(mass=first.model.mass * rng.uniform(1.5, 4.0)))
+    return first, other
+
+
+def _follow(step, sys, q0, tau, steps=5):
+    """Run ``step`` and the eager step side by side from q0; the eager final state."""
+    eager = physics.Simulator(sys)
+    sx = se = eager.initial_state(q0)
+    with torch.no_grad():
+        for _ in range(steps):
+            sx, se = step(sx, tau), eager.step(se, tau)
+    torch.testing.assert_close(sx.q, se.q, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(sx.v, se.v, rtol=1e-9, atol=1e-12)
+    return se
+
+
+def test_exported_step_keeps_one_library_per_system(tmp_path):
+    """ExportedStep's libraries are cached on disk by the exported graph and its constants'
+    values: two systems that differ in a drawn mass build two libraries, each following its
+    own eager step; a new ExportedStep of the first system loads its library (builds none) and
+    still follows it. Drawn: the step, the mass factor, the start and the torque."""
+    seed = int(os.environ.get("DIFFSIM_EXPORT_SEED", random.randrange(2 ** 31)))
+    print("DIFFSIM_EXPORT_SEED=%d" % seed)
+    rng = random.Random(seed)
+    first, other = _pendulum_systems(tmp_path, rng)
+    q0 = torch.tensor([[rng.uniform(-2, 2)]], dtype=torch.float64)
+    tau = torch.tensor([[rng.uniform(-3, 3)]], dtype=torch.float64)
+    cache = str(tmp_path / "aoti")
+    finals = []
+    for sys in (first, other):
+        step = ExportedStep(sys, cache_dir=cache)
+        finals.append(_follow(step, sys, q0, tau).v)
+        assert step.built == 1
+    assert len([f for f in os.listdir(cache) if f.endswith(".pt2")]) == 2
+    assert float((finals[0] - finals[1]).abs().max()) > 1e-6            # the two systems do differ
+    again = ExportedStep(first, cache_dir=cache)
+    _follow(again, first, q0, tau)
+    assert again.built == 0
+    # A damaged library (a truncated copy) is built again, with a warning naming it.
+    for name in os.listdir(cache):
+        with open(os.path.join(cache, name), "r+b") as f:
+            f.truncate(1000)
+    damaged = ExportedStep(first, cache_dir=cache)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _follow(damaged, first, q0, tau, steps=1)
+    assert damaged.built == 1
+    assert any("could not be loaded" in str(w.message) for w in caught)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_exported_step_matches_eager(case, tmp_path):
+    """The ahead-of-time compiled forward step follows the eager one over a rollout at one
+    environment (the controller's prediction) on the quadrotor (CTBR, motor lag, drag, contact)
+    and the arm (implicit PD, contact); it refuses inputs that need a gradient, and its NaN
+    flag lets the guard name a non-finite command."""
+    name, model, cfg, q0, action = case
+    sim = physics.Simulator(model, cfg)
+    step = ExportedStep(sim.system, cache_dir=str(tmp_path))
+    q, a = q0[-1:].clone(), action[-1:].clone()
+    eager = physics.Simulator(model, cfg)
+    se = sx = eager.initial_state(q)
+    with torch.no_grad():
+        for _ in range(8):
+            sx, se = step(sx, a), eager.step(se, a)
+    torch.testing.assert_close(sx.q, se.q, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(sx.v, se.v, rtol=1e-6, atol=1e-6)
+    if se.actuator is not None:
+        torch.testing.assert_close(sx.actuator, se.actuator, rtol=1e-8, atol=1e-8)
+    assert float((se.q - q).abs().max()) > 1e-4                         # it moved
+    with pytest.raises(RuntimeError, match="no gradient"):
+        step(se, a.clone().requires_grad_(True))
+    bad = a.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(physics.SimulationError, match=r"non-finite action in environment 0 \(entries \[0\]\)"):
+        with torch.no_grad():
+            step(se, bad)

@@ -19,6 +19,7 @@ import torch
 
 from ..algorithms import joint_forces, joint_space_inertia, solve_spd
 from ..kinematics import Kinematics
+from ..spatial import traced
 from ..system import System
 
 
@@ -35,7 +36,7 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
     m = sys.model
     I = kin.inertia(m)
     blocks = I if damping is None else I.add(damping, alpha=h)
-    compiled = torch.compiler.is_compiling()
+    compiled = traced()
     if normal_blocks is not None:
         k2 = 2.0 * sys.contact_stiffness
         blocks = blocks.addcmul(normal_blocks, h * sys.contact_damping + h * h * k2)

@@ -26,6 +26,7 @@ import torch
 
 from ..algorithms import _cross, _mm, _mv, _skew
 from ..kinematics import Kinematics
+from ..spatial import traced
 from ..system import System
 
 
@@ -52,7 +53,9 @@ def _to_bodies(nb: int, gb: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Per-group (Gs, k, B) -> per-body (nb, k, B) sums, as one product with a one-hot matrix
     (an index_add here, in one graph with the joint-space scatters, was miscompiled by
     Inductor on the CPU, torch 2.13)."""
-    onehot = torch.nn.functional.one_hot(gb, nb).to(x.dtype)                        # (Gs, nb)
+    # A comparison rather than one_hot, which checks the indices' range on the host (a
+    # data-dependent read that graph capture cannot trace).
+    onehot = (gb[:, None] == torch.arange(nb, device=gb.device)).to(x.dtype)       # (Gs, nb)
     return (onehot.T @ x.reshape(x.shape[0], -1)).reshape((nb,) + x.shape[1:])
 
 
@@ -98,7 +101,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     if cs.n == 0 or not (cfg.ground or pairs):
         return Contact(torch.zeros(m.nb, 6, B, dtype=dt, device=dev), None, None, None, None)
     if select is None:
-        select = dev.type == "cpu" and not torch.compiler.is_compiling()
+        select = dev.type == "cpu" and not traced()
     groups = None
     gb, local, radius, valid = cs.group_body, cs.group_local, cs.group_radius, cs.group_valid
     if select and cfg.ground and not pairs:
