@@ -7,8 +7,9 @@
    clamp) without and with the prediction (one ``Simulator.step``), batch 1, float64,
    one torch thread; p50 and p99 over repeated calls.
 2. **State to command over DDS**: this process publishes ``nav_msgs/Odometry`` on
-   ``/odom`` at 100, 250 and 500 Hz (a wall timer), with the send time (monotonic ns)
-   in ``header.stamp``. ``policy_controller`` (the console script, a separate process,
+   ``/odom`` at 100, 250 and 500 Hz (a wall timer), with the send time (wall-clock ns; the
+   controller refuses stamps far from its clock) in ``header.stamp`` and the frames it
+   requires (world, base_link). ``policy_controller`` (the console script, a separate process,
    ``lockstep: true``, ``predict_every: 0``) computes one command per state and
    publishes ``/diffsim/command`` whose label is that stamp; the latency is receive time
    minus send time. A deadline is missed when a command arrives later than one period
@@ -113,7 +114,7 @@ def measure(rate: float, seconds: float, domain: int):
     got = {}
 
     def on_cmd(m):
-        t = time.monotonic_ns()
+        t = time.time_ns()
         try:
             got[int(m.layout.dim[0].label)] = t
         except (IndexError, ValueError):
@@ -127,11 +128,12 @@ def measure(rate: float, seconds: float, domain: int):
             and time.monotonic() < end:
         ex.spin_once(timeout_sec=0.05)
     msg = Odometry()
+    msg.header.frame_id, msg.child_frame_id = "world", "base_link"   # the frames the controller requires
     msg.pose.pose.position.z = 1.0
     msg.pose.pose.orientation.w = 1.0
 
     def send():
-        ns = time.monotonic_ns()
+        ns = time.time_ns()
         msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(ns, 1_000_000_000)
         sent[ns] = True
         pub.publish(msg)

@@ -223,7 +223,9 @@ class ExportedStep:
             fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=self.cache_dir)
             os.close(fd)
             try:
-                torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=options)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+                    torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=options)
                 os.replace(tmp, path)                  # whole or not at all, for a concurrent reader
             finally:
                 if os.path.exists(tmp):
