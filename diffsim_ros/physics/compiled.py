@@ -196,7 +196,7 @@ class ExportedStep:
             model_constants(model)
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
         self.cache_dir = cache_dir or AOTI_DIR
-        self._runs: Dict[tuple, tuple] = {}
+        self._runs: Dict[tuple, object] = {}   # (shape, dtype, device, fields present) -> library's loader
         self.built = 0          # libraries built (not found in the cache) by this object
 
     def _library(self, inputs, present):

@@ -53,8 +53,8 @@ def _to_bodies(nb: int, gb: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Per-group (Gs, k, B) -> per-body (nb, k, B) sums, as one product with a one-hot matrix
     (an index_add here, in one graph with the joint-space scatters, was miscompiled by
     Inductor on the CPU, torch 2.13)."""
-    # A comparison rather than one_hot, which checks the indices' range on the host (a
-    # data-dependent read that graph capture cannot trace).
+    # A comparison rather than one_hot, which reads the indices' range back to the host (a
+    # synchronisation eagerly; a data-dependent read that make_fx's tracing refuses).
     onehot = (gb[:, None] == torch.arange(nb, device=gb.device)).to(x.dtype)       # (Gs, nb)
     return (onehot.T @ x.reshape(x.shape[0], -1)).reshape((nb,) + x.shape[1:])
 
