@@ -316,9 +316,16 @@ def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu
     dev = torch.device(device)
     if dev.type != "cpu":
         task = deploy._build_task(judged, where, model.to(device=dev))
-    params = {"urdf": deploy.resolve_urdf_source(meta, where), "floating_base": bool(meta["robot"]["floating_base"]),
-              "simulator": deploy._finite_floats(dict(meta["simulator"]))}
-    return task, _policy_fn(policy, dev), meta, params
+    return task, _policy_fn(policy, dev), meta, _standin_params(meta, where)
+
+
+def _standin_params(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """The parameters the MuJoCo stand-in reads from a checkpoint's metadata: the URDF resolved
+    on this machine, the floating base, the simulator section."""
+    from .learning import deploy
+
+    return {"urdf": deploy.resolve_urdf_source(meta, where), "floating_base": bool(meta["robot"]["floating_base"]),
+            "simulator": deploy._finite_floats(dict(meta["simulator"]))}
 
 
 def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEFAULT_EPISODES,
@@ -370,8 +377,8 @@ def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32,
 
     if episodes < 1:
         raise EvalError(f"episodes must be at least 1, got {episodes}")
-    _, _, meta, params = load_checkpoint_task(checkpoint)
-    runner = PolicyRunner(checkpoint)
+    runner = PolicyRunner(checkpoint)             # validated: another robot's checkpoint is refused
+    meta, params = runner.meta, _standin_params(runner.meta, os.fspath(checkpoint))
     task = runner.task
     with torch.no_grad():
         ts = task.reset(episodes, torch.Generator().manual_seed(seed))
