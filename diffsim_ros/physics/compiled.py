@@ -42,6 +42,7 @@ import torch
 
 from .algorithms import model_constants
 from .pipeline import batch_action, guard, step as pure_step
+from .stages.contact import _near_groups
 from .state import State
 from .system import System
 
@@ -81,14 +82,26 @@ def _persistent_cache() -> None:
 class CompiledStep:
     """``Simulator.step`` for a fixed :class:`System`, compiled; with ``nan_check`` the graph
     also returns whether everything is finite (one host synchronisation), and only a
-    non-finite step runs the eager guard that names the environment and quantity."""
+    non-finite step runs the eager guard that names the environment and quantity.
 
-    def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True):
+    From VECTOR_BATCH environments on, with ground contact, one semi-implicit substep per step
+    and no self-collision pairs, the step evaluates only the contact point groups that can
+    reach the ground, as the eager step does, exactly: the graph also returns which groups'
+    bounding spheres reach the ground at the step's start (where the contact is evaluated);
+    the first step at a batch runs every group, later ones a graph of the groups seen near
+    so far, and a step that finds another group near is run again with every group (the set
+    grows by it). One graph per set of groups, each compiled on first use."""
+
+    def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True,
+                 watch: Optional[System] = None):
+        """watch: the full system whose groups' nearness the graph reports (given to the
+        graphs of a subset of the groups; see the class doc)."""
         _persistent_cache()
         self.system = sys
         for model in (sys.model, sys.nominal):
             model_constants(model)
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
+        watched = watch
 
         def flat(q, v, actuator, delay, t, action):
             new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t), action)
@@ -96,7 +109,8 @@ class CompiledStep:
             # everything is finite exactly when every entry is.
             parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
             finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
-            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite
+            near = None if watched is None else _near_groups(watched, data.kin)
+            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite, near
 
         self._flat = _own_copy(flat)
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
@@ -106,6 +120,12 @@ class CompiledStep:
         if cpp_wrapper and self._cpu:
             self._options["cpp_wrapper"] = True
         self._fns = {}
+        cfg, cs = sys.config, sys.contact
+        self._subsets = (watch is None and cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1
+                         and cs.n > 0 and cs.pairs.numel() == 0)
+        self._near: Dict[tuple, tuple] = {}          # batch shape class -> groups seen near (None: none yet)
+        self._by_groups: Dict[Optional[tuple], "CompiledStep"] = {}
+        self.reruns = 0                              # steps run again with every group (a group came near)
 
     def _compiled(self, batch: int):
         """The compiled function for this batch size's class. The batch is the innermost
@@ -119,10 +139,36 @@ class CompiledStep:
             fn = self._fns[small] = torch.compile(self._flat, fullgraph=True, dynamic=False, options=options)
         return fn
 
+    def _run(self, state: State, action):
+        return self._compiled(state.q[..., 0].numel())(state.q, state.v, state.actuator, state.delay, state.t,
+                                                        action)
+
+    def _graph_of(self, groups: Optional[tuple]) -> "CompiledStep":
+        """The step over the contact groups ``groups`` (None: all), reporting every group's nearness."""
+        hit = self._by_groups.get(groups)
+        if hit is None:
+            sys = self.system if groups is None else self.system.replace(contact=self.system.contact.subset(groups))
+            hit = self._by_groups[groups] = CompiledStep(sys, self.nan_check, "cpp_wrapper" in self._options,
+                                                         watch=self.system)
+        return hit
+
     def __call__(self, state: State, action) -> State:
         action = batch_action(self.system, state, action)
-        fn = self._compiled(state.q[..., 0].numel())
-        nq, nv, act, delay, t, qdd, finite = fn(state.q, state.v, state.actuator, state.delay, state.t, action)
+        batch = state.q[..., 0].numel()
+        if self._subsets and batch >= VECTOR_BATCH:
+            key = tuple(state.q.shape)
+            groups = self._near.get(key)
+            out = self._graph_of(groups)._run(state, action)
+            near = set(torch.nonzero(out[7]).flatten().tolist())         # the step's one host synchronisation
+            if groups is not None and not near <= set(groups):
+                self.reruns += 1                                          # a group outside the graph's set came near
+                out = self._graph_of(None)._run(state, action)
+            seen = tuple(sorted(near | set(groups or ())))
+            # Every group: the full graph (already compiled), not a copy of it under another key.
+            self._near[key] = None if len(seen) == self.system.contact.group_valid.shape[0] else seen
+        else:
+            out = self._run(state, action)
+        nq, nv, act, delay, t, qdd, finite, _ = out
         new = State(q=nq, v=nv, actuator=act, delay=delay, t=t)
         if self.nan_check and not bool(finite):        # one host synchronisation; the guard names what
             guard(state, new, action, qdd)

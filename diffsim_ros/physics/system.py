@@ -57,6 +57,24 @@ class ContactSet:
     def n(self) -> int:
         return int(self.body.numel())
 
+    def subset(self, groups) -> "ContactSet":
+        """The contact set of the point groups ``groups`` (indices into the grouped layout, in
+        order) and their points; no self-collision pairs. What the compiled step evaluates
+        when the other groups cannot reach the ground (physics.compiled)."""
+        if self.pairs.numel():
+            raise ValueError("a subset of a contact set with self-collision pairs is not defined")
+        dev = self.body.device
+        G, S = self.group_valid.shape
+        index = torch.tensor(list(groups), dtype=torch.long, device=dev)
+        slot = {int(g) * S + k: i * S + k for i, g in enumerate(index.tolist()) for k in range(S)}
+        points = [p for p, f in enumerate(self.flat_index.tolist()) if f in slot]
+        keep = torch.tensor(points, dtype=torch.long, device=dev)
+        flat = torch.tensor([slot[f] for f in self.flat_index[keep].tolist()], dtype=torch.long, device=dev)
+        return ContactSet(self.body[keep], self.local[keep], self.radius[keep], self.pairs,
+                          *(x.index_select(0, index) for x in (self.group_body, self.group_local, self.group_radius,
+                                                               self.group_valid, self.group_center,
+                                                               self.group_reach)), flat)
+
 
 def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
     """Group the flat points by body, at most S per group (S = 8, a box's corners, or fewer
