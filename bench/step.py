@@ -495,14 +495,16 @@ def main(argv=None) -> int:
         log("torch.compile'd step (physics.compiled.CompiledStep, Inductor with its C++ wrapper) and the forward "
             "step compiled ahead of time (physics.compiled.ExportedStep, torch.export + AOTInductor):")
         log("| model | batch | compiled fwd steps/s | compiled fwd+bwd steps/s | per step fwd / fwd+bwd (ms) "
-            "| vs eager fwd / fwd+bwd | exported fwd steps/s | exported per step (ms) | exported fwd / MuJoCo "
+            "| vs eager fwd / fwd+bwd | compiled fwd / MuJoCo | compiled fwd+bwd / MuJoCo | exported fwd steps/s "
+            "| exported per step (ms) | exported fwd / MuJoCo "
             "| exported fwd / MJX fwd | compiled fwd+bwd / MJX grad | first calls fwd / fwd+bwd / exported (s) |")
-        log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, batch, fwd, fwd_bwd, mj, cf, cb, tf, tb, xf, tx, peer in compiled_rows:
             vs_mjx = ("%.3g | %.3g" % (xf / peer["fwd"], cb / peer["grad"])) if peer else "- | -"
-            log("| %s | %d | %s | %s | %.3f / %.3f | %.3gx / %.3gx | %s | %.3f | %.3g | %s | %.0f / %.0f / %.0f |" % (
-                name, batch, fmt(cf), fmt(cb), 1e3 * batch / cf, 1e3 * batch / cb, cf / fwd, cb / fwd_bwd, fmt(xf),
-                1e3 * batch / xf, xf / mj, vs_mjx, tf, tb, tx))
+            log("| %s | %d | %s | %s | %.3f / %.3f | %.3gx / %.3gx | %.3g | %.3g | %s | %.3f | %.3g | %s "
+                "| %.0f / %.0f / %.0f |" % (
+                    name, batch, fmt(cf), fmt(cb), 1e3 * batch / cf, 1e3 * batch / cb, cf / fwd, cb / fwd_bwd,
+                    cf / mj, cb / mj, fmt(xf), 1e3 * batch / xf, xf / mj, vs_mjx, tf, tb, tx))
     log("")
     log("load average (1, 5, 15 min) at the end: %.2f %.2f %.2f on %s CPUs (other processes distort the figures)"
         % (os.getloadavg() + (os.cpu_count(),)))

@@ -7,7 +7,9 @@
 At one environment the eager step is bound by per-operation overhead; the compiled step
 is one graph (no host synchronisation: the contact stage evaluates every point group
 under compilation instead of selecting the near ones), which Inductor fuses into few
-kernels. (Contact sums reach the bodies through a one-hot product, not index_add: fused
+kernels. The graph holds the contact groups seen near the ground, checked after each
+step (see :class:`CompiledStep`): evaluating all of them cost half the step of an arm at
+4096 environments. (Contact sums reach the bodies through a one-hot product, not index_add: fused
 with the joint-space scatters, Inductor on the CPU miscompiled the latter; see
 stages/contact._to_bodies.) The system's tensors are constants of the graph: a changed
 parameter means a new ``CompiledStep`` (calibration and domain randomisation use the
@@ -84,24 +86,28 @@ class CompiledStep:
     also returns whether everything is finite (one host synchronisation), and only a
     non-finite step runs the eager guard that names the environment and quantity.
 
-    From VECTOR_BATCH environments on, with ground contact, one semi-implicit substep per step
-    and no self-collision pairs, the step evaluates only the contact point groups that can
-    reach the ground, as the eager step does, exactly: the graph also returns which groups'
-    bounding spheres reach the ground at the step's start (where the contact is evaluated);
-    the first step at a batch runs every group, later ones a graph of the groups seen near
+    With ground contact, one semi-implicit substep per step and no self-collision pairs, the
+    step evaluates only the contact point groups that can reach the ground, as the eager step
+    does, exactly: the graph also returns which groups' bounding spheres reach the ground at
+    the step's start (where the contact is evaluated) and whether one it left out does. The
+    first step at a batch shape runs every group, later ones a graph of the groups seen near
     so far, and a step that finds another group near is run again with every group (the set
-    grows by it). One graph per set of groups, each compiled on first use."""
+    grows by it). One graph per set of groups, each compiled on first use: a robot that
+    touches down with a new body compiles once more then."""
 
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True,
-                 watch: Optional[System] = None):
-        """watch: the full system whose groups' nearness the graph reports (given to the
-        graphs of a subset of the groups; see the class doc)."""
+                 watch: Optional[System] = None, groups: Optional[tuple] = None):
+        """watch: the full system whose groups' nearness the graph reports, ``groups`` those of
+        its groups ``sys`` holds (None: all); given to the graphs of the groups seen near."""
         _persistent_cache()
         self.system = sys
         for model in (sys.model, sys.nominal):
             model_constants(model)
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
         watched = watch
+        if watch is not None:       # the watched system's groups this one evaluates (all, or a subset's)
+            inside = torch.zeros(watch.contact.group_valid.shape[0], dtype=torch.bool, device=sys.model.device)
+            inside[list(groups) if groups is not None else slice(None)] = True
 
         def flat(q, v, actuator, delay, t, action):
             new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t), action)
@@ -109,8 +115,11 @@ class CompiledStep:
             # everything is finite exactly when every entry is.
             parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
             finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
-            near = None if watched is None else _near_groups(watched, data.kin)
-            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite, near
+            near = outside = None
+            if watched is not None:
+                near = _near_groups(watched, data.kin)
+                outside = (near & ~inside).any()           # a group this graph leaves out came near
+            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite, near, outside
 
         self._flat = _own_copy(flat)
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
@@ -149,26 +158,27 @@ class CompiledStep:
         if hit is None:
             sys = self.system if groups is None else self.system.replace(contact=self.system.contact.subset(groups))
             hit = self._by_groups[groups] = CompiledStep(sys, self.nan_check, "cpp_wrapper" in self._options,
-                                                         watch=self.system)
+                                                         watch=self.system, groups=groups)
         return hit
 
     def __call__(self, state: State, action) -> State:
         action = batch_action(self.system, state, action)
         batch = state.q[..., 0].numel()
-        if self._subsets and batch >= VECTOR_BATCH:
+        if self._subsets:
             key = tuple(state.q.shape)
             groups = self._near.get(key)
             out = self._graph_of(groups)._run(state, action)
-            near = set(torch.nonzero(out[7]).flatten().tolist())         # the step's one host synchronisation
-            if groups is not None and not near <= set(groups):
-                self.reruns += 1                                          # a group outside the graph's set came near
-                out = self._graph_of(None)._run(state, action)
-            seen = tuple(sorted(near | set(groups or ())))
-            # Every group: the full graph (already compiled), not a copy of it under another key.
-            self._near[key] = None if len(seen) == self.system.contact.group_valid.shape[0] else seen
+            if groups is None or bool(out[8]):                        # one host synchronisation
+                near = set(torch.nonzero(out[7]).flatten().tolist())
+                if groups is not None:
+                    self.reruns += 1                                  # run again with every group
+                    out = self._graph_of(None)._run(state, action)
+                seen = tuple(sorted(near | set(groups or ())))
+                # Every group: the full graph (already compiled), not a copy of it under another key.
+                self._near[key] = None if len(seen) == self.system.contact.group_valid.shape[0] else seen
         else:
             out = self._run(state, action)
-        nq, nv, act, delay, t, qdd, finite, _ = out
+        nq, nv, act, delay, t, qdd, finite = out[:7]
         new = State(q=nq, v=nv, actuator=act, delay=delay, t=t)
         if self.nan_check and not bool(finite):        # one host synchronisation; the guard names what
             guard(state, new, action, qdd)
