@@ -192,11 +192,14 @@ _STATE_FIELDS = ("q", "v", "actuator", "delay", "t")
 class _Forward(torch.nn.Module):
     """The step as a module for torch.export: the System's tensors are constants of the graph;
     inputs and outputs are the state's fields that exist (None ones are left out), then the
-    action; outputs end with qdd and the finite flag of the NaN guard."""
+    action; outputs end with qdd, the finite flag of the NaN guard and, where the step has
+    contact groups to choose (``watch``: the full system, ``inside``: the mask of its groups
+    ``sys`` holds), every group's nearness and whether one left out came near."""
 
-    def __init__(self, sys: System, present: Tuple[bool, ...]):
+    def __init__(self, sys: System, present: Tuple[bool, ...], watch: Optional[System] = None,
+                 inside: Optional[torch.Tensor] = None):
         super().__init__()
-        self.system, self.present = sys, present
+        self.system, self.present, self.watch, self.inside = sys, present, watch, inside
 
     def forward(self, *tensors):
         it = iter(tensors)
@@ -205,8 +208,11 @@ class _Forward(torch.nn.Module):
         new, data = pure_step(self.system, State(**fields), action)
         parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
         finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
-        outs = tuple(getattr(new, f) for f in _STATE_FIELDS)
-        return tuple(x for x in outs if x is not None) + (data.qdd, finite)
+        outs = tuple(x for x in (getattr(new, f) for f in _STATE_FIELDS) if x is not None) + (data.qdd, finite)
+        if self.watch is not None:
+            near = _near_groups(self.watch, data.kin)
+            outs += (near, (near & ~self.inside).any())
+        return outs
 
 
 def _fingerprint(program, batch: int) -> str:
@@ -252,20 +258,32 @@ class ExportedStep:
             model_constants(model)
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
         self.cache_dir = cache_dir or AOTI_DIR
-        self._runs: Dict[tuple, object] = {}   # (shape, dtype, device, fields present) -> library's loader
+        self._runs: Dict[tuple, object] = {}   # (shape, dtype, device, fields present, groups) -> loader
+        self._groups: Dict[tuple, Optional[tuple]] = {}     # (shape, ...) -> the groups its library holds
+        cfg, cs = sys.config, sys.contact
+        self._choose = (cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1 and cs.n > 0
+                        and cs.pairs.numel() == 0)
         self.built = 0          # libraries built (not found in the cache) by this object
+        self.reruns = 0         # steps run again with every contact group (a group left out came near)
 
-    def _library(self, inputs, present):
-        key = (tuple(inputs[0].shape), inputs[0].dtype, inputs[0].device, present)
+    def _library(self, inputs, present, groups):
+        key = (tuple(inputs[0].shape), inputs[0].dtype, inputs[0].device, present, groups)
         hit = self._runs.get(key)
         if hit is None:
-            hit = self._runs[key] = self._load(inputs, present)
+            hit = self._runs[key] = self._load(inputs, present, groups)
         return hit
 
-    def _load(self, inputs, present):
+    def _load(self, inputs, present, groups):
         batch = inputs[0][..., 0].numel()
+        sys, watch, inside = self.system, None, None
+        if self._choose:
+            watch = self.system
+            inside = torch.zeros(watch.contact.group_valid.shape[0], dtype=torch.bool, device=inputs[0].device)
+            inside[list(groups) if groups is not None else slice(None)] = True
+            if groups is not None:
+                sys = self.system.replace(contact=self.system.contact.subset(groups))
         with torch.no_grad():
-            program = torch.export.export(_Forward(self.system, present), tuple(inputs), strict=False)
+            program = torch.export.export(_Forward(sys, present, watch, inside), tuple(inputs), strict=False)
         path = os.path.join(self.cache_dir, _fingerprint(program, batch) + ".pt2")
         runner = None
         if os.path.exists(path):
@@ -298,8 +316,26 @@ class ExportedStep:
                                "CompiledStep (Simulator(..., compile=True)) or the eager Simulator instead")
         present = tuple(x is not None for x in fields)
         inputs = [x.contiguous() for x in fields if x is not None] + [action.contiguous()]
-        loader = self._library(inputs, present)
-        outs = iter(loader.run(inputs))
+        shape = (tuple(inputs[0].shape), inputs[0].dtype, inputs[0].device, present)
+        first = shape not in self._groups
+        groups = self._groups.get(shape)
+        outs = self._library(inputs, present, groups).run(inputs)
+        if self._choose:
+            if first:
+                # The groups near at the first state: their library is built now, so that a running
+                # controller never waits for one; a group left out coming near later switches
+                # this shape to the full library for good.
+                near = tuple(torch.nonzero(outs[-2]).flatten().tolist())
+                groups = self._groups[shape] = None if len(near) == self.system.contact.group_valid.shape[0] else near
+                if groups is not None:
+                    self._library(inputs, present, groups)
+            elif groups is not None and bool(outs[-1]):
+                self.reruns += 1
+                self._groups[shape] = None
+                outs = self._library(inputs, present, None).run(inputs)
+        else:
+            self._groups[shape] = None
+        outs = iter(outs)
         new = State(**{f: (next(outs) if p else None) for f, p in zip(_STATE_FIELDS, present)})
         qdd, finite = next(outs), next(outs)
         if self.nan_check and not bool(finite):

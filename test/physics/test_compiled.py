@@ -272,3 +272,23 @@ def test_compiled_step_at_a_batch_evaluates_the_near_groups_and_reruns_when_anot
     assert step.reruns >= 1 and set(step._near.values()) == {None}          # every group: the full graph
     assert set(step._by_groups) == {None, (1,)}
     assert float(se.v[:, 0].abs().max()) > 1e-3                           # the carriage's contact acted
+    # The exported (forward) step chooses its groups from the first state it sees: the rod's,
+    # whose library is built at once; the carriage coming near switches it to every group.
+    ex = ExportedStep(compiled.system, cache_dir=str(tmp_path / "aoti"))
+    one = tau[:1]
+
+    def follow(q0):
+        se = sx = eager.initial_state(q0, torch.zeros_like(q0))
+        with torch.no_grad():
+            for _ in range(3):
+                sx, se = ex(sx, one), eager.step(se, one)
+        torch.testing.assert_close(sx.q, se.q, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(sx.v, se.v, rtol=1e-7, atol=1e-8)
+        return se
+    top = high[:1].clone()
+    top[0, 1] = 0.0                                                       # hanging: 5 mm deep
+    follow(top)
+    assert list(ex._groups.values()) == [(1,)] and ex.built == 2 and ex.reruns == 0
+    se = follow(low[:1])
+    assert ex.reruns == 1 and list(ex._groups.values()) == [None] and ex.built == 2
+    assert float(se.v[:, 0].abs().max()) > 1e-3
