@@ -224,13 +224,13 @@ LIFT = """<robot name="lift">
 
 
 @pytest.mark.slow
-def test_compiled_step_at_a_batch_evaluates_the_near_groups_and_reruns_when_another_comes_near(tmp_path):
-    """From VECTOR_BATCH environments on, the compiled step evaluates only the contact groups
-    seen near the ground: a carriage on a vertical slide with a pendulum rod, each with a box
-    (two groups). High on its slide, the rod's tip box touches in some environments (drawn
-    swing angles) and the graph over that group alone follows the eager step, states and
+def test_compiled_steps_evaluate_the_near_groups_and_rerun_when_another_comes_near(tmp_path):
+    """The compiled step evaluates only the contact groups seen near the ground: a carriage on
+    a vertical slide with a pendulum rod, each with a box (two groups). High on its slide, the
+    rod's tip box touches in some environments (drawn swing angles; the first hangs straight,
+    5 mm deep) and the graph over that group alone follows the eager step, states and
     gradients; lowered, the carriage's box comes near too, the step is run again with every
-    group and still follows the eager step."""
+    group and still follows the eager step. The exported step likewise, at one environment."""
     seed = int(os.environ.get("DIFFSIM_EXPORT_SEED", random.randrange(2 ** 31)))
     print("DIFFSIM_EXPORT_SEED=%d" % seed)
     g = torch.Generator().manual_seed(seed)
@@ -240,7 +240,7 @@ def test_compiled_step_at_a_batch_evaluates_the_near_groups_and_reruns_when_anot
     cfg = physics.SimConfig(dt=1e-3, actuator="effort", ground=True)
     eager, compiled = physics.Simulator(model, cfg), physics.Simulator(model, cfg, compile=True)
     step = compiled._compiled
-    batch = 8
+    batch = 3              # below VECTOR_BATCH: scalar kernels, the quicker compile
     tau = torch.zeros(batch, 2, dtype=torch.float64)
 
     def run(sim, q0):
@@ -262,6 +262,7 @@ def test_compiled_step_at_a_batch_evaluates_the_near_groups_and_reruns_when_anot
     # High: the tip box 0-5 mm deep where the rod hangs within a few degrees of vertical.
     high = torch.stack([torch.full((batch,), 1.015, dtype=torch.float64),
                         0.15 * (2 * torch.rand(batch, generator=g, dtype=torch.float64) - 1)], -1)
+    high[0, 1] = 0.0
     compare(high)
     assert set(step._near.values()) == {(1,)} and step.reruns == 0       # the rod's group alone
     assert (1,) in step._by_groups
@@ -285,9 +286,7 @@ def test_compiled_step_at_a_batch_evaluates_the_near_groups_and_reruns_when_anot
         torch.testing.assert_close(sx.q, se.q, rtol=1e-9, atol=1e-10)
         torch.testing.assert_close(sx.v, se.v, rtol=1e-7, atol=1e-8)
         return se
-    top = high[:1].clone()
-    top[0, 1] = 0.0                                                       # hanging: 5 mm deep
-    follow(top)
+    follow(high[:1])                                                      # hanging: 5 mm deep
     assert list(ex._groups.values()) == [(1,)] and ex.built == 2 and ex.reruns == 0
     se = follow(low[:1])
     assert ex.reruns == 1 and list(ex._groups.values()) == [None] and ex.built == 2
