@@ -5,12 +5,12 @@
     sim = Simulator(model, config, compile=True)  # the same behind the usual wrapper
 
 At one environment the eager step is bound by per-operation overhead; the compiled step
-is one graph (no host synchronisation: the contact stage evaluates every point group
-under compilation instead of selecting the near ones), which Inductor fuses into few
-kernels. The graph holds the contact groups seen near the ground, checked after each
-step (see :class:`CompiledStep`): evaluating all of them cost half the step of an arm at
-4096 environments. (Contact sums reach the bodies through a one-hot product, not index_add: fused
-with the joint-space scatters, Inductor on the CPU miscompiled the latter; see
+is one graph, which Inductor fuses into few kernels. Inside it the contact stage selects
+nothing (that would be a host synchronisation): the graph holds the point groups seen near
+the ground so far and reports after each step whether another came near (see
+:class:`CompiledStep`); evaluating every group cost half the step of an arm at 4096
+environments. (Contact sums reach the bodies through a one-hot product, not index_add:
+fused with the joint-space scatters, Inductor on the CPU miscompiled the latter; see
 stages/contact._to_bodies.) The system's tensors are constants of the graph: a changed
 parameter means a new ``CompiledStep`` (calibration and domain randomisation use the
 eager step). Compiling costs about two minutes for a nine-joint arm on a two-core machine
@@ -132,7 +132,7 @@ class CompiledStep:
         cfg, cs = sys.config, sys.contact
         self._subsets = (watch is None and cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1
                          and cs.n > 0 and cs.pairs.numel() == 0)
-        self._near: Dict[tuple, tuple] = {}          # batch shape class -> groups seen near (None: none yet)
+        self._near: Dict[tuple, Optional[tuple]] = {}   # batch shape -> groups seen near (None: every group)
         self._by_groups: Dict[Optional[tuple], "CompiledStep"] = {}
         self.reruns = 0                              # steps run again with every group (a group came near)
 
@@ -163,7 +163,6 @@ class CompiledStep:
 
     def __call__(self, state: State, action) -> State:
         action = batch_action(self.system, state, action)
-        batch = state.q[..., 0].numel()
         if self._subsets:
             key = tuple(state.q.shape)
             groups = self._near.get(key)
