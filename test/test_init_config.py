@@ -32,6 +32,7 @@ ROBOTS = {   # name: (URDF, relative to example-robot-data's robots folder unles
     "hector": ("hector_description/robots/quadrotor_base.urdf", "hover"),
 }
 _CACHE = {}
+_GENERATED = {}     # name -> (file, printed text) of `init`, once per process
 
 
 def _urdf(name, robots_dir) -> str:
@@ -63,15 +64,18 @@ def generated(robots_dir, tmp_path_factory):
     import contextlib
     import io
 
-    files = {}
+    # Kept for the process: with work stealing a worker may set this module fixture up twice,
+    # and a second `init` to the same (cached) path is refused, as it should be, without --force.
     for name in ROBOTS:
+        if name in _GENERATED:
+            continue
         argv, out = _generate(name, robots_dir, tmp_path_factory)
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             rc = cli.main(argv)
         assert rc == 0, (name, buf.getvalue())
-        files[name] = (out, buf.getvalue())
-    return files
+        _GENERATED[name] = (out, buf.getvalue())
+    return dict(_GENERATED)
 
 
 def _load(path):
