@@ -25,6 +25,8 @@ def main(argv=None) -> int:
     parser.add_argument("state")
     parser.add_argument("--batches", default="1,256,4096")
     parser.add_argument("--seconds", type=float, default=0.25)
+    parser.add_argument("--iterations", type=int, default=None, help="constraint-solver iterations (forward)")
+    parser.add_argument("--ls-iterations", type=int, default=None, help="line-search iterations")
     args = parser.parse_args(argv)
     import os
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -35,6 +37,10 @@ def main(argv=None) -> int:
 
     model = mujoco.MjModel.from_xml_path(args.xml)
     st = json.load(open(args.state))
+    if args.iterations is not None:
+        model.opt.iterations = args.iterations
+    if args.ls_iterations is not None:
+        model.opt.ls_iterations = args.ls_iterations
     mx = mjx.put_model(model)
     # Reverse mode cannot pass MJX's constraint-solver while_loop; one solver iteration is
     # the setting under which jax.grad runs (MuJoCo issue #2259), so the gradient uses it.

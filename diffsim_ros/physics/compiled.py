@@ -44,6 +44,7 @@ import torch
 
 from .algorithms import model_constants
 from .pipeline import batch_action, guard, step as pure_step
+from .spatial import tracing
 from .stages.contact import _near_groups
 from .state import State
 from .system import System
@@ -81,6 +82,85 @@ def _persistent_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = CACHE_DIR
 
 
+class _Graphs:
+    """The step's graphs for one input signature, traced by AOTAutograd and compiled by Inductor
+    directly, without Dynamo: with ``train`` a forward graph (that also returns what the backward
+    keeps) and a backward graph behind one autograd.Function, otherwise an inference graph.
+
+    torch.compile makes the same two graphs; what this leaves out is its per-call machinery in
+    Python (Dynamo's frame and guards, AOTAutograd's runtime wrappers, which look at each of the
+    ~100 saved tensors on every call), about half of a forward and backward step at one
+    environment. It can do without: the inputs are plain tensors of a fixed signature (the
+    key), the System is constant, nothing is mutated and no output aliases an input (each is
+    cloned in the graph, which Inductor folds into the kernel that computes it)."""
+
+    def __init__(self, fn, inputs, train: bool, options: dict):
+        from torch._functorch.aot_autograd import aot_export_joint_simple
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        floating = [x.is_floating_point() for x in inputs]
+        with torch.enable_grad(), warnings.catch_warnings():   # which outputs carry a gradient: one eager call
+            warnings.simplefilter("ignore")
+            probe = fn(*[x.detach().requires_grad_(f and train) for x, f in zip(inputs, floating)])
+        self.n_out = len(probe)
+        self.differentiable = [i for i, y in enumerate(probe) if y.requires_grad]
+        self.constant = [i for i in range(self.n_out) if i not in self.differentiable]
+        mode = FakeTensorMode(allow_non_fake_inputs=True)     # the System's tensors stay real constants
+        fake = [mode.from_tensor(x).requires_grad_(f and train) for x, f in zip(inputs, floating)]
+        with tracing():
+            graph = aot_export_joint_simple(fn, fake, trace_joint=train, decompositions=select_decomp_table())
+        config = {"cpp_wrapper": bool(options.get("cpp_wrapper"))}
+        config.update({k: v for k, v in options.items() if k.startswith("cpp.")})
+
+        def compiled(gm, **kw):
+            example = [torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype,
+                                           device=n.meta["val"].device)
+                       for n in gm.graph.nodes if n.op == "placeholder"]
+            with torch._inductor.config.patch(config):
+                return compile_fx_inner(gm, example, cpp_wrapper=config["cpp_wrapper"], **kw)
+        self.backward = None
+        if not train:
+            self.forward = compiled(graph, is_inference=True)
+            return
+        fw, bw = min_cut_rematerialization_partition(graph, fake, num_fwd_outputs=self.n_out)
+        places = [n for n in bw.graph.nodes if n.op == "placeholder"]
+        self.n_saved = len(places) - len(self.differentiable)
+        self.tangent_strides = [n.meta["val"].stride() for n in places[self.n_saved:]]
+        self.forward, self.backward = compiled(fw), compiled(bw, is_backward=True)
+
+    def __call__(self, inputs):
+        if self.backward is None:
+            return self.forward(list(inputs))
+        return _GraphStep.apply(self, *inputs)
+
+
+class _GraphStep(torch.autograd.Function):
+    """A :class:`_Graphs` pair as one node of the autograd graph."""
+
+    @staticmethod
+    def forward(ctx, graphs: _Graphs, *inputs):
+        out = graphs.forward(list(inputs))
+        ctx.graphs, ctx.kept = graphs, out[graphs.n_out:]
+        ctx.mark_non_differentiable(*[out[i] for i in graphs.constant])
+        return tuple(out[:graphs.n_out])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        graphs, kept = ctx.graphs, ctx.kept
+        del ctx.kept                    # freed with the graph's own buffers, as autograd's saved tensors
+        tangents = []
+        for i, stride in zip(graphs.differentiable, graphs.tangent_strides):
+            g = grads[i]
+            if g.stride() != stride:
+                g = torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device).copy_(g)
+            tangents.append(g)
+        out = graphs.backward(list(kept) + tangents)
+        return (None,) + tuple(g if need else None for g, need in zip(out, ctx.needs_input_grad[1:]))
+
+
 class CompiledStep:
     """``Simulator.step`` for a fixed :class:`System`, compiled; with ``nan_check`` the graph
     also returns whether everything is finite (one host synchronisation), and only a
@@ -96,9 +176,12 @@ class CompiledStep:
     touches down with a new body compiles once more then."""
 
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True,
-                 watch: Optional[System] = None, groups: Optional[tuple] = None):
+                 watch: Optional[System] = None, groups: Optional[tuple] = None, direct: Optional[bool] = None):
         """watch: the full system whose groups' nearness the graph reports, ``groups`` those of
-        its groups ``sys`` holds (None: all); given to the graphs of the groups seen near."""
+        its groups ``sys`` holds (None: all); given to the graphs of the groups seen near.
+        direct: trace and compile the forward and backward graphs here (:class:`_Graphs`)
+        rather than through torch.compile (default: on the CPU, where it halves a forward and
+        backward step at one environment; torch.compile is the fallback if that fails)."""
         _persistent_cache()
         self.system = sys
         for model in (sys.model, sys.nominal):
@@ -129,6 +212,8 @@ class CompiledStep:
         if cpp_wrapper and self._cpu:
             self._options["cpp_wrapper"] = True
         self._fns = {}
+        self._direct = self._cpu if direct is None else direct
+        self._graphs: Dict[tuple, object] = {}      # input signature -> _Graphs (False: fall back)
         cfg, cs = sys.config, sys.contact
         self._subsets = (watch is None and cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1
                          and cs.n > 0 and cs.pairs.numel() == 0)
@@ -149,8 +234,40 @@ class CompiledStep:
         return fn
 
     def _run(self, state: State, action):
-        return self._compiled(state.q[..., 0].numel())(state.q, state.v, state.actuator, state.delay, state.t,
-                                                        action)
+        inputs = (state.q, state.v, state.actuator, state.delay, state.t, action)
+        if self._direct:
+            tensors = [x.contiguous() for x in inputs if x is not None]
+            train = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+            key = (train,) + tuple((x.shape, x.dtype) if x is not None else None for x in inputs)
+            graphs = self._graphs.get(key)
+            if graphs is None:
+                graphs = self._graphs[key] = self._trace(inputs, tensors, train)
+            if graphs:
+                out = iter(graphs[0](tensors))
+                return tuple(next(out) if kept else None for kept in graphs[1])
+        return self._compiled(state.q[..., 0].numel())(*inputs)
+
+    def _trace(self, inputs, tensors, train: bool):
+        """(_Graphs, which of the step's outputs are tensors) for this signature, or False
+        (with a warning) where tracing or compiling them failed: torch.compile steps then."""
+        present = [x is not None for x in inputs]
+        kept = []
+        flat = self._flat
+
+        def fn(*xs):
+            it = iter(xs)
+            out = flat(*[next(it) if p else None for p in present])
+            kept[:] = [y is not None for y in out]
+            return tuple(y.clone() for y in out if y is not None)
+        options = dict(self._options, **({"cpp.simdlen": 1} if self._cpu and tensors[0][..., 0].numel()
+                                         < VECTOR_BATCH else {}))
+        try:
+            graphs = _Graphs(fn, tensors, train, options)
+        except Exception as e:         # noqa: BLE001 - private torch APIs: torch.compile remains
+            warnings.warn("diffsim_ros: tracing the step's graphs directly failed (%s: %s); torch.compile "
+                          "compiles it instead" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            return False
+        return graphs, tuple(kept)
 
     def _graph_of(self, groups: Optional[tuple]) -> "CompiledStep":
         """The step over the contact groups ``groups`` (None: all), reporting every group's nearness."""
@@ -158,7 +275,7 @@ class CompiledStep:
         if hit is None:
             sys = self.system if groups is None else self.system.replace(contact=self.system.contact.subset(groups))
             hit = self._by_groups[groups] = CompiledStep(sys, self.nan_check, "cpp_wrapper" in self._options,
-                                                         watch=self.system, groups=groups)
+                                                         watch=self.system, groups=groups, direct=self._direct)
         return hit
 
     def __call__(self, state: State, action) -> State:

@@ -75,18 +75,32 @@ def kept_in(store: dict, key, make):
     return value
 
 
+_TRACING = [0]      # depth of tracing() blocks
+
+
+@contextlib.contextmanager
+def tracing():
+    """Marks a trace of the step made by the project itself (compiled.py's forward and backward
+    graphs, traced by AOTAutograd without Dynamo) as :func:`traced`."""
+    _TRACING[0] += 1
+    try:
+        yield
+    finally:
+        _TRACING[0] -= 1
+
+
 def traced() -> bool:
-    """Whether the step is being traced into one graph (torch.compile, or torch.export for the
-    ahead-of-time compiled step): the branches that suit eager execution (host-side selection,
-    small-batch kernels) give way to ones without host synchronisation."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    """Whether the step is being traced into one graph (torch.compile, torch.export for the
+    ahead-of-time compiled step, or :func:`tracing`): the branches that suit eager execution
+    (host-side selection, small-batch kernels) give way to ones without host synchronisation."""
+    return bool(_TRACING[0]) or torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 def _real_tensors():
-    """Under torch.export's tracing (non-strict: Python runs with fake tensors), a table made
+    """Under torch.export's tracing (non-strict: Python runs with fake tensors) or :func:`tracing`, a table made
     for the store must still be a real tensor: the export takes it as a constant, and a later
     eager caller reads the same entry. Outside an export this does nothing."""
-    if torch.compiler.is_exporting():
+    if _TRACING[0] or torch.compiler.is_exporting():
         from torch.utils._python_dispatch import _disable_current_modes
         return _disable_current_modes()
     return contextlib.nullcontext()

@@ -1,4 +1,4 @@
-"""The compiled step (torch.compile) against the eager step it compiles: states over a
+"""The compiled step (its graphs traced here, or torch.compile) against the eager step it compiles: states over a
 rollout and gradients through it, on the quadrotor (free flight, CTBR, motor lag, drag,
 ground contact) and on the project's arm with ground contact and implicit PD; the step
 compiled ahead of time (ExportedStep) against the eager one, and its library cache.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from diffsim_ros import config, physics
-from diffsim_ros.physics.compiled import ExportedStep
+from diffsim_ros.physics.compiled import CompiledStep, ExportedStep
 
 from conftest import PROJECT_URDFS, REPO_ROOT
 
@@ -96,11 +96,13 @@ PENDULUM = """<robot name="pendulum">
 </robot>"""
 
 
-def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "torch.compile"])
+def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path, direct):
     """Two systems that differ only in values (a link mass; the gravity and the step, which the
     graph holds as constants) compile to graphs of the same signature; each CompiledStep keeps
     its own (it guards on its inputs only), so each must follow its own eager step, whichever
-    compiled first."""
+    compiled first, forward and through the gradient; with the graphs traced here (direct) and
+    through torch.compile (the fallback, and the path off the CPU)."""
     path = tmp_path / "pendulum.urdf"
     path.write_text(PENDULUM)
     model = physics.load_urdf(str(path), dtype=torch.float64)
@@ -112,12 +114,25 @@ def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path):
     tau = torch.tensor([[0.5], [-0.2]], dtype=torch.float64)
     finals = []
     for sys in (heavy, light):
-        compiled, eager = physics.Simulator(sys, compile=True), physics.Simulator(sys)
-        sc = se = eager.initial_state(q0)
-        for _ in range(5):
-            sc, se = compiled.step(sc, tau), eager.step(se, tau)
+        compiled, eager = CompiledStep(sys, direct=direct), physics.Simulator(sys)
+        grads = []
+        for step in (compiled, eager.step):
+            q = q0.clone().requires_grad_(True)
+            a = tau.clone().requires_grad_(True)
+            s = eager.initial_state(q)
+            for _ in range(5):
+                s = step(s, a)
+            grads.append(torch.autograd.grad(s.v.square().sum() + s.q.sum(), (q, a)) + (s.q, s.v))
+        for x, y in zip(*grads):
+            torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
+        with torch.no_grad():
+            sc = se = eager.initial_state(q0)
+            for _ in range(5):
+                sc, se = compiled(sc, tau), eager.step(se, tau)
         torch.testing.assert_close(sc.q, se.q, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(sc.v, se.v, rtol=1e-9, atol=1e-12)
+        # The direct graphs (one trained, one inference) did build: nothing fell back.
+        assert (sorted(k[0] for k, g in compiled._graphs.items() if g) == [False, True]) == direct
         finals.append(se.v)
     assert float((finals[0] - finals[1]).abs().max()) > 1e-3      # the two systems do differ
 
