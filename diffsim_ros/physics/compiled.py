@@ -100,6 +100,7 @@ class _Graphs:
         from torch._inductor.compile_fx import compile_fx_inner
         from torch._inductor.decomposition import select_decomp_table
         from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         floating = [x.is_floating_point() for x in inputs]
         with torch.enable_grad(), warnings.catch_warnings():   # which outputs carry a gradient: one eager call
@@ -108,18 +109,20 @@ class _Graphs:
         self.n_out = len(probe)
         self.differentiable = [i for i, y in enumerate(probe) if y.requires_grad]
         self.constant = [i for i in range(self.n_out) if i not in self.differentiable]
-        mode = FakeTensorMode(allow_non_fake_inputs=True)     # the System's tensors stay real constants
-        fake = [mode.from_tensor(x).requires_grad_(f and train) for x, f in zip(inputs, floating)]
+        # The System's tensors stay real constants; the shape environment (static shapes: no
+        # symbols) is what Inductor's on-disk graph cache asks of a tracing context.
+        mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+        fake = [mode.from_tensor(x, static_shapes=True).requires_grad_(f and train) for x, f in zip(inputs, floating)]
         with tracing():
             graph = aot_export_joint_simple(fn, fake, trace_joint=train, decompositions=select_decomp_table())
         config = {"cpp_wrapper": bool(options.get("cpp_wrapper"))}
         config.update({k: v for k, v in options.items() if k.startswith("cpp.")})
 
         def compiled(gm, **kw):
-            example = [torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype,
-                                           device=n.meta["val"].device)
-                       for n in gm.graph.nodes if n.op == "placeholder"]
-            with torch._inductor.config.patch(config):
+            # Zeros, not empty memory: Inductor's cache key reads the example values.
+            example = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).zero_()
+                       for v in (n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")]
+            with torch._inductor.config.patch(config), torch._guards.tracing(torch._guards.TracingContext(mode)):
                 return compile_fx_inner(gm, example, cpp_wrapper=config["cpp_wrapper"], **kw)
         self.backward = None
         if not train:
