@@ -146,14 +146,14 @@ class _GraphStep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graphs: _Graphs, *inputs):
         out = graphs.forward(list(inputs))
-        ctx.graphs, ctx.kept = graphs, out[graphs.n_out:]
+        ctx.graphs = graphs
+        ctx.save_for_backward(*out[graphs.n_out:])
         ctx.mark_non_differentiable(*[out[i] for i in graphs.constant])
         return tuple(out[:graphs.n_out])
 
     @staticmethod
     def backward(ctx, *grads):
-        graphs, kept = ctx.graphs, ctx.kept
-        del ctx.kept                    # freed with the graph's own buffers, as autograd's saved tensors
+        graphs, kept = ctx.graphs, ctx.saved_tensors
         tangents = []
         for i, stride in zip(graphs.differentiable, graphs.tangent_strides):
             g = grads[i]
