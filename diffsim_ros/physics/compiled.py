@@ -1,11 +1,15 @@
-"""The step compiled by torch.compile (Inductor, C++ kernels on the CPU), for one system.
+"""The step compiled by Inductor (C++ kernels on the CPU), for one system.
 
     step = CompiledStep(sys)              # compiles lazily, on the first call per batch shape
     state = step(state, action)           # as Simulator.step; differentiable in state and action
     sim = Simulator(model, config, compile=True)  # the same behind the usual wrapper
 
 At one environment the eager step is bound by per-operation overhead; the compiled step
-is one graph, which Inductor fuses into few kernels. Inside it the contact stage selects
+is one graph, which Inductor fuses into few kernels. On the CPU the forward and backward
+graphs are traced here (AOTAutograd, no Dynamo) and called through one autograd.Function
+(:class:`_Graphs`): torch.compile's per-call Python around the same graphs cost as much as
+their kernels at one environment. torch.compile compiles the step elsewhere, and wherever
+the direct trace fails (it uses torch's private tracing API; a warning says so). Inside it the contact stage selects
 nothing (that would be a host synchronisation): the graph holds the point groups seen near
 the ground so far and reports after each step whether another came near (see
 :class:`CompiledStep`); evaluating every group cost half the step of an arm at 4096

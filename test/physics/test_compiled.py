@@ -115,7 +115,9 @@ def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path, direc
     cfg = physics.SimConfig(dt=1e-2, ground=False, actuator="effort")
     heavy = physics.Simulator(model, cfg).system
     heavy = heavy.replace(model=heavy.model.replace(mass=heavy.model.mass * 3.0))
-    light = physics.Simulator(model, dataclasses.replace(cfg, gravity=(0.0, 0.0, -1.62), dt=2e-2)).system
+    # (the light one with a command delay line: another input and output of the graphs)
+    light = physics.Simulator(model, dataclasses.replace(cfg, gravity=(0.0, 0.0, -1.62), dt=2e-2,
+                                                         command_delay=1)).system
     q0 = torch.tensor([[0.7], [-0.3]], dtype=torch.float64)
     tau = torch.tensor([[0.5], [-0.2]], dtype=torch.float64)
     finals = []
