@@ -430,3 +430,46 @@ def test_a_diverged_iteration_is_dropped_and_retried():
     with pytest.raises(SimulationError, match="max_divergences = 0"):
         train(task, TrainConfig(iterations=3, num_envs=4, window=5, eval_every=100, eval_envs=4,
                                 stop_at_success=False, max_divergences=0), progress=False)
+
+
+SWING = """<robot name="swing">
+  <link name="base"/>
+  <link name="rod"><inertial><origin xyz="0 0 -0.25"/><mass value="1"/>
+    <inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
+  <link name="tip"/>
+  <joint name="hinge" type="revolute"><parent link="base"/><child link="rod"/><axis xyz="0 1 0"/>
+    <limit lower="-2" upper="2" effort="20" velocity="10"/></joint>
+  <joint name="tip_fixed" type="fixed"><parent link="rod"/><child link="tip"/><origin xyz="0 0 -0.5"/></joint>
+</robot>"""
+
+
+def test_compiled_step_trains_as_the_eager_one(tmp_path):
+    """training.compile_step: the trainer steps through the compiled simulator (every step of
+    the iteration is the compiled one's) and trains as the eager step does, to float32 round-off
+    (losses, gradient norms and the policy's weights after two iterations); with domain
+    randomisation it is refused, naming the option."""
+    path = tmp_path / "swing.urdf"
+    path.write_text(SWING)
+    model = physics.load_urdf(str(path), dtype=torch.float32)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=20.0, kd=1.0, ground=False)
+    runs = []
+    for compiled in (False, True):
+        task = ReachTask(model, sc, ee_link="tip", horizon=6, velocity_weight=0.0, command_mode="delta")
+        cfg = TrainConfig(iterations=2, num_envs=4, window=3, eval_every=2, eval_envs=4, seed=3,
+                          stop_at_success=False, compile_step=compiled)
+        steps = []
+        real_step = physics.Simulator.step
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(physics.Simulator, "step", lambda self, *a: steps.append(self._compiled is not None)
+                       or real_step(self, *a))
+            res = train(task, cfg, progress=False)
+        assert steps and all(steps) == compiled and any(steps) == compiled
+        runs.append(res)
+    for key in ("loss", "grad_norm"):
+        torch.testing.assert_close(torch.tensor([r[key] for r in runs[1].history]),
+                                   torch.tensor([r[key] for r in runs[0].history]), rtol=1e-4, atol=1e-6)
+    for a, b in zip(runs[1].policy.state_dict().values(), runs[0].policy.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert runs[0].history[-1]["grad_norm"] > 0
+    with pytest.raises(physics.ConfigError, match="compile_step"):
+        TrainConfig(compile_step=True, randomize_mass=[0.8, 1.2])
