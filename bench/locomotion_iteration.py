@@ -15,7 +15,8 @@ most 10 s for the solo12 iteration on one CPU thread; the ratio to it is printed
 solo12's set-up here: position PD (kp 3 N m/rad, kd 0.2 N m s/rad), the standing pose
 (hip 0, thigh +-0.8, knee -+1.6 rad), the base height found by lowering the robot onto
 the ground, its collision meshes as bounding boxes, float32, torch.set_num_threads(1).
-Nothing here is a test: no figure is asserted.
+``--compile`` adds a row per robot with training.compile_step (the compiled simulator), its
+forward-alone column the eager rollout's. Nothing here is a test: no figure is asserted.
 """
 from __future__ import annotations
 
@@ -67,11 +68,20 @@ def quadruped_task(steps: int) -> LocomotionTask:
     return task
 
 
-def iteration_seconds(task, envs: int, repeat: int):
+def iteration_seconds(task, envs: int, repeat: int, compile_step: bool = False):
     """The best wall time of one iteration, and how many attempts diverged on the way (a diverged
-    attempt is dropped and retried on fresh episodes; its time counts in the iteration's)."""
-    cfg = TrainConfig(iterations=1, num_envs=envs, window=20, learning_rate=3e-3, eval_envs=1, seed=0)
+    attempt is dropped and retried on fresh episodes; its time counts in the iteration's). With
+    compile_step: the trainer's compiled simulator, after one iteration that compiles it."""
+    cfg = TrainConfig(iterations=1, num_envs=envs, window=20, learning_rate=3e-3, eval_envs=1, seed=0,
+                      compile_step=compile_step)
     best, diverged = float("inf"), 0
+    if compile_step:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            train(task, cfg, progress=False)
+        print("compile_step: the first iteration (compiling, or loading the compiled graphs) took %.1f s"
+              % (time.perf_counter() - start), flush=True)
     for _ in range(repeat):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -99,6 +109,9 @@ def main(argv=None) -> int:
     parser.add_argument("--envs", type=int, default=16)
     parser.add_argument("--steps", type=int, default=200, help="control steps per episode (5 substeps each)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per figure; the best is printed")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the iteration with training.compile_step (the compiled simulator; compiling "
+                             "it takes minutes the first time)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print("one gradient-trainer iteration, %d environments x %d control steps (x 5 substeps), float32, "
@@ -110,6 +123,9 @@ def main(argv=None) -> int:
         it, diverged = iteration_seconds(task, args.envs, args.repeat)
         fwd = forward_seconds(task, args.envs, args.repeat)
         rows.append((name, task.sim.pt_body.numel(), it, fwd, diverged))
+        if args.compile:
+            it_c, diverged_c = iteration_seconds(task, args.envs, args.repeat, compile_step=True)
+            rows.append((name + ", compile_step", task.sim.pt_body.numel(), it_c, fwd, diverged_c))
     print("")
     print("| robot | contact points | iteration (s) | forward rollout alone (s) | iteration / forward | "
           "iteration / 10 s target | diverged attempts |")

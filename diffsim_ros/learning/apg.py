@@ -234,7 +234,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     if cfg.critic:
         critic = ValueNet(task.obs_dim + 1, cfg.hidden).to(dtype=dtype, device=device)
         critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_learning_rate)
-    if cfg.compile_step:
+    if cfg.compile_step and task.sim.compiled is not True:   # the task keeps it (compiled graphs included)
         task.sim = Simulator(task.sim.system, compile=True)
     nominal_sim = task.sim
     history: List[Dict[str, float]] = []

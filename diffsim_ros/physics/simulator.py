@@ -55,7 +55,7 @@ class Simulator:
     def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None,
                  compile: Union[bool, str] = False):
         """compile: True steps through :class:`~diffsim_ros.physics.compiled.CompiledStep`
-        (torch.compile; minutes the first time, then cached; differentiable); ``"aot"`` through
+        (Inductor; minutes the first time, then cached; differentiable); ``"aot"`` through
         :class:`~diffsim_ros.physics.compiled.ExportedStep` (compiled ahead of time, forward
         only, the fastest at one environment). Either way ``last_data`` stays None."""
         if isinstance(model, System):
@@ -72,6 +72,14 @@ class Simulator:
         elif compile:
             from .compiled import CompiledStep
             self._compiled = CompiledStep(self.system)
+
+    @property
+    def compiled(self) -> Union[bool, str]:
+        """How it steps: False (eager), True (CompiledStep) or ``"aot"`` (ExportedStep)."""
+        if self._compiled is None:
+            return False
+        from .compiled import ExportedStep
+        return "aot" if isinstance(self._compiled, ExportedStep) else True
 
     def replace(self, **changes) -> "Simulator":
         """A simulator over ``self.system.replace(**changes)`` (calibration, randomisation;
