@@ -423,7 +423,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="length of one timing window (default 0.25 s)")
     parser.add_argument("--batches", default="1,256,4096", help="comma-separated batch sizes (default 1,256,4096)")
     parser.add_argument("--compile", default="", metavar="BATCHES",
-                        help="also time the torch.compile'd step at these batch sizes (e.g. 1); the first "
+                        help="also time the compiled step (CompiledStep) at these batch sizes (e.g. 1); the first "
                              "compile of a model takes minutes, later ones come from the persistent cache")
     parser.add_argument("--mjx-python", default=None,
                         help="interpreter with mujoco.mjx and jax for the MJX peer (default: $DIFFSIM_MJX_PYTHON, "
@@ -492,8 +492,9 @@ def main(argv=None) -> int:
                                      + bench_exported(case, batch, seconds) + (mjx.get(case.name, {}).get(batch),))
     if compiled_rows:
         log("")
-        log("torch.compile'd step (physics.compiled.CompiledStep, Inductor with its C++ wrapper) and the forward "
-            "step compiled ahead of time (physics.compiled.ExportedStep, torch.export + AOTInductor):")
+        log("compiled step (physics.compiled.CompiledStep: on the CPU its forward and backward graphs traced by "
+            "AOTAutograd and compiled by Inductor, C++ wrapper, one autograd.Function) and the forward step compiled "
+            "ahead of time (physics.compiled.ExportedStep, torch.export + AOTInductor):")
         log("| model | batch | compiled fwd steps/s | compiled fwd+bwd steps/s | per step fwd / fwd+bwd (ms) "
             "| vs eager fwd / fwd+bwd | compiled fwd / MuJoCo | compiled fwd+bwd / MuJoCo | exported fwd steps/s "
             "| exported per step (ms) | exported fwd / MuJoCo "
