@@ -9,11 +9,12 @@ is one graph, which Inductor fuses into few kernels. On the CPU the forward and 
 graphs are traced here (AOTAutograd, no Dynamo) and called through one autograd.Function
 (:class:`_Graphs`): torch.compile's per-call Python around the same graphs cost as much as
 their kernels at one environment. torch.compile compiles the step elsewhere, and wherever
-the direct trace fails (it uses torch's private tracing API; a warning says so). Inside it the contact stage selects
-nothing (that would be a host synchronisation): the graph holds the point groups seen near
-the ground so far and reports after each step whether another came near (see
-:class:`CompiledStep`); evaluating every group cost half the step of an arm at 4096
-environments. (Contact sums reach the bodies through a one-hot product, not index_add:
+the direct trace fails (it uses torch's private tracing API; a warning says so).
+
+Inside the graph the contact stage selects nothing (that would be a host synchronisation):
+the graph holds the point groups seen near the ground so far and reports after each step
+whether another came near (see :class:`CompiledStep`); evaluating every group cost half the
+step of an arm at 4096 environments. (Contact sums reach the bodies through a one-hot product, not index_add:
 fused with the joint-space scatters, Inductor on the CPU miscompiled the latter; see
 stages/contact._to_bodies.) The system's tensors are constants of the graph: a changed
 parameter means a new ``CompiledStep`` (calibration and domain randomisation use the
@@ -86,6 +87,46 @@ def _persistent_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = CACHE_DIR
 
 
+def _chooses_groups(sys: System) -> bool:
+    """Whether a compiled step of ``sys`` evaluates only the contact groups near the ground:
+    ground contact, one semi-implicit substep (the contact is evaluated at the step's start,
+    where the nearness is) and no self-collision pairs."""
+    cfg, cs = sys.config, sys.contact
+    return (cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1 and cs.n > 0
+            and cs.pairs.numel() == 0)
+
+
+def _groups_key(sys: System, groups) -> Optional[tuple]:
+    """``groups`` as the key of a graph: a sorted tuple, or None when it is every group of ``sys``."""
+    groups = tuple(groups)
+    return None if len(groups) == sys.contact.group_valid.shape[0] else groups
+
+
+def _inside(watch: System, groups: Optional[tuple], device) -> torch.Tensor:
+    """(G,) bool: the groups of ``watch`` a graph over ``groups`` (None: all) evaluates."""
+    inside = torch.zeros(watch.contact.group_valid.shape[0], dtype=torch.bool, device=device)
+    inside[list(groups) if groups is not None else slice(None)] = True
+    return inside
+
+
+def _flags(new: State, data, action, watch: Optional[System], inside: Optional[torch.Tensor]):
+    """The graph's flags after a step: whether everything is finite (the NaN guard's test, fused
+    into the last kernels: the sum of everything is finite exactly when every entry is) and,
+    with ``watch``, every group's nearness and whether one the graph leaves out came near."""
+    parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
+    finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
+    if watch is None:
+        return finite, None, None
+    near = _near_groups(watch, data.kin)
+    return finite, near, (near & ~inside).any()
+
+
+def _small_batch_options(device: torch.device, batch: int) -> dict:
+    """Inductor's options for a batch below VECTOR_BATCH on the CPU: no vector kernels (the
+    batch is the vectorised dimension; they and their scalar tails would cost compile time only)."""
+    return {"cpp.simdlen": 1} if device.type == "cpu" and batch < VECTOR_BATCH else {}
+
+
 class _Graphs:
     """The step's graphs for one input signature, traced by AOTAutograd and compiled by Inductor
     directly, without Dynamo: with ``train`` a forward graph (that also returns what the backward
@@ -133,9 +174,8 @@ class _Graphs:
             self.forward = compiled(graph, is_inference=True)
             return
         fw, bw = min_cut_rematerialization_partition(graph, fake, num_fwd_outputs=self.n_out)
-        places = [n for n in bw.graph.nodes if n.op == "placeholder"]
-        self.n_saved = len(places) - len(self.differentiable)
-        self.tangent_strides = [n.meta["val"].stride() for n in places[self.n_saved:]]
+        places = [n for n in bw.graph.nodes if n.op == "placeholder"]     # kept tensors, then tangents
+        self.tangent_strides = [n.meta["val"].stride() for n in places[len(places) - len(self.differentiable):]]
         self.forward, self.backward = compiled(fw), compiled(bw, is_backward=True)
 
     def __call__(self, inputs):
@@ -194,22 +234,11 @@ class CompiledStep:
         for model in (sys.model, sys.nominal):
             model_constants(model)
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
-        watched = watch
-        if watch is not None:       # the watched system's groups this one evaluates (all, or a subset's)
-            inside = torch.zeros(watch.contact.group_valid.shape[0], dtype=torch.bool, device=sys.model.device)
-            inside[list(groups) if groups is not None else slice(None)] = True
+        inside = _inside(watch, groups, sys.model.device) if watch is not None else None
 
         def flat(q, v, actuator, delay, t, action):
             new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t), action)
-            # The NaN guard's test inside the graph (fused into its last kernels): the sum of
-            # everything is finite exactly when every entry is.
-            parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
-            finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
-            near = outside = None
-            if watched is not None:
-                near = _near_groups(watched, data.kin)
-                outside = (near & ~inside).any()           # a group this graph leaves out came near
-            return new.q, new.v, new.actuator, new.delay, new.t, data.qdd, finite, near, outside
+            return (new.q, new.v, new.actuator, new.delay, new.t, data.qdd) + _flags(new, data, action, watch, inside)
 
         self._flat = _own_copy(flat)
         # cpp_wrapper: the graph's kernels are called from generated C++ rather than Python,
@@ -221,9 +250,7 @@ class CompiledStep:
         self._fns = {}
         self._direct = self._cpu if direct is None else direct
         self._graphs: Dict[tuple, object] = {}      # input signature -> _Graphs (False: fall back)
-        cfg, cs = sys.config, sys.contact
-        self._subsets = (watch is None and cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1
-                         and cs.n > 0 and cs.pairs.numel() == 0)
+        self._subsets = watch is None and _chooses_groups(sys)
         self._near: Dict[tuple, Optional[tuple]] = {}   # batch shape -> groups seen near (None: every group)
         self._by_groups: Dict[Optional[tuple], "CompiledStep"] = {}
         self.reruns = 0                              # steps run again with every group (a group came near)
@@ -233,11 +260,11 @@ class CompiledStep:
         dimension, the one Inductor's CPU kernels vectorise: below VECTOR_BATCH environments
         the vector kernels (and their scalar tails) would cost compile time only, so they
         are not generated (half the compile time of the quadrotor's step)."""
-        small = self._cpu and batch < VECTOR_BATCH
-        fn = self._fns.get(small)
+        small = _small_batch_options(self.system.model.device, batch)
+        fn = self._fns.get(bool(small))
         if fn is None:
-            options = dict(self._options, **({"cpp.simdlen": 1} if small else {}))
-            fn = self._fns[small] = torch.compile(self._flat, fullgraph=True, dynamic=False, options=options)
+            fn = self._fns[bool(small)] = torch.compile(self._flat, fullgraph=True, dynamic=False,
+                                                        options=dict(self._options, **small))
         return fn
 
     def _run(self, state: State, action):
@@ -266,8 +293,7 @@ class CompiledStep:
             out = flat(*[next(it) if p else None for p in present])
             kept[:] = [y is not None for y in out]
             return tuple(y.clone() for y in out if y is not None)
-        options = dict(self._options, **({"cpp.simdlen": 1} if self._cpu and tensors[0][..., 0].numel()
-                                         < VECTOR_BATCH else {}))
+        options = dict(self._options, **_small_batch_options(tensors[0].device, tensors[0][..., 0].numel()))
         try:
             graphs = _Graphs(fn, tensors, train, options)
         except Exception as e:         # noqa: BLE001 - private torch APIs: torch.compile remains
@@ -296,9 +322,8 @@ class CompiledStep:
                 if groups is not None:
                     self.reruns += 1                                  # run again with every group
                     out = self._graph_of(None)._run(state, action)
-                seen = tuple(sorted(near | set(groups or ())))
                 # Every group: the full graph (already compiled), not a copy of it under another key.
-                self._near[key] = None if len(seen) == self.system.contact.group_valid.shape[0] else seen
+                self._near[key] = _groups_key(self.system, sorted(near | set(groups or ())))
         else:
             out = self._run(state, action)
         nq, nv, act, delay, t, qdd, finite = out[:7]
@@ -329,13 +354,9 @@ class _Forward(torch.nn.Module):
         fields = {f: (next(it) if p else None) for f, p in zip(_STATE_FIELDS, self.present)}
         action = next(it)
         new, data = pure_step(self.system, State(**fields), action)
-        parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
-        finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
+        finite, near, outside = _flags(new, data, action, self.watch, self.inside)
         outs = tuple(x for x in (getattr(new, f) for f in _STATE_FIELDS) if x is not None) + (data.qdd, finite)
-        if self.watch is not None:
-            near = _near_groups(self.watch, data.kin)
-            outs += (near, (near & ~self.inside).any())
-        return outs
+        return outs + ((near, outside) if self.watch is not None else ())
 
 
 def _fingerprint(program, batch: int) -> str:
@@ -383,9 +404,7 @@ class ExportedStep:
         self.cache_dir = cache_dir or AOTI_DIR
         self._runs: Dict[tuple, object] = {}   # (shape, dtype, device, fields present, groups) -> loader
         self._groups: Dict[tuple, Optional[tuple]] = {}     # (shape, ...) -> the groups its library holds
-        cfg, cs = sys.config, sys.contact
-        self._choose = (cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1 and cs.n > 0
-                        and cs.pairs.numel() == 0)
+        self._choose = _chooses_groups(sys)
         self.built = 0          # libraries built (not found in the cache) by this object
         self.reruns = 0         # steps run again with every contact group (a group left out came near)
 
@@ -401,8 +420,7 @@ class ExportedStep:
         sys, watch, inside = self.system, None, None
         if self._choose:
             watch = self.system
-            inside = torch.zeros(watch.contact.group_valid.shape[0], dtype=torch.bool, device=inputs[0].device)
-            inside[list(groups) if groups is not None else slice(None)] = True
+            inside = _inside(watch, groups, inputs[0].device)
             if groups is not None:
                 sys = self.system.replace(contact=self.system.contact.subset(groups))
         with torch.no_grad():
@@ -416,7 +434,7 @@ class ExportedStep:
                 warnings.warn(f"ExportedStep: {path} could not be loaded ({exc}); building it again")
         if runner is None:
             os.makedirs(self.cache_dir, exist_ok=True)
-            options = {"cpp.simdlen": 1} if inputs[0].device.type == "cpu" and batch < VECTOR_BATCH else {}
+            options = _small_batch_options(inputs[0].device, batch)
             fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=self.cache_dir)
             os.close(fd)
             try:
@@ -448,8 +466,7 @@ class ExportedStep:
                 # The groups near at the first state: their library is built now, so that a running
                 # controller never waits for one; a group left out coming near later switches
                 # this shape to the full library for good.
-                near = tuple(torch.nonzero(outs[-2]).flatten().tolist())
-                groups = self._groups[shape] = None if len(near) == self.system.contact.group_valid.shape[0] else near
+                groups = self._groups[shape] = _groups_key(self.system, torch.nonzero(outs[-2]).flatten().tolist())
                 if groups is not None:
                     self._library(inputs, present, groups)
             elif groups is not None and bool(outs[-1]):
