@@ -357,7 +357,7 @@ class PolicyRunner:
         """A simulator state at the measured q, v with the carried (else initial) actuator state."""
         act, delay = self._carry
         has_act = self.sim.rotors is not None or self.sim.config.actuator_lag > 0
-        has_delay = self.sim.config.command_delay > 0
+        has_delay = self.sim.config.command_delay > 0 or self.sim.config.max_latency > 0
         if (act is not None or not has_act) and (delay is not None or not has_delay):
             # Fast path (every call after the first): no initial_state() needed.
             return State(q=q, v=v, actuator=act, delay=delay, t=torch.zeros(1, dtype=self.dtype))

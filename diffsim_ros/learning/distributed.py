@@ -294,7 +294,7 @@ def slice_state(ts, sl: slice):
     from ..tasks.base import TaskState
 
     s = ts.sim
-    sim = State(*(None if x is None else x[sl] for x in (s.q, s.v, s.actuator, s.delay, s.t)))
+    sim = State(*(None if x is None else x[sl] for x in (s.q, s.v, s.actuator, s.delay, s.t, s.latency)))
     return TaskState(sim, ts.target[sl], ts.step, {k: v[sl] for k, v in ts.extra.items()})
 
 

@@ -236,8 +236,8 @@ class CompiledStep:
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
         inside = _inside(watch, groups, sys.model.device) if watch is not None else None
 
-        def flat(q, v, actuator, delay, t, action):
-            new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t), action)
+        def flat(q, v, actuator, delay, t, latency, action):
+            new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t, latency=latency), action)
             return (new.q, new.v, new.actuator, new.delay, new.t, data.qdd) + _flags(new, data, action, watch, inside)
 
         self._flat = _own_copy(flat)
@@ -268,7 +268,7 @@ class CompiledStep:
         return fn
 
     def _run(self, state: State, action):
-        inputs = (state.q, state.v, state.actuator, state.delay, state.t, action)
+        inputs = (state.q, state.v, state.actuator, state.delay, state.t, state.latency, action)
         if self._direct:
             tensors = [x.contiguous() for x in inputs if x is not None]
             train = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
@@ -327,14 +327,16 @@ class CompiledStep:
         else:
             out = self._run(state, action)
         nq, nv, act, delay, t, qdd, finite = out[:7]
-        new = State(q=nq, v=nv, actuator=act, delay=delay, t=t)
+        new = State(q=nq, v=nv, actuator=act, delay=delay, t=t, latency=state.latency)
         if self.nan_check and not bool(finite):        # one host synchronisation; the guard names what
             guard(state, new, action, qdd)
         return new
 
 
 AOTI_DIR = os.path.join(os.path.expanduser("~"), ".cache", "diffsim_ros", "aoti")
-_STATE_FIELDS = ("q", "v", "actuator", "delay", "t")
+#: The state's fields the exported step takes (latency, an input only, is passed through) and returns.
+_STATE_FIELDS = ("q", "v", "actuator", "delay", "t", "latency")
+_OUT_FIELDS = _STATE_FIELDS[:-1]
 
 
 class _Forward(torch.nn.Module):
@@ -355,7 +357,7 @@ class _Forward(torch.nn.Module):
         action = next(it)
         new, data = pure_step(self.system, State(**fields), action)
         finite, near, outside = _flags(new, data, action, self.watch, self.inside)
-        outs = tuple(x for x in (getattr(new, f) for f in _STATE_FIELDS) if x is not None) + (data.qdd, finite)
+        outs = tuple(x for x in (getattr(new, f) for f in _OUT_FIELDS) if x is not None) + (data.qdd, finite)
         return outs + ((near, outside) if self.watch is not None else ())
 
 
@@ -476,7 +478,7 @@ class ExportedStep:
         else:
             self._groups[shape] = None
         outs = iter(outs)
-        new = State(**{f: (next(outs) if p else None) for f, p in zip(_STATE_FIELDS, present)})
+        new = State(**{f: (next(outs) if p else None) for f, p in zip(_OUT_FIELDS, present)}, latency=state.latency)
         qdd, finite = next(outs), next(outs)
         if self.nan_check and not bool(finite):
             guard(state, new, action, qdd)

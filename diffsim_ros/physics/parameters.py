@@ -163,7 +163,7 @@ def _thrust_scale(sys, value):
     return _rotors(sys, thrust_scale=sys.rotors.thrust_scale * _scalar(sys, value))
 
 
-def _rebuild(sys: System, cfg) -> System:
+def rebuild(sys: System, cfg) -> System:
     """The same physics (model, controller model) under a new structure."""
     new = build_system(sys.model, cfg, nominal=sys.nominal)
     if sys.rotors is not None and new.rotors is not None:
@@ -176,7 +176,7 @@ def _rebuild(sys: System, cfg) -> System:
 def _actuator_lag(sys, value):
     v = _scalar(sys, value)
     if sys.config.actuator_lag <= 0:
-        sys = _rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach()), 1e-6)))
+        sys = rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach()), 1e-6)))
     return sys.replace(actuator_lag=v)
 
 
@@ -184,7 +184,7 @@ def _motor_time_constant(sys, value):
     v = _scalar(sys, value)
     if not sys.rotors.has_motor_lag:
         cfg = sys.config
-        sys = _rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
+        sys = rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
             cfg.rotors, motor_time_constant=max(float(v.detach()), 1e-6))))
     return _rotors(sys, motor_time_constant=v)
 
@@ -193,7 +193,7 @@ def _latency(sys, value):
     d = int(round(float(_scalar(sys, value).detach())))
     if d == sys.config.command_delay:
         return sys
-    return _rebuild(sys, dataclasses.replace(sys.config, command_delay=max(d, 0)))
+    return rebuild(sys, dataclasses.replace(sys.config, command_delay=max(d, 0)))
 
 
 # ------------------------------------------------------------------------------ the registry

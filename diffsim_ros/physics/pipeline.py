@@ -165,23 +165,58 @@ def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
     na = sys.action_dim
     action = batch_action(sys, state, action)
     delay = state.delay
-    if cfg.command_delay > 0:
-        command = delay[..., 0, :]
-        delay = torch.cat((delay[..., 1:, :], action.unsqueeze(-2)), -2)
-    else:
-        command = action
     h = cfg.dt / cfg.substeps
     q, v = state.q.reshape(-1, m.nq), state.v.reshape(-1, m.nv)
     B = q.shape[0]
-    command = command.reshape(B, na)
+    if cfg.max_latency > 0:
+        commands, delay = latency_commands(sys, delay, action, state.latency)
+        commands = [c.reshape(B, na) for c in commands]
+    else:
+        if cfg.command_delay > 0:
+            command = delay[..., 0, :]
+            delay = torch.cat((delay[..., 1:, :], action.unsqueeze(-2)), -2)
+        else:
+            command = action
+        commands = [command.reshape(B, na)] * cfg.substeps
     act = None if state.actuator is None else state.actuator.reshape(B, state.actuator.shape[-1])
-    for _ in range(cfg.substeps):
+    for command in commands:
         q, v, act, qdd, kin, con = _substep(sys, q, v, command, act, h)
     kin = kin._replace(batch=tuple(batch))
     new = State(q=q.reshape(batch + (m.nq,)), v=v.reshape(batch + (m.nv,)),
                 actuator=None if act is None else act.reshape(batch + act.shape[-1:]), delay=delay,
-                t=state.t + cfg.dt if state.t is not None else None)
+                t=state.t + cfg.dt if state.t is not None else None, latency=state.latency)
     return new, Data(qdd=qdd.reshape(batch + (m.nv,)), kin=kin, contact=con)
+
+
+def latency_lookback(sys: System) -> int:
+    """K: how many control steps back a command of the largest latency can reach
+    (ceil(max_latency / substeps)); the delay line then holds command_delay + K commands."""
+    return -(-int(sys.config.max_latency) // int(sys.config.substeps))
+
+
+def latency_commands(sys: System, line: torch.Tensor, action: torch.Tensor, latency: Optional[torch.Tensor]):
+    """(the command of each substep, the delay line after the step) under per-environment latency.
+
+    ``line`` (..., D + K, na) holds the last D + K actions, oldest first (D = command_delay, K =
+    :func:`latency_lookback`); with the current action appended, entry K is the action of D steps
+    ago, entry K - c that of D + c steps ago. Substep j of an environment of latency L (substeps)
+    applies the action issued (L - j) substeps before it would apply without latency, that is
+    c = ceil((L - j) / substeps) control steps further back (none once j >= L). The choice is a
+    comparison per environment, so the commands stay differentiable in every action and the
+    latency is an input tensor, not a constant of the step."""
+    cfg = sys.config
+    S, K = int(cfg.substeps), latency_lookback(sys)
+    seq = torch.cat((line, action.unsqueeze(-2)), -2)
+    window = seq[..., :K + 1, :]                                    # actions D + K ... D steps ago
+    L = torch.zeros(action.shape[:-1], dtype=action.dtype, device=action.device) if latency is None else \
+        latency.to(action.dtype).clamp(0, cfg.max_latency)
+    slots = torch.arange(K + 1, dtype=action.dtype, device=action.device)
+    commands = []
+    for j in range(S):
+        back = torch.ceil((L - j) / S).clamp(min=0)                 # control steps further back
+        weight = (slots == (K - back).unsqueeze(-1)).to(action.dtype)   # one-hot over the window
+        commands.append((weight.unsqueeze(-1) * window).sum(-2))
+    return commands, seq[..., 1:, :]
 
 
 def batch_action(sys: System, state: State, action) -> torch.Tensor:

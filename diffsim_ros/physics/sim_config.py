@@ -61,6 +61,12 @@ class SimConfig:
                                         "about 1 - 2 x band of it)", above=0)
     actuator_lag: float = option(0.0, "first-order time constant of the torque (0: none)", "s", low=0)
     command_delay: int = option(0, "whole control steps between an action and its effect", low=0)
+    max_latency: int = option(0, """largest per-environment command latency on top of command_delay, in physics
+        substeps (dt / substeps): each environment's own latency is State.latency (0 to max_latency substeps, a
+        tensor over the batch, an input of the step as the state is), so one batch holds episodes of different
+        latencies (domain randomisation). During the first L substeps of a control step an environment of latency
+        L still applies the earlier command, as a robot whose command arrives L substeps late. 0: no such
+        latency (State.latency is None)""", "substeps", low=0)
     rotors: Optional[RotorConfig] = option(None, "rotor layout and aerodynamics of a multirotor")
 
     gravity_compensation: bool = option(False, """add the joint torques that hold a fixed-base arm against

@@ -35,7 +35,7 @@ import torch
 from .algorithms import _cross
 from .kinematics import kinematics_record
 from .model import Model
-from .pipeline import Data, batch_action, check_finite, guard, step as pure_step
+from .pipeline import Data, batch_action, check_finite, guard, latency_lookback, step as pure_step
 from .quadrotor import RotorConfig, Rotors  # noqa: F401  (re-exported)
 from .schema import ConfigError  # noqa: F401  (re-exported)
 from .sim_config import ACTUATORS, INTEGRATORS, SimConfig  # noqa: F401  (re-exported)
@@ -153,8 +153,10 @@ class Simulator:
 
     # ------------------------------------------------------------ states
     def initial_state(self, q: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
-                      batch: Sequence[int] = ()) -> State:
-        """A state at rest (or at the given q, v); actuators and delay line at hover/zero."""
+                      batch: Sequence[int] = (), latency=None) -> State:
+        """A state at rest (or at the given q, v); actuators and delay line at hover/zero.
+        ``latency``: each environment's command latency in substeps (a number or a tensor over
+        the batch, whole numbers up to ``config.max_latency``; default 0), with max_latency > 0."""
         m, cfg = self.model, self.config
         if q is None:
             q = m.neutral_configuration(tuple(batch) if not isinstance(batch, int) else (batch,))
@@ -168,9 +170,20 @@ class Simulator:
             actuator = self.rotors.speed_for_thrust(hover).expand(bshape + (self.n_act,)).clone()
         elif cfg.actuator_lag > 0:
             actuator = torch.zeros(bshape + (self.n_act,), dtype=m.dtype, device=m.device)
-        delay = None
-        if cfg.command_delay > 0:
-            delay = torch.zeros(bshape + (cfg.command_delay, self.action_dim), dtype=m.dtype, device=m.device)
+        latency_in, delay, latency = latency, None, None
+        line = cfg.command_delay + latency_lookback(self.system)
+        if cfg.max_latency > 0:
+            latency = torch.zeros(bshape, dtype=m.dtype, device=m.device)
+            if latency_in is not None:
+                given = torch.as_tensor(latency_in, dtype=m.dtype, device=m.device)
+                if not bool(((given >= 0) & (given <= cfg.max_latency) & (given == given.round())).all()):
+                    raise ValueError(f"latency must be whole substeps in [0, {cfg.max_latency}] "
+                                     f"(simulator.max_latency), got {given.tolist()}")
+                latency = latency + given
+        elif latency_in is not None and bool(torch.as_tensor(latency_in).ne(0).any()):
+            raise ValueError("a per-environment latency needs simulator.max_latency > 0")
+        if line > 0:
+            delay = torch.zeros(bshape + (line, self.action_dim), dtype=m.dtype, device=m.device)
             if cfg.actuator == "ctbr":
                 delay[..., 0] = m.mass.sum() * -m.gravity[2]
             elif cfg.actuator == "rotor_thrust":
@@ -178,7 +191,7 @@ class Simulator:
             elif cfg.actuator == "position":
                 delay[...] = self.joint_positions(q)[..., self.act_index].unsqueeze(-2)
         t = torch.zeros(bshape, dtype=m.dtype, device=m.device)
-        return State(q=q, v=v, actuator=actuator, delay=delay, t=t)
+        return State(q=q, v=v, actuator=actuator, delay=delay, t=t, latency=latency)
 
     def joint_positions(self, q: torch.Tensor) -> torch.Tensor:
         return q[..., 7:] if self.model.floating_base else q

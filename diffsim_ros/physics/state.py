@@ -21,18 +21,23 @@ class State:
         rotor speeds in rad/s for multirotors); None when stateless.
     delay (..., command_delay, n_act): commands waiting in the delay line; None if no delay.
     t (...): time, s.
+    latency (...): each environment's command latency in physics substeps on top of the delay
+        line's whole control steps (whole numbers, 0 to ``config.max_latency``); None when
+        ``max_latency`` is 0. The step passes it through unchanged.
     """
     q: torch.Tensor
     v: torch.Tensor
     actuator: Optional[torch.Tensor] = None
     delay: Optional[torch.Tensor] = None
     t: Optional[torch.Tensor] = None
+    latency: Optional[torch.Tensor] = None
 
     def replace(self, **kw) -> "State":
         return dataclasses.replace(self, **kw)
 
     def detach(self) -> "State":
-        return State(*(None if x is None else x.detach() for x in (self.q, self.v, self.actuator, self.delay, self.t)))
+        return State(*(None if x is None else x.detach()
+                       for x in (self.q, self.v, self.actuator, self.delay, self.t, self.latency)))
 
 
 @dataclass
