@@ -29,7 +29,7 @@ import torch
 
 from ..physics import ConfigError, SimulationError, Simulator
 from ..physics.schema import normalise, option, section
-from ..physics.parameters import apply_values
+from ..physics.parameters import apply_values, rebuild as rebuild_system
 from ..tasks import Task
 from .distributed import SINGLE, Context, slice_state
 from .policy import MLPPolicy, ValueNet
@@ -77,13 +77,23 @@ class TrainConfig:
         than the model's""", "N/m^2", low=0)
     randomize_ground_friction: Tuple[float, ...] = option((), """[low, high] Coulomb coefficient of the ground
         (simulator.friction), drawn per iteration, or []""", low=0)
+    randomize_latency: Tuple[float, ...] = option((), """[low, high] command latency drawn per episode, rounded to
+        whole physics substeps (dt / substeps), or []: during the first substeps of every control step an episode
+        still applies its previous command, as on a robot whose command arrives late (the stand-in's
+        perturbation.latency). The training simulator gets simulator.max_latency to match""", "s", low=0)
+    sensor_noise: Tuple[float, ...] = option((), """standard deviation of the Gaussian noise on the state the policy
+        observes during training, as the stand-in's perturbation.sensor_noise: [position (m, rad; the base
+        orientation gets a rotation of that many rad), velocity (m/s, rad/s)], a number for both, or [] (none).
+        Drawn afresh every control step; the physics and the loss see the true state""", low=0, broadcast=True)
     eval_every: int = option(5, "iterations between evaluations on fresh episodes (no gradient)", low=1)
     eval_envs: int = option(64, "episodes per evaluation", low=1)
     stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
     seed: int = option(0, "random seed")
     compile_step: bool = option(False, """step through the compiled simulator (physics.compiled.CompiledStep): about
         7x faster an iteration of solo12's locomotion on one CPU thread, after compiling its graphs once (minutes the
-        first time, cached on disk after); not with domain randomisation, which draws new physics every iteration""")
+        first time, cached on disk after). With randomize_latency and sensor_noise (the latency is an input of the
+        graphs, the noise is outside the step); not with the randomize_* options of the physical parameters, which
+        the graphs hold as constants""")
     max_divergences: int = option(10, """iterations whose simulation diverged (non-finite state or gradient) that
         are dropped and retried from fresh episodes, the policy and optimiser put back to the iteration's start,
         before training gives up""", low=0)
@@ -92,13 +102,19 @@ class TrainConfig:
         evaluation so far, ties broken by the lower loss); the last iteration always writes one""", low=1)
 
     def __post_init__(self):
+        noise = self.sensor_noise
+        if isinstance(noise, (int, float)) and not isinstance(noise, bool):     # one number: both alike
+            object.__setattr__(self, "sensor_noise", [noise, noise])
         normalise(self)
 
     def check(self) -> None:
-        for k in RANDOMIZED:
+        for k in RANDOMIZED + ("randomize_latency",):
             r = getattr(self, k)
             if r and (len(r) != 2 or not r[0] <= r[1]):
                 raise ConfigError(f"must be [low, high] with low <= high, got {list(r)}", k)
+        if self.sensor_noise and len(self.sensor_noise) != 2:
+            raise ConfigError(f"must be [position, velocity] or one number, got {list(self.sensor_noise)}",
+                              "sensor_noise")
         if self.compile_step and self.randomized:
             raise ConfigError("the compiled step holds the physical parameters as constants, and domain randomisation "
                               "draws new ones every iteration: set compile_step false or remove the randomize_* "
@@ -157,6 +173,51 @@ def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) 
     if sys.config.ground and cfg.randomize_ground_friction:
         values["ground_friction"] = draw(cfg.randomize_ground_friction)
     return Simulator(apply_values(sys, values))
+
+
+def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
+    """The simulator training steps (before the per-iteration draws of :func:`_randomized_sim`):
+    the nominal one, with simulator.max_latency raised to cover ``randomize_latency``'s high end."""
+    if not cfg.randomize_latency:
+        return nominal
+    sys = nominal.system
+    c = sys.config
+    need = int(round(cfg.randomize_latency[1] / (c.dt / c.substeps)))
+    if need <= c.max_latency:
+        return nominal
+    return Simulator(rebuild_system(sys, dataclasses.replace(c, max_latency=need)), compile=nominal.compiled is True)
+
+
+def _draw_latency(sim: Simulator, cfg: TrainConfig, n: int, gen: torch.Generator) -> torch.Tensor:
+    """Each of ``n`` episodes' latency in whole substeps, uniform over randomize_latency's range."""
+    h = sim.config.dt / sim.config.substeps
+    low, high = (int(round(x / h)) for x in cfg.randomize_latency)
+    drawn = torch.randint(low, high + 1, (n,), generator=gen)
+    return drawn.to(dtype=sim.model.dtype, device=sim.model.device)
+
+
+def measured(task: Task, ts, noise: Tuple[float, float], gen: torch.Generator, total: Optional[int] = None,
+             rows: Optional[slice] = None):
+    """``ts`` as the policy measures it: Gaussian noise of standard deviation ``noise`` =
+    (position, velocity) on the positions (m, rad; a floating base's orientation turned by a
+    random rotation vector of that many rad) and the velocities, as the stand-in's
+    perturbation.sensor_noise. Distributed: the noise is drawn for the whole batch of ``total``
+    episodes and this rank's ``rows`` kept, so each rank sees what the single process would."""
+    from ..physics.spatial import quat_exp, quat_mul
+
+    q, v = ts.sim.q, ts.sim.v
+
+    def randn(width):
+        x = torch.randn((total or q.shape[0], width), generator=gen, dtype=torch.float64)
+        return (x if rows is None else x[rows]).to(dtype=q.dtype, device=q.device)
+    pos, vel = noise
+    if task.model.floating_base:
+        quat = quat_mul(q[:, 3:7], quat_exp(pos * randn(3)))
+        qn = torch.cat((q[:, 0:3] + pos * randn(3), quat, q[:, 7:] + pos * randn(q.shape[1] - 7)), -1)
+    else:
+        qn = q + pos * randn(q.shape[1])
+    vn = v + vel * randn(v.shape[1])
+    return dataclasses.replace(ts, sim=ts.sim.replace(q=qn, v=vn))
 
 
 def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> float:
@@ -237,6 +298,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     if cfg.compile_step and task.sim.compiled is not True:   # the task keeps it (compiled graphs included)
         task.sim = Simulator(task.sim.system, compile=True)
     nominal_sim = task.sim
+    train_sim = _training_sim(nominal_sim, cfg)
     history: List[Dict[str, float]] = []
     env_steps = 0
     solved_steps = solved_time = None
@@ -293,8 +355,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         bar = tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
     try:
         while it < cfg.iterations:
-            if cfg.randomized:
-                task.sim = _randomized_sim(nominal_sim, cfg, gen)
+            task.sim = _randomized_sim(train_sim, cfg, gen) if cfg.randomized else train_sim
             lr = cfg.learning_rate_at(it)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -626,8 +687,12 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist:
     of the episodes, gradients averaged over the ranks before clipping; the returned loss is
     this rank's (``train`` averages it)."""
     ts = task.reset(cfg.num_envs, gen)
+    if cfg.randomize_latency:
+        ts.sim = ts.sim.replace(latency=_draw_latency(task.sim, cfg, cfg.num_envs, gen))
+    rows = None
     if dist.active:
-        ts = slice_state(ts, dist.shard(cfg.num_envs))
+        rows = dist.shard(cfg.num_envs)
+        ts = slice_state(ts, rows)
     total_loss = 0.0
     grad_norm = 0.0
     while ts.step < task.horizon:
@@ -635,7 +700,8 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist:
         loss = 0.0
         obs_list, loss_list = [], []
         for k in range(k_end):
-            obs = task.observe(ts)
+            obs = task.observe(measured(task, ts, cfg.sensor_noise, gen, cfg.num_envs, rows)
+                               if cfg.sensor_noise else ts)
             if cfg.normalize_obs:
                 policy.norm.update(dist.gather_batch(obs))
             action = policy(obs)
