@@ -29,6 +29,13 @@ number of steps; the modes overlap), from the recorded states of every control s
   below ``ground_height + crash_height`` (default 0.1 m) or upside down;
 - ``non_finite``: a NaN or Inf in the positions or velocities.
 
+On the MuJoCo stand-in (``--plant mujoco``, :func:`evaluate_on_standin`): the same episodes (the
+simulator evaluation's starts and goals) run on the stand-in, the policy fed the stand-in's
+measurement, each judged by the task's verdict on the recorded states (``Task.recorded_verdict``);
+the report gives the simulator's and the stand-in's success side by side and their ratio.
+``--perturb hardware`` perturbs the stand-in with the imperfections of a real robot of the
+checkpoint's kind (``plant.perturbation.PRESETS``).
+
 No rclpy here.
 """
 from __future__ import annotations
@@ -53,6 +60,17 @@ DEFAULT_VIDEO_EPISODES = 3
 MODES = ("joint_at_limit", "over_speed_limit", "fall", "non_finite")
 #: analysis.video.RENDERERS, spelled here so that the CLI's --help does not import the analysis package.
 RENDERER_CHOICES = ("auto", "mujoco", "matplotlib")
+#: The --perturb help of eval and loop: the text form and plant.perturbation.PRESETS, spelled here
+#: (plain text) so that the CLI's --help does not import torch; test_perturbation_presets checks it.
+PERTURB_HELP = ("[PRESET,]KEY=VALUE,...: the fields of plant.Perturbation (mass_scale, latency, sensor_noise, "
+                "actuator_lag, ground_friction_scale, joint_damping_scale, drag_scale, thrust_scale, payload_mass, "
+                "...; a list as KEY=[A,B]; a number where the field takes one, e.g. sensor_noise=0.001 for both "
+                "entries) and the preset 'hardware' with the values of the checkpoint's robot kind, which fields "
+                "after it change (hardware,latency=0.015). hardware: every kind mass_scale=1.1, latency=0.01 "
+                "(s); arm: sensor_noise=[0.001,0.01] (rad, rad/s); legged: the same and ground_friction_scale=0.7; "
+                "multirotor: sensor_noise=[0.002,0.02] (m, m/s), actuator_lag=0.03 (s, rotor speed). Joints keep "
+                "the configuration's actuator_lag (none: a joint lag makes the stand-in's servo explicit, unstable "
+                "at the shipped substeps). README.md (Evaluating a checkpoint) says what the values stand for")
 
 
 class EvalError(ValueError):
@@ -359,62 +377,129 @@ def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEF
 
 
 # ---------------------------------------------------------------------------- on the stand-in
+def _measured_qv(plant):
+    """(q, v) of the stand-in's measurement (with its sensor noise, if any) in the simulator's
+    convention: a floating base's pose (x y z, quaternion x y z w) and body-frame twist first."""
+    import numpy as np
+
+    m = plant.measured()
+    joints = m if not plant.floating_base else m.joints
+    qj = np.zeros(0) if joints is None else np.asarray(joints.position, dtype=np.float64)
+    vj = np.zeros(0) if joints is None else np.asarray(joints.velocity, dtype=np.float64)
+    if not plant.floating_base:
+        return qj, vj
+    q = np.concatenate((m.position, m.orientation, qj))
+    v = np.concatenate((m.linear_velocity_body, m.angular_velocity, vj))
+    return q, v
+
+
 def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32, seed: int = DEFAULT_SEED,
-                        perturbation: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                        perturbation: Any = None, simulator: bool = True) -> Dict[str, Any]:
     """The checkpoint's policy on the MuJoCo stand-in (``diffsim_ros.plant.MujocoPlant``, another
-    engine; no ROS), episode by episode: the starts and goals of the task's reset distribution
-    drawn from ``seed``, the policy's command (``learning.deploy.PolicyRunner``, as the controller
-    computes it) at each control step from the stand-in's true state, and the task's own verdict
-    on the recorded episode (``Task.recorded_verdict``: the quadrotor's tolerance after settling,
-    the legged velocity command's strict metric). ``perturbation``: the stand-in's
-    (``plant.Perturbation`` fields). Returns the success rate with its 95 % Wilson interval and,
-    per part of the verdict that has one (speed_ok, height_ok, ...), how many episodes failed it."""
+    engine; no ROS), episode by episode, beside the simulator it was trained in.
+
+    The episodes are the simulator evaluation's (:func:`evaluate_checkpoint`'s rollout: the task's
+    reset distribution drawn from ``seed`` in the training precision): each stand-in episode starts
+    from the same state (an arm's joint positions, a legged robot's standing pose, a multirotor's
+    pose and twist) with the same goal (a reach target, a setpoint, a speed command). At each
+    control step the policy's command (``learning.deploy.PolicyRunner``, as the controller computes
+    it) is computed from the stand-in's measurement (its true state, plus the sensor noise of the
+    perturbation), and the task's own verdict is judged on the recorded true states
+    (``Task.recorded_verdict``: the reach's distance and speed at the end, the quadrotor's tolerance
+    after settling, the jump's metric, the legged velocity command's strict metric).
+
+    ``perturbation``: the stand-in's (``plant.Perturbation`` fields), as a mapping, a Perturbation
+    or the text form of ``--perturb``, a preset (``hardware``) taking the values of the checkpoint's robot kind
+    (``plant.resolve_perturbation``). ``simulator`` False skips the simulator evaluation (the
+    episodes are then drawn by the deployed task in float64). Returns the stand-in's success rate
+    with its 95 % Wilson interval, per part of the verdict that has one (distance_ok, speed_ok,
+    height_ok, ...) how many episodes failed it, and with ``simulator`` the simulator's success on
+    the same episodes and the ratio stand-in / simulator (None when the simulator has none)."""
     import numpy as np
     import torch
 
     from .learning.deploy import PolicyRunner
     from .plant.mujoco_plant import MujocoPlant
+    from .plant.perturbation import PRESET_KEY, perturbation_spec, resolve_perturbation, robot_kind
 
     if episodes < 1:
         raise EvalError(f"episodes must be at least 1, got {episodes}")
     runner = PolicyRunner(checkpoint)             # validated: another robot's checkpoint is refused
     meta, params = runner.meta, _standin_params(runner.meta, os.fspath(checkpoint))
     task = runner.task
+    kind = robot_kind(runner.kind)
+    spec = perturbation_spec(perturbation)
+    pert = resolve_perturbation(spec, kind)
     with torch.no_grad():
-        ts = task.reset(episodes, torch.Generator().manual_seed(seed))
-    if task.recorded_verdict(np.zeros(2), ts.sim.q[:1].repeat(2, 1).double().numpy(),
-                             ts.sim.v[:1].repeat(2, 1).double().numpy(), ts.target[0].double().numpy()) is None:
+        probe = task.reset(1, torch.Generator().manual_seed(seed))
+    if task.recorded_verdict(np.zeros(2), probe.sim.q.repeat(2, 1).double().numpy(),
+                             probe.sim.v.repeat(2, 1).double().numpy(), probe.target[0].double().numpy()) is None:
         raise EvalError(f"{os.fspath(checkpoint)}: the '{task.name}' task has no verdict on a recorded episode "
-                        "(the stand-in evaluation judges quadrotor tasks and velocity-command locomotion)")
-    plant = MujocoPlant(params, source=os.fspath(checkpoint), perturbation=perturbation or {})
+                        "(the stand-in evaluation judges reach, quadrotor tasks, the jump and velocity-command "
+                        "locomotion)")
+    sim_report = None
+    if simulator:
+        sim_report, roll = evaluate_task(*load_checkpoint_task(checkpoint)[:2], episodes, seed,
+                                         checkpoint=os.fspath(checkpoint), robot=meta["robot"]["name"])
+        q0, v0, targets = roll.q[0], roll.v[0], roll.target
+    else:
+        with torch.no_grad():
+            ts = task.reset(episodes, torch.Generator().manual_seed(seed))
+        q0, v0, targets = ts.sim.q, ts.sim.v, ts.target
+    q0, v0, targets = (x.detach().cpu().double() for x in (q0, v0, targets))
+    plant = MujocoPlant(params, source=os.fspath(checkpoint), perturbation=pert)
     verdicts = []
     for i in range(episodes):
-        plant.reset(ts.sim.q[i].double().numpy(), ts.sim.v[i].double().numpy())
+        plant.reset(q0[i].numpy(), v0[i].numpy())
         runner.reset()
-        target = ts.target[i:i + 1].to(runner.dtype)
+        target = targets[i:i + 1].to(runner.dtype)
         q, v = [plant.q], [plant.v]
         for _ in range(int(task.horizon)):
-            state = runner.state(q[-1], v[-1])
+            state = runner.state(*_measured_qv(plant))
             plant.step(runner.decide(state, target, predict=False).command)
             q.append(plant.q)
             v.append(plant.v)
         t = np.arange(len(q)) * task.dt
-        verdicts.append(task.recorded_verdict(t, np.array(q), np.array(v), ts.target[i].double().numpy()))
+        verdicts.append(task.recorded_verdict(t, np.array(q), np.array(v), targets[i].numpy()))
     ok = sum(bool(x["success"]) for x in verdicts)
     lo, hi = wilson_interval(ok, episodes)
     failed = {k: sum(1 for x in verdicts if x.get(k) is False) for k in verdicts[0] if k.endswith("_ok")
-              or k == "only_feet_touch"}
-    return {"checkpoint": os.fspath(checkpoint), "robot": meta["robot"]["name"], "plant": "mujoco",
-            "perturbation": dict(perturbation or {}), "episodes": episodes, "seed": seed, "successes": ok,
-            "success_rate": ok / episodes, "interval_95": [lo, hi], "failed": failed, "verdicts": verdicts}
+              or k in ("only_feet_touch", "airborne_at_apex")}
+    rep = {"checkpoint": os.fspath(checkpoint), "robot": meta["robot"]["name"], "kind": kind, "plant": "mujoco",
+           "preset": spec.get(PRESET_KEY), "perturbation": pert, "episodes": episodes, "seed": seed,
+           "successes": ok, "success_rate": ok / episodes, "interval_95": [lo, hi], "failed": failed,
+           "verdicts": verdicts}
+    if sim_report is not None:
+        rate = sim_report.success_rate
+        rep["simulator"] = {"successes": sim_report.successes, "success_rate": rate,
+                            "interval_95": list(sim_report.interval)}
+        rep["ratio"] = (ok / episodes) / rate if rate > 0 else None
+    return rep
 
 
 def format_standin_report(rep: Dict[str, Any]) -> str:
+    """The stand-in evaluation as text: the simulator's and the stand-in's success on the same
+    episodes side by side, their ratio, and how many episodes failed each part of the verdict."""
+    pert = rep["perturbation"]
+    words = "none" if not pert else ", ".join(f"{k}={v}" for k, v in pert.items())
+    if rep.get("preset"):
+        words = f"preset {rep['preset']} for the {rep.get('kind', '')} kind: {words}"
     lines = [f"checkpoint      {rep['checkpoint']} ({rep['robot']})",
-             f"plant           the MuJoCo stand-in, perturbation {rep['perturbation'] or 'none'}",
-             f"episodes        {rep['episodes']} (seed {rep['seed']})",
-             f"success         {rep['success_rate']:.3f}  [{rep['interval_95'][0]:.3f}, {rep['interval_95'][1]:.3f}] "
-             f"(95 % Wilson, {rep['successes']} of {rep['episodes']})"]
+             f"plant           the MuJoCo stand-in, perturbation {words}",
+             f"episodes        {rep['episodes']} (seed {rep['seed']})"]
+    sim = rep.get("simulator")
+
+    def row(name: str, r: Dict[str, Any]) -> str:
+        lo, hi = r["interval_95"]
+        return (f"{name:<16}{r['success_rate']:.3f}  [{lo:.3f}, {hi:.3f}] (95 % Wilson, {r['successes']} of "
+                f"{rep['episodes']})")
+    if sim is not None:
+        lines.append(row("simulator", sim))
+    lines.append(row("stand-in" if sim is not None else "success", rep))
+    if sim is not None:
+        ratio = rep.get("ratio")
+        lines.append(f"{'ratio':<16}" + (f"{ratio:.3f} (stand-in / simulator)" if ratio is not None
+                                         else "n/a (no success in the simulator)"))
     for k, n in rep["failed"].items():
         lines.append(f"  failed {k:<16} {n} episode(s)")
     return "\n".join(lines)
@@ -542,10 +627,8 @@ def cmd_eval(args, cli=None) -> int:
     if args.plant == "mujoco":
         if args.video is not None or str(device) != "cpu":
             raise CliError("--plant mujoco runs on the CPU and draws no video (leave out --video and --device)")
+        pert = cli._perturbation(args.perturb or "")
         try:
-            pert = cli._perturbation(args.perturb or "")
-            from .plant.perturbation import Perturbation
-            Perturbation.from_dict(pert, "--perturb")
             rep = evaluate_on_standin(args.checkpoint, args.episodes, args.seed, pert)
         except errors as exc:
             raise CliError(_describe(exc, args.checkpoint)) from None
@@ -592,10 +675,12 @@ def add_parser(sub, cli=None) -> None:
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
         description="Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros train, run "
-                    "the policy on fresh episodes, and print the task's own success rate with its 95 %% Wilson "
+                    "the policy on fresh episodes, and print the task's own success rate with its 95 % Wilson "
                     "interval and how many episodes put a joint at its URDF position limit, over its URDF "
                     "velocity limit, fell (floating base) or went non-finite. --video draws a few of the "
-                    "episodes (MuJoCo's offscreen renderer where EGL or OSMesa works, else matplotlib).")
+                    "episodes (MuJoCo's offscreen renderer where EGL or OSMesa works, else matplotlib). "
+                    "--plant mujoco runs the same episodes on the MuJoCo stand-in as well (--perturb hardware: "
+                    "with a robot's usual imperfections) and prints both success rates and their ratio.")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder (or its policy.pt / policy.json)")
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, metavar="N",
                    help=f"fresh episodes (default {DEFAULT_EPISODES})")
@@ -619,8 +704,9 @@ def add_parser(sub, cli=None) -> None:
                    help="quadrotor: base height above the ground counted as a crash, m (default 0.1)")
     p.add_argument("--plant", choices=("simulator", "mujoco"), default="simulator",
                    help="where the episodes run: the simulator the policy was trained in (default), or the MuJoCo "
-                        "stand-in (another engine, no ROS; the task's verdict on each recorded episode: quadrotor "
-                        "tasks and velocity-command locomotion)")
-    p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",
-                   help="with --plant mujoco: the stand-in's perturbation (e.g. mass_scale=1.1,actuator_lag=0.03)")
+                        "stand-in (another engine, no ROS; the task's verdict on each recorded episode: reach, "
+                        "quadrotor tasks, the jump and velocity-command locomotion), printed beside the simulator's "
+                        "success on the same episodes with the ratio stand-in / simulator")
+    p.add_argument("--perturb", default=None, metavar="[PRESET,]KEY=VALUE,...",
+                   help="with --plant mujoco: the stand-in's perturbation, " + PERTURB_HELP.replace("%", "%%"))
     p.set_defaults(func=lambda args: cmd_eval(args, cli))

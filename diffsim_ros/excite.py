@@ -58,6 +58,13 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     # Build it here first: a robot or setting the excitation refuses stops the run before any node starts.
     runner = ExcitationRunner(params, exc, source=config)
     floating = runner.model.floating_base
+    # The stand-in's parameters as mujoco_plant declares them (a number for sensor_noise: both
+    # entries); a preset takes the values of the robot's kind.
+    from .plant.perturbation import resolve_perturbation, ros_values
+
+    kind = "arm" if not floating else ("multirotor" if (params.get("simulator") or {}).get("rotors") else "legged")
+    perturbation = resolve_perturbation(perturbation or {}, kind)
+    plant_perturbation = ros_values(perturbation, "--perturb")
     initial = None
     if floating:
         initial = [float(x) for x in exc.home]
@@ -81,11 +88,7 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     else:
         from sensor_msgs.msg import JointState as state_type
         state_topic = interfaces.JOINT_STATES
-    plant: Dict[str, Any] = {}
-    for k, v in (perturbation or {}).items():
-        if k == "sensor_noise" and not isinstance(v, (list, tuple)):
-            v = [float(v), float(v)]            # one number: the same on positions and velocities
-        plant[f"perturbation.{k}"] = v
+    plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in plant_perturbation.items()}
     if initial is not None:
         plant["initial_positions"] = initial
     controller: Dict[str, Any] = {"mode": "excite", "config": params_file(params, out_dir), "lockstep": True,
@@ -205,7 +208,8 @@ def add_parser(sub, cli) -> None:
                    help="multirotors: step kinds among attitude,thrust,rate (default all); none: a hover")
     p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",
                    help="stand-in perturbation (mass_scale, joint_damping_scale, drag_scale, actuator_lag, latency, "
-                        "sensor_noise, ...; default none)")
+                        "sensor_noise, ...; a preset: hardware, with the values of the robot's kind, see diffsim-ros "
+                        "eval --help; default none)")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wall-clock limit (default 600)")
     p.set_defaults(func=lambda args: cmd_excite(args, cli))

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import interfaces
 
@@ -451,7 +451,8 @@ def checkpoint_config(ckpt: Path, out: Path) -> str:
 def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     """The locomotion task's own verdict on the stand-in's recorded episode: /odom and
     /joint_states paired by stamp into simulator states, the task's success over its first
-    episode (horizon steps), and the mean forward speed and lowest base height of the run."""
+    episode (horizon steps), and the mean forward speed and lowest base height of the run. A
+    jump's verdict is its metric on the recorded episode (``jump_metric``, Task.recorded_verdict)."""
     import numpy as np
     import torch
 
@@ -491,6 +492,16 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
            float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
            "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
            "steps_recorded": len(states)}
+    from .tasks.jump import JumpTask
+
+    if isinstance(task, JumpTask):
+        # The jump's metric on the recorded arrays of the first episode (base pose, contact from
+        # each recorded state): the same parts the task's flags above judge.
+        t = (np.array(stamps[:horizon + 1], dtype=np.float64) - stamps[0]) * 1e-9
+        q = np.array([s.q[0].double().numpy() for s in states[:horizon + 1]])
+        v = np.array([s.v[0].double().numpy() for s in states[:horizon + 1]])
+        res["jump_metric"] = task.recorded_verdict(t, q, v, None)
+        res["success"] = res["jump_metric"]["success"]
     if getattr(task, "command_speed", None):
         # The strict metric on the recorded arrays of the first episode (the task's verdict above
         # comes from its own flags; both must agree).
@@ -567,7 +578,7 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
 
 
 def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
-             perturbation: Optional[Dict[str, Any]] = None, start: Optional[Sequence[float]] = None,
+             perturbation: Union[str, Dict[str, Any], None] = None, start: Optional[Sequence[float]] = None,
              threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
              timeout: float = 600.0, first_state_timeout: float = 30.0,
              targets: Optional[Sequence[Sequence[float]]] = None, n_targets: int = 3,
@@ -578,7 +589,10 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     trained with (its stored configuration). ``first_state_timeout``: seconds the stand-in has
     to publish its first states before the loop stops with the likely cause. Arms: ``targets``
     (points, m; default ``n_targets`` drawn from the task's reset distribution) are reached in
-    sequence, each for ``duration`` simulated seconds. ``use_launch``: deploy through
+    sequence, each for ``duration`` simulated seconds. ``perturbation``: the stand-in's, a mapping
+    of ``plant.Perturbation`` fields (a ``preset`` name among them) or the text form of
+    ``--perturb`` (``hardware,latency=0.015``), a preset taking the values of the checkpoint's robot
+    kind (``plant.resolve_perturbation``); None: DEFAULT_PERTURBATION. ``use_launch``: deploy through
     ``ros2 launch diffsim_ros deploy.launch.py`` (True), start the nodes one by one (False), or the
     first where launch is installed and the package is in the ament index (None).
     Returns a summary dict (also written to ``out/summary.json``)."""
@@ -592,7 +606,14 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     bag = out_dir / "bag"
     if bag.exists():
         raise LoopError(f"{bag} already exists: choose another --out (a recorded bag is never overwritten)")
-    perturbation = dict(DEFAULT_PERTURBATION if perturbation is None else perturbation)
+    from .physics import ConfigError
+    from .plant.perturbation import perturbation_spec, resolve_perturbation, robot_kind, ros_values
+
+    try:
+        # Checked before anything runs; a preset's values follow the robot's kind (below).
+        spec = perturbation_spec(DEFAULT_PERTURBATION if perturbation is None else perturbation)
+    except ConfigError as e:
+        raise LoopError(str(e)) from None
     if config is None:
         if checkpoint is None:
             raise LoopError("neither a training configuration nor a checkpoint to deploy")
@@ -614,6 +635,11 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     runner = PolicyRunner(str(ckpt))
     task = runner.task
     _check_same_robot(config, runner)
+    try:
+        perturbation = resolve_perturbation(spec, robot_kind(runner.kind))
+        plant_perturbation = ros_values(perturbation, "--perturb")
+    except ConfigError as e:
+        raise LoopError(str(e)) from None
     if start is None and runner.kind == "legged":
         # The task's own start: the standing pose at its base height (the stand-in's neutral
         # configuration would put the trunk into the ground).
@@ -652,7 +678,8 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
         from sensor_msgs.msg import JointState as state_type
         state_topic = interfaces.JOINT_STATES
     controller = {"state_timeout_s": 5.0, "stats_file": str(logs / "controller_stats.json")}
-    plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in perturbation.items()}
+    # As mujoco_plant declares them: vectors as lists of floats, floats as floats, null as its stand-in.
+    plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in plant_perturbation.items()}
     if start is not None:
         plant["initial_positions"] = [float(x) for x in start]
     try:
@@ -834,7 +861,15 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     log("[loop] 4/4 summary (legged)")
     log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")
     m = res.get("strict_metric")
-    if m is not None:
+    jump = res.get("jump_metric")
+    if jump is not None:
+        task = runner.task
+        log(f"  jump on the stand-in: first episode ({res['episode_steps']} steps), apex {jump['apex_m']:.3f} m above "
+            f"standing ({task.min_apex:g} needed), feet off the ground there: {jump['airborne_at_apex']}; lowest "
+            f"base {jump['min_height_m']:.3f} m (above {task.fall_height:.3f}); largest roll/pitch "
+            f"{jump['max_tilt_rad']:.2f} rad (within {task.max_tilt:g}); only feet touching: "
+            f"{jump['only_feet_touch']} -> {'SUCCESS' if jump['success'] else 'not a success'}")
+    elif m is not None:
         log(f"  velocity command on the stand-in: first episode ({res['episode_steps']} steps), command "
             f"{m['command_m_s']:.3f} m/s, mean speed over its last {runner.task.window_s:g} s "
             f"{m['window_speed_m_s']:.3f} m/s (within {100 * runner.task.speed_tolerance:g} % needed); lowest base "

@@ -253,10 +253,64 @@ def test_on_the_stand_in_each_episode_is_judged_by_the_tasks_recorded_verdict(tm
         err = capsys.readouterr().err
         assert rc == 2 and "Traceback" not in err, err
         return err
-    assert "no verdict on a recorded episode" in refused(str(REPO / "policies" / "reach_arm"), "--plant", "mujoco")
+    make_checkpoint("locomotion", tmp_path / "forward", gain=0.3)
+    assert "no verdict on a recorded episode" in refused(str(tmp_path / "forward"), "--plant", "mujoco")
     assert "did you mean 'mass_scale'" in refused(str(REPO / "policies" / "hover"), "--plant", "mujoco", "--perturb",
                                                   "mass_scal=1.2")
     assert "with --plant mujoco" in refused(str(REPO / "policies" / "hover"), "--perturb", "mass_scale=1.2")
+    assert "is not a preset" in refused(str(REPO / "policies" / "hover"), "--plant", "mujoco", "--perturb", "hardwar")
+
+
+@pytest.mark.parametrize("name", ["reach_arm", "jump"])
+def test_on_the_stand_in_reach_and_jump_beside_the_simulator(tmp_path, capsys, name):
+    """--plant mujoco on the shipped reach and jump policies: the stand-in's episodes are the
+    simulator evaluation's (the same starts and goals), printed and written side by side with the
+    ratio; --perturb hardware,latency=0.015 is the preset of the checkpoint's kind with the latency
+    replaced, and the policy then sees the stand-in's noisy measurement."""
+    out = tmp_path / "e.json"
+    rc = main(["eval", str(REPO / "policies" / name), "--plant", "mujoco", "--episodes", "3", "--seed", "5",
+               "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads(out.read_text())
+    sim = evaluation.evaluate_checkpoint(REPO / "policies" / name, episodes=3, seed=5)
+    assert data["simulator"]["successes"] == sim.successes and data["kind"] in ("arm", "legged")
+    assert data["ratio"] == (pytest.approx(data["success_rate"] / sim.success_rate) if sim.successes else None)
+    assert "simulator" in text and "stand-in" in text and "ratio" in text
+    part = "distance_ok" if name.startswith("reach") else "apex_ok"
+    assert part in data["failed"] and all(part in v for v in data["verdicts"])
+    rc = main(["eval", str(REPO / "policies" / name), "--plant", "mujoco", "--episodes", "1", "--seed", "5",
+               "--perturb", "hardware,latency=0.015", "--json", str(out)])
+    assert rc == 0, capsys.readouterr().out
+    data = json.loads(out.read_text())
+    from diffsim_ros.plant import resolve_perturbation
+
+    assert data["preset"] == "hardware"
+    assert data["perturbation"] == dict(resolve_perturbation("hardware", data["kind"]), latency=0.015)
+
+
+def test_on_the_stand_in_the_episodes_start_where_the_simulators_do(monkeypatch):
+    """Each stand-in episode starts from the simulator evaluation's start state and goal (an arm's
+    joint positions and its target), and the policy is given that target."""
+    import numpy as np
+
+    from diffsim_ros.learning.deploy import PolicyRunner
+    from diffsim_ros.plant.mujoco_plant import MujocoPlant
+
+    starts, goals = [], []
+    reset, decide = MujocoPlant.reset, PolicyRunner.decide
+    monkeypatch.setattr(MujocoPlant, "reset", lambda self, q=None, v=None: (starts.append(np.array(q)),
+                                                                            reset(self, q, v))[1])
+    monkeypatch.setattr(PolicyRunner, "decide", lambda self, state, target=None, predict=True: (
+        goals.append(np.asarray(target, dtype=float).reshape(-1)), decide(self, state, target, predict))[1])
+    evaluation.evaluate_on_standin(REPO / "policies" / "reach_arm", episodes=2, seed=7)
+    task, policy, _, _ = evaluation.load_checkpoint_task(REPO / "policies" / "reach_arm")
+    roll = evaluation.rollout(task, policy, 2, 7)
+    starts = [q for q in starts if q.ndim]                # MujocoPlant's own reset at construction: None
+    np.testing.assert_array_equal(np.stack(starts), roll.q[0].numpy())
+    for g in goals[:task.horizon]:
+        np.testing.assert_array_equal(g, roll.target[0].numpy())
+    np.testing.assert_array_equal(goals[-1], roll.target[1].numpy())
 
 
 def test_python_dash_m_reports_bad_input_as_exit_2(tmp_path):

@@ -100,6 +100,30 @@ def test_loop_deploys_an_old_checkpoint_from_the_training_file_it_names(tmp_path
 def test_loop_cli_rejects_bad_perturbation(capsys):
     assert cli.main(["loop", "--perturb", "mass_scale:1.2"]) == 2
     assert "KEY=NUMBER" in capsys.readouterr().err
+    assert cli.main(["loop", "--checkpoint", str(REPO_ROOT / "policies" / "reach_arm"), "--perturb", "hardwar"]) == 2
+    assert "'hardwar' is not a preset" in capsys.readouterr().err
+    assert cli.main(["loop", "--checkpoint", str(REPO_ROOT / "policies" / "reach_arm"), "--perturb",
+                     "sensor_noise=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "KEY=NUMBER" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("path", ["launch", "nodes"])
+def test_loop_takes_the_hardware_preset_and_numbers_for_lists(tmp_path, path):
+    """--perturb hardware,sensor_noise=0.001,latency=0 on the arm (issue 39: a number for
+    sensor_noise made mujoco_plant die with rclpy's InvalidParameterTypeException): the arm's preset,
+    the noise one number for both entries and the latency an integer, reach mujoco_plant (through a
+    params file with launch, as -p arguments without) and the run completes with every message."""
+    from diffsim_ros.plant import resolve_perturbation
+
+    ckpt = REPO_ROOT / "policies" / "reach_arm"
+    summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(ckpt), duration=0.5, n_targets=1,
+                       perturbation="hardware,sensor_noise=0.001,latency=0", log=lambda *_: None,
+                       domain=ros_domain(), use_launch=deploy_path(path))
+    want = dict(resolve_perturbation("hardware", "arm"), sensor_noise=[0.001, 0.001], latency=0.0)
+    assert summary["perturbation"] == want and summary["lost"] == {}
+    assert summary["controller"]["published"]["/position_controller/commands"] >= 20
+    assert len(summary["task"]["targets"]) == 1
 
 
 def odom_positions(bag):

@@ -110,13 +110,13 @@ def _int_list(text: str, option: str) -> List[int]:
 
 
 def _perturbation(text: str) -> dict:
-    out = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, sep, val = item.partition("=")
-        try:
-            out[key.strip()] = float(val)
-        except ValueError:
-            sep = ""
-        if not sep or not key.strip():
-            raise CliError(f"--perturb entries are KEY=NUMBER (e.g. mass_scale=1.2,drag_scale=2), got {item!r}")
-    return out
+    """The mapping of a ``--perturb`` text (plant.perturbation.parse_perturbation): a preset's name
+    under ``preset`` (its values come with the robot's kind) and the fields given, checked by the
+    schema; bad text is a CliError naming the entry."""
+    from diffsim_ros.physics import ConfigError
+    from diffsim_ros.plant.perturbation import parse_perturbation
+
+    try:
+        return parse_perturbation(text)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None

@@ -6,6 +6,8 @@ import argparse
 import os
 import time
 
+from diffsim_ros.evaluation import PERTURB_HELP
+
 from .common import CliError, _describe, _input_errors, _perturbation, _positive
 
 
@@ -63,11 +65,9 @@ def _add_loop(sub) -> None:
                    help="arms: a goal point in m (world frame); repeat for several in sequence")
     p.add_argument("--targets", type=int, default=3,
                    help="arms without --target: this many goals drawn from the task's reset distribution (default 3)")
-    p.add_argument("--perturb", default=None,
-                   help="stand-in perturbation, KEY=VALUE,... (mass_scale, joint_damping_scale, "
-                        "added_joint_damping, drag_scale, actuator_lag, latency, ground_friction_scale, "
-                        "contact_time_constant, ...: the fields of plant.Perturbation); default: "
-                        "mass_scale=1.1,drag_scale=1.5,actuator_lag=0.03; '' for none")
+    p.add_argument("--perturb", default=None, metavar="[PRESET,]KEY=VALUE,...",
+                   help="the stand-in's perturbation, " + PERTURB_HELP.replace("%", "%%")
+                        + "; default: mass_scale=1.1,drag_scale=1.5,actuator_lag=0.03; '' for none")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(func=cmd_loop)

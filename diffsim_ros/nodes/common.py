@@ -2,7 +2,11 @@
 
 Parameters
     declare(node, name, default, description, *, dynamic_typing=False, read_only=False) -> value
+        An override of a compatible type is converted first (coerce_value: an integer for a
+        double, ...); one of another type is a StartupError naming the parameter.
     declare_all(node, specs) -> {name: value}            specs: [(name, default, description), ...]
+    coerce_override(node, name, convert): replace a parameter's override by convert(value)
+        before it is declared (mujoco_plant converts perturbation.* through the schema)
     value(node, name) -> the parameter's value (lists as lists; unset arrays as [])
     config_parameters(node, config_param="config", sections=("simulator",),
                       keys=("urdf", "floating_base")) -> dict
@@ -44,6 +48,7 @@ imports where ROS is absent (the pure helpers then still work).
 """
 from __future__ import annotations
 
+import numbers
 import os
 import signal
 import sys
@@ -54,7 +59,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-__all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "config_parameters",
+__all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "coerce_value", "coerce_override",
+           "config_parameters",
            "state_qos", "command_qos", "latched_qos", "recorder_qos", "flush_publishers", "stamp",
            "stamp_from_ns", "stamp_to_ns",
            "joint_state_msg", "joint_state_arrays", "float64_array", "trajectory_point",
@@ -70,16 +76,81 @@ class StartupError(RuntimeError):
 
 
 # ============================================================================ parameters
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def coerce_value(default: Any, val: Any) -> Any:
+    """``val`` (a parameter's override) in the type of the parameter's ``default`` where that loses
+    nothing, as the configuration schema reads numbers: an integer where a double is declared
+    (``-p real_time_factor:=2``, ``latency: 0`` in a YAML file), integers in a double array
+    (``initial_positions:=[0, 0, 1]``), one number where a double array is declared (a list of
+    that number) and a whole double where an integer is (``seed:=3.0``). Anything else is returned
+    unchanged (a wrong type stays wrong, for :func:`declare` to report)."""
+    if isinstance(default, float):
+        return float(val) if _is_int(val) else val
+    if _is_int(default):
+        return int(val) if isinstance(val, float) and val.is_integer() else val
+    if isinstance(default, (list, tuple)) and default and all(isinstance(x, float) for x in default):
+        if _is_real(val):
+            return [float(val)]
+        items = val.tolist() if hasattr(val, "tolist") else val
+        if isinstance(items, (list, tuple)) and items and all(_is_real(x) for x in items):
+            return [float(x) for x in items]
+    return val
+
+
+def coerce_override(node, name: str, convert: Callable[[Any], Any]) -> None:
+    """Replace the override (command line, params file) of the not yet declared parameter ``name``
+    with ``convert(value)``, so that it is declared with the converted value; nothing when the
+    parameter has no override. rclpy keeps the overrides in ``Node._parameter_overrides``."""
+    from rclpy.parameter import Parameter
+
+    overrides = getattr(node, "_parameter_overrides", None)
+    if overrides is None or name not in overrides:
+        return
+    overrides[name] = Parameter(name, value=convert(overrides[name].value))
+
+
+def _type_words(x: Any) -> str:
+    if isinstance(x, bool):
+        return "true or false"
+    if _is_int(x):
+        return "an integer"
+    if isinstance(x, float):
+        return "a number"
+    if isinstance(x, str):
+        return "a string"
+    if isinstance(x, (list, tuple)):
+        return "a list" + (" of numbers" if x and all(_is_real(v) for v in x) else
+                           " of strings" if x and all(isinstance(v, str) for v in x) else "")
+    return type(x).__name__
+
+
 def declare(node, name: str, default: Any, description: str, *, dynamic_typing: bool = False,
             read_only: bool = False, constraints: str = "") -> Any:
     """Declare ``name`` with ``default``, ``description`` and ``constraints`` (the descriptor's
     additional_constraints; both shown by ``ros2 param describe``) and return its value (the
-    override from the command line or a params file, if any)."""
+    override from the command line or a params file, if any). The override is first converted to
+    the default's type where nothing is lost (:func:`coerce_value`: an integer for a double, ...);
+    an override of another type is a StartupError naming the parameter, not rclpy's exception."""
     from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.exceptions import InvalidParameterTypeException
 
+    if not dynamic_typing:
+        coerce_override(node, name, lambda val: coerce_value(default, val))
     desc = ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=dynamic_typing,
                                additional_constraints=constraints)
-    node.declare_parameter(name, default, desc)
+    try:
+        node.declare_parameter(name, default, desc)
+    except InvalidParameterTypeException:
+        given = _overrides(node).get(name)
+        raise StartupError(f"parameter '{name}' must be {_type_words(default)} (default {default!r}), got "
+                           f"{given!r} ({_type_words(given)})") from None
     return value(node, name)
 
 

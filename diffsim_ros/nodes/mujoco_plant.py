@@ -109,6 +109,21 @@ CONSTRAINTS = ros_constraints(Perturbation, "perturbation")
 PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))
 
 
+def perturbation_parameter(key: str, val):
+    """The value of parameter ``perturbation.<key>`` as the node declares it, from any value the
+    configuration schema accepts for the field (plant.Perturbation): one number for
+    ``sensor_noise`` (both entries), integers for doubles (``latency: 0``), a whole double for the
+    integer ``seed``, ... -> a list of floats, a float, an int, a bool. A value the schema refuses
+    (a string for a number, two numbers for three) is a ConfigError naming the parameter."""
+    from ..plant.perturbation import ros_values
+
+    if hasattr(val, "tolist") and not isinstance(val, (str, bytes)):
+        val = val.tolist()                      # rclpy's arrays (array.array)
+    if isinstance(val, tuple):
+        val = list(val)
+    return ros_values({key: val}, "perturbation")[key]
+
+
 def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):
     """(parent, child, xyz, quaternion xyzw) of every MuJoCo body named in ``links`` relative to
     its parent body (the world body is ``world_frame``), from MuJoCo's kinematics at ``qpos``
@@ -155,6 +170,11 @@ def _build_node_class():
     class MujocoPlantNode(Node):
         def __init__(self, **kw):
             super().__init__(NODE_NAME, **kw)
+            # perturbation.*: what the schema accepts (a number for sensor_noise, an integer for a
+            # double) is converted to the declared type first; anything else stops the node naming it.
+            for key in PERTURBATION_KEYS:
+                common.coerce_override(self, f"perturbation.{key}",
+                                       lambda val, key=key: perturbation_parameter(key, val))
             p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
             self.p = p
             params = common.config_parameters(self)

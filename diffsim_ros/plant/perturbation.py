@@ -2,13 +2,52 @@
 
 Every field defaults to "no perturbation", so ``Perturbation()`` gives a plant whose
 physics matches the training configuration.
+
+Named presets (:data:`PRESETS`) give a robot kind's usual imperfections at once; the text form
+``--perturb`` takes names one, with fields overriding it::
+
+    resolve_perturbation("hardware", "multirotor")              # the preset's fields for a multirotor
+    resolve_perturbation("hardware,latency=0.015", "arm")        # ... with one value changed
+    resolve_perturbation({"mass_scale": 1.2}, "legged")          # plain fields pass through, checked
+
+The ``hardware`` preset (every kind: 10 % more mass, 10 ms of latency):
+
+========== ========== ======= ==================================== ============================== ===============
+kind       mass_scale latency sensor_noise [position, velocity]    actuator_lag                   ground_friction
+========== ========== ======= ==================================== ============================== ===============
+arm        1.1        0.01 s  [0.001 rad, 0.01 rad/s]              the configuration's (none)     (no ground)
+legged     1.1        0.01 s  [0.001 rad or m, 0.01 rad/s or m/s]  the configuration's (none)     0.7 x
+multirotor 1.1        0.01 s  [0.002 m or rad, 0.02 m/s or rad/s]  0.03 s (rotor speed)           (unchanged)
+========== ========== ======= ==================================== ============================== ===============
+
+What the values stand for. Joint encoders: a 17-bit absolute encoder (Franka's joints) or Solo12's
+optical encoder through its 9:1 gear resolves some 5e-5 rad, so 1 mrad of noise is a pessimistic
+margin that also covers gear backlash and the encoder's mounting; a joint speed differentiated
+at 1 kHz from such an encoder and low-pass filtered is good to about 0.01 rad/s. A legged robot's
+base pose and twist (the stand-in applies the same pair to them): an IMU's roll and pitch estimate
+is good to about 1-2 mrad and its gyroscope's white noise at a 100 Hz bandwidth is about 1 mrad/s;
+a state estimator's base velocity is often worse than 0.01 m/s (a few cm/s while the feet slip),
+so the preset is on the kind side there. Multirotor: motion capture (Vicon, OptiTrack) gives
+positions to a fraction of a millimetre and attitudes to about 1 mrad, so 2 mm covers onboard
+fusion or a coarser system; velocities differentiated from it and gyroscopes under propeller
+vibration are good to about 0.02 m/s and 0.02 rad/s. The legged floor is 30 % more slippery than
+the training's friction.
+
+The slower actuator: a rotor's speed lag is 1.5 x the project quadrotor's
+``rotors.motor_time_constant`` (0.02 s). Joints keep the configuration's torque lag (1.5 x 0 in the
+shipped configurations): any ``actuator_lag`` > 0 makes the stand-in, as the simulator's
+actuation stage does, apply the PD torque through the lag explicitly instead of MuJoCo's implicit
+damping, and at the shipped physics substeps (10 ms for the arms) that explicit servo is unstable
+whatever the lag: 0.1 ms took policies/reach_arm from 13 to 0 of 16 episodes on the stand-in,
+reach_panda from 15 to 0 (seed 99). A joint lag there measures the integration, not the drive;
+``hardware,actuator_lag=0.005`` adds one where a configuration's substeps carry it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..physics.schema import from_mapping, normalise, option, section
+from ..physics.schema import ConfigError, from_mapping, normalise, option, section
 
 
 @section("perturbation")
@@ -82,3 +121,170 @@ class Perturbation:
     @property
     def is_identity(self) -> bool:
         return self == Perturbation(seed=self.seed)
+
+
+#: Robot kinds a preset has values for (DESIGN.md: arm, legged, multirotor); ``quadrotor`` (what
+#: ``learning.checkpoint.robot_kind`` calls a multirotor) is read as ``multirotor``.
+KINDS = ("arm", "legged", "multirotor")
+_KIND_ALIASES = {"quadrotor": "multirotor"}
+
+#: Named perturbations: {name: {robot kind: {field: value}}} (see the module doc for the values).
+PRESETS: Dict[str, Dict[str, Dict[str, Any]]] = {
+    "hardware": {
+        "arm": {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.001, 0.01]},
+        "legged": {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.001, 0.01], "ground_friction_scale": 0.7},
+        "multirotor": {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.002, 0.02], "actuator_lag": 0.03},
+    },
+}
+
+#: The key of a perturbation mapping that names a preset (``{"preset": "hardware", "latency": 0.015}``).
+PRESET_KEY = "preset"
+
+
+def robot_kind(kind: str) -> str:
+    """``kind`` as :data:`KINDS` spells it (``quadrotor`` is ``multirotor``); ConfigError otherwise."""
+    out = _KIND_ALIASES.get(kind, kind)
+    if out not in KINDS:
+        raise ConfigError(f"unknown robot kind {kind!r} (one of {', '.join(KINDS)}; quadrotor is multirotor)")
+    return out
+
+
+def _parse_value(text: str, item: str, where: str) -> Any:
+    """A value of the text form: a number, true/false, null, or [a, b, ...] of numbers."""
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        return [_parse_value(x, item, where) for x in t[1:-1].split(",") if x.strip()]
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        raise ConfigError(f"{where}: entries are a preset name ({', '.join(PRESETS)}) or KEY=NUMBER (a list as "
+                          f"KEY=[A,B]; e.g. hardware,latency=0.015 or mass_scale=1.2,drag_scale=2), got {item!r}"
+                          ) from None
+
+
+def _split(text: str):
+    """The comma-separated entries of ``text``, commas inside [...] kept."""
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth <= 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return [x.strip() for x in items if x.strip()]
+
+
+def parse_perturbation(text: str, where: str = "--perturb") -> Dict[str, Any]:
+    """The mapping of the text form ``[PRESET,]KEY=VALUE,...`` (``hardware,latency=0.015``;
+    ``sensor_noise=[0.001,0.01]``; '' for none): the fields given, and the preset's name under
+    ``preset``. Unknown presets and fields, and values the schema refuses, are a ConfigError naming
+    ``where``; a preset's own values are filled in later, for a robot kind
+    (:func:`resolve_perturbation`)."""
+    out: Dict[str, Any] = {}
+    for item in _split(text or ""):
+        key, sep, val = item.partition("=")
+        key = key.strip()
+        if not sep:
+            if key not in PRESETS:
+                raise ConfigError(f"{where}: {key!r} is not a preset (presets: {', '.join(PRESETS)}) nor KEY=NUMBER "
+                                  "(e.g. hardware,latency=0.015 or mass_scale=1.2,drag_scale=2)")
+            if PRESET_KEY in out:
+                raise ConfigError(f"{where}: one preset at most, got {out[PRESET_KEY]!r} and {key!r}")
+            out[PRESET_KEY] = key
+            continue
+        if not key:
+            raise ConfigError(f"{where}: entries are KEY=NUMBER (e.g. mass_scale=1.2,drag_scale=2), got {item!r}")
+        out[key] = _parse_value(val, item, where)
+    _check_fields({k: v for k, v in out.items() if k != PRESET_KEY}, where)
+    return out
+
+
+def perturbation_spec(spec: Union[str, Mapping[str, Any], "Perturbation", None],
+                      where: str = "--perturb") -> Dict[str, Any]:
+    """``spec`` (the text form, a mapping, a :class:`Perturbation` or None) as a mapping of the
+    fields given and, under ``preset``, a preset's name, checked as far as it can be without the
+    robot's kind (a preset's values need it: :func:`resolve_perturbation`)."""
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        return parse_perturbation(spec, where)
+    if isinstance(spec, Perturbation):
+        return resolve_perturbation(spec)
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: a perturbation is text (KEY=VALUE,...), a mapping or None, got "
+                          f"{type(spec).__name__}")
+    out = dict(spec)
+    if out.get(PRESET_KEY) not in (None, *PRESETS):
+        raise ConfigError(f"{where}: unknown preset {out[PRESET_KEY]!r} (presets: {', '.join(PRESETS)})")
+    _check_fields({k: v for k, v in out.items() if k != PRESET_KEY}, where)
+    return out
+
+
+def _check_fields(fields_: Mapping[str, Any], where: str) -> Perturbation:
+    return Perturbation.from_dict(dict(fields_), where)
+
+
+def resolve_perturbation(spec: Union[str, Mapping[str, Any], "Perturbation", None], kind: Optional[str] = None,
+                         where: str = "--perturb") -> Dict[str, Any]:
+    """The perturbation fields of ``spec`` for a robot of ``kind`` (arm, legged, multirotor;
+    quadrotor as multirotor): ``spec`` is the text form (:func:`parse_perturbation`), a mapping of
+    fields with an optional ``preset`` name, a :class:`Perturbation` (its fields that differ from
+    none) or None (none). A preset's values for the kind come first, the fields given replace them.
+    Returns ``{field: value}`` of the fields set, checked and converted by the schema (plain
+    Python values: lists for the vectors, so ``sensor_noise`` 0.001 is [0.001, 0.001]); a preset
+    without a kind, an unknown preset or kind, and a bad field are a ConfigError naming ``where``."""
+    if isinstance(spec, Perturbation):
+        none = Perturbation().to_dict()
+        return {k: v for k, v in spec.to_dict().items() if v != none[k]}
+    spec = perturbation_spec(spec, where)
+    given = {k: v for k, v in spec.items() if k != PRESET_KEY}
+    preset = spec.get(PRESET_KEY)
+    merged: Dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"{where}: unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
+        if kind is None:
+            raise ConfigError(f"{where}: the preset {preset!r} has values per robot kind ({', '.join(KINDS)}): "
+                              "give the robot's kind")
+        try:
+            merged.update(PRESETS[preset][robot_kind(kind)])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    merged.update(given)
+    pert = _check_fields(merged, where)
+    return {k: _plain(getattr(pert, k)) for k in merged}
+
+
+def _plain(val: Any) -> Any:
+    return list(val) if isinstance(val, tuple) else val
+
+
+def ros_values(perturbation: Mapping[str, Any], where: str = "perturbation") -> Dict[str, Any]:
+    """``{field: value}`` of a perturbation mapping as mujoco_plant's ROS parameters hold them
+    (``perturbation.<field>``): checked and converted by the schema, vectors as lists of floats
+    (``sensor_noise`` 0.001 is [0.001, 0.001]), floats as floats (an integer 0 is 0.0), and null as
+    the field's stand-in (-1.0 for ``actuator_lag``). ConfigError names ``where``.<field>."""
+    from ..physics.schema import entries
+
+    pert = _check_fields(dict(perturbation), where)
+    nulls = {e.name: e.ros_null for e in entries(Perturbation)}
+    out = {}
+    for k in perturbation:
+        val = getattr(pert, k)
+        if val is None:
+            val = nulls[k]
+        elif isinstance(val, tuple):
+            val = [float(x) for x in val]
+        out[k] = val
+    return out

@@ -84,6 +84,32 @@ class JumpTask(LocomotionTask):
         high = ts.extra["peak_z"] - self.base_height >= self.min_apex
         return high & ts.extra["airborne_peak"] & ~ts.extra["violation"]
 
+    def recorded_verdict(self, t, q, v, target) -> dict:
+        """:func:`jump_metric` of one recorded episode from plain arrays, as the stand-in or a bag
+        gives them (``q`` the base pose then the joints, ``v`` the body-frame twist then the joints,
+        per step; ``t`` and ``target`` are not needed): base height, roll and pitch from the pose,
+        and the feet's and the other bodies' ground contact judged from each recorded state's own
+        configuration and velocity (no simulator step produced them). The same parts as
+        :meth:`success` judges from the simulator's own flags."""
+        import numpy as np
+
+        from ..physics.spatial import roll_pitch
+
+        m = self.model
+        qt = torch.as_tensor(np.asarray(q, dtype=np.float64), dtype=m.dtype, device=m.device).reshape(-1, m.nq)
+        vt = torch.as_tensor(np.asarray(v, dtype=np.float64), dtype=m.dtype, device=m.device).reshape(-1, m.nv)
+        with torch.no_grad():
+            roll, pitch = roll_pitch(qt[:, 3:7])
+            ts = TaskState(self.sim.initial_state(qt, vt), torch.zeros(len(qt), 0, dtype=m.dtype, device=m.device),
+                           0, {"replayed": torch.ones(len(qt), dtype=torch.bool, device=m.device)})
+            feet = self.touching(self.feet, ts)                             # (F, T) or None
+            other = self.touching(self.other_bodies, ts)
+        n = len(qt)
+        feet = np.zeros((n, 0), bool) if feet is None else feet.T.cpu().numpy()
+        other = np.zeros(n, bool) if other is None else other.any(0).cpu().numpy()
+        return jump_metric(qt[:, 2].cpu().numpy(), roll.cpu().numpy(), pitch.cpu().numpy(), feet, other,
+                           self.base_height, self.min_apex, self.max_tilt, self.fall_height / self.base_height)
+
 
 def jump_metric(z, roll, pitch, feet_contact, other_contact, base_height: float, min_apex: float = 0.05,
                 max_tilt: float = 0.5, fall_height: float = 0.5) -> dict:

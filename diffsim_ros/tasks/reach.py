@@ -177,3 +177,23 @@ class ReachTask(Task):
 
     def success(self, ts: TaskState) -> torch.Tensor:
         return (self.distance(ts) < self.success_distance) & (self.ee_speed(ts) < self.success_speed)
+
+    def recorded_verdict(self, t, q, v, target) -> dict:
+        """The reach success (:meth:`success`) of one recorded episode from plain arrays (the
+        stand-in's or a bag's joint trajectory: ``q`` (T, nq) and ``v`` (T, nv) in the model's joint
+        order, ``target`` the goal point in m): at the last recorded state the end effector, placed by
+        forward kinematics, within ``success_distance`` of the target and slower than
+        ``success_speed``. Returns the verdict and each of its parts."""
+        import numpy as np
+
+        m = self.model
+        qt = torch.as_tensor(np.asarray(q, dtype=np.float64), dtype=m.dtype, device=m.device).reshape(-1, m.nq)
+        vt = torch.as_tensor(np.asarray(v, dtype=np.float64), dtype=m.dtype, device=m.device).reshape(-1, m.nv)
+        goal = torch.as_tensor(np.asarray(target, dtype=np.float64), dtype=m.dtype, device=m.device).reshape(1, 3)
+        with torch.no_grad():
+            ts = TaskState(self.sim.initial_state(qt[-1:], vt[-1:]), goal, len(qt) - 1)
+            dist, speed = float(self.distance(ts)[0]), float(self.ee_speed(ts)[0])
+        parts = {"distance_m": dist, "distance_ok": bool(dist < self.success_distance),
+                 "ee_speed_m_s": speed, "speed_ok": bool(speed < self.success_speed)}
+        parts["success"] = parts["distance_ok"] and parts["speed_ok"]
+        return parts

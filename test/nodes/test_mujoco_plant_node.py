@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -267,6 +268,11 @@ def test_arm_node_maps_commands_by_joint_name(ros):
     ("controller_joints", ["arm_joint1", "arm_joint2"], "parameter 'controller_joints'"),
     ("initial_positions", [0.1, 0.2], "parameter 'initial_positions' has 2 entries"),
     ("simulator.kp", [1.0, 2.0], "'simulator.kp' has 2 entries for 4 actuated joints"),
+    ("perturbation.sensor_noise", "abc", "'perturbation.sensor_noise' must be a number or a list of 2 numbers"),
+    ("perturbation.wind_force", 1.0, "'perturbation.wind_force' must be a list of 3 numbers"),
+    ("perturbation.latency", "0.01", "'perturbation.latency' must be a number"),
+    ("real_time_factor", "fast", "parameter 'real_time_factor' must be a number (default 1.0), got 'fast'"),
+    ("initial_positions", ["a"], "parameter 'initial_positions' must be a list of numbers"),
 ])
 def test_plant_node_bad_parameter_names_it(ros, name, val, err):
     """A bad parameter stops the node at start with an error naming it (the console script
@@ -278,7 +284,7 @@ def test_plant_node_bad_parameter_names_it(ros, name, val, err):
     from diffsim_ros.physics import ConfigError
 
     cls = node_mod._build_node_class()
-    with pytest.raises((StartupError, ConfigError), match=err.replace(".", r"\.")):
+    with pytest.raises((StartupError, ConfigError), match=re.escape(err)):
         cls(context=ros, parameter_overrides=[Parameter("config", value=str(REPO_ROOT / "config/reach_arm.yaml")),
                                               Parameter(name, value=val)])
 
@@ -327,3 +333,72 @@ def test_plant_node_friction_perturbation_parameters_reach_the_plant(ros):
                 assert plant.model.dof_frictionloss[dof] == 0.0 and plant._friction[0] == pytest.approx(0.03)
         finally:
             node.destroy_node()
+
+
+def test_plant_node_takes_a_number_wherever_the_schema_does(ros):
+    """Parameters given as the schema reads them: one number for perturbation.sensor_noise (both
+    entries), integers for doubles (perturbation.latency 0, mass_scale 1, wind_force [0, 0, 1],
+    real_time_factor 2, initial_positions of integers) and a whole double for the integer seed.
+    The node starts, declares each in its own type and hands the values to the plant."""
+    from rclpy.parameter import Parameter
+
+    from diffsim_ros.nodes import mujoco_plant as node_mod
+
+    cls = node_mod._build_node_class()
+    given = {"perturbation.sensor_noise": 0.001, "perturbation.latency": 0, "perturbation.mass_scale": 1,
+             "perturbation.wind_force": [0, 0, 1], "perturbation.seed": 3.0, "perturbation.actuator_lag": -1,
+             "real_time_factor": 2, "initial_positions": [0, 1, 0, 0]}
+    node = cls(context=ros, parameter_overrides=[Parameter("config", value=str(REPO_ROOT / "config/reach_arm.yaml"))]
+               + [Parameter(k, value=v) for k, v in given.items()])
+    try:
+        got = {k: node.get_parameter(k).value for k in given}
+        assert list(got["perturbation.sensor_noise"]) == [0.001, 0.001]
+        assert list(got["perturbation.wind_force"]) == [0.0, 0.0, 1.0] and list(got["initial_positions"]) == [0, 1, 0, 0]
+        assert got["perturbation.latency"] == 0.0 and isinstance(got["perturbation.latency"], float)
+        assert got["perturbation.seed"] == 3 and isinstance(got["perturbation.seed"], int)
+        assert got["real_time_factor"] == 2.0 and isinstance(got["real_time_factor"], float)
+        pert = node.plant.perturbation
+        assert pert.sensor_noise == (0.001, 0.001) and pert.latency == 0.0 and pert.mass_scale == 1.0
+        assert pert.seed == 3 and pert.actuator_lag is None and pert.wind_force == (0.0, 0.0, 1.0)
+        np.testing.assert_allclose(node.plant.true_joint_state().position, [0.0, 1.0, 0.0, 0.0])
+    finally:
+        node.destroy_node()
+
+
+def test_plant_process_reads_numbers_from_a_params_file_and_names_a_string(ros, tmp_path):
+    """The console script as the loop and deploy.launch.py's plant_params start it: a params file
+    with perturbation.sensor_noise as one number and latency as the integer 0 runs (it publishes
+    its state); -p perturbation.sensor_noise:=abc stops it with status 2 and one line naming the
+    parameter, no traceback."""
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import JointState
+
+    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1")
+    params = tmp_path / "plant.yaml"
+    params.write_text("mujoco_plant:\n  ros__parameters:\n    perturbation:\n      sensor_noise: 0.001\n"
+                      "      latency: 0\n      mass_scale: 1\n")
+    base = [console_script("mujoco_plant"), "--ros-args", "-p", f"config:={REPO_ROOT / 'config/reach_arm.yaml'}",
+            "-p", "mode:=lockstep", "-p", "lockstep_republish_s:=0.2"]
+    bad = subprocess.run(base + ["-p", "perturbation.sensor_noise:=abc"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2, bad.stderr
+    assert "perturbation.sensor_noise' must be a number or a list of 2 numbers, got 'abc'" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr + bad.stdout, bad.stderr
+    log = open(tmp_path / "plant.log", "w")
+    proc = subprocess.Popen(base + ["--params-file", str(params)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    node = rclpy.create_node("plant_numbers_tester", context=ros)
+    ex = SingleThreadedExecutor(context=ros)
+    ex.add_node(node)
+    states = []
+    node.create_subscription(JointState, "/joint_states", states.append, 10)
+    try:
+        assert _spin_until(ex, lambda: states, 40), open(tmp_path / "plant.log").read()
+        assert proc.poll() is None
+    finally:
+        node.destroy_node()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
