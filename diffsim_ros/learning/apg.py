@@ -91,9 +91,8 @@ class TrainConfig:
     seed: int = option(0, "random seed")
     compile_step: bool = option(False, """step through the compiled simulator (physics.compiled.CompiledStep): about
         7x faster an iteration of solo12's locomotion on one CPU thread, after compiling its graphs once (minutes the
-        first time, cached on disk after). With randomize_latency and sensor_noise (the latency is an input of the
-        graphs, the noise is outside the step); not with the randomize_* options of the physical parameters, which
-        the graphs hold as constants""")
+        first time, cached on disk after). Randomised parameters (randomize_*) are inputs of the compiled graphs,
+        not constants: compiled once, they serve every draw""")
     max_divergences: int = option(10, """iterations whose simulation diverged (non-finite state or gradient) that
         are dropped and retried from fresh episodes, the policy and optimiser put back to the iteration's start,
         before training gives up""", low=0)
@@ -115,10 +114,6 @@ class TrainConfig:
         if self.sensor_noise and len(self.sensor_noise) != 2:
             raise ConfigError(f"must be [position, velocity] or one number, got {list(self.sensor_noise)}",
                               "sensor_noise")
-        if self.compile_step and self.randomized:
-            raise ConfigError("the compiled step holds the physical parameters as constants, and domain randomisation "
-                              "draws new ones every iteration: set compile_step false or remove the randomize_* "
-                              "options", "compile_step")
 
     @property
     def randomized(self) -> bool:
@@ -147,15 +142,13 @@ class TrainResult:
     solved_time: Optional[float]         # wall-clock seconds then
 
 
-def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) -> Simulator:
-    """The nominal simulator with randomised physics, through the parameter registry
-    (:mod:`diffsim_ros.physics.parameters`, ``System.replace``): ``mass_scale`` (every link
-    mass and inertia; the controller's model, which gravity compensation and the rate loop
-    use, stays nominal, as on a robot), the actuator or motor time constant
-    (``motor_time_constant`` for rotors, ``actuator_lag`` for joints), ``drag_scale``, and with
-    ground contact ``contact_stiffness`` (log-uniform: it spans orders of magnitude) and
-    ``ground_friction``."""
-    sys = nominal.system
+def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator) -> Dict[str, torch.Tensor]:
+    """One iteration's draws of the physical parameters, as registry values
+    (:mod:`diffsim_ros.physics.parameters`): ``mass_scale`` (every link mass and inertia; the
+    controller's model, which gravity compensation and the rate loop use, stays nominal, as on a
+    robot), the actuator or motor time constant (``motor_time_constant`` for rotors,
+    ``actuator_lag`` for joints), ``drag_scale``, and with ground contact ``contact_stiffness``
+    (log-uniform: it spans orders of magnitude) and ``ground_friction``."""
     dt, dev = sys.model.dtype, sys.model.device
 
     def draw(r):
@@ -172,20 +165,41 @@ def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) 
         values["contact_stiffness"] = torch.exp(draw((math.log(max(low, 1e-12)), math.log(max(high, 1e-12)))))
     if sys.config.ground and cfg.randomize_ground_friction:
         values["ground_friction"] = draw(cfg.randomize_ground_friction)
-    return Simulator(apply_values(sys, values))
+    return values
+
+
+def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) -> Simulator:
+    """The simulator of one iteration: ``nominal`` with the physics of :func:`_draw_values`
+    (``System.replace`` through the registry). A simulator compiled with those parameters as
+    inputs (:func:`_training_sim` with compile_step) keeps its graphs: the draws are passed to
+    them (``Simulator.with_values``)."""
+    values = _draw_values(nominal.system, cfg, gen)
+    if nominal.compiled is True:
+        return nominal.with_values(values)
+    return Simulator(apply_values(nominal.system, values))
 
 
 def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
     """The simulator training steps (before the per-iteration draws of :func:`_randomized_sim`):
-    the nominal one, with simulator.max_latency raised to cover ``randomize_latency``'s high end."""
-    if not cfg.randomize_latency:
-        return nominal
+    the nominal one, with simulator.max_latency raised to cover ``randomize_latency``'s high end;
+    with compile_step and randomised physics, compiled with the drawn parameters as inputs of its
+    graphs rather than constants."""
     sys = nominal.system
     c = sys.config
-    need = int(round(cfg.randomize_latency[1] / (c.dt / c.substeps)))
-    if need <= c.max_latency:
+    need = int(round(cfg.randomize_latency[1] / (c.dt / c.substeps))) if cfg.randomize_latency else 0
+    compiled = nominal.compiled is True
+    if not (compiled and cfg.randomized) and need <= c.max_latency:
         return nominal
-    return Simulator(rebuild_system(sys, dataclasses.replace(c, max_latency=need)), compile=nominal.compiled is True)
+    if need > c.max_latency:
+        sys = rebuild_system(sys, dataclasses.replace(c, max_latency=need))
+    if not (compiled and cfg.randomized):
+        return Simulator(sys, compile=compiled)
+    # The compiled graphs take the drawn parameters as inputs: a structure that admits every draw
+    # (a lag the configuration leaves out is made here, at the range's high end), then compiled once.
+    drawn = _draw_values(sys, cfg, torch.Generator().manual_seed(0))
+    lags = {k: torch.tensor(max(getattr(cfg, "randomize_actuator_lag")[1], 1e-6), dtype=sys.model.dtype)
+            for k in ("actuator_lag", "motor_time_constant") if k in drawn}
+    return Simulator(apply_values(sys, lags), compile=True, varying=tuple(drawn))
 
 
 def _draw_latency(sim: Simulator, cfg: TrainConfig, n: int, gen: torch.Generator) -> torch.Tensor:

@@ -43,11 +43,12 @@ import platform
 import tempfile
 import types
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from .algorithms import model_constants
+from .parameters import apply_values
 from .pipeline import batch_action, guard, step as pure_step
 from .spatial import tracing
 from .stages.contact import _near_groups
@@ -85,6 +86,16 @@ def _persistent_cache() -> None:
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.makedirs(CACHE_DIR, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = CACHE_DIR
+
+
+def pack_values(varying: Sequence[Tuple[str, int]], values: Mapping[str, object], like: torch.Tensor) -> torch.Tensor:
+    """The vector a compiled step with ``varying`` parameters takes: ``values`` (name -> value of
+    that parameter's size) concatenated in ``varying``'s order, as ``like``'s dtype and device."""
+    missing = [n for n, _ in varying if n not in values]
+    if missing or len(values) != len(varying):
+        raise KeyError(f"values for {[n for n, _ in varying]} expected, got {sorted(values)}")
+    return torch.cat([torch.as_tensor(values[n], dtype=like.dtype, device=like.device).reshape(k)
+                      for n, k in varying])
 
 
 def _chooses_groups(sys: System) -> bool:
@@ -223,8 +234,13 @@ class CompiledStep:
     touches down with a new body compiles once more then."""
 
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True,
-                 watch: Optional[System] = None, groups: Optional[tuple] = None, direct: Optional[bool] = None):
-        """watch: the full system whose groups' nearness the graph reports, ``groups`` those of
+                 watch: Optional[System] = None, groups: Optional[tuple] = None, direct: Optional[bool] = None,
+                 varying: Sequence[Tuple[str, int]] = ()):
+        """varying: ``(name, size)`` of the registry parameters (:mod:`.parameters`) that are inputs
+        of the graphs rather than constants: a call then passes their values as one vector, in this
+        order (:func:`pack_values`), and the graphs apply them to ``sys`` (its structure must
+        already admit them: a lag that the configuration leaves out is not made by a value).
+        watch: the full system whose groups' nearness the graph reports, ``groups`` those of
         its groups ``sys`` holds (None: all); given to the graphs of the groups seen near.
         direct: trace and compile the forward and backward graphs here (:class:`_Graphs`)
         rather than through torch.compile (default: on the CPU, where it halves a forward and
@@ -236,8 +252,14 @@ class CompiledStep:
         self.nan_check = sys.config.nan_check if nan_check is None else nan_check
         inside = _inside(watch, groups, sys.model.device) if watch is not None else None
 
-        def flat(q, v, actuator, delay, t, latency, action):
-            new, data = pure_step(sys, State(q=q, v=v, actuator=actuator, delay=delay, t=t, latency=latency), action)
+        self.varying = tuple((str(n), int(k)) for n, k in varying)
+        names, sizes = [n for n, _ in self.varying], [k for _, k in self.varying]
+
+        def flat(q, v, actuator, delay, t, latency, action, values):
+            s = sys
+            if names:
+                s = apply_values(sys, dict(zip(names, torch.split(values, sizes))))
+            new, data = pure_step(s, State(q=q, v=v, actuator=actuator, delay=delay, t=t, latency=latency), action)
             return (new.q, new.v, new.actuator, new.delay, new.t, data.qdd) + _flags(new, data, action, watch, inside)
 
         self._flat = _own_copy(flat)
@@ -267,8 +289,8 @@ class CompiledStep:
                                                         options=dict(self._options, **small))
         return fn
 
-    def _run(self, state: State, action):
-        inputs = (state.q, state.v, state.actuator, state.delay, state.t, state.latency, action)
+    def _run(self, state: State, action, values=None):
+        inputs = (state.q, state.v, state.actuator, state.delay, state.t, state.latency, action, values)
         if self._direct:
             tensors = [x.contiguous() for x in inputs if x is not None]
             train = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
@@ -308,24 +330,34 @@ class CompiledStep:
         if hit is None:
             sys = self.system if groups is None else self.system.replace(contact=self.system.contact.subset(groups))
             hit = self._by_groups[groups] = CompiledStep(sys, self.nan_check, "cpp_wrapper" in self._options,
-                                                         watch=self.system, groups=groups, direct=self._direct)
+                                                         watch=self.system, groups=groups, direct=self._direct,
+                                                         varying=self.varying)
         return hit
 
-    def __call__(self, state: State, action) -> State:
+    def __call__(self, state: State, action, values: Optional[torch.Tensor] = None) -> State:
+        """One step; ``values``: the vector of the ``varying`` parameters (needed when there are some)."""
         action = batch_action(self.system, state, action)
+        if self.varying:
+            want = sum(k for _, k in self.varying)
+            if values is None or tuple(values.shape) != (want,):
+                raise ValueError(f"this compiled step takes the values of {[n for n, _ in self.varying]} as a "
+                                 f"vector of {want}, got {None if values is None else tuple(values.shape)}")
+            values = values.to(dtype=state.q.dtype, device=state.q.device).contiguous()
+        else:
+            values = None
         if self._subsets:
             key = tuple(state.q.shape)
             groups = self._near.get(key)
-            out = self._graph_of(groups)._run(state, action)
+            out = self._graph_of(groups)._run(state, action, values)
             if groups is None or bool(out[8]):                        # one host synchronisation
                 near = set(torch.nonzero(out[7]).flatten().tolist())
                 if groups is not None:
                     self.reruns += 1                                  # run again with every group
-                    out = self._graph_of(None)._run(state, action)
+                    out = self._graph_of(None)._run(state, action, values)
                 # Every group: the full graph (already compiled), not a copy of it under another key.
                 self._near[key] = _groups_key(self.system, sorted(near | set(groups or ())))
         else:
-            out = self._run(state, action)
+            out = self._run(state, action, values)
         nq, nv, act, delay, t, qdd, finite = out[:7]
         new = State(q=nq, v=nv, actuator=act, delay=delay, t=t, latency=state.latency)
         if self.nan_check and not bool(finite):        # one host synchronisation; the guard names what

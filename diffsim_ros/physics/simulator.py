@@ -28,7 +28,7 @@ environment and the quantity.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -53,25 +53,58 @@ class Simulator:
     """Batched differentiable simulator over a :class:`Model` (or a ready :class:`System`)."""
 
     def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None,
-                 compile: Union[bool, str] = False):
+                 compile: Union[bool, str] = False, varying: Sequence[str] = ()):
         """compile: True steps through :class:`~diffsim_ros.physics.compiled.CompiledStep`
         (Inductor; minutes the first time, then cached; differentiable); ``"aot"`` through
         :class:`~diffsim_ros.physics.compiled.ExportedStep` (compiled ahead of time, forward
-        only, the fastest at one environment). Either way ``last_data`` stays None."""
+        only, the fastest at one environment). Either way ``last_data`` stays None.
+        ``varying`` (with compile=True): names of registry parameters (:mod:`.parameters`) that
+        the compiled graphs take as inputs instead of constants; :meth:`with_values` then gives
+        simulators of other values of them that share the graphs (domain randomisation)."""
         if isinstance(model, System):
             self.system = model
         else:
             self.system = build_system(model, config)
         self.last_data: Optional[Data] = None
         self._compiled = None
+        self._values = None
+        if varying and compile is not True:
+            raise ValueError("varying parameters are inputs of the compiled step: give compile=True")
         if compile not in (False, True, "aot"):
             raise ValueError(f"compile must be False, True or 'aot', not {compile!r}")
         if compile == "aot":
             from .compiled import ExportedStep
             self._compiled = ExportedStep(self.system)
         elif compile:
-            from .compiled import CompiledStep
-            self._compiled = CompiledStep(self.system)
+            from .compiled import CompiledStep, pack_values
+            from .parameters import PARAMETERS
+            unknown = [n for n in varying if n not in PARAMETERS or not PARAMETERS[n].differentiable]
+            if unknown:
+                raise ValueError(f"{unknown}: not parameters the compiled step can take as inputs (the registry's "
+                                 "differentiable ones; a lag needs the system's structure to have one)")
+            spec = [(n, PARAMETERS[n].size(self.system)) for n in varying]
+            self._compiled = CompiledStep(self.system, varying=spec)
+            if spec:
+                nominal = {n: PARAMETERS[n].nominal(self.system) for n in varying}
+                self._values = pack_values(spec, nominal, self.system.model.mass)
+
+    def with_values(self, values: Mapping[str, object]) -> "Simulator":
+        """A simulator of this one's system with the registry ``values`` applied
+        (:func:`~.parameters.apply_values`) that steps through the same compiled graphs, the
+        values passed to them as inputs: every parameter this simulator was compiled with as
+        ``varying``, and no other."""
+        from .compiled import pack_values
+        from .parameters import apply_values
+
+        spec = getattr(self._compiled, "varying", ())
+        if not spec:
+            raise ValueError("with_values needs a simulator compiled with varying parameters")
+        base = getattr(self, "_base", None) or self.system      # what the graphs hold
+        new = Simulator.__new__(Simulator)
+        new._base, new.system = base, apply_values(base, values)
+        new.last_data, new._compiled = None, self._compiled
+        new._values = pack_values(spec, values, self.system.model.mass)
+        return new
 
     @property
     def compiled(self) -> Union[bool, str]:
@@ -227,7 +260,8 @@ class Simulator:
         """Advance by ``config.dt``: returns a new :class:`State` (the input is not changed).
         The last step's :class:`Data` is kept as ``last_data`` (eager steps only)."""
         if self._compiled is not None:
-            return self._compiled(state, action)
+            return self._compiled(state, action) if self._values is None else self._compiled(state, action,
+                                                                                             self._values)
         action = batch_action(self.system, state, action)
         new, data = pure_step(self.system, state, action)
         self.last_data = data

@@ -26,7 +26,9 @@ def _train(path, out):
     from diffsim_ros.learning.checkpoint import save_checkpoint
 
     params, task, model = config.load_training_file(path)
-    tr = dict(params["training"])
+    # Calibration against the nominal model alone: the training file's randomisation (which draws
+    # the physics around either model) is left out of both runs.
+    tr = {k: v for k, v in params["training"].items() if not k.startswith("randomize_") and k != "sensor_noise"}
     tr.update(iterations=ITERATIONS, num_envs=32, stop_at_success=False, eval_every=ITERATIONS, eval_envs=32, seed=0)
     res = train(task, TrainConfig.from_dict(tr, "training"), progress=False)
     save_checkpoint(res.policy, task, out, extra={"config": {"task": params.get("task")}})
