@@ -16,7 +16,10 @@ solo12's set-up here: position PD (kp 3 N m/rad, kd 0.2 N m s/rad), the standing
 (hip 0, thigh +-0.8, knee -+1.6 rad), the base height found by lowering the robot onto
 the ground, its collision meshes as bounding boxes, float32, torch.set_num_threads(1).
 ``--compile`` adds a row per robot with training.compile_step (the compiled simulator), its
-forward-alone column the eager rollout's. Nothing here is a test: no figure is asserted.
+forward-alone column the eager rollout's; ``--randomize`` a row per robot (and per compiled row)
+with the transfer recipe's randomisation (mass, ground friction and contact stiffness drawn per
+iteration, latency up to 20 ms per episode, sensor noise), and the cost of randomising as the
+ratio to the same row without it. Nothing here is a test: no figure is asserted.
 """
 from __future__ import annotations
 
@@ -68,12 +71,18 @@ def quadruped_task(steps: int) -> LocomotionTask:
     return task
 
 
-def iteration_seconds(task, envs: int, repeat: int, compile_step: bool = False):
+#: The randomisation --randomize times (training options).
+RANDOMIZE = {"randomize_mass": [0.9, 1.1], "randomize_ground_friction": [0.5, 1.0],
+             "randomize_contact_stiffness": [1e5, 1e7], "randomize_latency": [0.0, 0.02],
+             "sensor_noise": [0.001, 0.01]}
+
+
+def iteration_seconds(task, envs: int, repeat: int, compile_step: bool = False, randomize: bool = False):
     """The best wall time of one iteration, and how many attempts diverged on the way (a diverged
     attempt is dropped and retried on fresh episodes; its time counts in the iteration's). With
     compile_step: the trainer's compiled simulator, after one iteration that compiles it."""
     cfg = TrainConfig(iterations=1, num_envs=envs, window=20, learning_rate=3e-3, eval_envs=1, seed=0,
-                      compile_step=compile_step)
+                      compile_step=compile_step, **(RANDOMIZE if randomize else {}))
     best, diverged = float("inf"), 0
     if compile_step:
         start = time.perf_counter()
@@ -112,6 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="also time the iteration with training.compile_step (the compiled simulator; compiling "
                              "it takes minutes the first time)")
+    parser.add_argument("--randomize", action="store_true",
+                        help="also time each iteration with domain randomisation, latency and sensor noise")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print("one gradient-trainer iteration, %d environments x %d control steps (x 5 substeps), float32, "
@@ -120,19 +131,21 @@ def main(argv=None) -> int:
     rows = []
     for name, make in (("solo12 (example-robot-data)", solo12_task), ("diffsim_quadruped", quadruped_task)):
         task = make(args.steps)
-        it, diverged = iteration_seconds(task, args.envs, args.repeat)
         fwd = forward_seconds(task, args.envs, args.repeat)
-        rows.append((name, task.sim.pt_body.numel(), it, fwd, diverged))
-        if args.compile:
-            it_c, diverged_c = iteration_seconds(task, args.envs, args.repeat, compile_step=True)
-            rows.append((name + ", compile_step", task.sim.pt_body.numel(), it_c, fwd, diverged_c))
+        for compiled in (False, True) if args.compile else (False,):
+            label = name + (", compile_step" if compiled else "")
+            it, diverged = iteration_seconds(task, args.envs, args.repeat, compile_step=compiled)
+            rows.append((label, task.sim.pt_body.numel(), it, fwd, diverged, None))
+            if args.randomize:
+                it_r, diverged_r = iteration_seconds(task, args.envs, args.repeat, compiled, randomize=True)
+                rows.append((label + ", randomised", task.sim.pt_body.numel(), it_r, fwd, diverged_r, it_r / it))
     print("")
     print("| robot | contact points | iteration (s) | forward rollout alone (s) | iteration / forward | "
-          "iteration / 10 s target | diverged attempts |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, points, it, fwd, diverged in rows:
-        print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %d of %d |" % (name, points, it, fwd, it / fwd, it / 10.0,
-                                                                   diverged, args.repeat))
+          "iteration / 10 s target | randomised / not | diverged attempts |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, points, it, fwd, diverged, cost in rows:
+        print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %s | %d of %d |" % (
+            name, points, it, fwd, it / fwd, it / 10.0, "" if cost is None else "%.2f" % cost, diverged, args.repeat))
     return 0
 
 
