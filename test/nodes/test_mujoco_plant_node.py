@@ -43,6 +43,16 @@ def _ns(stamp) -> int:
     return stamp.sec * 10**9 + stamp.nanosec
 
 
+def _interrupt(proc) -> None:
+    """Stop a node as Ctrl-C does (SIGINT), killing it if it has not ended 20 s later."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _spin_until(ex, cond, timeout):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -194,12 +204,7 @@ def test_quadrotor_realtime_process_steps_on_its_own_timer(ros, tmp_path):
         assert proc.poll() is None
     finally:
         node.destroy_node()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _interrupt(proc)
 
 
 def test_arm_node_maps_commands_by_joint_name(ros):
@@ -396,9 +401,4 @@ def test_plant_process_reads_numbers_from_a_params_file_and_names_a_string(ros, 
         assert proc.poll() is None
     finally:
         node.destroy_node()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _interrupt(proc)

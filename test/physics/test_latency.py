@@ -6,14 +6,13 @@ own dt (one substep per step) with command_delay = L whole steps and each action
 rounding, state by state, for every latency; gradients of the latency step against finite
 differences; the compiled step against the eager one."""
 import dataclasses
-import math
 
 import numpy as np
 import pytest
 import torch
 
-from diffsim_ros import config, physics
-from diffsim_ros.physics import SimConfig, Simulator
+from diffsim_ros import config
+from diffsim_ros.physics import Simulator
 
 from conftest import REPO_ROOT as ROOT, drawn_seed
 
