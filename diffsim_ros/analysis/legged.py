@@ -115,8 +115,13 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
                            "max_tilt_rad": float(max(np.abs(roll).max(), np.abs(pitch).max()))}
     cmd = command                                # the commanded speed is not in the bag (yet): given here
     if cmd is not None:
+        gait = {}
+        if getattr(task, "command_speed", None):      # the gait rules, with the task's own contact and limits
+            contact, step = task.foot_arrays(qt)
+            gait = dict(feet_contact=contact, feet_step=step, min_touchdown_rate=task.min_touchdown_rate,
+                        max_foot_slide=task.max_foot_slide, min_swing_s=task.min_swing_s)
         rep["strict_metric"] = strict_metric(t_s, q[:, 0], q[:, 2], roll, pitch, np.zeros(len(t_s), bool), cmd,
-                                             task.base_height, getattr(task, "window_s", 3.0))
+                                             task.base_height, getattr(task, "window_s", 3.0), **gait)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,25 @@ barrier at the metric's height floor): no gait shaping. Its success is the stric
 ``speed_tolerance`` of the command; at every step of the episode the base above
 ``min_height`` x its standing height, roll and pitch within ``max_tilt`` rad, and no body but
 the feet touching the ground).
+
+The strict metric also asks for a gait a robot can make. Over the window every foot touches
+down at least ``min_touchdown_rate`` times a second (``steps_ok``: a foot dragged along fails),
+and each foot's mean horizontal speed while in contact is below ``max_foot_slide`` m/s
+(``no_slide_ok``: a foot scuffing or skating fails). Contact comes from forward kinematics
+alone, the same way for the simulator's states, the stand-in's and a bag's: a foot is on the
+ground when its lowest collision point (a sphere's bottom, a box corner) is at most
+``contact_height`` above it. The default, 1 mm, is less than a foot bearing its share of the
+weight sinks (1.1 mm for the project's quadruped, 1.7 mm for solo12 into the penalty ground, 0.7
+mm into MuJoCo's), so a loaded foot always counts and of a swing only its last millimetre does.
+On the shipped walkers' episodes contact at 0 mm agrees with the simulator's contact forces at
+97-99 % of the steps and at 5 mm at 78-93 %: a band of several millimetres counts a swinging
+foot's approach as stance and its motion as slide. A touchdown is a sample in contact after
+the foot was off the ground for at least ``min_swing_s`` (0.02 s, two control steps: contact
+that flickers from one step to the next is not stepping). The slide of an interval with the
+foot in contact at both ends is the horizontal displacement of the foot-fixed point that was
+lowest at its start (a sphere's bottom: a foot rolling on its sphere does not slide); the mean
+is their sum over the intervals' time. The feet are the bodies ending the kinematic chains
+(:func:`.gait.foot_bodies`).
 """
 from __future__ import annotations
 
@@ -44,7 +63,9 @@ class LocomotionTask(Task):
                  fall_height: float = 0.5, action_weight: float = 1e-3, upright_weight: float = 0.0,
                  command_speed: Optional[Sequence[float]] = None, window_s: float = 3.0,
                  speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5,
-                 height_weight: float = 0.0, speed_average_s: float = 0.0, relative_tracking: bool = False):
+                 height_weight: float = 0.0, speed_average_s: float = 0.0, relative_tracking: bool = False,
+                 min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1, contact_height: float = 0.001,
+                 min_swing_s: float = 0.02):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -85,6 +106,16 @@ class LocomotionTask(Task):
         self.feet = foot_bodies(self.sim)
         bodies = sorted(set(int(b) for b in self.sim.system.contact.body.tolist()))
         self.other_bodies = [b for b in bodies if b not in self.feet]
+        for key, val in (("min_touchdown_rate", min_touchdown_rate), ("max_foot_slide", max_foot_slide),
+                         ("contact_height", contact_height), ("min_swing_s", min_swing_s)):
+            if not val >= 0:
+                raise ValueError(f"locomotion: '{key}' must be >= 0, got {val}")
+        self.min_touchdown_rate, self.max_foot_slide = float(min_touchdown_rate), float(max_foot_slide)
+        self.contact_height, self.min_swing_s = float(contact_height), float(min_swing_s)
+        if self.command_speed and not self.feet:
+            raise ValueError(f"locomotion: the strict metric judges the feet, and '{model.name}' has none (no "
+                             "kinematic chain ends in a body with collision geometry)")
+        self._foot_table()
         self.obs_dim = 1 + 9 + 6 + 2 * n + (1 if self.command_speed else 0)
         self.action_dim = n
 
@@ -116,6 +147,7 @@ class LocomotionTask(Task):
             ts.extra["x_window"] = q[:, 0].clone()                 # base x when the judged window starts
             ts.extra["violation"] = torch.zeros(batch, dtype=torch.bool, device=m.device)
             ts.extra["speed_average"] = torch.zeros(batch, dtype=m.dtype, device=m.device)
+            self._start_feet(ts)
         return ts
 
     def observe(self, ts: TaskState) -> torch.Tensor:
@@ -206,6 +238,122 @@ class LocomotionTask(Task):
             other = self.other_contact(ts)
             return bad if other is None else bad | other
 
+    # -------------------------------------------------------------- the gait rules
+    def _foot_table(self) -> None:
+        """Each foot's collision points (sphere centres with their radii, box corners with radius
+        0) as one table, ``_foot_point`` (F, P): indices into the contact set, padded with the
+        set's size where a foot has fewer points than another."""
+        cs = self.sim.system.contact
+        rows = [torch.nonzero(cs.body == b).flatten() for b in self.feet]
+        size = int(cs.body.numel())
+        self._foot_point = torch.full((len(rows), max((len(r) for r in rows), default=0)), size,
+                                      dtype=torch.long, device=cs.body.device)
+        for i, r in enumerate(rows):
+            self._foot_point[i, :len(r)] = r
+
+    def foot_track(self, q: torch.Tensor) -> dict:
+        """Where each foot meets the ground at the configurations ``q`` (B, nq), by forward
+        kinematics, without gradients: ``height`` (B, F) m, the height of the foot's lowest
+        collision point (a sphere's bottom, a box corner) above the ground, negative in
+        penetration; that point as a point of the foot's body, ``local`` (B, F, 3) in the body's
+        frame and ``world`` (B, F, 3); and the foot bodies' placements ``R`` (B, F, 3, 3) and
+        ``p`` (B, F, 3) (for :meth:`foot_moved`)."""
+        from ..physics.kinematics import kinematics
+
+        sys = self.sim.system
+        cs = sys.contact
+        with torch.no_grad():
+            kin = kinematics(self.model, q.detach())
+            R = kin.R[self.feet].permute(3, 0, 1, 2)                              # (B, F, 3, 3)
+            p = (kin.p[self.feet] + kin.o).permute(2, 0, 1)                       # (B, F, 3)
+            n = sys.ground_normal.to(R)
+            idx = self._foot_point
+            valid = idx < cs.body.numel()
+            safe = idx.clamp(max=max(cs.body.numel() - 1, 0))
+            local, radius = cs.local[safe].to(R), cs.radius[safe].to(R)          # (F, P, 3), (F, P)
+            centre = torch.einsum("bfij,fpj->bfpi", R, local) + p[:, :, None]      # (B, F, P, 3)
+            height = ((centre * n).sum(-1) - radius - sys.ground_height.to(R)).masked_fill(~valid, float("inf"))
+            h, k = height.min(-1)                                                  # (B, F)
+            B, F, P = height.shape
+            at = k[..., None, None].expand(B, F, 1, 3)
+            pick = lambda x: x.expand(B, F, P, 3).gather(2, at)[:, :, 0]         # noqa: E731  (B, F, 3)
+            r = radius.expand(B, F, P).gather(2, k[..., None])                     # (B, F, 1)
+            # The material point at the bottom of the lowest sphere: its centre less r along the
+            # ground normal, in the body frame R^T n.
+            world = pick(centre) - r * n
+            local_pt = pick(local) - r * torch.einsum("bfji,j->bfi", R, n)
+        return {"height": h, "local": local_pt, "world": world, "R": R, "p": p}
+
+    def foot_moved(self, track: dict, local: torch.Tensor) -> torch.Tensor:
+        """(B, F, 3) world positions, at the placements of ``track`` (:meth:`foot_track`), of the
+        foot-fixed points ``local`` (B, F, 3) (each in its foot body's frame)."""
+        return torch.einsum("bfij,bfj->bfi", track["R"], local) + track["p"]
+
+    def horizontal(self, d: torch.Tensor) -> torch.Tensor:
+        """(...) length of the displacements ``d`` (..., 3) along the ground (the normal part removed)."""
+        n = self.sim.system.ground_normal.to(d)
+        return torch.linalg.vector_norm(d - (d * n).sum(-1, keepdim=True) * n, dim=-1)
+
+    def foot_arrays(self, q) -> tuple:
+        """The feet of one recorded episode, ``q`` (T, nq), as :func:`strict_metric` takes them:
+        ``contact`` (T, F) bool, the foot's lowest point within ``contact_height`` of the ground,
+        and ``step`` (T, F) m, the horizontal displacement from the sample before of the
+        foot-fixed point that was lowest there (0 at the first sample)."""
+        import numpy as np
+
+        qt = torch.as_tensor(np.asarray(q, dtype=np.float64), dtype=self.model.dtype, device=self.model.device)
+        tr = self.foot_track(qt)
+        contact = tr["height"] <= self.contact_height
+        prev = {k: v[:-1] for k, v in tr.items()}
+        now = {k: v[1:] for k, v in tr.items()}
+        with torch.no_grad():
+            step = self.horizontal(self.foot_moved(now, prev["local"]) - prev["world"])
+            step = torch.cat((torch.zeros_like(step[:1]), step))
+        return contact.cpu().numpy(), step.double().cpu().numpy()
+
+    def _start_feet(self, ts: TaskState) -> None:
+        """The gait rules' bookkeeping at the start of an episode (see :meth:`_step_feet`)."""
+        tr = self.foot_track(ts.sim.q)
+        contact = tr["height"] <= self.contact_height
+        e = ts.extra
+        e["foot_contact"], e["foot_local"], e["foot_world"] = contact, tr["local"], tr["world"]
+        e["foot_off_steps"] = (~contact).to(torch.long)       # samples since the foot last touched
+        e["touchdowns"] = torch.zeros(contact.shape, dtype=tr["height"].dtype, device=contact.device)
+        e["slide_distance"] = torch.zeros_like(e["touchdowns"])
+        e["contact_time"] = torch.zeros_like(e["touchdowns"])
+
+    def _step_feet(self, ts: TaskState) -> None:
+        """Per control step, without gradients: each foot's contact from forward kinematics; within
+        the judged window its touchdowns (in contact after a swing of at least ``min_swing_s``)
+        and, over each step it spends in contact at both ends, the horizontal displacement of the
+        foot-fixed point that was lowest at the step's start, with the time."""
+        e = ts.extra
+        tr = self.foot_track(ts.sim.q)
+        with torch.no_grad():
+            contact = tr["height"] <= self.contact_height
+            was = e["foot_contact"]
+            if ts.step > self.window_start_step():
+                swung = e["foot_off_steps"] * self.dt >= self.min_swing_s - 1e-9
+                e["touchdowns"] = e["touchdowns"] + (contact & ~was & swung).to(e["touchdowns"].dtype)
+                both = contact & was
+                moved = self.horizontal(self.foot_moved(tr, e["foot_local"]) - e["foot_world"])
+                e["slide_distance"] = e["slide_distance"] + torch.where(both, moved, torch.zeros_like(moved))
+                e["contact_time"] = e["contact_time"] + both.to(moved.dtype) * self.dt
+            e["foot_off_steps"] = torch.where(contact, torch.zeros_like(e["foot_off_steps"]), e["foot_off_steps"] + 1)
+            e["foot_contact"], e["foot_local"], e["foot_world"] = contact, tr["local"], tr["world"]
+
+    def gait_parts(self, ts: TaskState) -> dict:
+        """The gait rules of the strict metric on a finished batch of episodes (velocity command):
+        ``touchdowns_per_s`` (B, F) over the judged window, ``foot_slide_m_s`` (B, F), each foot's
+        mean horizontal speed while in contact (nan for a foot never in contact over a step of the
+        window), and ``steps_ok``, ``no_slide_ok`` (B,) bool."""
+        e = ts.extra
+        duration = (self.horizon - self.window_start_step()) * self.dt
+        slide = e["slide_distance"] / e["contact_time"]
+        return {"touchdowns_per_s": e["touchdowns"] / duration, "foot_slide_m_s": slide,
+                "steps_ok": (e["touchdowns"] >= self.min_touchdown_rate * duration - 1e-6).all(-1),
+                "no_slide_ok": ((e["contact_time"] == 0) | (slide < self.max_foot_slide)).all(-1)}
+
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
         ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
         if self.command_speed:
@@ -216,12 +364,14 @@ class LocomotionTask(Task):
                 ts.extra["speed_average"] = avg + rate * (self.forward_velocity(ts) - avg)
             if ts.step == self.window_start_step():
                 ts.extra["x_window"] = ts.sim.q[:, 0].detach().clone()
+            self._step_feet(ts)
 
     def recorded_verdict(self, t, q, v, target) -> Optional[dict]:
         """The strict metric (:func:`strict_metric`) of one recorded velocity-command episode (plain
         arrays, as the stand-in or a bag gives them: ``q`` the base pose then the joints, ``v`` the
         body-frame twist then the joints, ``target`` the command); whether a body other than a foot
-        touches is judged from each recorded state's own configuration and velocity. None for the
+        touches is judged from each recorded state's own configuration and velocity, the feet's
+        contacts and slide by forward kinematics of ``q`` (:meth:`foot_arrays`). None for the
         forward-progress task (no command: its episode is judged by :meth:`success`)."""
         if not self.command_speed:
             return None
@@ -235,10 +385,16 @@ class LocomotionTask(Task):
             other = self.touching(self.other_bodies, TaskState(self.sim.initial_state(qt, vt),
                                                                torch.zeros(len(qt), 1), 0, {"replayed": True}))
         other = np.zeros(len(qt), bool) if other is None else other.any(0).cpu().numpy()
+        contact, step = self.foot_arrays(qt)
         cmd = float(np.asarray(target, dtype=np.float64).reshape(-1)[0])
-        return strict_metric(np.asarray(t, dtype=np.float64), qt[:, 0].cpu().numpy(), qt[:, 2].cpu().numpy(),
-                             roll.cpu().numpy(), pitch.cpu().numpy(), other, cmd, self.base_height, self.window_s,
-                             self.speed_tolerance, self.min_height / self.base_height, self.max_tilt)
+        verdict = strict_metric(np.asarray(t, dtype=np.float64), qt[:, 0].cpu().numpy(), qt[:, 2].cpu().numpy(),
+                                roll.cpu().numpy(), pitch.cpu().numpy(), other, cmd, self.base_height, self.window_s,
+                                self.speed_tolerance, self.min_height / self.base_height, self.max_tilt,
+                                feet_contact=contact, feet_step=step, min_touchdown_rate=self.min_touchdown_rate,
+                                max_foot_slide=self.max_foot_slide, min_swing_s=self.min_swing_s)
+        if "steps_ok" in verdict:
+            verdict["feet"] = [m.body_names[b] for b in self.feet]
+        return verdict
 
     def mean_speed(self, ts: TaskState) -> torch.Tensor:
         return (ts.sim.q[:, 0] - ts.extra["x0"]) / max(ts.step * self.dt, 1e-9)
@@ -248,20 +404,44 @@ class LocomotionTask(Task):
         steps = ts.step - self.window_start_step()
         return (ts.sim.q[:, 0] - ts.extra["x_window"]) / max(steps * self.dt, 1e-9)
 
+    def strict_parts(self, ts: TaskState) -> dict:
+        """The strict metric's parts on a batch of velocity-command episodes, each (B,): the
+        window's mean speed ``window_speed_m_s`` and ``speed_ok``; ``posture_ok``, no step below
+        the height floor, beyond the tilt or with a body other than a foot touching
+        (:func:`strict_metric`'s height_ok, tilt_ok and only_feet_touch together); the gait rules
+        of :meth:`gait_parts`; and ``success``, all of them at the episode's end."""
+        cmd = ts.target[:, 0]
+        speed = self.window_speed(ts)
+        parts = {"window_speed_m_s": speed, "speed_ok": (speed - cmd).abs() <= self.speed_tolerance * cmd,
+                 "posture_ok": ~ts.extra["violation"], **self.gait_parts(ts)}
+        parts["success"] = (parts["speed_ok"] & parts["posture_ok"] & parts["steps_ok"] & parts["no_slide_ok"]
+                            & (ts.step >= self.horizon))
+        return parts
+
     def success(self, ts: TaskState) -> torch.Tensor:
         if self.command_speed:
-            cmd = ts.target[:, 0]
-            track = (self.window_speed(ts) - cmd).abs() <= self.speed_tolerance * cmd
-            return track & ~ts.extra["violation"] & (ts.step >= self.horizon)
+            return self.strict_parts(ts)["success"]
         return (self.mean_speed(ts) > self.success_speed) & ~ts.extra["fallen"]
 
 
 def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_height: float, window_s: float = 3.0,
-                  speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5) -> dict:
+                  speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5, feet_contact=None,
+                  feet_step=None, min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1,
+                  min_swing_s: float = 0.02) -> dict:
     """The velocity-command success of one recorded episode, from plain arrays (simulator,
     stand-in or bag alike): times ``t`` (s), base ``x``, ``z`` (m), ``roll``, ``pitch`` (rad),
     ``other_contact`` (bool: a body other than a foot touching the ground), the commanded
-    forward speed (m/s). Returns the verdict and each of its parts."""
+    forward speed (m/s). Returns the verdict and each of its parts.
+
+    With ``feet_contact`` (T, F) bool, each foot on the ground, and ``feet_step`` (T, F) m, the
+    horizontal displacement of each foot's lowest point since the sample before
+    (:meth:`LocomotionTask.foot_arrays` gives both), the gait rules join the verdict: over the
+    window every foot touches down at least ``min_touchdown_rate`` times a second
+    (``steps_ok``; a touchdown is a sample in contact after one out of it, the foot having been
+    off the ground for at least ``min_swing_s``), and each foot's mean horizontal speed while in
+    contact (its displacement over the intervals with the foot in contact at both ends, over
+    their time) is below ``max_foot_slide`` m/s (``no_slide_ok``; a foot with no such interval
+    does not slide). Without them those rules are not judged."""
     import numpy as np
 
     t, x, z = (np.asarray(a, dtype=np.float64) for a in (t, x, z))
@@ -279,4 +459,33 @@ def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_heig
              "tilt_ok": bool((np.abs(roll) <= max_tilt).all() and (np.abs(pitch) <= max_tilt).all()),
              "only_feet_touch": bool(not other.any())}
     parts["success"] = parts["speed_ok"] and parts["height_ok"] and parts["tilt_ok"] and parts["only_feet_touch"]
+    if feet_contact is not None:
+        parts.update(gait_rules(t, i0, feet_contact, feet_step, min_touchdown_rate, max_foot_slide, min_swing_s))
+        parts["success"] = parts["success"] and parts["steps_ok"] and parts["no_slide_ok"]
     return parts
+
+
+def gait_rules(t, i0: int, feet_contact, feet_step, min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1,
+               min_swing_s: float = 0.02) -> dict:
+    """The gait rules of :func:`strict_metric` over the window from sample ``i0`` to the end:
+    ``touchdowns_per_s`` and ``foot_slide_m_s`` per foot (None for a foot never in contact over
+    an interval of the window), ``steps_ok`` and ``no_slide_ok``."""
+    import numpy as np
+
+    t = np.asarray(t, dtype=np.float64)
+    c = np.asarray(feet_contact, dtype=bool).reshape(len(t), -1)
+    step = np.asarray(feet_step, dtype=np.float64).reshape(c.shape)
+    # The first sample of the swing before each sample: one past the foot's last contact (0 if none).
+    last_on = np.maximum.accumulate(np.where(c, np.arange(len(t))[:, None], -1), axis=0)
+    k = np.arange(i0 + 1, len(t))
+    swing = t[k][:, None] - t[last_on[k - 1] + 1]
+    down = c[k] & ~c[k - 1] & (swing >= min_swing_s - 1e-9)
+    duration = t[-1] - t[i0]
+    both = c[k] & c[k - 1]
+    dwell = (both * np.diff(t)[k - 1][:, None]).sum(0)
+    moved = np.where(both, step[k], 0.0).sum(0)
+    slide = [float(d / s) if s > 0 else None for d, s in zip(moved, dwell)]
+    return {"touchdowns_per_s": [float(n / duration) for n in down.sum(0)],
+            "steps_ok": bool((down.sum(0) >= min_touchdown_rate * duration - 1e-6).all()),
+            "foot_slide_m_s": slide,
+            "no_slide_ok": bool(all(s is None or s < max_foot_slide for s in slide))}
