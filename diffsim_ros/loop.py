@@ -457,9 +457,7 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     import torch
 
     from .analysis.bag import read_legged_states
-    from .physics.spatial import roll_pitch
     from .tasks.base import TaskState
-    from .tasks.locomotion import strict_metric
 
     stamps, qb, vb, names, _ = read_legged_states(Path(bag))      # at least two pairs, or AnalysisError
     states = [runner.legged_state(names, qb[i, 7:].tolist(), vb[i, 6:].tolist(), qb[i, 0:3].tolist(),
@@ -474,14 +472,9 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
         ts.extra["x0"] = states[0].q[:, 0].clone()
         # Contact is judged from each recorded state (no simulator step produced these states).
         ts.extra["replayed"] = torch.ones(1, dtype=torch.bool)
-        tilt, other = [(0.0, 0.0)], [False]
         for k in range(1, horizon + 1):
             ts = TaskState(states[k], target, k, dict(ts.extra))
             task.update_extra(ts, torch.zeros(1, task.action_dim, dtype=states[k].q.dtype))
-            r, p = roll_pitch(states[k].q[:, 3:7])
-            tilt.append((float(r[0]), float(p[0])))
-            touch = task.other_contact(ts)
-            other.append(bool(touch[0]) if touch is not None else False)
         ok = bool(task.success(ts)[0])
         mean_speed = float(task.mean_speed(ts)[0])
     x = np.array([float(s.q[0, 0]) for s in states])
@@ -503,14 +496,20 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
         res["jump_metric"] = task.recorded_verdict(t, q, v, None)
         res["success"] = res["jump_metric"]["success"]
     if getattr(task, "command_speed", None):
-        # The strict metric on the recorded arrays of the first episode (the task's verdict above
-        # comes from its own flags; both must agree).
+        # The strict metric on the recorded arrays of the first episode, gait rules included (the
+        # task's verdict above comes from its own flags; both must agree).
         t = (np.array(stamps[:horizon + 1], dtype=np.float64) - stamps[0]) * 1e-9
-        tilt_a = np.array(tilt)
-        res["strict_metric"] = strict_metric(
-            t, x[:horizon + 1], z[:horizon + 1], tilt_a[:, 0], tilt_a[:, 1], np.array(other), float(target[0, 0]),
-            task.base_height, task.window_s, task.speed_tolerance, task.min_height / task.base_height, task.max_tilt)
+        q = np.array([s.q[0].double().numpy() for s in states[:horizon + 1]])
+        v = np.array([s.v[0].double().numpy() for s in states[:horizon + 1]])
+        res["strict_metric"] = task.recorded_verdict(t, q, v, target[0].double().numpy())
     return res
+
+
+def _rounded(values) -> str:
+    """Per-foot numbers of the strict metric, two decimals (None where a foot has none)."""
+    if values is None:
+        return ""
+    return "[" + ", ".join("-" if x is None else f"{float(x):.2f}" for x in values) + "]"
 
 
 def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
@@ -875,7 +874,10 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
             f"{m['window_speed_m_s']:.3f} m/s (within {100 * runner.task.speed_tolerance:g} % needed); lowest base "
             f"{m['min_height_m']:.3f} m (above {runner.task.min_height:.3f}); largest roll/pitch "
             f"{m['max_tilt_rad']:.2f} rad (within {runner.task.max_tilt:g}); only feet touching: "
-            f"{m['only_feet_touch']} -> {'SUCCESS' if res['success'] else 'not a success'}")
+            f"{m['only_feet_touch']}; every foot stepping (>= {runner.task.min_touchdown_rate:g}/s): "
+            f"{m.get('steps_ok')} {_rounded(m.get('touchdowns_per_s'))}; no foot sliding (< "
+            f"{runner.task.max_foot_slide:g} m/s): {m.get('no_slide_ok')} {_rounded(m.get('foot_slide_m_s'))} -> "
+            f"{'SUCCESS' if res['success'] else 'not a success'}")
     else:
         log(f"  locomotion on the stand-in: first episode ({res['episode_steps']} steps) mean forward speed "
             f"{res['episode_mean_forward_speed_m_s']:.3f} m/s (success above {res['success_speed_m_s']:g}); lowest "

@@ -63,23 +63,32 @@ def test_loop_on_the_perturbed_stand_in(tmp_path, path):
 
 @pytest.mark.parametrize("path", ["launch", "nodes"])
 def test_loop_names_the_node_that_ended_the_deployment(tmp_path, path):
-    """A node that exits (here the stand-in refusing a negative mass scale at start) ends the run at
-    once with its name and what it printed, on both deployment paths; every log is kept."""
+    """A node that exits (here the stand-in refusing, at start, a contact time constant below twice
+    its physics substep: a value the schema admits, which only the plant can judge) ends the run at
+    once with its name and what it printed, on both deployment paths; every log is kept. A value
+    the schema refuses (a negative mass scale) is refused before any node starts."""
     use_launch = deploy_path(path)
     with pytest.raises(LoopError) as err:
         run_loop(None, str(tmp_path / "loop"), checkpoint=str(REPO_ROOT / "policies" / "hover"), duration=1.0,
-                 perturbation={"mass_scale": -1.0}, log=lambda *_: None, domain=ros_domain(), use_launch=use_launch)
+                 perturbation={"contact_time_constant": 0.001}, log=lambda *_: None, domain=ros_domain(),
+                 use_launch=use_launch)
     msg = str(err.value)
-    assert "mujoco_plant exited with status 2" in msg and "'perturbation.mass_scale' must be > 0" in msg, msg
-    assert "must be > 0" in (tmp_path / "loop" / "logs" / "plant.log").read_text()
+    assert "mujoco_plant exited with status 2" in msg and "below twice the physics substep" in msg, msg
+    assert "below twice the physics substep" in (tmp_path / "loop" / "logs" / "plant.log").read_text()
+    with pytest.raises(LoopError, match="'--perturb.mass_scale' must be > 0"):
+        run_loop(None, str(tmp_path / "early"), checkpoint=str(REPO_ROOT / "policies" / "hover"), duration=1.0,
+                 perturbation={"mass_scale": -1.0}, log=lambda *_: None, domain=ros_domain(), use_launch=use_launch)
+    assert not (tmp_path / "early" / "logs" / "plant.log").exists()
 
 
 def test_loop_deploys_an_old_checkpoint_from_the_training_file_it_names(tmp_path):
-    """policies/hover records only its training file and task ({file, task}): the loop finds that file
-    (or the package's file of the same name) and refuses one whose task section differs."""
+    """test/data/hover_nominal (the hover shipped before 2026-12-04) records only its training file and
+    task ({file, task}): the loop finds that file (or the package's file of the same name) and refuses
+    one whose task section differs."""
     from diffsim_ros.loop import checkpoint_config
 
-    path = checkpoint_config(REPO_ROOT / "policies" / "hover", tmp_path)
+    old_hover = REPO_ROOT / "test" / "data" / "hover_nominal"
+    path = checkpoint_config(old_hover, tmp_path)
     import yaml
 
     params = yaml.safe_load(open(path))["/**"]["ros__parameters"]
@@ -89,8 +98,9 @@ def test_loop_deploys_an_old_checkpoint_from_the_training_file_it_names(tmp_path
     import shutil
 
     ckpt = tmp_path / "old"
-    shutil.copytree(REPO_ROOT / "policies" / "hover", ckpt)
+    shutil.copytree(old_hover, ckpt)
     meta = json.loads((ckpt / "policy.json").read_text())
+    assert sorted(meta["config"]) == ["file", "task"]
     meta["config"]["task"] = dict(meta["config"]["task"], settle_time=0.25)
     (ckpt / "policy.json").write_text(json.dumps(meta))
     with pytest.raises(LoopError, match="another task section"):
