@@ -4,7 +4,8 @@ Compared with an independent construction of the same delay: the simulator at th
 own dt (one substep per step) with command_delay = L whole steps and each action held for
 ``substeps`` steps applies exactly the same command at every substep, so both must agree to
 rounding, state by state, for every latency; gradients of the latency step against finite
-differences; the compiled step against the eager one."""
+differences. (The compiled step takes the latency as an input of its graphs: the compiled
+randomised training of test/learning/test_apg.py draws it per episode and equals the eager run.)"""
 import dataclasses
 
 import numpy as np
@@ -128,31 +129,3 @@ def test_latency_out_of_range_is_refused():
     with pytest.raises(ValueError, match="max_latency > 0"):
         Simulator(model, base).initial_state(model.neutral_configuration((2,)), latency=1)
 
-
-@pytest.mark.slow
-def test_compiled_step_takes_the_latency_as_an_input():
-    """The compiled step (direct graphs) with per-environment latencies equals the eager step, states
-    and gradients; one compiled graph serves any latencies (an input, not a constant): a second
-    draw of latencies runs through the same graphs."""
-    from diffsim_ros.physics.compiled import CompiledStep
-
-    model, base = _quadrotor()
-    # Two substeps a step (half the graph of four, half the compile time), up to three late.
-    cfg = dataclasses.replace(base, dt=base.dt / 2, substeps=2, max_latency=3, nan_check=False)
-    eager, step = Simulator(model, cfg), None
-    step = CompiledStep(eager.system)
-    q0 = model.neutral_configuration((4,))
-    q0[:, 2] = 1.0
-    a0 = torch.tensor([10.5, 0.2, -0.1, 0.05], dtype=torch.float64).repeat(4, 1)
-    for lat in (torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([3.0, 1.0, 0.0, 2.0])):
-        outs = []
-        for stepper in (eager.step, step):
-            a = a0.clone().requires_grad_(True)
-            st = eager.initial_state(q0, latency=lat.double())
-            for k in range(3):
-                st = stepper(st, a * (1 + 0.1 * k))
-            loss = (st.q[:, 0:3] ** 2).sum() + (st.v ** 2).sum()
-            outs.append((st.q.detach(), torch.autograd.grad(loss, a)[0]))
-        torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-8, atol=1e-10)
-    assert len(step._graphs) == 1 and all(g for g in step._graphs.values())
