@@ -197,7 +197,7 @@ def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
     # The compiled graphs take the drawn parameters as inputs: a structure that admits every draw
     # (a lag the configuration leaves out is made here, at the range's high end), then compiled once.
     drawn = _draw_values(sys, cfg, torch.Generator().manual_seed(0))
-    lags = {k: torch.tensor(max(getattr(cfg, "randomize_actuator_lag")[1], 1e-6), dtype=sys.model.dtype)
+    lags = {k: torch.tensor(max(cfg.randomize_actuator_lag[1], 1e-6), dtype=sys.model.dtype)
             for k in ("actuator_lag", "motor_time_constant") if k in drawn}
     return Simulator(apply_values(sys, lags), compile=True, varying=tuple(drawn))
 

@@ -67,7 +67,8 @@ class Simulator:
             self.system = build_system(model, config)
         self.last_data: Optional[Data] = None
         self._compiled = None
-        self._values = None
+        self._values = None             # the varying parameters' vector the compiled graphs are called with
+        self._base = self.system        # the system those graphs hold (with_values applies values to it)
         if varying and compile is not True:
             raise ValueError("varying parameters are inputs of the compiled step: give compile=True")
         if compile not in (False, True, "aot"):
@@ -99,9 +100,8 @@ class Simulator:
         spec = getattr(self._compiled, "varying", ())
         if not spec:
             raise ValueError("with_values needs a simulator compiled with varying parameters")
-        base = getattr(self, "_base", None) or self.system      # what the graphs hold
         new = Simulator.__new__(Simulator)
-        new._base, new.system = base, apply_values(base, values)
+        new._base, new.system = self._base, apply_values(self._base, values)
         new.last_data, new._compiled = None, self._compiled
         new._values = pack_values(spec, values, self.system.model.mass)
         return new
