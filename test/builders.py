@@ -34,10 +34,14 @@ def ball_urdf(mass: float, radius: float) -> str:
 </link></robot>"""
 
 
-def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0):
+def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0, task_options=None):
     """A checkpoint of an untrained policy for config/<cfg_name>.yaml with output weights scaled
-    up, so that actions spread over [-1, 1] (and some commands hit the limits)."""
+    up, so that actions spread over [-1, 1] (and some commands hit the limits); ``task_options``
+    override keys of the file's task section."""
     params, task, model = config.load_training_file(REPO_ROOT / "config" / f"{cfg_name}.yaml")
+    if task_options:
+        params["task"] = {**params["task"], **task_options}
+        task, model = config.build_task(params, cfg_name)
     torch.manual_seed(seed)
     pol = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(model.dtype)
     with torch.no_grad():

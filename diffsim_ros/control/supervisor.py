@@ -241,6 +241,9 @@ class Supervisor:
         self.hold_q: Optional[np.ndarray] = None
         self.imu_w: Optional[np.ndarray] = None
         self._parts: Dict[str, Tuple[Optional[int], Any]] = {"joints": (None, None), "base": (None, None)}
+        # A legged policy on the robot observation pairs its joint states with the IMU (orientation
+        # and body rates); odometry, if a robot publishes it, is not needed and not used.
+        self.base_from_imu = self.kind == "legged" and not getattr(runner, "needs_odometry", True)
         self.estop = False
         self.fault_reason: Optional[str] = None
         self.good_since_fault = 0
@@ -427,6 +430,9 @@ class Supervisor:
         self.counts["states_received"] += 1
         if self.kind == "arm":
             return self._reject("odom: this robot has a fixed base (joint states expected)")
+        if self.base_from_imu:
+            self.counts["states_ignored"] += 1
+            return Verdict(False, "", pending=True)
         legged = self.kind == "legged"
         try:
             pos, quat, lin, ang = self._check_base(od, clock_ns, self._parts["base"][0] if legged else self.last_stamp)
@@ -457,8 +463,12 @@ class Supervisor:
         return self._accept(stamp, state, now_ns)
 
     def on_imu(self, imu: ImuIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
-        """An IMU reading: a broken one (non-finite, impossible rate) is a fault like a bad state."""
+        """An IMU reading: a broken one (non-finite, impossible rate) is a fault like a bad state.
+        A legged policy on the robot observation (``base_from_imu``) takes its base from it: the
+        orientation (a unit quaternion, as odometry's) and the body rates, paired with the joint
+        state of the same time as odometry is otherwise."""
         self.counts["imu_received"] += 1
+        last = self._parts["base"][0]
         try:
             w = _seq(imu.angular_velocity, "angular_velocity")
             o = _seq(imu.orientation, "orientation")
@@ -471,10 +481,20 @@ class Supervisor:
             s = float(np.linalg.norm(w))
             if s > self.config.max_angular_speed:
                 raise _Rejected(f"angular_velocity is {_fmt(s)} rad/s, beyond {_fmt(self.config.max_angular_speed)}")
+            if self.base_from_imu:
+                norm = float(np.linalg.norm(o))
+                if abs(norm - 1.0) > self.config.quaternion_tolerance:
+                    raise _Rejected(f"orientation has norm {_fmt(norm)} (a unit quaternion x y z w expected, "
+                                    f"quaternion_tolerance {self.config.quaternion_tolerance:g})")
+                self._stamp_rule(imu.stamp_ns, clock_ns, "imu", last)
         except _Rejected as e:
             return self._reject(f"imu: {e}", "imu_rejected")
         self.imu_w = w
-        return Verdict(True)
+        if not self.base_from_imu:
+            return Verdict(True)
+        # The base's position and linear velocity are not observed: zeros stand in for them.
+        self._parts["base"] = (int(imu.stamp_ns), (np.zeros(3), o, np.zeros(3), w))
+        return self._pair(now_ns)
 
     # ------------------------------------------------------------------ the decision
     def _latch_text(self) -> str:

@@ -80,18 +80,27 @@ def _finite_floats(x: Any) -> Any:
     return x
 
 
+#: Task parameters whose default changed, with the value a checkpoint that does not record them
+#: was made with: legged policies observed the simulator's full state before ``observation``.
+FORMER_DEFAULTS = {"locomotion": {"observation": "privileged"}, "jump": {"observation": "privileged"}}
+
+
 def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
     """The ``task:`` mapping that rebuilds the checkpoint's task: the task's own export
-    (``command.task_parameters``, Task.export_parameters), else the stored training config's."""
+    (``command.task_parameters``, Task.export_parameters), else the stored training config's; a
+    parameter it does not record takes the value it had when the checkpoint was made
+    (:data:`FORMER_DEFAULTS`)."""
+    def completed(spec):
+        return {**FORMER_DEFAULTS.get(spec["type"], {}), **spec}
     exported = meta["command"].get("task_parameters")
     if isinstance(exported, dict) and "type" in exported:
-        return dict(exported)
+        return completed(exported)
     cfg = meta.get("config")
     if isinstance(cfg, dict):
         # Either the whole training file's parameters ({..., task: {...}}) or {file, task}.
         spec = cfg.get("task")
         if isinstance(spec, dict) and "type" in spec:
-            return dict(spec)
+            return completed(spec)
     raise CheckpointError(f"{where}: cannot rebuild task '{meta['task']}' for deployment: the metadata has neither "
                           "the task's parameters ('command.task_parameters' with a 'type') nor the training "
                           "config's 'task' section")
@@ -206,8 +215,13 @@ class PolicyRunner:
                 self._default_target = self.task.reset(1, torch.Generator().manual_seed(0)).target.to(dtype)
             self.target_dim = int(self._default_target.shape[-1])
         self.mode = getattr(self.task, "mode", None)
+        # A legged policy on the robot observation reads the base from the IMU alone (orientation
+        # and body rates): its position and linear velocity are not observed, so a robot without
+        # odometry (no motion capture, no state estimator) runs it.
+        self.needs_odometry = self.kind != LEGGED or getattr(self.task, "observation", "robot") != "robot"
         self._name_cache: Tuple[Tuple[str, ...], Optional[np.ndarray]] = ((), None)
         self._carry: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)
+        self._action: Optional[torch.Tensor] = None         # the policy's last action (robot observations)
 
     # ------------------------------------------------------------------ limits
     def _limits(self) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -369,8 +383,10 @@ class PolicyRunner:
         return st
 
     def reset(self) -> None:
-        """Forget the carried actuator state (rotor speeds, lag, delay line): next call starts afresh."""
+        """Forget the carried actuator state (rotor speeds, lag, delay line) and the policy's last
+        action (which a legged robot observation holds): the next call starts an episode afresh."""
         self._carry = (None, None)
+        self._action = None
 
     # ------------------------------------------------------------------ target
     def target_tensor(self, target=None) -> torch.Tensor:
@@ -393,14 +409,17 @@ class PolicyRunner:
 
     # ------------------------------------------------------------------ the step
     def decide(self, state: State, target=None, predict: bool = True) -> Decision:
-        """Command (and prediction) for a simulator state of batch 1."""
+        """Command (and prediction) for a simulator state of batch 1. The runner remembers the
+        action it gave (a legged robot observation holds the previous one, as in training) until
+        :meth:`reset`."""
         tgt = (target if isinstance(target, torch.Tensor) and target.shape == (1, self.target_dim)
                else self.target_tensor(target))
         with torch.inference_mode():
-            ts = TaskState(state, tgt)
+            ts = TaskState(state, tgt, extra={} if self._action is None else {"action": self._action})
             obs = self.task.observe(ts)
             action = self.policy(obs.to(torch.float32)).to(self.dtype)
             action = torch.clamp(action, -1.0, 1.0)        # Task.step clamps as well
+            self._action = action                          # the next observation's previous action
             raw = self.task.command(action, ts)[0]
             cmd, clamped = self.clamp(raw.to(torch.float64).numpy())
             predicted = None

@@ -102,8 +102,11 @@ PARAMETERS: Dict[str, Any] = {
                                                             "each setpoint (body_rate true) to keep offboard alive"),
     "legacy_attitude_time_s": (0.1, "s, cmd_vel_legacy: roll/pitch setpoint = current angle + body rate * this"),
     "joint_states_topic": (ifc.JOINT_STATES, "sensor_msgs/JointState input (arms), matched by joint name"),
-    "odom_topic": (ifc.ODOM, "nav_msgs/Odometry input (quadrotors): pose in world, twist in the body frame"),
-    "imu_topic": (ifc.IMU, "sensor_msgs/Imu input (quadrotors): checked for NaN/Inf; see imu_angular_velocity"),
+    "odom_topic": (ifc.ODOM, "nav_msgs/Odometry input (quadrotors; legged policies on the privileged observation): "
+                             "pose in world, twist in the body frame"),
+    "imu_topic": (ifc.IMU, "sensor_msgs/Imu input: a legged policy on the robot observation takes the base's "
+                           "orientation and body rates from it (no odometry needed); quadrotors: checked for "
+                           "NaN/Inf, see imu_angular_velocity"),
     "imu_angular_velocity": (False, "bool: take the body rates from the latest /imu instead of /odom's twist"),
     "state_reliability": ("reliable", "QoS reliability of the state subscriptions: reliable or best_effort"),
     "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
@@ -305,6 +308,9 @@ def make_node_class():
                 self.sup = Supervisor(r, sup_cfg, imu_rates=bool(p("imu_angular_velocity")))
             except (SupervisorConfigError, TypeError) as e:
                 raise StartupError(f"parameter {e}") from None
+            if self.sup.base_from_imu:
+                self.get_logger().info(f"legged policy on the robot observation: the base from {p('imu_topic')} "
+                                       "(orientation, body rates) paired with the joint states; odometry not used")
             tgt = list(p("target"))
             if len(tgt) == 3:
                 self.sup.set_target(tgt)
@@ -523,7 +529,11 @@ def make_node_class():
         def _on_imu(self, msg):
             with self.lock:
                 w, o, a = msg.angular_velocity, msg.orientation, msg.linear_acceleration
-                imu = ImuIn([w.x, w.y, w.z], [o.x, o.y, o.z, o.w], [a.x, a.y, a.z], stamp_ns(msg.header.stamp))
+                stamp = stamp_ns(msg.header.stamp)
+                imu = ImuIn([w.x, w.y, w.z], [o.x, o.y, o.z, o.w], [a.x, a.y, a.z], stamp)
+                if self.sup.base_from_imu:       # a legged robot observation: the IMU is half the state
+                    self._on_verdict("imu", self.sup.on_imu(imu, time.monotonic_ns(), self._clock_ns()), stamp)
+                    return
                 v = self.sup.on_imu(imu, time.monotonic_ns())
                 if not v.accepted:
                     self.get_logger().warning(f"rejected imu message: {v.reason}", throttle_duration_sec=1.0)

@@ -38,10 +38,10 @@ class JumpTask(LocomotionTask):
     def __init__(self, model: Model, sim_config: SimConfig, stance: Sequence[float], base_height: float,
                  horizon: int = 100, action_scale: float = 0.5, action_weight: float = 1e-3,
                  upright_weight: float = 0.0, min_apex: float = 0.05, max_tilt: float = 0.5,
-                 fall_height: float = 0.5):
+                 fall_height: float = 0.5, observation: str = "robot"):
         super().__init__(model, sim_config, stance, base_height, horizon=horizon, action_scale=action_scale,
                          action_weight=action_weight, upright_weight=upright_weight, fall_height=fall_height,
-                         max_tilt=max_tilt)
+                         max_tilt=max_tilt, observation=observation)
         if not min_apex > 0:
             raise ValueError(f"jump: 'min_apex' must be > 0 m, got {min_apex}")
         self.min_apex = float(min_apex)

@@ -50,6 +50,10 @@ from ..physics.spatial import quat_to_matrix, roll_pitch
 from .base import Task, TaskState, uniform
 
 
+#: The legged observations: what a robot's IMU and encoders give, or the full simulator state.
+OBSERVATIONS = ("robot", "privileged")
+
+
 class LocomotionTask(Task):
     """A legged robot on the position interface: move forward from the ``stance`` pose (joint
     targets about it, ``action_scale`` rad per unit action), or track a commanded forward speed
@@ -65,7 +69,8 @@ class LocomotionTask(Task):
                  speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5,
                  height_weight: float = 0.0, speed_average_s: float = 0.0, relative_tracking: bool = False,
                  min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1, contact_height: float = 0.001,
-                 min_swing_s: float = 0.02):
+                 min_swing_s: float = 0.02, observation: str = "robot", slip_weight: float = 0.0,
+                 slip_height: float = 0.005):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -116,15 +121,27 @@ class LocomotionTask(Task):
             raise ValueError(f"locomotion: the strict metric judges the feet, and '{model.name}' has none (no "
                              "kinematic chain ends in a body with collision geometry)")
         self._foot_table()
-        self.obs_dim = 1 + 9 + 6 + 2 * n + (1 if self.command_speed else 0)
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"locomotion: 'observation' must be one of {', '.join(OBSERVATIONS)}, got '{observation}'")
+        self.observation = observation
+        if not slip_weight >= 0 or not slip_height > 0:
+            raise ValueError(f"locomotion: 'slip_weight' must be >= 0 and 'slip_height' > 0, got {slip_weight}, "
+                             f"{slip_height}")
+        self.slip_weight, self.slip_height = float(slip_weight), float(slip_height)
+        if self.slip_weight and not self.feet:
+            raise ValueError(f"locomotion: 'slip_weight' acts on the feet, and '{model.name}' has none")
+        self.obs_dim = len(self.observation_names())
         self.action_dim = n
 
     def observation_names(self) -> List[str]:
         names = self.sim.actuated_joints
+        joints = [f"q/{x}" for x in names] + [f"v/{x}" for x in names]
+        command = ["command/forward_speed"] if self.command_speed else []
+        if self.observation == "robot":
+            return ([f"gravity/{a}" for a in "xyz"] + [f"angular_velocity/{a}" for a in "xyz"] + joints
+                    + [f"previous_action/{x}" for x in names] + command)
         return (["base_height"] + [f"R/{i}{j}" for i in range(3) for j in range(3)]
-                + [f"base_velocity/{a}" for a in ("x", "y", "z", "wx", "wy", "wz")]
-                + [f"q/{x}" for x in names] + [f"v/{x}" for x in names]
-                + (["command/forward_speed"] if self.command_speed else []))
+                + [f"base_velocity/{a}" for a in ("x", "y", "z", "wx", "wy", "wz")] + joints + command)
 
     def action_names(self) -> List[str]:
         return [f"position/{x}" for x in self.sim.actuated_joints]
@@ -151,10 +168,24 @@ class LocomotionTask(Task):
         return ts
 
     def observe(self, ts: TaskState) -> torch.Tensor:
+        """``observation: robot``: what a legged robot's own sensors give, the IMU's gravity
+        direction in the base frame and its body rates, the joint encoders' positions (about the
+        stance) and velocities, the policy's previous action (``ts.extra["action"]``, zero at the
+        start of an episode) and the command. ``privileged``: the base height, its world
+        orientation and body-frame twist, the joints and the command (a motion-capture room's
+        state; the observation of policies trained before the robot observation existed)."""
         q, v = ts.sim.q, ts.sim.v
-        R = quat_to_matrix(q[:, 3:7]).reshape(-1, 9)
         qj, vj = q[:, 7:][:, self.sim.act_index], v[:, 6:][:, self.sim.act_index]
-        obs = [q[:, 2:3] - self.base_height, R, v[:, 0:6], qj - self.stance, 0.1 * vj]
+        if self.observation == "robot":
+            R = quat_to_matrix(q[:, 3:7])
+            gravity = -R[:, 2, :]                  # R^T (0, 0, -1): the world's down in the base frame
+            previous = ts.extra.get("action")
+            if previous is None:
+                previous = torch.zeros_like(qj)
+            obs = [gravity, v[:, 3:6], qj - self.stance, 0.1 * vj, previous]
+        else:
+            R = quat_to_matrix(q[:, 3:7]).reshape(-1, 9)
+            obs = [q[:, 2:3] - self.base_height, R, v[:, 0:6], qj - self.stance, 0.1 * vj]
         if self.command_speed:
             obs.append(ts.target)
         return torch.cat(obs, -1)
@@ -183,7 +214,35 @@ class LocomotionTask(Task):
         if self.height_weight:
             drop = torch.clamp(self.min_height - ts.sim.q[:, 2], min=0.0) / self.base_height
             loss = loss + self.height_weight * drop ** 2
+        if self.slip_weight:
+            loss = loss + self.slip_weight * self.foot_slip(ts)
         return loss
+
+    def foot_slip(self, ts: TaskState) -> torch.Tensor:
+        """(B,) differentiable: over the feet, the squared horizontal speed (m^2/s^2) of each foot's
+        lowest point (the foot-fixed point the gait rules follow), weighted by how close it is to
+        the ground: 1 in contact, falling linearly to 0 at ``slip_height`` above it. A foot
+        skating or scuffing along the ground costs; one swinging clear of it does not. A physical
+        term (sliding feet waste work and wear on carpet or grass), not a gait pattern: how and
+        when the feet lift is left to the forward-progress objective."""
+        from ..physics.kinematics import kinematics
+
+        sys = self.sim.system
+        q, v = ts.sim.q, ts.sim.v
+        kin = kinematics(self.model, q, v)
+        feet = self.feet
+        R = kin.R[feet].permute(3, 0, 1, 2)                                       # (B, F, 3, 3)
+        p = kin.p[feet].permute(2, 0, 1)                                          # (B, F, 3), relative to o
+        vel = kin.vel[feet].permute(2, 0, 1)                                      # (B, F, 6) at o
+        n = sys.ground_normal.to(R)
+        with torch.no_grad():
+            local = self.foot_track(q)["local"].to(R)                             # (B, F, 3) lowest points
+        x = torch.einsum("bfij,bfj->bfi", R, local) + p                           # relative to o
+        speed = vel[..., 0:3] + torch.cross(vel[..., 3:6], x, dim=-1)
+        height = ((x + kin.o.permute(2, 0, 1)) * n).sum(-1) - sys.ground_height.to(R)
+        near = torch.clamp(1.0 - height / self.slip_height, 0.0, 1.0)
+        horizontal = speed - (speed * n).sum(-1, keepdim=True) * n
+        return (near * (horizontal ** 2).sum(-1)).sum(-1)
 
     def tracked_speed(self, ts: TaskState) -> torch.Tensor:
         """(B,) the forward speed the command is compared with in the loss: the base's forward
@@ -355,6 +414,7 @@ class LocomotionTask(Task):
                 "no_slide_ok": ((e["contact_time"] == 0) | (slide < self.max_foot_slide)).all(-1)}
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
+        ts.extra["action"] = action                # the robot observation's previous action
         ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
         if self.command_speed:
             ts.extra["violation"] = ts.extra["violation"] | self.posture_violation(ts, self.min_height)

@@ -473,9 +473,10 @@ def test_legged_pairs_joint_states_and_odometry(tmp_path):
     """A legged robot's state is a joint state and an odometry message with (nearly) the same stamp;
     each half is checked by its own rules, a bad half latches, and the command is the policy's on
     the pair (an independent runner's legged())."""
-    make_checkpoint("locomotion", tmp_path)
+    make_checkpoint("locomotion", tmp_path, task_options={"observation": "privileged"})
     runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
     sup = Supervisor(runner, SupervisorConfig(recover_states=2, pair_tolerance_s=0.0))
+    assert not sup.base_from_imu
     names = list(runner.joint_names)
     stance = runner.task.stance.double().numpy()
     qj = np.zeros(len(names))
@@ -555,3 +556,46 @@ def test_position_rate_limit_moves_commands_at_most_the_velocity_limit_per_step(
     free = run(SupervisorConfig(), ["state"] * 2)
     np.testing.assert_array_equal(free[0][1], far)           # the check can fail: unlimited, the jump is sent
     assert np.abs(far).max() > 2 * step.max()
+
+
+def test_a_legged_robot_observation_pairs_joint_states_with_the_imu(tmp_path):
+    """A legged policy on the robot observation runs on /joint_states and /imu alone: odometry is
+    neither needed nor used, the IMU's orientation and rates make the base, and the command is the
+    policy's on that pair whatever base position and linear velocity an independent runner is given;
+    a broken IMU (not a unit quaternion, a stamp going backwards) latches the safe command."""
+    make_checkpoint("locomotion_velocity", tmp_path, gain=2.0, task_options={"observation": "robot"})
+    runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
+    sup = Supervisor(runner, SupervisorConfig(recover_states=2, pair_tolerance_s=0.0))
+    assert sup.base_from_imu and not runner.needs_odometry
+    names = list(runner.joint_names)
+    qj = np.zeros(len(names))
+    qj[runner.sim.act_index.numpy()] = runner.task.stance.double().numpy()
+    t = CLOCK0
+    tilt = [0.05, -0.02, 0.0, float(np.sqrt(1 - 0.05 ** 2 - 0.02 ** 2))]
+
+    def imu(stamp, quat=tilt):
+        return ImuIn([0.1, -0.2, 0.3], quat, [0.0, 0.0, 9.81], stamp)
+
+    def joints(stamp):
+        return JointStateIn(names, list(qj), [0.0] * len(names), (), stamp)
+
+    v = sup.on_odometry(OdometryIn([5.0, 0, 0.3], [0, 0, 0, 1], [0.2, 0, 0], [0, 0, 0], t, "world", "base_link"),
+                        0, t)
+    assert v.pending and not v.fault
+    assert sup.on_joint_state(joints(t), 1, t).pending       # no IMU yet: half a state
+    assert sup.on_imu(imu(t), 2, t).accepted
+    tick = sup.tick(3)
+    assert tick.policy
+    for k, (pos, lin) in enumerate((([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]), ([3.0, -2.0, 0.7], [0.4, 0.1, 0.0]))):
+        ref.reset()
+        want = ref.legged(names, qj, np.zeros(len(names)), pos, tilt, lin, [0.1, -0.2, 0.3], predict=False).command
+        np.testing.assert_allclose(tick.command, want, atol=1e-12, rtol=0)
+    v = sup.on_imu(imu(t + 10, [0, 0, 0, 0.5]), 4, t)
+    assert v.fault and "unit quaternion" in v.reason
+    assert not sup.tick(5).policy
+    v = sup.on_imu(imu(t - 10), 6, t)
+    assert v.fault and "backwards" in v.reason
+    for k in (40, 50):
+        sup.on_joint_state(joints(t + k), 7, t)
+        assert sup.on_imu(imu(t + k), 7, t).accepted
+    assert sup.tick(8).policy
