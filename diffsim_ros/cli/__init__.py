@@ -11,7 +11,8 @@ repair), :mod:`.loop`; ``excite``, ``eval`` and ``init`` register themselves fro
 diffsim_ros.excite, diffsim_ros.evaluation and diffsim_ros.init_config.
 
 Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
-through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline),
+through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline), ``distill`` (a student on the robot's
+observation taught by a trained teacher),
 ``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag),
 ``bag repair`` (rebuild the index of a bag whose recorder was killed), ``excite`` (an
 identification motion on the MuJoCo stand-in, recorded for ``sysid``).
@@ -30,7 +31,7 @@ from .bags import _add_analyze, _add_bag, _add_sysid
 from .common import DEFAULT_ROBOT, CliError, default_urdf
 from .demo import _add_demo
 from .loop import _add_loop
-from .train import _add_baseline, _add_train
+from .train import _add_baseline, _add_distill, _add_train
 
 __all__ = ["main", "build_parser", "CliError", "default_urdf", "DEFAULT_ROBOT"]
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_train(sub)
     _add_baseline(sub)
+    _add_distill(sub)
     _add_analyze(sub)
     _add_sysid(sub)
     _add_loop(sub)

@@ -379,6 +379,71 @@ def _add_train(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def cmd_distill(args: argparse.Namespace) -> int:
+    """diffsim-ros distill: a student on the training file's observation, taught by --teacher."""
+    for name in ("iterations", "episodes"):
+        _positive("--" + name, getattr(args, name))
+    if not os.path.isdir(args.teacher):
+        raise CliError(f"--teacher {args.teacher}: no such folder (a checkpoint folder with policy.json and policy.pt)")
+    _refuse_overwrite(args.out, args.force, "distill")
+    errors = _input_errors()
+    try:
+        params, task, model = _load_training_setup(args)
+        import torch
+
+        from diffsim_ros.learning.checkpoint import json_safe, load_checkpoint, save_checkpoint
+        from diffsim_ros.learning.deploy import task_from_metadata
+        from diffsim_ros.learning.distill import DistillConfig, distill
+        from diffsim_ros.config import section
+
+        teacher, meta = load_checkpoint(args.teacher, model=model)        # refuses another robot
+        _, teacher_task = task_from_metadata(meta, args.teacher, dtype=model.dtype)
+        if list(meta["robot"]["actuated_joints"]) != list(task.sim.actuated_joints):
+            raise CliError(f"--teacher {args.teacher}: its actions drive {meta['robot']['actuated_joints']}, the "
+                           f"training file's {list(task.sim.actuated_joints)}")
+        training = section(params, "training", args.config)
+        hidden = tuple(int(h) for h in training.get("hidden", (128, 128)))
+        noise = training.get("sensor_noise") or ()
+        noise = [float(noise)] * 2 if isinstance(noise, (int, float)) else [float(x) for x in noise]
+        cfg = DistillConfig(iterations=args.iterations, episodes=args.episodes, sensor_noise=noise,
+                            seed=int(training.get("seed", 0)) if args.seed is None else args.seed)
+        torch.set_num_threads(args.threads)
+        t0 = time.perf_counter()
+        student, history = distill(task, teacher, teacher_task, hidden, cfg, progress=print)
+        wall = time.perf_counter() - t0
+        last = history[-1]
+        summary = {"method": "distillation", "teacher": os.path.abspath(args.teacher),
+                   "iterations": len(history), "env_steps": int(last["samples"]), "wall_time": wall,
+                   "final_eval_success": last["eval_success"], "history": history}
+        save_checkpoint(student, task, args.out, extra={"training": json_safe(summary), "config": json_safe(params),
+                                                        "config_file": os.path.abspath(args.config)})
+    except errors as exc:
+        raise CliError(_describe(exc, args.config)) from None
+    print(f"distill: student on '{task.name}' ({task.obs_dim} observations) alone on fresh episodes "
+          f"{last['eval_success']:.2f}, {wall:.0f} s; written to {args.out} (fine-tune it: diffsim-ros train "
+          f"--config {args.config} --init-from {args.out} --out DIR)")
+    return 0
+
+
+def _add_distill(sub) -> None:
+    p = sub.add_parser(
+        "distill", help="teach a policy on the training file's observation from a trained teacher (DAgger)",
+        description="A student policy on the training file's task and observation (e.g. a legged robot's "
+                    "IMU and encoders, task.observation robot) learns the actions of --teacher, a checkpoint "
+                    "for the same robot trained on another observation (e.g. privileged), on the states it "
+                    "visits itself (DAgger). Writes policy.pt and policy.json into --out; fine-tune the student "
+                    "with diffsim-ros train --init-from.")
+    p.add_argument("--config", required=True, metavar="YAML", help="the student's training file")
+    p.add_argument("--teacher", required=True, metavar="DIR", help="the teacher's checkpoint folder")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder for the student's checkpoint")
+    p.add_argument("--force", action="store_true", help="overwrite a policy an earlier run left in --out")
+    p.add_argument("--iterations", type=int, default=6, metavar="N", help="DAgger rounds (default 6)")
+    p.add_argument("--episodes", type=int, default=64, metavar="N", help="fresh episodes per round (default 64)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: the file's training.seed)")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch intra-op threads (default: 1)")
+    p.set_defaults(func=cmd_distill)
+
+
 def _add_baseline(sub) -> None:
     p = sub.add_parser(
         "baseline", help="train the PPO baseline (Stable-Baselines3) on the same task and export it",
