@@ -868,6 +868,8 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
             f"base {jump['min_height_m']:.3f} m (above {task.fall_height:.3f}); largest roll/pitch "
             f"{jump['max_tilt_rad']:.2f} rad (within {task.max_tilt:g}); only feet touching: "
             f"{jump['only_feet_touch']} -> {'SUCCESS' if jump['success'] else 'not a success'}")
+    elif m is not None and "reason" in m:         # too short to judge (a run shorter than the window)
+        log(f"  velocity command on the stand-in: {m['reason']} -> not a success")
     elif m is not None:
         log(f"  velocity command on the stand-in: first episode ({res['episode_steps']} steps), command "
             f"{m['command_m_s']:.3f} m/s, mean speed over its last {runner.task.window_s:g} s "

@@ -182,6 +182,47 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
     assert again["gait"] == summary["gait"] and again["steps"] == res["steps_recorded"]
 
 
+def test_loop_runs_a_robot_observation_walker_on_the_imu_and_joint_states(tmp_path):
+    """A legged policy on the robot observation (an untrained one: the point is the path) over DDS
+    on the stand-in: the controller pairs /joint_states with /imu and ignores /odom; every state is
+    answered by the policy (none rejected, no safe command), and each recorded command equals an
+    independent PolicyRunner's fed the recorded states in order (which carries the policy's previous
+    action from one to the next as the controller must); with the previous action withheld the
+    commands differ."""
+    import glob
+
+    import numpy as np
+
+    from builders import make_checkpoint
+    from diffsim_ros import analysis
+    from diffsim_ros.learning.deploy import PolicyRunner
+
+    make_checkpoint("locomotion_velocity", tmp_path / "ckpt", gain=1.0, task_options={"observation": "robot"})
+    summary = run_loop(None, str(tmp_path / "loop"), checkpoint=str(tmp_path / "ckpt"), duration=1.0,
+                       perturbation={}, log=lambda *_: None, domain=ros_domain())
+    assert summary["kind"] == "legged" and summary["lost"] == {}
+    assert summary["controller"]["states_rejected"] == 0 and summary["controller"]["safe_commands"] == 0
+    stats = json.loads(open(glob.glob(str(tmp_path / "loop" / "**" / "controller_stats.json"), recursive=True)[0]).read())
+    assert stats["states_ignored"] > 90 and stats["imu_received"] > 90      # every /odom ignored, /imu used
+    data = analysis.read_bag(summary["bag"])
+    index = {int(s): i for i, s in enumerate(data.t_state)}
+    rows = [(k, index[int(s)]) for k, s in enumerate(data.cmd_state_stamp) if int(s) in index]
+    assert len(rows) > 90
+    ref, forgetful = PolicyRunner(tmp_path / "ckpt"), PolicyRunner(tmp_path / "ckpt")
+    m = summary["task"]["strict_metric"]
+    assert not m["success"] and "shorter than the 3.0 s window" in m["reason"]    # 1 s: not judged, not a crash
+    names, differs = data.joint_names, 0
+    nb = 7
+    for k, i in rows:
+        q, v = data.q[i], data.v[i]
+        args = (names, q[nb:], v[nb - 1:], q[0:3], q[3:7], v[0:3], v[3:6])
+        want = ref.legged(*args, predict=False).command   # the default command, as the loop's
+        np.testing.assert_allclose(data.cmd[k], want, atol=1e-9)
+        forgetful.reset()
+        differs += not np.allclose(forgetful.legged(*args, predict=False).command, want, atol=1e-6)
+    assert differs > len(rows) // 2
+
+
 def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_bag(tmp_path):
     """The shipped walking policy (a commanded forward speed) on the stand-in with a drawn mass and
     floor friction: the summary carries the strict metric of the bag's first 4 s episode, its
