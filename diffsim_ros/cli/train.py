@@ -409,7 +409,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
                             seed=int(training.get("seed", 0)) if args.seed is None else args.seed)
         torch.set_num_threads(args.threads)
         t0 = time.perf_counter()
-        student, history = distill(task, teacher, teacher_task, hidden, cfg, progress=print)
+        try:
+            student, history = distill(task, teacher, teacher_task, hidden, cfg, progress=print)
+        except ValueError as exc:
+            raise CliError(f"--teacher {args.teacher}: {exc}") from None
         wall = time.perf_counter() - t0
         last = history[-1]
         summary = {"method": "distillation", "teacher": os.path.abspath(args.teacher),
@@ -419,9 +422,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
                                                         "config_file": os.path.abspath(args.config)})
     except errors as exc:
         raise CliError(_describe(exc, args.config)) from None
-    print(f"distill: student on '{task.name}' ({task.obs_dim} observations) alone on fresh episodes "
-          f"{last['eval_success']:.2f}, {wall:.0f} s; written to {args.out} (fine-tune it: diffsim-ros train "
-          f"--config {args.config} --init-from {args.out} --out DIR)")
+    tracked = (f" (tracking the command upright, gait rules aside: {last['eval_tracking']:.2f})"
+               if "eval_tracking" in last else "")
+    print(f"distill: student on '{task.name}' ({task.obs_dim} observations) alone on fresh episodes: success "
+          f"{last['eval_success']:.2f}{tracked}, {wall:.0f} s; written to {args.out} (fine-tune it: diffsim-ros "
+          f"train --config {args.config} --init-from {args.out} --out DIR)")
     return 0
 
 

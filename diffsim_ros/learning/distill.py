@@ -88,11 +88,11 @@ def distill(task: Task, teacher: Callable, teacher_task: Task, hidden: Sequence[
     history of its rounds (``iteration``, ``beta``, ``samples``, ``fit_mse``, ``eval_success``,
     ``wall_time``). ``teacher``: observations of ``teacher_task`` -> actions in [-1, 1] (a loaded
     checkpoint's policy); ``teacher_task`` must drive the same robot as ``task`` with the same
-    actions."""
+    actions (it only observes: the episodes are ``task``'s, its horizon and reset included)."""
     cfg = config or DistillConfig()
-    if teacher_task.action_dim != task.action_dim or teacher_task.horizon != task.horizon:
-        raise ValueError(f"distill: the teacher's task has {teacher_task.action_dim} actions over "
-                         f"{teacher_task.horizon} steps, the student's {task.action_dim} over {task.horizon}")
+    if teacher_task.action_dim != task.action_dim:
+        raise ValueError(f"distill: the teacher's task has {teacher_task.action_dim} actions, the student's "
+                         f"{task.action_dim}")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     dtype = task.model.dtype

@@ -84,3 +84,33 @@ def test_distill_refuses_a_teacher_for_another_robot(tmp_path):
     assert not (tmp_path / "out" / "policy.json").exists()
     meta = json.loads((tmp_path / "hover" / "policy.json").read_text())
     assert meta["robot"]["name"] in r.stderr
+
+
+def test_distill_writes_a_student_checkpoint_the_runner_deploys(tmp_path):
+    """The command end to end (one round of two episodes): a checkpoint on the file's robot
+    observation that PolicyRunner loads (no odometry needed), its metadata naming the teacher and
+    the round; the teacher's own observation was the privileged one."""
+    import yaml
+
+    from diffsim_ros.learning.deploy import PolicyRunner
+
+    make_checkpoint("locomotion_velocity", tmp_path / "teacher", gain=1.0)
+    doc = yaml.safe_load((REPO_ROOT / "config" / "locomotion_velocity.yaml").read_text())
+    p = doc["/**"]["ros__parameters"]
+    p["urdf"] = str(REPO_ROOT / "urdf" / "diffsim_quadruped.urdf")
+    p["task"].update(observation="robot", horizon=100, window_s=0.5)
+    cfg = tmp_path / "student.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "diffsim_ros.cli", "distill", "--config", str(cfg), "--teacher",
+                        str(tmp_path / "teacher"), "--out", str(tmp_path / "out"), "--iterations", "1",
+                        "--episodes", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "tracking the command upright" in r.stdout, r.stdout
+    runner = PolicyRunner(tmp_path / "out")
+    assert runner.task.observation == "robot" and not runner.needs_odometry
+    meta = runner.meta
+    assert meta["training"]["method"] == "distillation"
+    assert meta["training"]["teacher"] == str((tmp_path / "teacher").resolve())
+    assert [h["samples"] for h in meta["training"]["history"]] == [2 * 100]
+    teacher = PolicyRunner(tmp_path / "teacher")
+    assert teacher.task.observation == "privileged" and teacher.needs_odometry
