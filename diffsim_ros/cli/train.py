@@ -391,22 +391,22 @@ def cmd_distill(args: argparse.Namespace) -> int:
         params, task, model = _load_training_setup(args)
         import torch
 
+        from diffsim_ros.config import section
+        from diffsim_ros.learning.apg import TrainConfig
         from diffsim_ros.learning.checkpoint import json_safe, load_checkpoint, save_checkpoint
         from diffsim_ros.learning.deploy import task_from_metadata
         from diffsim_ros.learning.distill import DistillConfig, distill
-        from diffsim_ros.config import section
 
         teacher, meta = load_checkpoint(args.teacher, model=model)        # refuses another robot
         _, teacher_task = task_from_metadata(meta, args.teacher, dtype=model.dtype)
         if list(meta["robot"]["actuated_joints"]) != list(task.sim.actuated_joints):
             raise CliError(f"--teacher {args.teacher}: its actions drive {meta['robot']['actuated_joints']}, the "
                            f"training file's {list(task.sim.actuated_joints)}")
-        training = section(params, "training", args.config)
-        hidden = tuple(int(h) for h in training.get("hidden", (128, 128)))
-        noise = training.get("sensor_noise") or ()
-        noise = [float(noise)] * 2 if isinstance(noise, (int, float)) else [float(x) for x in noise]
-        cfg = DistillConfig(iterations=args.iterations, episodes=args.episodes, sensor_noise=noise,
-                            seed=int(training.get("seed", 0)) if args.seed is None else args.seed)
+        # The student's network, sensor noise and seed are the training file's (its schema, checked).
+        training = TrainConfig.from_dict(section(params, "training", args.config), "training")
+        hidden = tuple(training.hidden)
+        cfg = DistillConfig(iterations=args.iterations, episodes=args.episodes, sensor_noise=training.sensor_noise,
+                            seed=training.seed if args.seed is None else args.seed)
         torch.set_num_threads(args.threads)
         t0 = time.perf_counter()
         try:
