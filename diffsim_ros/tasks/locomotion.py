@@ -235,8 +235,7 @@ class LocomotionTask(Task):
         p = kin.p[feet].permute(2, 0, 1)                                          # (B, F, 3), relative to o
         vel = kin.vel[feet].permute(2, 0, 1)                                      # (B, F, 6) at o
         n = sys.ground_normal.to(R)
-        with torch.no_grad():
-            local = self.foot_track(q)["local"].to(R)                             # (B, F, 3) lowest points
+        local = self.foot_track(q, kin)["local"].to(R)                            # (B, F, 3) lowest points
         x = torch.einsum("bfij,bfj->bfi", R, local) + p                           # relative to o
         speed = vel[..., 0:3] + torch.cross(vel[..., 3:6], x, dim=-1)
         height = ((x + kin.o.permute(2, 0, 1)) * n).sum(-1) - sys.ground_height.to(R)
@@ -310,21 +309,23 @@ class LocomotionTask(Task):
         for i, r in enumerate(rows):
             self._foot_point[i, :len(r)] = r
 
-    def foot_track(self, q: torch.Tensor) -> dict:
+    def foot_track(self, q: torch.Tensor, kin=None) -> dict:
         """Where each foot meets the ground at the configurations ``q`` (B, nq), by forward
         kinematics, without gradients: ``height`` (B, F) m, the height of the foot's lowest
         collision point (a sphere's bottom, a box corner) above the ground, negative in
         penetration; that point as a point of the foot's body, ``local`` (B, F, 3) in the body's
         frame and ``world`` (B, F, 3); and the foot bodies' placements ``R`` (B, F, 3, 3) and
-        ``p`` (B, F, 3) (for :meth:`foot_moved`)."""
+        ``p`` (B, F, 3) (for :meth:`foot_moved`). ``kin``: the kinematics record of ``q``
+        where the caller has it already (physics.kinematics)."""
         from ..physics.kinematics import kinematics
 
         sys = self.sim.system
         cs = sys.contact
         with torch.no_grad():
-            kin = kinematics(self.model, q.detach())
-            R = kin.R[self.feet].permute(3, 0, 1, 2)                              # (B, F, 3, 3)
-            p = (kin.p[self.feet] + kin.o).permute(2, 0, 1)                       # (B, F, 3)
+            if kin is None:
+                kin = kinematics(self.model, q.detach())
+            R = kin.R[self.feet].detach().permute(3, 0, 1, 2)                     # (B, F, 3, 3)
+            p = (kin.p[self.feet] + kin.o).detach().permute(2, 0, 1)              # (B, F, 3)
             n = sys.ground_normal.to(R)
             idx = self._foot_point
             valid = idx < cs.body.numel()

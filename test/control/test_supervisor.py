@@ -586,7 +586,7 @@ def test_a_legged_robot_observation_pairs_joint_states_with_the_imu(tmp_path):
     assert sup.on_imu(imu(t), 2, t).accepted
     tick = sup.tick(3)
     assert tick.policy
-    for k, (pos, lin) in enumerate((([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]), ([3.0, -2.0, 0.7], [0.4, 0.1, 0.0]))):
+    for pos, lin in (([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]), ([3.0, -2.0, 0.7], [0.4, 0.1, 0.0])):
         ref.reset()
         want = ref.legged(names, qj, np.zeros(len(names)), pos, tilt, lin, [0.1, -0.2, 0.3], predict=False).command
         np.testing.assert_allclose(tick.command, want, atol=1e-12, rtol=0)
