@@ -249,7 +249,10 @@ def test_sysid_leaves_out_windows_past_a_joint_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(sysid, "_clear_of_limits", lambda rp, starts, window: (starts, 0))
     peer = calibrate(data, setup, names, **FAST)
     print("peer keeping them:", peer.verdict, peer.fitted, f"{off(peer):.1%} off")
-    assert off(peer) > 1e-4, (seed, peer.verdict, peer.fitted)
+    # Keeping them is never an accepted exact fit: the fit is pulled off the truth, or, where the
+    # limit is passed in the held-out part only (seed 1476830973: the fit exact, 40 windows past the
+    # limit), the validation rejects it.
+    assert off(peer) > 1e-4 or peer.verdict == "rejected", (seed, peer.verdict, peer.fitted)
 
 
 @pytest.mark.slow
