@@ -222,6 +222,7 @@ class PolicyRunner:
         self._name_cache: Tuple[Tuple[str, ...], Optional[np.ndarray]] = ((), None)
         self._carry: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)
         self._action: Optional[torch.Tensor] = None         # the policy's last action (robot observations)
+        self._steps = 0                                      # decisions since reset() (a gait clock's time)
 
     # ------------------------------------------------------------------ limits
     def _limits(self) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -383,10 +384,12 @@ class PolicyRunner:
         return st
 
     def reset(self) -> None:
-        """Forget the carried actuator state (rotor speeds, lag, delay line) and the policy's last
-        action (which a legged robot observation holds): the next call starts an episode afresh."""
+        """Forget the carried actuator state (rotor speeds, lag, delay line), the policy's last
+        action (which a legged robot observation holds) and the count of decisions (a gait clock's
+        time): the next call starts an episode afresh."""
         self._carry = (None, None)
         self._action = None
+        self._steps = 0
 
     # ------------------------------------------------------------------ target
     def target_tensor(self, target=None) -> torch.Tensor:
@@ -411,15 +414,17 @@ class PolicyRunner:
     def decide(self, state: State, target=None, predict: bool = True) -> Decision:
         """Command (and prediction) for a simulator state of batch 1. The runner remembers the
         action it gave (a legged robot observation holds the previous one, as in training) until
-        :meth:`reset`."""
+        :meth:`reset`, and counts its decisions: the task's step, which a gait clock observes (its
+        time is that count x the control period, as in training)."""
         tgt = (target if isinstance(target, torch.Tensor) and target.shape == (1, self.target_dim)
                else self.target_tensor(target))
         with torch.inference_mode():
-            ts = TaskState(state, tgt, extra={} if self._action is None else {"action": self._action})
+            ts = TaskState(state, tgt, self._steps, extra={} if self._action is None else {"action": self._action})
             obs = self.task.observe(ts)
             action = self.policy(obs.to(torch.float32)).to(self.dtype)
             action = torch.clamp(action, -1.0, 1.0)        # Task.step clamps as well
             self._action = action                          # the next observation's previous action
+            self._steps += 1
             raw = self.task.command(action, ts)[0]
             cmd, clamped = self.clamp(raw.to(torch.float64).numpy())
             predicted = None

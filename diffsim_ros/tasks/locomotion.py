@@ -19,6 +19,13 @@ barrier at the metric's height floor): no gait shaping. Its success is the stric
 ``min_height`` x its standing height, roll and pitch within ``max_tilt`` rad, and no body but
 the feet touching the ground).
 
+A gait clock is optional (``gait_period`` s, one phase offset per foot in ``gait_offsets``,
+``gait_duty``, ``swing_height``): the policy then also observes the clock's sine and cosine (time
+since the episode started; on the robot, the runner's count of its decisions), and with
+``gait_weight`` the loss pulls each foot's lowest point onto a reference, on the ground for the
+duty fraction of its cycle and a half sine of ``swing_height`` through its swing
+(:meth:`LocomotionTask.swing_target`). Without it nothing in the loss names a gait.
+
 The strict metric also asks for a gait a robot can make. Over the window every foot touches
 down at least ``min_touchdown_rate`` times a second (``steps_ok``: a foot dragged along fails),
 and each foot's mean horizontal speed while in contact is below ``max_foot_slide`` m/s
@@ -40,6 +47,7 @@ is their sum over the intervals' time. The feet are the bodies ending the kinema
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence
 
 import torch
@@ -70,7 +78,8 @@ class LocomotionTask(Task):
                  height_weight: float = 0.0, speed_average_s: float = 0.0, relative_tracking: bool = False,
                  min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1, contact_height: float = 0.001,
                  min_swing_s: float = 0.02, observation: str = "robot", slip_weight: float = 0.0,
-                 slip_height: float = 0.005):
+                 slip_height: float = 0.005, gait_period: float = 0.0, gait_offsets: Sequence[float] = (),
+                 gait_duty: float = 0.5, swing_height: float = 0.04, gait_weight: float = 0.0):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -130,6 +139,7 @@ class LocomotionTask(Task):
         self.slip_weight, self.slip_height = float(slip_weight), float(slip_height)
         if self.slip_weight and not self.feet:
             raise ValueError(f"locomotion: 'slip_weight' acts on the feet, and '{model.name}' has none")
+        self._gait_clock(gait_period, gait_offsets, gait_duty, swing_height, gait_weight)
         self.obs_dim = len(self.observation_names())
         self.action_dim = n
 
@@ -137,11 +147,12 @@ class LocomotionTask(Task):
         names = self.sim.actuated_joints
         joints = [f"q/{x}" for x in names] + [f"v/{x}" for x in names]
         command = ["command/forward_speed"] if self.command_speed else []
+        clock = ["clock/sin", "clock/cos"] if self.gait_period else []
         if self.observation == "robot":
             return ([f"gravity/{a}" for a in "xyz"] + [f"angular_velocity/{a}" for a in "xyz"] + joints
-                    + [f"previous_action/{x}" for x in names] + command)
+                    + [f"previous_action/{x}" for x in names] + clock + command)
         return (["base_height"] + [f"R/{i}{j}" for i in range(3) for j in range(3)]
-                + [f"base_velocity/{a}" for a in ("x", "y", "z", "wx", "wy", "wz")] + joints + command)
+                + [f"base_velocity/{a}" for a in ("x", "y", "z", "wx", "wy", "wz")] + joints + clock + command)
 
     def action_names(self) -> List[str]:
         return [f"position/{x}" for x in self.sim.actuated_joints]
@@ -171,7 +182,8 @@ class LocomotionTask(Task):
         """``observation: robot``: what a legged robot's own sensors give, the IMU's gravity
         direction in the base frame and its body rates, the joint encoders' positions (about the
         stance) and velocities, the policy's previous action (``ts.extra["action"]``, zero at the
-        start of an episode) and the command. ``privileged``: the base height, its world
+        start of an episode) and the command; with ``gait_period``, the gait clock's sine and cosine
+        (time since the episode started, ``ts.step``: a controller's own clock). ``privileged``: the base height, its world
         orientation and body-frame twist, the joints and the command (a motion-capture room's
         state; the observation of policies trained before the robot observation existed)."""
         q, v = ts.sim.q, ts.sim.v
@@ -186,6 +198,10 @@ class LocomotionTask(Task):
         else:
             R = quat_to_matrix(q[:, 3:7]).reshape(-1, 9)
             obs = [q[:, 2:3] - self.base_height, R, v[:, 0:6], qj - self.stance, 0.1 * vj]
+        if self.gait_period:
+            angle = 2.0 * math.pi * ts.step * self.dt / self.gait_period
+            obs.append(torch.tensor([[math.sin(angle), math.cos(angle)]], dtype=q.dtype,
+                                    device=q.device).expand(q.shape[0], 2))
         if self.command_speed:
             obs.append(ts.target)
         return torch.cat(obs, -1)
@@ -214,9 +230,45 @@ class LocomotionTask(Task):
         if self.height_weight:
             drop = torch.clamp(self.min_height - ts.sim.q[:, 2], min=0.0) / self.base_height
             loss = loss + self.height_weight * drop ** 2
-        if self.slip_weight:
-            loss = loss + self.slip_weight * self.foot_slip(ts)
+        if self.slip_weight or self.gait_weight:
+            height, slip = self.foot_motion(ts)
+            if self.slip_weight:
+                loss = loss + self.slip_weight * slip
+            if self.gait_weight:
+                loss = loss + self.gait_weight * ((height - self.swing_target(ts.step)) ** 2).sum(-1)
         return loss
+
+    def _gait_clock(self, period, offsets, duty, swing_height, weight) -> None:
+        """The gait clock's options (see :meth:`swing_target`), checked."""
+        period, duty, swing_height, weight = float(period), float(duty), float(swing_height), float(weight)
+        offsets = [float(x) for x in offsets]
+        if not period >= 0 or not weight >= 0:
+            raise ValueError(f"locomotion: 'gait_period' and 'gait_weight' must be >= 0, got {period}, {weight}")
+        if weight and not period:
+            raise ValueError("locomotion: 'gait_weight' needs the clock it follows: set 'gait_period' (s)")
+        if period:
+            if period < 2 * self.dt:
+                raise ValueError(f"locomotion: 'gait_period' {period} s is shorter than two control steps "
+                                 f"({2 * self.dt} s)")
+            names = [self.model.body_names[b] for b in self.feet]
+            if len(offsets) != len(self.feet) or not all(0 <= x < 1 for x in offsets):
+                raise ValueError(f"locomotion: 'gait_offsets' needs one phase in [0, 1) per foot ({len(self.feet)}: "
+                                 f"{', '.join(names)}), got {offsets}")
+            if not 0 < duty < 1 or not swing_height > 0:
+                raise ValueError(f"locomotion: 'gait_duty' must lie in (0, 1) and 'swing_height' be > 0, got "
+                                 f"{duty}, {swing_height}")
+        self.gait_period, self.gait_duty, self.swing_height, self.gait_weight = period, duty, swing_height, weight
+        self.gait_offsets = torch.tensor(offsets, dtype=self.model.dtype, device=self.model.device)
+
+    def swing_target(self, step: int) -> torch.Tensor:
+        """(F,) m: the height each foot's lowest point follows at control step ``step`` under the gait
+        clock (``gait_period`` s, a foot's phase ``step dt / gait_period + gait_offsets[foot]`` mod
+        1): on the ground (0) for the first ``gait_duty`` of its cycle, then a half sine of peak
+        ``swing_height`` through its swing. The gait term, ``gait_weight`` x the squared gap summed
+        over the feet, is the only gait shaping the task has, and only where asked for."""
+        phase = torch.remainder(step * self.dt / self.gait_period + self.gait_offsets, 1.0)
+        swing = torch.clamp((phase - self.gait_duty) / (1.0 - self.gait_duty), min=0.0)
+        return self.swing_height * torch.sin(math.pi * swing)
 
     def foot_slip(self, ts: TaskState) -> torch.Tensor:
         """(B,) differentiable: over the feet, the squared horizontal speed (m^2/s^2) of each foot's
@@ -225,6 +277,11 @@ class LocomotionTask(Task):
         skating or scuffing along the ground costs; one swinging clear of it does not. A physical
         term (sliding feet waste work and wear on carpet or grass), not a gait pattern: how and
         when the feet lift is left to the forward-progress objective."""
+        return self.foot_motion(ts)[1]
+
+    def foot_motion(self, ts: TaskState):
+        """Differentiable, of each foot's lowest point: its height above the ground (B, F) m and
+        :meth:`foot_slip` (B,)."""
         from ..physics.kinematics import kinematics
 
         sys = self.sim.system
@@ -241,7 +298,7 @@ class LocomotionTask(Task):
         height = ((x + kin.o.permute(2, 0, 1)) * n).sum(-1) - sys.ground_height.to(R)
         near = torch.clamp(1.0 - height / self.slip_height, 0.0, 1.0)
         horizontal = speed - (speed * n).sum(-1, keepdim=True) * n
-        return (near * (horizontal ** 2).sum(-1)).sum(-1)
+        return height, (near * (horizontal ** 2).sum(-1)).sum(-1)
 
     def tracked_speed(self, ts: TaskState) -> torch.Tensor:
         """(B,) the forward speed the command is compared with in the loss: the base's forward
