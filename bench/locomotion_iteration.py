@@ -17,9 +17,9 @@ solo12's set-up here: position PD (kp 3 N m/rad, kd 0.2 N m s/rad), the standing
 the ground, its collision meshes as bounding boxes, float32, torch.set_num_threads(1).
 ``--compile`` adds a row per robot with training.compile_step (the compiled simulator), its
 forward-alone column the eager rollout's; ``--randomize`` a row per robot (and per compiled row)
-with the transfer recipe's randomisation (mass, ground friction and contact stiffness drawn per
-iteration, latency up to 20 ms per episode, sensor noise), and the cost of randomising as the
-ratio to the same row without it. Nothing here is a test: no figure is asserted.
+with the transfer recipe's randomisation (mass, centre of mass, servo gains, effort limits, ground
+friction, contact stiffness and damping and latency up to 20 ms drawn per episode, sensor noise,
+pushes), and the cost of randomising as the ratio to the same row without it. Nothing here is a test: no figure is asserted.
 """
 from __future__ import annotations
 
@@ -73,8 +73,10 @@ def quadruped_task(steps: int) -> LocomotionTask:
 
 #: The randomisation --randomize times (training options).
 RANDOMIZE = {"randomize_mass": [0.9, 1.1], "randomize_ground_friction": [0.5, 1.0],
-             "randomize_contact_stiffness": [1e5, 1e7], "randomize_latency": [0.0, 0.02],
-             "sensor_noise": [0.001, 0.01]}
+             "randomize_contact_stiffness": [1e5, 1e7], "randomize_contact_damping": [1e4, 1e5],
+             "randomize_com_offset": [-0.01, 0.01], "randomize_servo_gain": [0.9, 1.1],
+             "randomize_effort": [0.8, 1.2], "randomize_latency": [0.0, 0.02], "sensor_noise": [0.001, 0.01],
+             "push_speed": [0.1, 0.3]}
 
 
 def iteration_seconds(task, envs: int, repeat: int, compile_step: bool = False, randomize: bool = False):

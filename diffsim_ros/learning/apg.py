@@ -6,8 +6,9 @@ Back-propagation through time is truncated into windows of ``window`` steps
 (the policy is updated after each window and the state is detached), with
 gradient-norm clipping, observation normalisation and, optionally, a
 short-horizon critic that bootstraps the loss-to-go at the end of each window
-(as in SHAC). Domain randomisation of mass, drag and actuator lag draws new
-values every iteration.
+(as in SHAC). Domain randomisation draws the physics (mass, centre of mass, servo strength,
+lags, drag, the ground) per episode, as inputs of the (compiled) step, the command latency per
+episode and the sensor noise per step, and pushes floating bases at random times.
 """
 from __future__ import annotations
 
@@ -68,15 +69,27 @@ class TrainConfig:
     gamma: float = option(0.99, "discount of the critic's loss-to-go", low=0, high=1)
     critic_learning_rate: float = option(1e-3, "Adam step size of the critic", above=0)
     critic_updates: int = option(8, "critic fitting steps per window", low=0)
-    randomize_mass: Tuple[float, ...] = option((), "[low, high] scale on every link mass, drawn per iteration, or "
-                                               "[] (none)", low=0)
+    randomize_mass: Tuple[float, ...] = option((), "[low, high] scale on every link mass and inertia, drawn per "
+                                               "episode, or [] (none)", low=0)
     randomize_drag: Tuple[float, ...] = option((), "[low, high] scale on the rotor drag coefficients, or []", low=0)
     randomize_actuator_lag: Tuple[float, ...] = option((), "[low, high] actuator lag, or []", "s", low=0)
     randomize_contact_stiffness: Tuple[float, ...] = option((), """[low, high] ground contact stiffness
-        (simulator.contact_stiffness), drawn log-uniformly per iteration, or []: a floor or foot softer or harder
+        (simulator.contact_stiffness), drawn log-uniformly per episode, or []: a floor or foot softer or harder
         than the model's""", "N/m^2", low=0)
+    randomize_contact_damping: Tuple[float, ...] = option((), """[low, high] ground contact damping
+        (simulator.contact_damping), drawn log-uniformly per episode, or []""", "N s/m^2", low=0)
     randomize_ground_friction: Tuple[float, ...] = option((), """[low, high] Coulomb coefficient of the ground
-        (simulator.friction), drawn per iteration, or []""", low=0)
+        (simulator.friction), drawn per episode, or []""", low=0)
+    randomize_com_offset: Tuple[float, ...] = option((), """[low, high] shift of a floating base's centre of mass
+        along each of its axes, drawn per episode and axis, or []: a payload or battery off centre""", "m")
+    randomize_servo_gain: Tuple[float, ...] = option((), """[low, high] factor on the joint servos' gains kp
+        and kd, drawn per episode, or []""", low=0)
+    randomize_effort: Tuple[float, ...] = option((), """[low, high] factor on the joints' effort limits, drawn
+        per episode, or []: a weaker or stronger motor""", low=0)
+    push_speed: Tuple[float, ...] = option((), """[low, high] horizontal speed a push adds to a floating base
+        (its direction drawn uniformly), or [] (no pushes): a bump or a kick""", "m/s", low=0)
+    push_interval_s: float = option(2.0, """mean time between pushes of one episode (each control step pushes
+        with probability dt / push_interval_s)""", "s", above=0)
     randomize_latency: Tuple[float, ...] = option((), """[low, high] command latency drawn per episode, rounded to
         whole physics substeps (dt / substeps), or []: during the first substeps of every control step an episode
         still applies its previous command, as on a robot whose command arrives late (the stand-in's
@@ -107,7 +120,7 @@ class TrainConfig:
         normalise(self)
 
     def check(self) -> None:
-        for k in RANDOMIZED + ("randomize_latency",):
+        for k in RANDOMIZED + ("randomize_latency", "push_speed"):
             r = getattr(self, k)
             if r and (len(r) != 2 or not r[0] <= r[1]):
                 raise ConfigError(f"must be [low, high] with low <= high, got {list(r)}", k)
@@ -117,7 +130,7 @@ class TrainConfig:
 
     @property
     def randomized(self) -> bool:
-        """Whether any physical parameter is drawn per iteration."""
+        """Whether any physical parameter is drawn per episode."""
         return any(getattr(self, k) for k in RANDOMIZED)
 
     def learning_rate_at(self, iteration: int) -> float:
@@ -129,9 +142,10 @@ class TrainConfig:
             1.0 + math.cos(math.pi * frac))
 
 
-#: The domain randomisation options of TrainConfig.
+#: The domain randomisation options of TrainConfig (the physics, drawn per episode).
 RANDOMIZED = ("randomize_mass", "randomize_drag", "randomize_actuator_lag", "randomize_contact_stiffness",
-              "randomize_ground_friction")
+              "randomize_contact_damping", "randomize_ground_friction", "randomize_com_offset",
+              "randomize_servo_gain", "randomize_effort")
 
 
 @dataclass
@@ -142,64 +156,68 @@ class TrainResult:
     solved_time: Optional[float]         # wall-clock seconds then
 
 
-def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator) -> Dict[str, torch.Tensor]:
-    """One iteration's draws of the physical parameters, as registry values
-    (:mod:`diffsim_ros.physics.parameters`): ``mass_scale`` (every link mass and inertia; the
-    controller's model, which gravity compensation and the rate loop use, stays nominal, as on a
-    robot), the actuator or motor time constant (``motor_time_constant`` for rotors,
-    ``actuator_lag`` for joints), ``drag_scale``, and with ground contact ``contact_stiffness``
-    (log-uniform: it spans orders of magnitude) and ``ground_friction``."""
+def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
+                 rows: Optional[slice] = None) -> Dict[str, torch.Tensor]:
+    """One iteration's draws of the physical parameters for its ``n`` episodes, as per-episode
+    registry values (:mod:`diffsim_ros.physics.parameters`, (n, size) each; this rank's ``rows``
+    kept when distributed, so each rank's episodes get what the single process would give them):
+    ``mass_scale`` (every link mass and inertia; the controller's model, which gravity
+    compensation and the rate loop use, stays nominal, as on a robot), ``com_offset`` (a floating
+    base), the actuator or motor time constant (``motor_time_constant`` for rotors,
+    ``actuator_lag`` for joints), ``servo_gain_scale`` and ``effort_scale`` (joints),
+    ``drag_scale`` (rotors), and with ground contact ``contact_stiffness``, ``contact_damping``
+    (log-uniform: they span orders of magnitude) and ``ground_friction``."""
     dt, dev = sys.model.dtype, sys.model.device
 
-    def draw(r):
-        return torch.tensor(float(r[0] + (r[1] - r[0]) * torch.rand((), generator=gen)), dtype=dt, device=dev)
-    values = {}
-    if cfg.randomize_mass:
-        values["mass_scale"] = draw(cfg.randomize_mass)
-    if cfg.randomize_actuator_lag:
-        values["motor_time_constant" if sys.rotors is not None else "actuator_lag"] = draw(cfg.randomize_actuator_lag)
-    if cfg.randomize_drag and sys.rotors is not None:
-        values["drag_scale"] = draw(cfg.randomize_drag)
-    if sys.config.ground and cfg.randomize_contact_stiffness:
-        low, high = cfg.randomize_contact_stiffness
-        values["contact_stiffness"] = torch.exp(draw((math.log(max(low, 1e-12)), math.log(max(high, 1e-12)))))
-    if sys.config.ground and cfg.randomize_ground_friction:
-        values["ground_friction"] = draw(cfg.randomize_ground_friction)
-    return values
+    def draw(r, k=1, log=False):
+        lo, hi = (math.log(max(x, 1e-12)) for x in r) if log else r
+        x = lo + (hi - lo) * torch.rand((n, k), generator=gen, dtype=torch.float64)
+        x = (torch.exp(x) if log else x)[rows if rows is not None else slice(None)]
+        return x.to(dtype=dt, device=dev)
+    joints = sys.model.nj > 0 and sys.rotors is None
+    wanted = [("mass_scale", cfg.randomize_mass, True, {}),
+              ("com_offset", cfg.randomize_com_offset, sys.model.floating_base, {"k": 3}),
+              ("motor_time_constant" if sys.rotors is not None else "actuator_lag", cfg.randomize_actuator_lag,
+               sys.rotors is not None or joints, {}),
+              ("servo_gain_scale", cfg.randomize_servo_gain, joints, {}),
+              ("effort_scale", cfg.randomize_effort, joints, {}),
+              ("drag_scale", cfg.randomize_drag, sys.rotors is not None, {}),
+              ("contact_stiffness", cfg.randomize_contact_stiffness, sys.config.ground, {"log": True}),
+              ("contact_damping", cfg.randomize_contact_damping, sys.config.ground, {"log": True}),
+              ("ground_friction", cfg.randomize_ground_friction, sys.config.ground, {})]
+    return {name: draw(r, **kw) for name, r, applies, kw in wanted if r and applies}
 
 
-def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator) -> Simulator:
-    """The simulator of one iteration: ``nominal`` with the physics of :func:`_draw_values`
-    (``System.replace`` through the registry). A simulator compiled with those parameters as
-    inputs (:func:`_training_sim` with compile_step) keeps its graphs: the draws are passed to
-    them (``Simulator.with_values``)."""
-    values = _draw_values(nominal.system, cfg, gen)
-    if nominal.compiled is True:
-        return nominal.with_values(values)
-    return Simulator(apply_values(nominal.system, values))
+def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator,
+                    rows: Optional[slice] = None) -> Simulator:
+    """The simulator of one iteration: ``nominal`` with one draw of the physics of
+    :func:`_draw_values` per episode (``parameters.apply_per_episode``). A simulator compiled
+    with those parameters as inputs (:func:`_training_sim` with compile_step) keeps its graphs:
+    the draws are passed to them (``Simulator.with_values``)."""
+    values = _draw_values(nominal.system, cfg, gen, cfg.num_envs, rows)
+    return nominal.with_values(values, per_episode=True)
 
 
 def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
-    """The simulator training steps (before the per-iteration draws of :func:`_randomized_sim`):
-    the nominal one, with simulator.max_latency raised to cover ``randomize_latency``'s high end;
-    with compile_step and randomised physics, compiled with the drawn parameters as inputs of its
-    graphs rather than constants."""
+    """The simulator training resets its episodes with (before the per-episode draws of
+    :func:`_randomized_sim`): the nominal one, with simulator.max_latency raised to cover
+    ``randomize_latency``'s high end and, with a drawn actuator lag the configuration does not
+    have, the lag's state (at the range's high end); with compile_step and randomised physics,
+    compiled with the drawn parameters as inputs of its graphs rather than constants."""
     sys = nominal.system
     c = sys.config
     need = int(round(cfg.randomize_latency[1] / (c.dt / c.substeps))) if cfg.randomize_latency else 0
     compiled = nominal.compiled is True
-    if not (compiled and cfg.randomized) and need <= c.max_latency:
-        return nominal
     if need > c.max_latency:
         sys = rebuild_system(sys, dataclasses.replace(c, max_latency=need))
-    if not (compiled and cfg.randomized):
-        return Simulator(sys, compile=compiled)
-    # The compiled graphs take the drawn parameters as inputs: a structure that admits every draw
-    # (a lag the configuration leaves out is made here, at the range's high end), then compiled once.
-    drawn = _draw_values(sys, cfg, torch.Generator().manual_seed(0))
+    drawn = _draw_values(sys, cfg, torch.Generator().manual_seed(0)) if cfg.randomized else {}
     lags = {k: torch.tensor(max(cfg.randomize_actuator_lag[1], 1e-6), dtype=sys.model.dtype)
             for k in ("actuator_lag", "motor_time_constant") if k in drawn}
-    return Simulator(apply_values(sys, lags), compile=True, varying=tuple(drawn))
+    if lags:
+        sys = apply_values(sys, lags)
+    if compiled and drawn:
+        return Simulator(sys, compile=True, varying=tuple(drawn))
+    return nominal if sys is nominal.system else Simulator(sys, compile=compiled)
 
 
 def _draw_latency(sim: Simulator, cfg: TrainConfig, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -232,6 +250,27 @@ def measured(task: Task, ts, noise: Tuple[float, float], gen: torch.Generator, t
         qn = q + pos * randn(q.shape[1])
     vn = v + vel * randn(v.shape[1])
     return dataclasses.replace(ts, sim=ts.sim.replace(q=qn, v=vn))
+
+
+def pushed(task: Task, ts, cfg: TrainConfig, gen: torch.Generator, total: int, rows: Optional[slice] = None):
+    """``ts`` with some floating bases pushed: each episode, with probability dt /
+    ``push_interval_s`` this control step, gains a horizontal velocity of a speed drawn from
+    ``push_speed`` in a direction drawn uniformly (the base's body-frame linear velocity changes
+    by that vector turned into its frame). Drawn for the whole batch of ``total`` episodes and
+    this rank's ``rows`` kept, as :func:`measured` draws its noise."""
+    from ..physics.spatial import quat_rotate
+
+    def rand(*shape):
+        x = torch.rand((total,) + shape, generator=gen, dtype=torch.float64)
+        return (x if rows is None else x[rows]).to(dtype=ts.sim.q.dtype, device=ts.sim.q.device)
+    hit = (rand() < task.dt / cfg.push_interval_s).to(ts.sim.q.dtype)
+    lo, hi = cfg.push_speed
+    speed, angle = hit * (lo + (hi - lo) * rand()), 2.0 * math.pi * rand()
+    kick = torch.stack((speed * torch.cos(angle), speed * torch.sin(angle), torch.zeros_like(speed)), -1)
+    v = ts.sim.v
+    inverse = ts.sim.q[:, 3:7] * torch.tensor([-1.0, -1.0, -1.0, 1.0], dtype=v.dtype, device=v.device)
+    v = torch.cat((v[:, 0:3] + quat_rotate(inverse, kick), v[:, 3:]), -1)
+    return dataclasses.replace(ts, sim=ts.sim.replace(v=v))
 
 
 def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> float:
@@ -369,7 +408,9 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         bar = tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
     try:
         while it < cfg.iterations:
-            task.sim = _randomized_sim(train_sim, cfg, gen) if cfg.randomized else train_sim
+            task.sim = train_sim
+            drawn = (_randomized_sim(train_sim, cfg, gen, dist.shard(cfg.num_envs) if dist.active else None)
+                     if cfg.randomized else None)
             lr = cfg.learning_rate_at(it)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -380,7 +421,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                         copy.deepcopy(critic_opt.state_dict()) if critic is not None else None)
             try:
                 ts, total_loss, grad_norm, env_steps = _iteration(task, cfg, policy, opt, critic, critic_opt, gen,
-                                                                  env_steps, dist)
+                                                                  env_steps, dist, drawn)
             except SimulationError as exc:
                 diverged += 1
                 policy.load_state_dict(snapshot[0])
@@ -694,12 +735,15 @@ def check_resume_state(state: Dict[str, Any], task: Task, cfg: TrainConfig) -> N
                           f"{cfg.iterations}); nothing to resume")
 
 
-def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist: Context = SINGLE):
+def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist: Context = SINGLE,
+               drawn: Optional[Simulator] = None):
     """One training iteration over ``cfg.num_envs`` fresh episodes, truncated back-propagation
     every ``cfg.window`` steps. A non-finite gradient is a SimulationError (as a non-finite
     state is): the update it would make is not taken. Distributed (``dist``): this rank's slice
     of the episodes, gradients averaged over the ranks before clipping; the returned loss is
-    this rank's (``train`` averages it)."""
+    this rank's (``train`` averages it). ``drawn``: the simulator of this iteration's per-episode
+    physics (:func:`_randomized_sim`), which steps the episodes once they start (from the states
+    the task's own simulator resets them to, as a robot starts from its controller's guess)."""
     ts = task.reset(cfg.num_envs, gen)
     if cfg.randomize_latency:
         ts.sim = ts.sim.replace(latency=_draw_latency(task.sim, cfg, cfg.num_envs, gen))
@@ -707,6 +751,8 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist:
     if dist.active:
         rows = dist.shard(cfg.num_envs)
         ts = slice_state(ts, rows)
+    if drawn is not None:
+        task.sim = drawn
     total_loss = 0.0
     grad_norm = 0.0
     while ts.step < task.horizon:
@@ -720,6 +766,8 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist:
                 policy.norm.update(dist.gather_batch(obs))
             action = policy(obs)
             ts = dist.agreed(task.step, ts, action)
+            if cfg.push_speed and task.model.floating_base:
+                ts = pushed(task, ts, cfg, gen, cfg.num_envs, rows)
             step_loss = task.step_loss(ts, action)
             loss = loss + (cfg.gamma ** k if critic is not None else 1.0) * step_loss
             if critic is not None:

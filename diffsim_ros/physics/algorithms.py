@@ -462,8 +462,8 @@ def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
 
 # ----------------------------------------------------------- world quantities
 def _spatial_inertia(mass: torch.Tensor, c: torch.Tensor, I_c: torch.Tensor) -> torch.Tensor:
-    """(nb,), (nb, 3, B), (nb, 3, 3, B) -> (nb, 6, 6, B) about the origin of c's frame."""
-    m = mass[:, None, None, None]
+    """(nb,) or (nb, B), (nb, 3, B), (nb, 3, 3, B) -> (nb, 6, 6, B) about the origin of c's frame."""
+    m = mass.reshape(mass.shape[0], 1, 1, -1)
     C = _skew(c)
     mC = m * C
     eye = torch.eye(3, dtype=c.dtype, device=c.device)[None, :, :, None]
@@ -506,9 +506,20 @@ def _world_quantities(model: Model, q: torch.Tensor):
     Rw, pw = _body_placements(model, q, relative=True)
     o = _frame_origin(model, q)
     S = _motion_subspaces(model, Rw, pw)
-    c_w = pw + _mv(Rw, model.com[..., None])
-    I_c = _mm(_mm(Rw, model.inertia[..., None]), Rw.transpose(1, 2))
+    com, inertia = inertials(model)
+    c_w = pw + _mv(Rw, com)
+    I_c = _mm(_mm(Rw, inertia), Rw.transpose(1, 2))
     return S, _spatial_inertia(model.mass, c_w, I_c), o, Rw, pw
+
+
+def inertials(model: Model) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The bodies' centres of mass (nb, 3, B or 1) and rotational inertias (nb, 3, 3, B or 1),
+    batch-last: a model of one set of inertial parameters has them unbatched (mass (nb,), com
+    (nb, 3), inertia (nb, 3, 3)); a model of per-environment ones (domain randomisation,
+    ``parameters.apply_per_episode``) has a trailing batch dimension on each."""
+    com = model.com if model.com.dim() == 3 else model.com[..., None]
+    inertia = model.inertia if model.inertia.dim() == 4 else model.inertia[..., None]
+    return com, inertia
 
 
 def _shift_wrench(f_ext: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

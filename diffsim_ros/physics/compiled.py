@@ -48,7 +48,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import torch
 
 from .algorithms import model_constants
-from .parameters import apply_values
+from .parameters import apply_per_episode, apply_values
 from .pipeline import batch_action, guard, step as pure_step
 from .spatial import tracing
 from .stages.contact import _near_groups
@@ -88,12 +88,17 @@ def _persistent_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = CACHE_DIR
 
 
-def pack_values(varying: Sequence[Tuple[str, int]], values: Mapping[str, object], like: torch.Tensor) -> torch.Tensor:
+def pack_values(varying: Sequence[Tuple[str, int]], values: Mapping[str, object], like: torch.Tensor,
+                per_episode: bool = False) -> torch.Tensor:
     """The vector a compiled step with ``varying`` parameters takes: ``values`` (name -> value of
-    that parameter's size) concatenated in ``varying``'s order, as ``like``'s dtype and device."""
+    that parameter's size) concatenated in ``varying``'s order, as ``like``'s dtype and device.
+    ``per_episode``: values (B, size), one row per environment; the result is (B, total)."""
     missing = [n for n, _ in varying if n not in values]
     if missing or len(values) != len(varying):
         raise KeyError(f"values for {[n for n, _ in varying]} expected, got {sorted(values)}")
+    if per_episode:
+        return torch.cat([torch.as_tensor(values[n], dtype=like.dtype, device=like.device).reshape(-1, k)
+                          for n, k in varying], 1)
     return torch.cat([torch.as_tensor(values[n], dtype=like.dtype, device=like.device).reshape(k)
                       for n, k in varying])
 
@@ -257,7 +262,9 @@ class CompiledStep:
 
         def flat(q, v, actuator, delay, t, latency, action, values):
             s = sys
-            if names:
+            if names and values.dim() == 2:                   # one row per environment
+                s = apply_per_episode(sys, dict(zip(names, torch.split(values, sizes, 1))))
+            elif names:
                 s = apply_values(sys, dict(zip(names, torch.split(values, sizes))))
             new, data = pure_step(s, State(q=q, v=v, actuator=actuator, delay=delay, t=t, latency=latency), action)
             return (new.q, new.v, new.actuator, new.delay, new.t, data.qdd) + _flags(new, data, action, watch, inside)
@@ -339,9 +346,11 @@ class CompiledStep:
         action = batch_action(self.system, state, action)
         if self.varying:
             want = sum(k for _, k in self.varying)
-            if values is None or tuple(values.shape) != (want,):
+            shapes = ((want,), (state.q.shape[0], want)) if state.q.dim() == 2 else ((want,),)
+            if values is None or tuple(values.shape) not in shapes:
                 raise ValueError(f"this compiled step takes the values of {[n for n, _ in self.varying]} as a "
-                                 f"vector of {want}, got {None if values is None else tuple(values.shape)}")
+                                 f"vector of {want} (or one per environment, {state.q.shape[:-1]} x {want}), "
+                                 f"got {None if values is None else tuple(values.shape)}")
             values = values.to(dtype=state.q.dtype, device=state.q.device).contiguous()
         else:
             values = None

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .algorithms import _body_placements, _body_sum, _flatten, _frame_origin, _full_q, _full_v, _motion_subspaces, \
-    _mm, _mv, _spatial_inertia, _topo, _tree_sum
+    _mm, _mv, _spatial_inertia, _topo, _tree_sum, inertials
 from .model import Model
 
 
@@ -42,8 +42,9 @@ class Kinematics(NamedTuple):
     # ------------------------------------------------------------ derived
     def inertia(self, model: Model) -> torch.Tensor:
         """Spatial inertia of every body (nb, 6, 6, B) in world axes about ``o``."""
-        c_w = self.p + _mv(self.R, model.com[..., None])
-        I_c = _mm(_mm(self.R, model.inertia[..., None]), self.R.transpose(1, 2))
+        com, inertia = inertials(model)
+        c_w = self.p + _mv(self.R, com)
+        I_c = _mm(_mm(self.R, inertia), self.R.transpose(1, 2))
         return _spatial_inertia(model.mass, c_w, I_c)
 
 

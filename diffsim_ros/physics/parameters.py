@@ -42,7 +42,7 @@ class Parameter:
     name: str
     doc: str
     unit: str
-    needs: Optional[str]                  # "joints", "rotors", "ground" (contact on) or None (any robot)
+    needs: Optional[str]                  # "joints", "rotors", "ground" (contact on), "floating" or None (any)
     nominal: Callable[[System], Tensor]   # (n,) float64
     bounds: Callable[[Tensor], Tuple[Tensor, Tensor]]
     apply: Callable[[System, Tensor], System]
@@ -52,6 +52,8 @@ class Parameter:
     differentiable: bool = True           # apply() keeps gradients in the value
     physical_low: bool = False            # the lower bound is the quantity's own limit (a delay is >= 0): a
                                           # fit that ends there found a value, not a bound to widen
+    per_episode: Optional[Callable[[System, Tensor], System]] = None   # apply() of one value per environment,
+                                          # (B, size): see apply_per_episode
 
     def applies(self, sys: System) -> bool:
         if self.needs == "joints":
@@ -60,6 +62,8 @@ class Parameter:
             return sys.rotors is not None
         if self.needs == "ground":
             return bool(sys.config.ground)
+        if self.needs == "floating":
+            return bool(sys.model.floating_base)
         return True
 
     def size(self, sys: System) -> int:
@@ -196,6 +200,115 @@ def _latency(sys, value):
     return rebuild(sys, dataclasses.replace(sys.config, command_delay=max(d, 0)))
 
 
+def _com_offset(sys, value):
+    m = sys.model
+    x = _val(sys, value).reshape(3)
+    return sys.replace(model=m.replace(com=m.com + _base_row(m, x if m.com.dim() == 2 else x[:, None])))
+
+
+def _base_row(m, x: Tensor) -> Tensor:
+    """A zero tensor shaped as the bodies' centres of mass with ``x`` in the first body's row."""
+    rows = torch.zeros(m.com.shape[0], dtype=x.dtype, device=x.device)
+    rows[0] = 1.0
+    return rows.reshape((-1,) + (1,) * x.dim()) * x
+
+
+def _servo_gain_scale(sys, value):
+    s = _scalar(sys, value)
+    return sys.replace(kp=sys.kp * s, kd=sys.kd * s)
+
+
+def _effort_scale(sys, value):
+    return sys.replace(effort_limit=sys.effort_limit * _scalar(sys, value))
+
+
+# ------------------------------------------------------------------------------ per episode
+# Each takes (B, size) values, one row per environment, and gives the system tensors a batch
+# dimension where the stage that reads them has its batch: last in the rigid-body algorithms
+# and the contact stage (masses (nb, B), inertias (nb, 3, 3, B), centres of mass (nb, 3, B),
+# the ground's coefficients (B,)), first in actuation (gains and effort limits (B, na), time
+# constants and drag (B, 1) or (B, 3)).
+def _column(sys, value) -> Tensor:
+    """(B, 1) values -> (B, 1), in the system's dtype and device."""
+    return _val(sys, value).reshape(-1, 1)
+
+
+def _mass_scale_pe(sys, value):
+    s = _column(sys, value)[:, 0]                                      # (B,)
+    m = sys.model
+    if m.mass.dim() != 1:
+        raise ValueError("mass_scale per episode: the model's masses are per environment already")
+    return sys.replace(model=m.replace(mass=m.mass[:, None] * s, inertia=m.inertia[..., None] * s))
+
+
+def _com_offset_pe(sys, value):
+    x = _val(sys, value).reshape(-1, 3).T                              # (3, B)
+    m = sys.model
+    com = m.com if m.com.dim() == 3 else m.com[..., None]
+    return sys.replace(model=m.replace(com=com + _base_row(m, x)))
+
+
+def _ground_pe(name: str):
+    def apply(sys, value):
+        return sys.replace(**{name: _column(sys, value)[:, 0]})
+    return apply
+
+
+def _actuator_lag_pe(sys, value):
+    v = _column(sys, value)
+    if sys.config.actuator_lag <= 0:
+        sys = rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach().max()), 1e-6)))
+    return sys.replace(actuator_lag=v)
+
+
+def _motor_time_constant_pe(sys, value):
+    v = _column(sys, value)
+    if not sys.rotors.has_motor_lag:
+        cfg = sys.config
+        sys = rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
+            cfg.rotors, motor_time_constant=max(float(v.detach().max()), 1e-6))))
+    return _rotors(sys, motor_time_constant=v)
+
+
+def _drag_scale_pe(sys, value):
+    s, r = _column(sys, value), sys.rotors
+    return _rotors(sys, drag_linear=r.drag_linear * s, drag_quadratic=r.drag_quadratic * s)
+
+
+def _servo_gain_scale_pe(sys, value):
+    s = _column(sys, value)
+    return sys.replace(kp=sys.kp * s, kd=sys.kd * s)
+
+
+def _effort_scale_pe(sys, value):
+    return sys.replace(effort_limit=sys.effort_limit * _column(sys, value))
+
+
+def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
+    """``sys`` with one value of each named parameter per environment: ``values`` maps names to
+    (B, size) tensors (row i: environment i), all of one batch B. The result steps B
+    environments at once, each with its own physics, as B systems of :func:`apply_values` of
+    its row would (``test_per_episode`` compares them). Parameters without a per-episode form
+    (per-link or per-joint vectors, latency: ``State.latency`` is per environment already) are
+    a ValueError naming them; the order is :func:`apply_values`'."""
+    unknown = [n for n in values if n not in PARAMETERS]
+    if unknown:
+        raise KeyError(f"unknown parameter(s) {unknown} (known: {', '.join(PARAMETERS)})")
+    fixed = [n for n in values if PARAMETERS[n].per_episode is None]
+    if fixed:
+        raise ValueError(f"{fixed}: no per-episode form (those that have one: "
+                         f"{', '.join(n for n, p in PARAMETERS.items() if p.per_episode)})")
+    batches = {n: int(torch.as_tensor(v).shape[0]) for n, v in values.items()}   # (B, size) or (B,): B rows
+    if len(set(batches.values())) > 1:
+        raise ValueError(f"per-episode values of different batches: {batches}")
+    order = [n for n, p in PARAMETERS.items() if p.structural] + [n for n, p in PARAMETERS.items()
+                                                                     if not p.structural]
+    for n in order:
+        if n in values:
+            sys = PARAMETERS[n].per_episode(sys, values[n])
+    return sys
+
+
 # ------------------------------------------------------------------------------ the registry
 def _ones(sys):
     return torch.ones(1, dtype=torch.float64)
@@ -203,7 +316,7 @@ def _ones(sys):
 
 PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("mass_scale", "factor on every link mass and inertia (centres of mass kept)", "-", None,
-              _ones, _scale_bounds(0.2, 5.0), _mass_scale),
+              _ones, _scale_bounds(0.2, 5.0), _mass_scale, per_episode=_mass_scale_pe),
     Parameter("link_mass_scale", "factor on each moving body's mass and inertia (model.body_names)", "-", None,
               lambda s: torch.ones(s.model.nb, dtype=torch.float64), _scale_bounds(0.2, 5.0), _link_mass_scale),
     Parameter("inertia_scale", "factor on every link inertia tensor (masses kept)", "-", None,
@@ -215,7 +328,7 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("joint_friction", "Coulomb friction per joint (URDF <dynamics friction>)", "N m", "joints",
               lambda s: _f64(s.model.friction.detach()), _abs_bounds(0.5), _joint_friction),
     Parameter("drag_scale", "factor on the body drag (linear and quadratic)", "-", "rotors",
-              _ones, _scale_bounds(1e-3, 20.0), _drag_scale),
+              _ones, _scale_bounds(1e-3, 20.0), _drag_scale, per_episode=_drag_scale_pe),
     Parameter("drag_linear", "linear body drag per body axis", "N s/m", "rotors",
               lambda s: _f64(s.rotors.drag_linear.detach()), _abs_bounds(1.0), _drag_linear),
     Parameter("drag_quadratic", "quadratic body drag per body axis", "N s^2/m^2", "rotors",
@@ -225,21 +338,30 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("actuator_lag", "first-order time constant of the joint torques", "s", "joints",
               lambda s: _f64([s.config.actuator_lag]),
               lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _actuator_lag, structural=True,
-              time_like=True),
+              time_like=True, per_episode=_actuator_lag_pe),
     Parameter("motor_time_constant", "first-order time constant of the rotor speeds", "s", "rotors",
               lambda s: _f64([s.config.rotors.motor_time_constant]),
               lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _motor_time_constant, structural=True,
-              time_like=True),
+              time_like=True, per_episode=_motor_time_constant_pe),
     Parameter("contact_stiffness", "ground contact stiffness k in lambda_n = k max(0, -gap)^2 "
                                    "(simulator.contact_stiffness)", "N/m^2", "ground",
               lambda s: _f64([float(s.contact_stiffness)]), _scale_bounds_of_nominal(1e-3, 10.0),
-              _ground("contact_stiffness")),
+              _ground("contact_stiffness"), per_episode=_ground_pe("contact_stiffness")),
     Parameter("contact_damping", "ground contact damping c in lambda_d = -c max(0, -gap) dgap/dt "
                                  "(simulator.contact_damping)", "N s/m^2", "ground",
               lambda s: _f64([float(s.contact_damping)]), _scale_bounds_of_nominal(1e-3, 100.0),
-              _ground("contact_damping")),
+              _ground("contact_damping"), per_episode=_ground_pe("contact_damping")),
     Parameter("ground_friction", "Coulomb coefficient of the ground contact (simulator.friction)", "-", "ground",
-              lambda s: _f64([float(s.friction)]), _abs_bounds(0.5, rel_low=0.05), _ground("friction")),
+              lambda s: _f64([float(s.friction)]), _abs_bounds(0.5, rel_low=0.05), _ground("friction"),
+              per_episode=_ground_pe("friction")),
+    Parameter("com_offset", "shift of the floating base's centre of mass, in its frame (a payload or battery "
+                            "off centre)", "m", "floating",
+              lambda s: torch.zeros(3, dtype=torch.float64), lambda n: (n - 0.1, n + 0.1), _com_offset,
+              log_space=False, per_episode=_com_offset_pe),
+    Parameter("servo_gain_scale", "factor on the joint servos' gains kp and kd (simulator.kp, kd)", "-", "joints",
+              _ones, _scale_bounds(0.2, 5.0), _servo_gain_scale, per_episode=_servo_gain_scale_pe),
+    Parameter("effort_scale", "factor on the joints' effort limits (a weaker or stronger motor)", "-", "joints",
+              _ones, _scale_bounds(0.2, 5.0), _effort_scale, per_episode=_effort_scale_pe),
     Parameter("latency", "command delay, control steps (simulator.command_delay; whole steps in the step, "
                          "fractional in sysid)", "steps", None,
               lambda s: _f64([float(s.config.command_delay)]),

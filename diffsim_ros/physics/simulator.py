@@ -89,21 +89,26 @@ class Simulator:
                 nominal = {n: PARAMETERS[n].nominal(self.system) for n in varying}
                 self._values = pack_values(spec, nominal, self.system.model.mass)
 
-    def with_values(self, values: Mapping[str, object]) -> "Simulator":
+    def with_values(self, values: Mapping[str, object], per_episode: bool = False) -> "Simulator":
         """A simulator of this one's system with the registry ``values`` applied
         (:func:`~.parameters.apply_values`) that steps through the same compiled graphs, the
         values passed to them as inputs: every parameter this simulator was compiled with as
-        ``varying``, and no other."""
+        ``varying``, and no other. ``per_episode``: each value is (B, size), one row per
+        environment (:func:`~.parameters.apply_per_episode`); the simulator then steps batches of
+        B. Eager simulators (compiled False) take them too, applied to their system."""
         from .compiled import pack_values
-        from .parameters import apply_values
+        from .parameters import apply_per_episode, apply_values
 
+        apply = apply_per_episode if per_episode else apply_values
         spec = getattr(self._compiled, "varying", ())
+        if self._compiled is None:
+            return Simulator(apply(self.system, values))
         if not spec:
             raise ValueError("with_values needs a simulator compiled with varying parameters")
         new = Simulator.__new__(Simulator)
-        new._base, new.system = self._base, apply_values(self._base, values)
+        new._base, new.system = self._base, apply(self._base, values)
         new.last_data, new._compiled = None, self._compiled
-        new._values = pack_values(spec, values, self.system.model.mass)
+        new._values = pack_values(spec, values, self.system.model.mass, per_episode)
         return new
 
     @property
@@ -198,8 +203,11 @@ class Simulator:
             v = torch.zeros(q.shape[:-1] + (m.nv,), dtype=m.dtype, device=m.device)
         bshape = q.shape[:-1]
         actuator = None
+        weight = m.mass.sum(0) * -m.gravity[2]        # N; (B,) with per-environment masses
+        if weight.dim():
+            weight = weight.reshape(bshape + (1,))
         if self.rotors is not None:
-            hover = (m.mass.sum() * -m.gravity[2]).clamp(min=0) / self.rotors.n
+            hover = weight.clamp(min=0) / self.rotors.n
             actuator = self.rotors.speed_for_thrust(hover).expand(bshape + (self.n_act,)).clone()
         elif cfg.actuator_lag > 0:
             actuator = torch.zeros(bshape + (self.n_act,), dtype=m.dtype, device=m.device)
@@ -218,9 +226,9 @@ class Simulator:
         if line > 0:
             delay = torch.zeros(bshape + (line, self.action_dim), dtype=m.dtype, device=m.device)
             if cfg.actuator == "ctbr":
-                delay[..., 0] = m.mass.sum() * -m.gravity[2]
+                delay[..., 0] = weight
             elif cfg.actuator == "rotor_thrust":
-                delay[...] = m.mass.sum() * -m.gravity[2] / self.rotors.n
+                delay[...] = (weight[..., None] if weight.dim() else weight) / self.rotors.n
             elif cfg.actuator == "position":
                 delay[...] = self.joint_positions(q)[..., self.act_index].unsqueeze(-2)
         t = torch.zeros(bshape, dtype=m.dtype, device=m.device)

@@ -228,28 +228,37 @@ def test_domain_randomisation_and_critic_run():
 
 
 def test_contact_randomisation_draws_the_ground_within_its_ranges():
-    """Per-iteration draws of the ground's stiffness (log-uniform) and friction stay inside their
-    ranges, cover them, reach the step, and leave the nominal simulator as it was."""
+    """Per-episode draws of the ground's stiffness and damping (log-uniform) and friction stay
+    inside their ranges, cover them, differ between episodes and iterations, reach each
+    episode's step, and leave the nominal simulator as it was."""
     from diffsim_ros.learning.apg import _randomized_sim
     task = _locomotion_task()
-    cfg = TrainConfig(randomize_contact_stiffness=(1e5, 1e7), randomize_ground_friction=(0.4, 1.0))
+    n = 200
+    cfg = TrainConfig(num_envs=n, randomize_contact_stiffness=(1e5, 1e7), randomize_ground_friction=(0.4, 1.0),
+                      randomize_contact_damping=(1e3, 1e5))
     seed = drawn_seed("contact randomisation", "DIFFSIM_TRAIN_SEED")
     gen = torch.Generator().manual_seed(seed)
-    sims = [_randomized_sim(task.sim, cfg, gen) for _ in range(200)]
-    k = np.array([float(s.system.contact_stiffness) for s in sims])
-    mu = np.array([float(s.system.friction) for s in sims])
+    sim = _randomized_sim(task.sim, cfg, gen)
+    k, mu, c = (getattr(sim.system, a).numpy() for a in ("contact_stiffness", "friction", "contact_damping"))
+    assert k.shape == mu.shape == c.shape == (n,)
     assert k.min() >= 1e5 and k.max() <= 1e7 and mu.min() >= 0.4 and mu.max() <= 1.0
-    # log-uniform: about half the draws below the geometric mean 1e6, a fifth in each fifth of the log range
-    counts = np.histogram(np.log10(k), bins=5, range=(5, 7))[0]
-    assert counts.min() >= 20 and counts.max() <= 60, counts
+    assert c.min() >= 1e3 and c.max() <= 1e5
+    # log-uniform: about a fifth of the draws in each fifth of the log range
+    for x, lo, hi in ((k, 5, 7), (c, 3, 5)):
+        counts = np.histogram(np.log10(x), bins=5, range=(lo, hi))[0]
+        assert counts.min() >= 20 and counts.max() <= 60, counts
     assert np.histogram(mu, bins=5, range=(0.4, 1.0))[0].min() >= 20
+    again = _randomized_sim(task.sim, cfg, gen)
+    assert not np.allclose(again.system.friction.numpy(), mu)        # the next iteration draws afresh
     assert float(task.sim.system.contact_stiffness) == task.sim.config.contact_stiffness
-    ts = task.reset(4, torch.Generator().manual_seed(1))
-    action = torch.zeros(4, task.sim.action_dim, dtype=ts.sim.q.dtype)
-    soft, hard = sims[int(k.argmin())], sims[int(k.argmax())]
+    ts = task.reset(n, torch.Generator().manual_seed(1))
+    action = torch.zeros(n, task.sim.action_dim, dtype=ts.sim.q.dtype)
+    soft, hard = int(k.argmin()), int(k.argmax())
     with torch.no_grad():
-        a, b = soft.step(ts.sim, action), hard.step(ts.sim, action)
-    assert float((a.v - b.v).abs().max()) > 1e-3, "the drawn stiffness should change the standing robot's step"
+        a = sim.step(ts.sim, action)
+        nominal = task.sim.step(ts.sim, action)
+    assert float((a.v[soft] - a.v[hard]).abs().max()) > 1e-3, "the drawn stiffness should change the step"
+    assert float((a.v[soft] - nominal.v[soft]).abs().max()) > 1e-4
 
 
 def test_train_config_rejects_unknown_keys():
