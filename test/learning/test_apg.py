@@ -453,7 +453,7 @@ SWING = """<robot name="swing">
 
 
 RANDOMISED = {"randomize_mass": [0.7, 1.4], "randomize_actuator_lag": [0.005, 0.03], "randomize_latency": [0.0, 0.03],
-              "sensor_noise": [0.002, 0.02]}
+              "sensor_noise": [0.002, 0.02], "randomize_servo_gain": [0.8, 1.2], "randomize_effort": [0.7, 1.3]}
 
 
 @pytest.mark.parametrize("randomised", [False, True], ids=["nominal", "randomised"])
@@ -461,9 +461,9 @@ def test_compiled_step_trains_as_the_eager_one(tmp_path, randomised):
     """training.compile_step: the trainer steps through the compiled simulator (every step of
     the iteration is the compiled one's) and trains as the eager step does, to float32 round-off
     (losses, gradient norms and the policy's weights after two iterations); also with the
-    physics drawn every iteration (mass, an actuator lag the configuration does not have:
-    inputs of the compiled graphs, one compile for every draw), per-episode latency and sensor
-    noise."""
+    physics drawn per episode (mass, servo gains, effort limits and an actuator lag the
+    configuration does not have: (B, n) inputs of the compiled graphs, one compile for every
+    draw), per-episode latency and sensor noise."""
     path = tmp_path / "swing.urdf"
     path.write_text(SWING)
     model = physics.load_urdf(str(path), dtype=torch.float32)

@@ -137,3 +137,37 @@ def test_the_nominal_hover_fails_under_latency_in_the_simulator_too():
         final[substeps] = (ts.sim.q[:, 0:3] - ts.target).norm(dim=-1)
     assert float(final[0].max()) < 0.02
     assert float(final[2].min()) > 0.1
+
+
+def test_pushes_change_the_base_velocity_horizontally_by_a_drawn_speed():
+    """training.push_speed: a pushed episode's base velocity, in the world frame, changes by a
+    horizontal vector whose length lies in the range and whose direction covers the circle; at
+    dt / push_interval_s of the steps on average; a rank's rows get what the whole batch gives
+    them."""
+    from diffsim_ros.learning.apg import pushed
+    from diffsim_ros.physics.spatial import quat_rotate
+
+    seed = drawn_seed("pushes", "DIFFSIM_PUSH_SEED")
+    params, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
+                                                    dtype=torch.float64)
+    n = 4000
+    ts = task.reset(n, torch.Generator().manual_seed(seed))
+    q = ts.sim.q.clone()
+    q[:, 3:7] = torch.nn.functional.normalize(torch.randn(n, 4, generator=torch.Generator().manual_seed(seed),
+                                                          dtype=torch.float64), dim=-1)
+    ts = type(ts)(ts.sim.replace(q=q), ts.target, ts.step, ts.extra)
+    cfg = TrainConfig(push_speed=[0.2, 0.5], push_interval_s=0.04)     # dt 0.01: a quarter of the steps push
+    after = pushed(task, ts, cfg, torch.Generator().manual_seed(seed), n)
+    dv = quat_rotate(q[:, 3:7], after.sim.v[:, 0:3] - ts.sim.v[:, 0:3])  # world frame
+    speed = dv.norm(dim=-1)
+    hit = speed > 0
+    assert float(hit.double().mean()) == pytest.approx(0.25, abs=0.03)
+    assert torch.all(dv[:, 2].abs() < 1e-12)
+    assert float(speed[hit].min()) >= 0.2 - 1e-12 and float(speed[hit].max()) <= 0.5 + 1e-12
+    angle = torch.atan2(dv[hit, 1], dv[hit, 0])
+    assert torch.histc(angle, bins=4, min=-math.pi, max=math.pi).min() > 0.2 * int(hit.sum())
+    assert torch.equal(after.sim.v[:, 3:], ts.sim.v[:, 3:]) and torch.equal(after.sim.q, ts.sim.q)
+    rows = slice(1000, 2000)
+    part = type(ts)(ts.sim.replace(q=q[rows], v=ts.sim.v[rows]), ts.target[rows], ts.step, {})
+    mine = pushed(task, part, cfg, torch.Generator().manual_seed(seed), n, rows)
+    torch.testing.assert_close(mine.sim.v, after.sim.v[rows])
