@@ -139,10 +139,12 @@ def _joint_friction(sys, value):
     return sys.replace(model=sys.model.replace(friction=_val(sys, value).reshape(-1)))
 
 
-def _ground(name: str):
-    """apply() of one of the ground contact's scalars (System.contact_stiffness, ...)."""
+def _ground(name: str, convert=None):
+    """apply() of one of the ground contact's scalars (System.contact_stiffness, ...); with
+    ``convert`` :func:`_column`, one per environment ((B,), as the contact stage's batch)."""
     def apply(sys, value):
-        return sys.replace(**{name: _scalar(sys, value)})
+        v = _scalar(sys, value) if convert is None else convert(sys, value)[:, 0]
+        return sys.replace(**{name: v})
     return apply
 
 
@@ -150,9 +152,11 @@ def _rotors(sys, **changes):
     return sys.replace(rotors=sys.rotors.replace(**changes))
 
 
-def _drag_scale(sys, value):
-    s, r = _scalar(sys, value), sys.rotors
-    return _rotors(sys, drag_linear=r.drag_linear * s, drag_quadratic=r.drag_quadratic * s)
+def _drag_scale(convert=None):
+    def apply(sys, value):
+        k, r = (convert or _scalar)(sys, value), sys.rotors
+        return _rotors(sys, drag_linear=r.drag_linear * k, drag_quadratic=r.drag_quadratic * k)
+    return apply
 
 
 def _drag_linear(sys, value):
@@ -177,20 +181,26 @@ def rebuild(sys: System, cfg) -> System:
     return new
 
 
-def _actuator_lag(sys, value):
-    v = _scalar(sys, value)
-    if sys.config.actuator_lag <= 0:
-        sys = rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach()), 1e-6)))
-    return sys.replace(actuator_lag=v)
+def _lag(convert):
+    """apply() of ``actuator_lag`` with ``convert`` (one value, or one per environment)."""
+    def apply(sys, value):
+        v = convert(sys, value)
+        if sys.config.actuator_lag <= 0:
+            sys = rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach().max()), 1e-6)))
+        return sys.replace(actuator_lag=v)
+    return apply
 
 
-def _motor_time_constant(sys, value):
-    v = _scalar(sys, value)
-    if not sys.rotors.has_motor_lag:
-        cfg = sys.config
-        sys = rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
-            cfg.rotors, motor_time_constant=max(float(v.detach()), 1e-6))))
-    return _rotors(sys, motor_time_constant=v)
+def _motor_lag(convert):
+    """apply() of ``motor_time_constant`` with ``convert``."""
+    def apply(sys, value):
+        v = convert(sys, value)
+        if not sys.rotors.has_motor_lag:
+            cfg = sys.config
+            sys = rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
+                cfg.rotors, motor_time_constant=max(float(v.detach().max()), 1e-6))))
+        return _rotors(sys, motor_time_constant=v)
+    return apply
 
 
 def _latency(sys, value):
@@ -213,13 +223,17 @@ def _base_row(m, x: Tensor) -> Tensor:
     return rows.reshape((-1,) + (1,) * x.dim()) * x
 
 
-def _servo_gain_scale(sys, value):
-    s = _scalar(sys, value)
-    return sys.replace(kp=sys.kp * s, kd=sys.kd * s)
+def _servo_gain_scale(convert=None):
+    def apply(sys, value):
+        k = (convert or _scalar)(sys, value)
+        return sys.replace(kp=sys.kp * k, kd=sys.kd * k)
+    return apply
 
 
-def _effort_scale(sys, value):
-    return sys.replace(effort_limit=sys.effort_limit * _scalar(sys, value))
+def _effort_scale(convert=None):
+    def apply(sys, value):
+        return sys.replace(effort_limit=sys.effort_limit * (convert or _scalar)(sys, value))
+    return apply
 
 
 # ------------------------------------------------------------------------------ per episode
@@ -248,42 +262,6 @@ def _com_offset_pe(sys, value):
     return sys.replace(model=m.replace(com=com + _base_row(m, x)))
 
 
-def _ground_pe(name: str):
-    def apply(sys, value):
-        return sys.replace(**{name: _column(sys, value)[:, 0]})
-    return apply
-
-
-def _actuator_lag_pe(sys, value):
-    v = _column(sys, value)
-    if sys.config.actuator_lag <= 0:
-        sys = rebuild(sys, dataclasses.replace(sys.config, actuator_lag=max(float(v.detach().max()), 1e-6)))
-    return sys.replace(actuator_lag=v)
-
-
-def _motor_time_constant_pe(sys, value):
-    v = _column(sys, value)
-    if not sys.rotors.has_motor_lag:
-        cfg = sys.config
-        sys = rebuild(sys, dataclasses.replace(cfg, rotors=dataclasses.replace(
-            cfg.rotors, motor_time_constant=max(float(v.detach().max()), 1e-6))))
-    return _rotors(sys, motor_time_constant=v)
-
-
-def _drag_scale_pe(sys, value):
-    s, r = _column(sys, value), sys.rotors
-    return _rotors(sys, drag_linear=r.drag_linear * s, drag_quadratic=r.drag_quadratic * s)
-
-
-def _servo_gain_scale_pe(sys, value):
-    s = _column(sys, value)
-    return sys.replace(kp=sys.kp * s, kd=sys.kd * s)
-
-
-def _effort_scale_pe(sys, value):
-    return sys.replace(effort_limit=sys.effort_limit * _column(sys, value))
-
-
 def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
     """``sys`` with one value of each named parameter per environment: ``values`` maps names to
     (B, size) tensors (row i: environment i), all of one batch B. The result steps B
@@ -291,21 +269,15 @@ def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
     its row would (``test_per_episode`` compares them). Parameters without a per-episode form
     (per-link or per-joint vectors, latency: ``State.latency`` is per environment already) are
     a ValueError naming them; the order is :func:`apply_values`'."""
-    unknown = [n for n in values if n not in PARAMETERS]
-    if unknown:
-        raise KeyError(f"unknown parameter(s) {unknown} (known: {', '.join(PARAMETERS)})")
-    fixed = [n for n in values if PARAMETERS[n].per_episode is None]
+    fixed = [n for n in _in_order(values) if PARAMETERS[n].per_episode is None]
     if fixed:
         raise ValueError(f"{fixed}: no per-episode form (those that have one: "
                          f"{', '.join(n for n, p in PARAMETERS.items() if p.per_episode)})")
     batches = {n: int(torch.as_tensor(v).shape[0]) for n, v in values.items()}   # (B, size) or (B,): B rows
     if len(set(batches.values())) > 1:
         raise ValueError(f"per-episode values of different batches: {batches}")
-    order = [n for n, p in PARAMETERS.items() if p.structural] + [n for n, p in PARAMETERS.items()
-                                                                     if not p.structural]
-    for n in order:
-        if n in values:
-            sys = PARAMETERS[n].per_episode(sys, values[n])
+    for n in _in_order(values):
+        sys = PARAMETERS[n].per_episode(sys, values[n])
     return sys
 
 
@@ -328,7 +300,7 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("joint_friction", "Coulomb friction per joint (URDF <dynamics friction>)", "N m", "joints",
               lambda s: _f64(s.model.friction.detach()), _abs_bounds(0.5), _joint_friction),
     Parameter("drag_scale", "factor on the body drag (linear and quadratic)", "-", "rotors",
-              _ones, _scale_bounds(1e-3, 20.0), _drag_scale, per_episode=_drag_scale_pe),
+              _ones, _scale_bounds(1e-3, 20.0), _drag_scale(), per_episode=_drag_scale(_column)),
     Parameter("drag_linear", "linear body drag per body axis", "N s/m", "rotors",
               lambda s: _f64(s.rotors.drag_linear.detach()), _abs_bounds(1.0), _drag_linear),
     Parameter("drag_quadratic", "quadratic body drag per body axis", "N s^2/m^2", "rotors",
@@ -337,31 +309,31 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
               "rotors", _ones, _scale_bounds(0.5, 2.0), _thrust_scale),
     Parameter("actuator_lag", "first-order time constant of the joint torques", "s", "joints",
               lambda s: _f64([s.config.actuator_lag]),
-              lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _actuator_lag, structural=True,
-              time_like=True, per_episode=_actuator_lag_pe),
+              lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _lag(_scalar), structural=True,
+              time_like=True, per_episode=_lag(_column)),
     Parameter("motor_time_constant", "first-order time constant of the rotor speeds", "s", "rotors",
               lambda s: _f64([s.config.rotors.motor_time_constant]),
-              lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _motor_time_constant, structural=True,
-              time_like=True, per_episode=_motor_time_constant_pe),
+              lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _motor_lag(_scalar), structural=True,
+              time_like=True, per_episode=_motor_lag(_column)),
     Parameter("contact_stiffness", "ground contact stiffness k in lambda_n = k max(0, -gap)^2 "
                                    "(simulator.contact_stiffness)", "N/m^2", "ground",
               lambda s: _f64([float(s.contact_stiffness)]), _scale_bounds_of_nominal(1e-3, 10.0),
-              _ground("contact_stiffness"), per_episode=_ground_pe("contact_stiffness")),
+              _ground("contact_stiffness"), per_episode=_ground("contact_stiffness", _column)),
     Parameter("contact_damping", "ground contact damping c in lambda_d = -c max(0, -gap) dgap/dt "
                                  "(simulator.contact_damping)", "N s/m^2", "ground",
               lambda s: _f64([float(s.contact_damping)]), _scale_bounds_of_nominal(1e-3, 100.0),
-              _ground("contact_damping"), per_episode=_ground_pe("contact_damping")),
+              _ground("contact_damping"), per_episode=_ground("contact_damping", _column)),
     Parameter("ground_friction", "Coulomb coefficient of the ground contact (simulator.friction)", "-", "ground",
               lambda s: _f64([float(s.friction)]), _abs_bounds(0.5, rel_low=0.05), _ground("friction"),
-              per_episode=_ground_pe("friction")),
+              per_episode=_ground("friction", _column)),
     Parameter("com_offset", "shift of the floating base's centre of mass, in its frame (a payload or battery "
                             "off centre)", "m", "floating",
               lambda s: torch.zeros(3, dtype=torch.float64), lambda n: (n - 0.1, n + 0.1), _com_offset,
               log_space=False, per_episode=_com_offset_pe),
     Parameter("servo_gain_scale", "factor on the joint servos' gains kp and kd (simulator.kp, kd)", "-", "joints",
-              _ones, _scale_bounds(0.2, 5.0), _servo_gain_scale, per_episode=_servo_gain_scale_pe),
+              _ones, _scale_bounds(0.2, 5.0), _servo_gain_scale(), per_episode=_servo_gain_scale(_column)),
     Parameter("effort_scale", "factor on the joints' effort limits (a weaker or stronger motor)", "-", "joints",
-              _ones, _scale_bounds(0.2, 5.0), _effort_scale, per_episode=_effort_scale_pe),
+              _ones, _scale_bounds(0.2, 5.0), _effort_scale(), per_episode=_effort_scale(_column)),
     Parameter("latency", "command delay, control steps (simulator.command_delay; whole steps in the step, "
                          "fractional in sysid)", "steps", None,
               lambda s: _f64([float(s.config.command_delay)]),
@@ -378,15 +350,19 @@ def apply_values(sys: System, values: Mapping[str, object]) -> System:
     """``sys`` with every named parameter applied: structural ones first, then the rest, each
     group in registry order (the result does not depend on the mapping's order). Unknown
     names are a KeyError naming them."""
+    for n in _in_order(values):
+        sys = PARAMETERS[n].apply(sys, values[n])
+    return sys
+
+
+def _in_order(values: Mapping[str, object]) -> list:
+    """The names of ``values`` in the order they apply: structural ones first, then the rest,
+    each group in registry order; unknown names are a KeyError naming them."""
     unknown = [n for n in values if n not in PARAMETERS]
     if unknown:
         raise KeyError(f"unknown parameter(s) {unknown} (known: {', '.join(PARAMETERS)})")
-    order = [n for n, p in PARAMETERS.items() if p.structural] + [n for n, p in PARAMETERS.items()
-                                                                     if not p.structural]
-    for n in order:
-        if n in values:
-            sys = PARAMETERS[n].apply(sys, values[n])
-    return sys
+    return ([n for n, p in PARAMETERS.items() if p.structural and n in values]
+            + [n for n, p in PARAMETERS.items() if not p.structural and n in values])
 
 
 def help_text() -> str:
