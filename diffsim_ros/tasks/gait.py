@@ -266,7 +266,23 @@ def foot_slip(sim, q, feet: Sequence[int], contact, dt: float, points: Optional[
 def rollout_contacts(task, policy, target=None, seed: int = 0, states: Optional[list] = None):
     """One episode of ``policy`` (obs -> action) on a legged ``task`` (batch 1, no gradients):
     the (T, 4) foot contacts, the final TaskState and the feet's (x, y) at the start; with a list
-    ``states``, each step's configuration q (nq,) is appended to it."""
+    ``states``, each step's configuration q (nq,) is appended to it. A task stepping through a
+    compiled simulator (which keeps no contact data) runs the episode on the eager step of the
+    same system."""
+    import torch
+
+    from ..physics import Simulator
+
+    compiled = task.sim
+    if compiled.compiled:
+        task.sim = Simulator(compiled.system)
+    try:
+        return _rollout_contacts(task, policy, target, seed, states)
+    finally:
+        task.sim = compiled
+
+
+def _rollout_contacts(task, policy, target, seed: int, states: Optional[list]):
     import torch
 
     with torch.no_grad():

@@ -225,3 +225,30 @@ def test_the_gait_report_makes_its_folder_and_reports_each_commanded_speed(tmp_p
     duty = contacts[len(contacts) // 4:].mean(0)
     assert saved["episodes"][0]["duty_factor"] == pytest.approx(duty.tolist(), abs=1e-3)
     assert list(out.glob("footfall*.png")) and all(p.stat().st_size > 5000 for p in out.glob("footfall*.png"))
+
+
+def test_the_gait_report_of_a_task_on_a_compiled_step_runs_the_eager_step(tmp_path):
+    """A training run with compile_step ends in write_gait_report on a task whose simulator
+    keeps no contact data (it failed there after the last iteration, exporting nothing): the
+    report runs the episode on the eager step of the same system, the same contacts as the
+    eager task's, and gives the task its compiled simulator back."""
+    from diffsim_ros import evaluation, physics
+    from diffsim_ros.tasks.gait import rollout_contacts, write_gait_report
+
+    class NoContactData(physics.Simulator):        # what a compiled step looks like to the report
+        compiled = True
+
+        def step(self, state, action):
+            out = super().step(state, action)
+            self.last_data = None
+            return out
+
+    task, policy = evaluation.load_checkpoint_task(str(REPO_ROOT / "policies" / "locomotion_velocity"))[:2]
+    eager, _, _ = rollout_contacts(task, policy, [0.5])
+    stand_in = NoContactData(task.sim.system)
+    task.sim = stand_in
+    contacts, _, _ = rollout_contacts(task, policy, [0.5])
+    np.testing.assert_array_equal(contacts, eager)
+    assert task.sim is stand_in
+    write_gait_report(task, policy, tmp_path, speeds=(0.5,))
+    assert (tmp_path / "gait.json").exists() and task.sim is stand_in
