@@ -100,11 +100,13 @@ def test_the_robot_observation_is_gravity_rates_joints_previous_action_command(t
     np.testing.assert_allclose(obs[:, -1].numpy(), after.target[:, 0].numpy())
 
 
-def test_the_runner_carries_the_previous_action_as_training_does(tmp_path):
+@pytest.mark.parametrize("name", ["locomotion_velocity", "jump"])
+def test_the_runner_carries_the_previous_action_as_training_does(tmp_path, name):
     """On the states of a simulated episode the deployed runner gives the actions the policy gave
     in the simulator step by step (its observation holds its own previous action), and after
-    reset() it starts again from zero."""
-    pol, task = make_checkpoint("locomotion_velocity", tmp_path, gain=2.0, task_options={"observation": "robot"})
+    reset() it starts again from zero; for the walk and the jump alike (the jump's training
+    once observed a zero previous action throughout while the runner gave it its own)."""
+    pol, task = make_checkpoint(name, tmp_path, gain=2.0, task_options={"observation": "robot"})
     assert task.observation == "robot"
     runner = PolicyRunner(tmp_path)
     assert not runner.needs_odometry
