@@ -123,9 +123,9 @@ def test_the_runner_carries_the_previous_action_as_training_does(tmp_path, name)
 
 
 def test_a_checkpoint_without_the_observation_key_is_the_privileged_one(tmp_path):
-    """Legged checkpoints made before ``observation`` existed (the shipped jumps) do not record it:
-    they are rebuilt on the privileged observation they were trained with, their metadata's
-    observation names exactly, and run on odometry."""
+    """Legged checkpoints made before ``observation`` existed (test/data/jump_privileged, the jump
+    shipped before 2026-12-05) do not record it: they are rebuilt on the privileged observation
+    they were trained with, their metadata's observation names exactly, and run on odometry."""
     import json
 
     make_checkpoint("locomotion_velocity", tmp_path, task_options={"observation": "privileged"})
@@ -134,7 +134,7 @@ def test_a_checkpoint_without_the_observation_key_is_the_privileged_one(tmp_path
     del meta["command"]["task_parameters"]["observation"]
     meta["config"]["task"].pop("observation", None)
     meta_path.write_text(json.dumps(meta))
-    for folder in (tmp_path, REPO_ROOT / "policies" / "jump"):
+    for folder in (tmp_path, REPO_ROOT / "test" / "data" / "jump_privileged"):
         runner = PolicyRunner(folder)
         assert "observation" not in runner.meta["command"]["task_parameters"]
         assert runner.task.observation == "privileged" and runner.needs_odometry
