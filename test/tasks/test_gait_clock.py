@@ -57,11 +57,14 @@ def test_the_swing_reference_repeats_stands_for_its_duty_and_peaks_mid_swing(bas
     n = 100                                                    # the clock at dt = 0.01 over one 1 s period
     ref = torch.stack([fine.swing_target(k) for k in range(n)]).numpy()
     np.testing.assert_allclose((ref <= 1e-12).mean(0), duty, atol=2.5 / n)
+    # A sample is at most one sample's phase (1 / n of a cycle, 1 / (n (1 - duty)) of a swing)
+    # from mid-swing: the half sine there is within 1 - cos(pi / (n (1 - duty))) of its peak.
+    near = 1.0 - math.cos(math.pi / (n * (1.0 - duty)))
     for f, off in enumerate(offsets):
         peak = (duty + (1 - duty) / 2 - off) % 1.0             # the phase of mid-swing, in clock time
         k = int(round(peak * n)) % n
-        assert ref[k, f] == pytest.approx(height, rel=0.01)
-        assert ref[:, f].max() == pytest.approx(height, rel=1e-3)
+        assert ref[k, f] >= height * (1.0 - near) - 1e-12
+        assert ref[:, f].max() >= height * (1.0 - near) - 1e-12
 
 
 def test_diagonal_pairs_of_a_trot_never_swing_together(base):
