@@ -171,9 +171,8 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
 
     def draw(r, k=1, log=False):
         lo, hi = (math.log(max(x, 1e-12)) for x in r) if log else r
-        x = lo + (hi - lo) * torch.rand((n, k), generator=gen, dtype=torch.float64)
-        x = (torch.exp(x) if log else x)[rows if rows is not None else slice(None)]
-        return x.to(dtype=dt, device=dev)
+        x = lo + (hi - lo) * _batch_draw(torch.rand, gen, n, (k,), rows)
+        return (torch.exp(x) if log else x).to(dtype=dt, device=dev)
     joints = sys.model.nj > 0 and sys.rotors is None
     wanted = [("mass_scale", cfg.randomize_mass, True, {}),
               ("com_offset", cfg.randomize_com_offset, sys.model.floating_base, {"k": 3}),
@@ -220,6 +219,15 @@ def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
     return nominal if sys is nominal.system else Simulator(sys, compile=compiled)
 
 
+def _batch_draw(sample: Callable, gen: torch.Generator, total: int, shape: Tuple[int, ...],
+                rows: Optional[slice] = None) -> torch.Tensor:
+    """``sample`` (torch.rand or torch.randn) of shape (total,) + ``shape`` in float64, drawn for
+    the whole batch of ``total`` episodes and this rank's ``rows`` kept (all without): so each
+    rank's episodes get what the single process would give them."""
+    x = sample((total,) + tuple(shape), generator=gen, dtype=torch.float64)
+    return x if rows is None else x[rows]
+
+
 def _draw_latency(sim: Simulator, cfg: TrainConfig, n: int, gen: torch.Generator) -> torch.Tensor:
     """Each of ``n`` episodes' latency in whole substeps, uniform over randomize_latency's range."""
     h = sim.config.dt / sim.config.substeps
@@ -240,8 +248,7 @@ def measured(task: Task, ts, noise: Tuple[float, float], gen: torch.Generator, t
     q, v = ts.sim.q, ts.sim.v
 
     def randn(width):
-        x = torch.randn((total or q.shape[0], width), generator=gen, dtype=torch.float64)
-        return (x if rows is None else x[rows]).to(dtype=q.dtype, device=q.device)
+        return _batch_draw(torch.randn, gen, total or q.shape[0], (width,), rows).to(dtype=q.dtype, device=q.device)
     pos, vel = noise
     if task.model.floating_base:
         quat = quat_mul(q[:, 3:7], quat_exp(pos * randn(3)))
@@ -260,9 +267,8 @@ def pushed(task: Task, ts, cfg: TrainConfig, gen: torch.Generator, total: int, r
     this rank's ``rows`` kept, as :func:`measured` draws its noise."""
     from ..physics.spatial import quat_rotate
 
-    def rand(*shape):
-        x = torch.rand((total,) + shape, generator=gen, dtype=torch.float64)
-        return (x if rows is None else x[rows]).to(dtype=ts.sim.q.dtype, device=ts.sim.q.device)
+    def rand():
+        return _batch_draw(torch.rand, gen, total, (), rows).to(dtype=ts.sim.q.dtype, device=ts.sim.q.device)
     hit = (rand() < task.dt / cfg.push_interval_s).to(ts.sim.q.dtype)
     lo, hi = cfg.push_speed
     speed, angle = hit * (lo + (hi - lo) * rand()), 2.0 * math.pi * rand()

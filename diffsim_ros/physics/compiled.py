@@ -96,11 +96,8 @@ def pack_values(varying: Sequence[Tuple[str, int]], values: Mapping[str, object]
     missing = [n for n, _ in varying if n not in values]
     if missing or len(values) != len(varying):
         raise KeyError(f"values for {[n for n, _ in varying]} expected, got {sorted(values)}")
-    if per_episode:
-        return torch.cat([torch.as_tensor(values[n], dtype=like.dtype, device=like.device).reshape(-1, k)
-                          for n, k in varying], 1)
-    return torch.cat([torch.as_tensor(values[n], dtype=like.dtype, device=like.device).reshape(k)
-                      for n, k in varying])
+    return torch.cat([torch.as_tensor(values[n], dtype=like.dtype, device=like.device).reshape(
+        (-1, k) if per_episode else (k,)) for n, k in varying], -1)
 
 
 def _chooses_groups(sys: System) -> bool:

@@ -31,6 +31,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from .algorithms import inertials
 from .system import System, build_system
 
 Tensor = torch.Tensor
@@ -258,8 +259,7 @@ def _mass_scale_pe(sys, value):
 def _com_offset_pe(sys, value):
     x = _val(sys, value).reshape(-1, 3).T                              # (3, B)
     m = sys.model
-    com = m.com if m.com.dim() == 3 else m.com[..., None]
-    return sys.replace(model=m.replace(com=com + _base_row(m, x)))
+    return sys.replace(model=m.replace(com=inertials(m)[0] + _base_row(m, x)))
 
 
 def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
@@ -269,14 +269,15 @@ def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
     its row would (``test_per_episode`` compares them). Parameters without a per-episode form
     (per-link or per-joint vectors, latency: ``State.latency`` is per environment already) are
     a ValueError naming them; the order is :func:`apply_values`'."""
-    fixed = [n for n in _in_order(values) if PARAMETERS[n].per_episode is None]
+    order = _in_order(values)
+    fixed = [n for n in order if PARAMETERS[n].per_episode is None]
     if fixed:
         raise ValueError(f"{fixed}: no per-episode form (those that have one: "
                          f"{', '.join(n for n, p in PARAMETERS.items() if p.per_episode)})")
     batches = {n: int(torch.as_tensor(v).shape[0]) for n, v in values.items()}   # (B, size) or (B,): B rows
     if len(set(batches.values())) > 1:
         raise ValueError(f"per-episode values of different batches: {batches}")
-    for n in _in_order(values):
+    for n in order:
         sys = PARAMETERS[n].per_episode(sys, values[n])
     return sys
 

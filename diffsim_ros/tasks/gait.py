@@ -269,8 +269,6 @@ def rollout_contacts(task, policy, target=None, seed: int = 0, states: Optional[
     ``states``, each step's configuration q (nq,) is appended to it. A task stepping through a
     compiled simulator (which keeps no contact data) runs the episode on the eager step of the
     same system."""
-    import torch
-
     from ..physics import Simulator
 
     compiled = task.sim

@@ -183,9 +183,10 @@ class LocomotionTask(Task):
         direction in the base frame and its body rates, the joint encoders' positions (about the
         stance) and velocities, the policy's previous action (``ts.extra["action"]``, zero at the
         start of an episode) and the command; with ``gait_period``, the gait clock's sine and cosine
-        (time since the episode started, ``ts.step``: a controller's own clock). ``privileged``: the base height, its world
-        orientation and body-frame twist, the joints and the command (a motion-capture room's
-        state; the observation of policies trained before the robot observation existed)."""
+        (time since the episode started, ``ts.step``: a controller's own clock). ``privileged``:
+        the base height, its world orientation and body-frame twist, the joints and the command (a
+        motion-capture room's state; the observation of policies trained before the robot
+        observation existed)."""
         q, v = ts.sim.q, ts.sim.v
         qj, vj = q[:, 7:][:, self.sim.act_index], v[:, 6:][:, self.sim.act_index]
         if self.observation == "robot":
