@@ -62,8 +62,7 @@ class JumpTask(LocomotionTask):
         return ts
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
-        ts.extra["action"] = action                # the robot observation's previous action
-        ts.extra["fallen"] = ts.extra["fallen"] | self._fallen(ts)
+        super().update_extra(ts, action)           # the previous action, the fall (no command here)
         ts.extra["violation"] = ts.extra["violation"] | self.posture_violation(ts, self.fall_height)
         with torch.no_grad():
             z = ts.sim.q[:, 2]
