@@ -33,7 +33,7 @@ from ..physics.schema import normalise, option, section
 from ..physics.parameters import apply_values, rebuild as rebuild_system
 from ..tasks import Task
 from .distributed import SINGLE, Context, slice_state
-from .policy import MLPPolicy, ValueNet
+from .policy import MLPPolicy, ReferencePolicy, ValueNet
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -63,6 +63,13 @@ class TrainConfig:
     grad_clip: float = option(1.0, "largest gradient norm", above=0)
     hidden: Tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy", low=1)
     normalize_obs: bool = option(True, "running observation normalisation")
+    gait_reference: bool = option(False, """the policy's action is a fixed stepping pattern from the task's gait clock
+        (gait_period, gait_offsets, gait_duty, swing_height; each foot's height and stride mapped to joint offsets
+        through its leg's Jacobian at the stance) plus the network's own, which learns to balance and steer it
+        (learning.policy.ReferencePolicy); legged velocity tasks with a gait clock""")
+    reference_stride_gain: float = option(1.0, """factor on the reference's stride over the distance the command
+        covers in a stance (a position servo tracks a fast stride only in part: solo12's open-loop trot at 0.3 s
+        walked half the command at 1, the command at 2)""", low=0)
     critic: bool = option(False, """bootstrap each window's loss-to-go with a learned value (SHAC); the value sees
         the normalised observation and the fraction of the episode elapsed, since a finite episode's loss-to-go
         depends on the time left""")
@@ -236,6 +243,23 @@ def _draw_latency(sim: Simulator, cfg: TrainConfig, n: int, gen: torch.Generator
     return drawn.to(dtype=sim.model.dtype, device=sim.model.device)
 
 
+def make_policy(task: Task, cfg: TrainConfig) -> MLPPolicy:
+    """A fresh policy for ``task`` as ``cfg`` asks: an :class:`MLPPolicy` of ``cfg.hidden``, or with
+    ``cfg.gait_reference`` a :class:`ReferencePolicy` stepping through the task's gait clock."""
+    if not cfg.gait_reference:
+        return MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs)
+    build = getattr(task, "gait_reference", None)
+    if build is None:
+        raise ConfigError(f"needs a legged task with a gait clock; task '{task.spec()['task']}' has none",
+                          "gait_reference")
+    try:
+        reference = build()
+    except ValueError as e:
+        raise ConfigError(str(e), "gait_reference") from None
+    reference.stride_time *= cfg.reference_stride_gain
+    return ReferencePolicy(task.obs_dim, task.action_dim, reference, cfg.hidden, normalize=cfg.normalize_obs)
+
+
 def measured(task: Task, ts, noise: Tuple[float, float], gen: torch.Generator, total: Optional[int] = None,
              rows: Optional[slice] = None):
     """``ts`` as the policy measures it: Gaussian noise of standard deviation ``noise`` =
@@ -347,8 +371,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     dtype, device = task.model.dtype, task.model.device
-    policy = MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(dtype=dtype,
-                                                                                               device=device)
+    policy = make_policy(task, cfg).to(dtype=dtype, device=device)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate)
     critic = critic_opt = None
     if cfg.critic:

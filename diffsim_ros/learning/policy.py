@@ -1,6 +1,7 @@
 """Policies: a small MLP with its observation normaliser inside, exportable to TorchScript."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -56,6 +57,57 @@ class MLPPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.head(self.body(self.norm(obs))))
+
+
+class GaitReference(nn.Module):
+    """A fixed trajectory generator: joint offsets (action units) that step each foot through the
+    gait clock's pattern, read from the clock's sine and cosine in the observation (and the speed
+    command, where there is one). Foot ``f``'s phase is the clock's plus ``offsets[f]``, mod 1. For
+    the first ``duty`` of its cycle it is in stance: it moves backwards along the base at the
+    commanded speed (from ``+d/2`` to ``-d/2``, ``d = command x stride_time``); through the rest it
+    swings: up by a half sine of ``swing_height`` and forwards back to ``+d/2``. ``lift`` and
+    ``stride`` (A, F) turn each foot's height and forward displacement (m) into joint offsets in
+    action units (the leg's Jacobian at the stance, inverted, over the action scale). Buffers only:
+    nothing here is trained, and TorchScript keeps it."""
+
+    def __init__(self, clock_index: int, command_index: int, offsets: torch.Tensor, duty: float,
+                 swing_height: float, stride_time: float, lift: torch.Tensor, stride: torch.Tensor):
+        super().__init__()
+        self.clock_index, self.command_index = int(clock_index), int(command_index)
+        self.duty, self.swing_height, self.stride_time = float(duty), float(swing_height), float(stride_time)
+        self.register_buffer("offsets", offsets.detach().clone())
+        self.register_buffer("lift", lift.detach().clone())
+        self.register_buffer("stride", stride.detach().clone())
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        i = self.clock_index
+        angle = torch.atan2(obs[..., i:i + 1], obs[..., i + 1:i + 2])                  # (..., 1)
+        phase = torch.remainder(angle / (2.0 * math.pi) + self.offsets.to(obs), 1.0)   # (..., F)
+        swinging = phase >= self.duty
+        swing = torch.clamp((phase - self.duty) / (1.0 - self.duty), min=0.0)
+        height = self.swing_height * torch.sin(math.pi * swing)
+        offset = torch.matmul(height, self.lift.to(obs).transpose(0, 1))
+        if self.command_index >= 0:
+            d = obs[..., self.command_index:self.command_index + 1] * self.stride_time
+            unit = torch.where(swinging, -0.5 * torch.cos(math.pi * swing),
+                               0.5 - torch.clamp(phase / self.duty, max=1.0))
+            offset = offset + torch.matmul(unit * d, self.stride.to(obs).transpose(0, 1))
+        return offset
+
+
+class ReferencePolicy(MLPPolicy):
+    """An :class:`MLPPolicy` whose action is a :class:`GaitReference`'s plus the network's own,
+    clamped to [-1, 1]: the network learns to balance and steer a stepping pattern rather than to
+    find one (the trajectory-generator policies of legged locomotion)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, reference: GaitReference, hidden: Sequence[int] = (64, 64),
+                 activation: str = "elu", normalize: bool = True):
+        super().__init__(obs_dim, action_dim, hidden, activation, normalize)
+        self.reference = reference
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        own = torch.tanh(self.head(self.body(self.norm(obs))))
+        return torch.clamp(own + self.reference(obs), -1.0, 1.0)
 
 
 class ValueNet(nn.Module):

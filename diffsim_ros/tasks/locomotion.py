@@ -271,6 +271,36 @@ class LocomotionTask(Task):
         swing = torch.clamp((phase - self.gait_duty) / (1.0 - self.gait_duty), min=0.0)
         return self.swing_height * torch.sin(math.pi * swing)
 
+    def gait_reference(self):
+        """The gait clock's pattern as a :class:`~diffsim_ros.learning.policy.GaitReference` over this
+        task's observation: each foot's height and forward displacement mapped to joint offsets
+        through the pseudo-inverse of its lowest point's Jacobian (base frame, joints of the
+        action) at the stance; the stance lasts ``gait_duty`` of the period, so a stride covers the
+        command's distance in that time."""
+        from ..learning.policy import GaitReference
+        from ..physics.kinematics import kinematics
+
+        if not self.gait_period:
+            raise ValueError("locomotion: a gait reference follows the gait clock: set 'gait_period' (s)")
+        m = self.model
+        q0 = m.neutral_configuration((1,))
+        q0[:, 2] = self.base_height
+        local = self.foot_track(q0.index_copy(1, 7 + self.sim.act_index, self.stance[None]))["local"][0]  # (F, 3)
+
+        def feet(qa):
+            q = q0[0].index_copy(0, 7 + self.sim.act_index, qa)
+            kin = kinematics(m, q[None])
+            R, p = kin.R[self.feet][..., 0], (kin.p[self.feet] + kin.o)[..., 0]          # (F, 3, 3), (F, 3)
+            return torch.einsum("fij,fj->fi", R, local.to(R)) + p
+
+        J = torch.autograd.functional.jacobian(feet, self.stance.detach().clone())       # (F, 3, A)
+        inv = torch.linalg.pinv(J) / self.action_scale                                  # (F, A, 3)
+        names = self.observation_names()
+        command = names.index("command/forward_speed") if self.command_speed else -1
+        return GaitReference(names.index("clock/sin"), command, self.gait_offsets, self.gait_duty,
+                             self.swing_height, self.gait_period * self.gait_duty,
+                             lift=inv[:, :, 2].T, stride=inv[:, :, 0].T)
+
     def foot_slip(self, ts: TaskState) -> torch.Tensor:
         """(B,) differentiable: over the feet, the squared horizontal speed (m^2/s^2) of each foot's
         lowest point (the foot-fixed point the gait rules follow), weighted by how close it is to
