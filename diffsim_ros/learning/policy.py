@@ -65,7 +65,10 @@ class GaitReference(nn.Module):
     command, where there is one). Foot ``f``'s phase is the clock's plus ``offsets[f]``, mod 1. For
     the first ``duty`` of its cycle it is in stance: it moves backwards along the base at the
     commanded speed (from ``+d/2`` to ``-d/2``, ``d = command x stride_time``); through the rest it
-    swings: up by a half sine of ``swing_height`` and forwards back to ``+d/2``. ``lift`` and
+    swings: up by a half sine of ``swing_height`` and forwards back to ``+d/2`` along a cubic whose
+    slope at both ends is the stance's, so that the foot leaves and meets the ground at rest
+    relative to it (a foot landing with the base's speed skids; a servo a step or two behind the
+    pattern still follows a continuous velocity). ``lift`` and
     ``stride`` (A, F) turn each foot's height and forward displacement (m) into joint offsets in
     action units (the leg's Jacobian at the stance, inverted, over the action scale). Buffers only:
     nothing here is trained, and TorchScript keeps it."""
@@ -89,8 +92,11 @@ class GaitReference(nn.Module):
         offset = torch.matmul(height, self.lift.to(obs).transpose(0, 1))
         if self.command_index >= 0:
             d = obs[..., self.command_index:self.command_index + 1] * self.stride_time
-            unit = torch.where(swinging, -0.5 * torch.cos(math.pi * swing),
-                               0.5 - torch.clamp(phase / self.duty, max=1.0))
+            # Hermite cubic from -1/2 to 1/2 over the swing, its end slopes the stance's -(1 - duty) / duty
+            k = -(1.0 - self.duty) / self.duty
+            s2, s3 = swing * swing, swing * swing * swing
+            flight = -0.5 + 3.0 * s2 - 2.0 * s3 + k * (2.0 * s3 - 3.0 * s2 + swing)
+            unit = torch.where(swinging, flight, 0.5 - torch.clamp(phase / self.duty, max=1.0))
             offset = offset + torch.matmul(unit * d, self.stride.to(obs).transpose(0, 1))
         return offset
 

@@ -83,7 +83,12 @@ def test_the_offsets_move_each_foot_by_the_pattern_to_first_order(base, step, co
     swing = np.clip((phase - duty) / (1 - duty), 0.0, None)
     want_z = height * np.sin(math.pi * swing)
     d = command * 0.04 * duty
-    want_x = np.where(phase >= duty, -0.5 * np.cos(math.pi * swing), 0.5 - np.minimum(phase / duty, 1.0)) * d
+    # Swinging: the cubic from -1/2 to 1/2 (Hermite basis) with the stance's slope at both ends.
+    k = -(1 - duty) / duty
+    h00, h10, h01, h11 = 2 * swing ** 3 - 3 * swing ** 2 + 1, swing ** 3 - 2 * swing ** 2 + swing, \
+        -2 * swing ** 3 + 3 * swing ** 2, swing ** 3 - swing ** 2
+    flight = -0.5 * h00 + 0.5 * h01 + k * (h10 + h11)
+    want_x = np.where(phase >= duty, flight, 0.5 - np.minimum(phase / duty, 1.0)) * d
     got = moved.numpy()
     scale = max(height, d)
     np.testing.assert_allclose(got[:, 2], want_z, atol=10 * scale ** 2 + 1e-9)
