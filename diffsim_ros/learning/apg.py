@@ -388,6 +388,11 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     it = 0
     best = None             # {"iteration", "eval_success", "loss"} of the best evaluated policy so far
     if init is not None and resume is None:
+        ref_mine, ref_theirs = (any(k.startswith("reference.") for k in d) for d in (policy.state_dict(), init))
+        if ref_mine != ref_theirs:
+            raise ConfigError(f"the starting weights {'have' if ref_theirs else 'have no'} gait reference, this run's "
+                              f"is {ref_mine}: train with the setting the checkpoint was trained with",
+                              "gait_reference")
         policy.load_state_dict(init)
     if resume is not None:
         check_resume_state(resume, task, cfg)

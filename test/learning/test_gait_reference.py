@@ -143,3 +143,17 @@ def test_a_reference_needs_a_gait_clock(base):
     plain = make_task(model, task.sim_config, {**params["task"], "observation": "robot"}, "task")
     with pytest.raises(ConfigError, match="gait_reference.*gait_period"):
         make_policy(plain, TrainConfig(gait_reference=True))
+
+
+def test_starting_weights_must_agree_on_the_reference(base):
+    """Fine-tuning (train's ``init``) from weights with a reference into a run without one, or the
+    other way round, is refused naming the setting, not a state-dict traceback."""
+    from diffsim_ros.learning.apg import train
+
+    task = _task(base)
+    with_ref = make_policy(task, TrainConfig(hidden=(8,), gait_reference=True)).state_dict()
+    plain = make_policy(task, TrainConfig(hidden=(8,))).state_dict()
+    for init, ref in ((with_ref, False), (plain, True)):
+        with pytest.raises(ConfigError, match="gait_reference"):
+            train(task, TrainConfig(hidden=(8,), iterations=1, num_envs=2, gait_reference=ref), init=init,
+                  progress=False)
