@@ -65,7 +65,8 @@ class GaitReference(nn.Module):
     command, where there is one). Foot ``f``'s phase is the clock's plus ``offsets[f]``, mod 1. For
     the first ``duty`` of its cycle it is in stance: it moves backwards along the base at the
     commanded speed (from ``+d/2`` to ``-d/2``, ``d = command x stride_time``); through the rest it
-    swings: up by a half sine of ``swing_height`` and forwards back to ``+d/2`` along a cubic whose
+    swings: up and down along ``swing_height`` sin^2 (it leaves and meets the ground at zero vertical
+    speed, where the task's swing target, a half sine, meets it at speed) and forwards back to ``+d/2`` along a cubic whose
     slope at both ends is the stance's, so that the foot leaves and meets the ground at rest
     relative to it (a foot landing with the base's speed skids; a servo a step or two behind the
     pattern still follows a continuous velocity). ``lift`` and
@@ -88,7 +89,7 @@ class GaitReference(nn.Module):
         phase = torch.remainder(angle / (2.0 * math.pi) + self.offsets.to(obs), 1.0)   # (..., F)
         swinging = phase >= self.duty
         swing = torch.clamp((phase - self.duty) / (1.0 - self.duty), min=0.0)
-        height = self.swing_height * torch.sin(math.pi * swing)
+        height = self.swing_height * torch.sin(math.pi * swing) ** 2
         offset = torch.matmul(height, self.lift.to(obs).transpose(0, 1))
         if self.command_index >= 0:
             d = obs[..., self.command_index:self.command_index + 1] * self.stride_time

@@ -81,7 +81,7 @@ def test_the_offsets_move_each_foot_by_the_pattern_to_first_order(base, step, co
                                                                                       dtype=torch.float64))
     phase = np.remainder(step * task.dt / 0.04 + np.asarray(offsets), 1.0)
     swing = np.clip((phase - duty) / (1 - duty), 0.0, None)
-    want_z = height * np.sin(math.pi * swing)
+    want_z = height * np.sin(math.pi * swing) ** 2
     d = command * 0.04 * duty
     # Swinging: the cubic from -1/2 to 1/2 (Hermite basis) with the stance's slope at both ends.
     k = -(1 - duty) / duty
@@ -98,7 +98,8 @@ def test_the_offsets_move_each_foot_by_the_pattern_to_first_order(base, step, co
 
 def test_the_height_follows_the_tasks_swing_target_and_a_stance_foot_the_command(base):
     """Over two periods of the clock: the reference's height pattern, read back through the lift
-    matrix's inverse, is the task's swing target at every step; while a foot stands its stride
+    matrix's inverse, is zero where the task's swing target is (the stance) and its square over
+    swing_height elsewhere (sin^2 against the target's half sine); while a foot stands its stride
     falls at the commanded speed times the stride gain (per second of the clock)."""
     task = _task(base)
     cfg = TrainConfig(hidden=(8,), gait_reference=True, reference_stride_gain=2.0)
@@ -114,7 +115,7 @@ def test_the_height_follows_the_tasks_swing_target_and_a_stance_foot_the_command
     rows = np.asarray(rows)                                               # (steps, 2F)
     heights, strides = rows[:, :F], rows[:, F:]
     want = torch.stack([task.swing_target(k) for k in range(80)]).numpy()
-    np.testing.assert_allclose(heights, want, atol=1e-9)
+    np.testing.assert_allclose(heights, want ** 2 / task.swing_height, atol=1e-9)
     standing = (want[:-1] == 0) & (want[1:] == 0)
     speed = np.diff(strides, axis=0) / task.dt
     phase = np.remainder(np.arange(80)[:, None] * task.dt / task.gait_period + task.gait_offsets.numpy(), 1.0)
