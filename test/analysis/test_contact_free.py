@@ -21,13 +21,15 @@ from diffsim_ros.analysis.contact_free import contact_free_mass
 from diffsim_ros.learning.deploy import PolicyRunner
 from diffsim_ros.testing.recordings import make_plant, record_bag
 
-WALKERS = {"quadruped": "locomotion_velocity", "solo12": "locomotion_velocity_solo12"}
+#: checkpoint folder, training file (config/<name>.yaml) of each walker
+WALKERS = {"quadruped": (REPO_ROOT / "policies" / "locomotion_velocity", "locomotion_velocity"),
+           "solo12": (REPO_ROOT / "test" / "data" / "solo12_dragging", "locomotion_velocity_solo12")}
 
 
 @pytest.fixture(scope="module", params=sorted(WALKERS))
 def walker(request):
-    name = WALKERS[request.param]
-    runner = PolicyRunner(REPO_ROOT / "policies" / name)
+    folder, name = WALKERS[request.param]
+    runner = PolicyRunner(folder)
     params = config.load_yaml(REPO_ROOT / "config" / f"{name}.yaml")
     with torch.no_grad():
         q0 = runner.task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().numpy()
@@ -96,7 +98,7 @@ def test_the_cli_writes_a_training_file_with_the_scaled_masses(tmp_path, walker,
     fitted = json.loads((out / "sysid.json").read_text())["mass_scale"]
     assert fitted == pytest.approx(mass, rel=0.03), seed
     trained = config.load_yaml(out / "calibrated.yaml")
-    original = config.resolve_urdf(walker[2], str(REPO_ROOT / "config" / f"{WALKERS[walker[0]]}.yaml"))
+    original = config.resolve_urdf(walker[2], str(REPO_ROOT / "config" / f"{WALKERS[walker[0]][1]}.yaml"))
 
     def masses(path):
         import xacro

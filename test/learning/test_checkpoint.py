@@ -372,8 +372,6 @@ def test_paths_accepted(saved):
 #: then they are held to the rest of the metric, and an entry that the metric passes is refused.
 TO_RETRAIN = {
     "locomotion_velocity": "its feet slide in contact (issue 39: the strict metric's gait rules)",
-    "locomotion_velocity_solo12": "it drags its left hind foot and slides the others in contact (issue 39: the "
-                                  "strict metric's gait rules)",
 }
 
 

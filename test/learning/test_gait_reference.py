@@ -141,7 +141,8 @@ def test_the_reference_policy_exports_and_starts_at_the_pattern(base):
 
 def test_a_reference_needs_a_gait_clock(base):
     params, task, model = base
-    plain = make_task(model, task.sim_config, {**params["task"], "observation": "robot"}, "task")
+    plain = make_task(model, task.sim_config, {**params["task"], "observation": "robot", "gait_period": 0.0,
+                                               "gait_weight": 0.0}, "task")
     with pytest.raises(ConfigError, match="gait_reference.*gait_period"):
         make_policy(plain, TrainConfig(gait_reference=True))
 

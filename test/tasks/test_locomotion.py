@@ -340,8 +340,10 @@ def test_the_gait_rules_one_foot_at_a_time():
     assert gait_rules(t, i0, early, np.zeros((T, 4)))["touchdowns_per_s"] == [0.0] * 4
 
 
-def test_the_shipped_solo12_walker_fails_the_gait_rules_in_the_simulator():
-    """policies/locomotion_velocity_solo12 on 8 fresh episodes in its own simulator (seed 2024):
+def test_the_dragging_solo12_walker_fails_the_gait_rules_in_the_simulator():
+    """The solo12 walker shipped before the gait rules (test/data/solo12_dragging, trained on
+    config/locomotion_velocity_solo12.yaml's physics without a gait clock) on 8 fresh episodes in
+    its own simulator (seed 2024):
     it tracks the command upright in every one (speed, height, tilt, only feet touching: all that
     the strict metric asked before), and the gait rules fail every one. Its left hind foot never
     touches down in the window (0 touchdowns a second, 1 needed) and slides at 0.45-0.71 m/s in
@@ -354,7 +356,7 @@ def test_the_shipped_solo12_walker_fails_the_gait_rules_in_the_simulator():
 
     if example_robot_data_dir() is None:
         pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
-    task, policy = evaluation.load_checkpoint_task(REPO_ROOT / "policies" / "locomotion_velocity_solo12")[:2]
+    task, policy = evaluation.load_checkpoint_task(REPO_ROOT / "test" / "data" / "solo12_dragging")[:2]
     with torch.no_grad():
         ts = task.reset(8, torch.Generator().manual_seed(2024))
         for _ in range(task.horizon):
@@ -372,8 +374,9 @@ def test_the_shipped_solo12_walker_fails_the_gait_rules_in_the_simulator():
     assert bool(task.success(ts).any()) is False
 
 
-def test_a_standin_bag_of_the_solo12_walker_fails_the_gait_rules(tmp_path):
-    """The shipped solo12 walker on the MuJoCo stand-in (no ROS) for one 4 s episode at a drawn
+def test_a_standin_bag_of_the_dragging_solo12_walker_fails_the_gait_rules(tmp_path):
+    """The dragging solo12 walker (test/data/solo12_dragging) on the MuJoCo stand-in (no ROS) for
+    one 4 s episode at a drawn
     command (seed printed), recorded as a bag: the task's recorded_verdict on the bag's states
     (/odom and /joint_states read back, joints mapped by name) fails the gait rules, while it
     tracks the command upright: every foot slides in contact (0.15-0.17 m/s the left fore, 0.4-0.6
@@ -393,7 +396,7 @@ def test_a_standin_bag_of_the_solo12_walker_fails_the_gait_rules(tmp_path):
     seed = drawn_seed("solo12 stand-in bag", "DIFFSIM_GAIT_SEED")
     speed = float(np.random.default_rng(seed).uniform(0.3, 0.7))
     name = "locomotion_velocity_solo12"
-    runner = PolicyRunner(REPO_ROOT / "policies" / name)
+    runner = PolicyRunner(REPO_ROOT / "test" / "data" / "solo12_dragging")
     task = runner.task
     params = config.load_yaml(REPO_ROOT / "config" / f"{name}.yaml")
     with torch.no_grad():
@@ -499,3 +502,28 @@ def test_the_averaged_relative_tracking_loss_is_the_moving_average_against_the_c
             np.testing.assert_allclose(now.step_loss(ts_n, actions[k]).numpy(), (v - c) ** 2, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="relative_tracking"):
         make_task(model, file_task.sim_config, dict(base, command_speed=[0.0, 0.5], relative_tracking=True), "task")
+
+
+def test_the_shipped_solo12_walker_steps_upright_at_the_command_on_the_standin():
+    """policies/locomotion_velocity_solo12 (the trot reference and its network, trained on the robot
+    observation with the physics drawn per episode) on the MuJoCo stand-in, plain and under the
+    hardware preset, 4 episodes each (seed printed): every episode keeps the height and tilt, only
+    the feet touching, and every foot steps at least once a second; on the plain stand-in it keeps
+    the commanded speed too (under the preset 3 of 32 missed it, seed 99). What it does not yet do
+    there is the no-slide rule: its stance feet creep on MuJoCo's soft floor at 0.09-0.12 m/s
+    (0.1 allowed; 0.01-0.02 in the simulator), held here below 0.2 on the plain stand-in, where
+    the dragging walker it replaced (test/data/solo12_dragging) slid 0.15-0.71."""
+    from conftest import drawn_seed, example_robot_data_dir
+    from diffsim_ros.evaluation import evaluate_on_standin
+
+    if example_robot_data_dir() is None:
+        pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
+    seed = drawn_seed("solo12 walker on the stand-in", "DIFFSIM_WALK_SEED") % 1000
+    for pert in (None, "hardware"):
+        res = evaluate_on_standin(REPO_ROOT / "policies" / "locomotion_velocity_solo12", episodes=4, seed=seed,
+                                  perturbation=pert, simulator=False)
+        for v in res["verdicts"]:
+            print(pert, {k: v[k] for k in ("command_m_s", "window_speed_m_s", "touchdowns_per_s", "foot_slide_m_s")})
+            assert v["height_ok"] and v["tilt_ok"] and v["only_feet_touch"] and v["steps_ok"], v
+            if pert is None:
+                assert v["speed_ok"] and max(v["foot_slide_m_s"]) < 0.2, v
