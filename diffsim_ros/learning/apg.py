@@ -33,7 +33,7 @@ from ..physics.schema import normalise, option, section
 from ..physics.parameters import apply_values, rebuild as rebuild_system
 from ..tasks import Task
 from .distributed import SINGLE, Context, slice_state
-from .policy import MLPPolicy, ReferencePolicy, ValueNet
+from .policy import GaitReference, MLPPolicy, ReferencePolicy, ValueNet
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -248,15 +248,15 @@ def make_policy(task: Task, cfg: TrainConfig) -> MLPPolicy:
     ``cfg.gait_reference`` a :class:`ReferencePolicy` stepping through the task's gait clock."""
     if not cfg.gait_reference:
         return MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs)
-    build = getattr(task, "gait_reference", None)
-    if build is None:
+    pattern = getattr(task, "gait_pattern", None)
+    if pattern is None:
         raise ConfigError(f"needs a legged task with a gait clock; task '{task.spec()['task']}' has none",
                           "gait_reference")
     try:
-        reference = build()
+        kw = pattern()
     except ValueError as e:
         raise ConfigError(str(e), "gait_reference") from None
-    reference.stride_time *= cfg.reference_stride_gain
+    reference = GaitReference(**dict(kw, stride_time=kw["stride_time"] * cfg.reference_stride_gain))
     return ReferencePolicy(task.obs_dim, task.action_dim, reference, cfg.hidden, normalize=cfg.normalize_obs)
 
 

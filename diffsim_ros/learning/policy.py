@@ -65,14 +65,15 @@ class GaitReference(nn.Module):
     command, where there is one). Foot ``f``'s phase is the clock's plus ``offsets[f]``, mod 1. For
     the first ``duty`` of its cycle it is in stance: it moves backwards along the base at the
     commanded speed (from ``+d/2`` to ``-d/2``, ``d = command x stride_time``); through the rest it
-    swings: up and down along ``swing_height`` sin^2 (it leaves and meets the ground at zero vertical
-    speed, where the task's swing target, a half sine, meets it at speed) and forwards back to ``+d/2`` along a cubic whose
-    slope at both ends is the stance's, so that the foot leaves and meets the ground at rest
-    relative to it (a foot landing with the base's speed skids; a servo a step or two behind the
-    pattern still follows a continuous velocity). ``lift`` and
+    swings: up and down along ``swing_height`` sin^2 (it leaves and meets the ground at zero
+    vertical speed, where the task's swing target, a half sine, meets it at speed) and forwards
+    back to ``+d/2`` along a cubic whose slope at both ends is the stance's, so that the foot leaves
+    and meets the ground at rest relative to it (a foot landing with the base's speed skids; a
+    servo a step or two behind the pattern still follows a continuous velocity). ``lift`` and
     ``stride`` (A, F) turn each foot's height and forward displacement (m) into joint offsets in
-    action units (the leg's Jacobian at the stance, inverted, over the action scale). Buffers only:
-    nothing here is trained, and TorchScript keeps it."""
+    action units (the leg's Jacobian at the stance, inverted, over the action scale). Its
+    arguments come from the task (``LocomotionTask.gait_pattern``). Buffers only: nothing here is
+    trained, and TorchScript keeps it."""
 
     def __init__(self, clock_index: int, command_index: int, offsets: torch.Tensor, duty: float,
                  swing_height: float, stride_time: float, lift: torch.Tensor, stride: torch.Tensor):

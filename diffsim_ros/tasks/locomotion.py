@@ -271,13 +271,14 @@ class LocomotionTask(Task):
         swing = torch.clamp((phase - self.gait_duty) / (1.0 - self.gait_duty), min=0.0)
         return self.swing_height * torch.sin(math.pi * swing)
 
-    def gait_reference(self):
-        """The gait clock's pattern as a :class:`~diffsim_ros.learning.policy.GaitReference` over this
-        task's observation: each foot's height and forward displacement mapped to joint offsets
+    def gait_pattern(self) -> dict:
+        """What a stepping pattern on the gait clock needs of this task (the keyword arguments of
+        :class:`diffsim_ros.learning.policy.GaitReference`): where the clock and the command sit in
+        the observation, each foot's phase offset, the duty, the swing height, the stance's
+        duration (a stride covers the command's distance in it), and ``lift`` and ``stride``
+        (A, F): each foot's height and forward displacement mapped to joint offsets in action units
         through the pseudo-inverse of its lowest point's Jacobian (base frame, joints of the
-        action) at the stance; the stance lasts ``gait_duty`` of the period, so a stride covers the
-        command's distance in that time."""
-        from ..learning.policy import GaitReference
+        action) at the stance."""
         from ..physics.kinematics import kinematics
 
         if not self.gait_period:
@@ -297,9 +298,9 @@ class LocomotionTask(Task):
         inv = torch.linalg.pinv(J) / self.action_scale                                  # (F, A, 3)
         names = self.observation_names()
         command = names.index("command/forward_speed") if self.command_speed else -1
-        return GaitReference(names.index("clock/sin"), command, self.gait_offsets, self.gait_duty,
-                             self.swing_height, self.gait_period * self.gait_duty,
-                             lift=inv[:, :, 2].T, stride=inv[:, :, 0].T)
+        return {"clock_index": names.index("clock/sin"), "command_index": command, "offsets": self.gait_offsets,
+                "duty": self.gait_duty, "swing_height": self.swing_height,
+                "stride_time": self.gait_period * self.gait_duty, "lift": inv[:, :, 2].T, "stride": inv[:, :, 0].T}
 
     def foot_slip(self, ts: TaskState) -> torch.Tensor:
         """(B,) differentiable: over the feet, the squared horizontal speed (m^2/s^2) of each foot's

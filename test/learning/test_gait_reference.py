@@ -24,6 +24,7 @@ from conftest import REPO_ROOT, example_robot_data_dir
 from diffsim_ros import config
 from diffsim_ros.learning.apg import TrainConfig, make_policy
 from diffsim_ros.learning.checkpoint import export_policy
+from diffsim_ros.learning.policy import GaitReference
 from diffsim_ros.physics import ConfigError
 from diffsim_ros.tasks import make_task
 
@@ -76,7 +77,7 @@ def test_the_offsets_move_each_foot_by_the_pattern_to_first_order(base, step, co
     offsets = {"trot": [0.0, 0.5, 0.5, 0.0], "walk": [0.0, 0.5, 0.75, 0.25], "pace": [0.0, 0.5, 0.0, 0.5]}[gait]
     duty = 0.75 if gait == "walk" else 0.5
     task = _task(base, gait_offsets=offsets, gait_duty=duty, swing_height=height, gait_period=0.04)
-    ref = task.gait_reference()
+    ref = GaitReference(**task.gait_pattern())
     moved = _feet(task, ref(_obs(task, step, command))[0]) - _feet(task, torch.zeros(task.action_dim,
                                                                                       dtype=torch.float64))
     phase = np.remainder(step * task.dt / 0.04 + np.asarray(offsets), 1.0)
