@@ -142,10 +142,11 @@ def test_a_checkpoint_without_the_observation_key_is_the_privileged_one(tmp_path
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_slip_term_is_the_feet_speed_by_finite_differences(tasks, seed):
-    """foot_slip against the lowest foot points moved by a small step along the state's velocity
-    (forward kinematics only), with the same height weights; a foot above slip_height costs
-    nothing; the gradient reaches the joint velocities."""
+def test_the_slip_and_landing_terms_are_the_feet_speed_by_finite_differences(tasks, seed):
+    """foot_slip (horizontal) and foot_landing (downward only) against the lowest foot points
+    moved by a small step along the state's velocity (forward kinematics only), with the same
+    height weights; a foot above slip_height costs nothing; the gradient reaches the joint
+    velocities; a foot rising costs no landing."""
     robot, _ = tasks
     print("seed", seed)
     ts = _walked(robot, seed, steps=25)
@@ -157,23 +158,32 @@ def test_the_slip_term_is_the_feet_speed_by_finite_differences(tasks, seed):
     qn[:, 7:] = q[:, 7:] + eps * v[:, 6:]
     now, then = robot.foot_track(q), robot.foot_track(qn)
     d = (robot.foot_moved(then, now["local"]) - now["world"]) / eps
-    d[..., 2] = 0.0                                   # the ground is z = 0 here
+    down = torch.clamp(-d[..., 2], min=0.0)           # the ground is z = 0 here
+    d[..., 2] = 0.0
     near = torch.clamp(1 - now["height"] / robot.slip_height, 0, 1)
     want = (near * (d ** 2).sum(-1)).sum(-1)
     torch.testing.assert_close(robot.foot_slip(ts), want, rtol=1e-5, atol=1e-9)
+    # the vertical difference carries the rotation's second-order term: a looser relative bound
+    torch.testing.assert_close(robot.foot_landing(ts), (near * down ** 2).sum(-1), rtol=1e-4, atol=1e-9)
+    assert (near * down).sum() > 0, "the walked state has a foot moving down near the ground"
+    rising = ts.sim.v.clone()
+    rising[:, 2] = rising[:, 2].abs() + 5.0           # the whole robot moving up fast: no foot lands
+    assert robot.foot_landing(type(ts)(ts.sim.replace(v=rising), ts.target, ts.step, {})).abs().max() == 0
     lifted = ts.sim.q.clone()
     lifted[:, 2] += 2 * robot.slip_height + 0.05
     up = type(ts)(ts.sim.replace(q=lifted), ts.target, ts.step, {})
     np.testing.assert_array_equal(robot.foot_slip(up).numpy(), 0.0)
-    vj = ts.sim.v.clone().requires_grad_(True)
-    robot.foot_slip(type(ts)(ts.sim.replace(v=vj), ts.target, ts.step, {})).sum().backward()
-    assert vj.grad[:, 6:].abs().sum() > 0
+    np.testing.assert_array_equal(robot.foot_landing(up).numpy(), 0.0)
+    for term in (robot.foot_slip, robot.foot_landing):
+        vj = ts.sim.v.clone().requires_grad_(True)
+        term(type(ts)(ts.sim.replace(v=vj), ts.target, ts.step, {})).sum().backward()
+        assert vj.grad[:, 6:].abs().sum() > 0
 
 
 def test_the_observation_and_slip_options_are_checked(tasks):
     robot, _ = tasks
     spec = {k: v for k, v in robot.export_parameters().items()}
     for bad, match in (({"observation": "mocap"}, "observation"), ({"slip_weight": -1.0}, "slip_weight"),
-                       ({"slip_height": 0.0}, "slip_height")):
+                       ({"slip_height": 0.0}, "slip_height"), ({"landing_weight": -0.1}, "landing_weight")):
         with pytest.raises(Exception, match=match):
             make_task(robot.model, robot.sim_config, {**spec, **bad}, "task")
