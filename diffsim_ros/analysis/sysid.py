@@ -865,6 +865,10 @@ def calibrated_params(setup: SimSetup, result: SysIdResult, urdf_path: Optional[
         sim["actuator_lag"] = float(f["actuator_lag"][0])
     if "latency" in f:
         sim["command_delay"] = int(round(f["latency"][0]))
+    for name, key in (("contact_stiffness", "contact_stiffness"), ("contact_damping", "contact_damping"),
+                      ("ground_friction", "friction"), ("friction_smoothing", "friction_smoothing")):
+        if name in f:                  # the ground's scalars: simulator keys of their own
+            sim[key] = float(f[name][0])
     rot = sim.get("rotors")
     if isinstance(rot, dict):
         base = setup.sim_config.rotors

@@ -87,6 +87,9 @@ class TrainConfig:
         (simulator.contact_damping), drawn log-uniformly per episode, or []""", "N s/m^2", low=0)
     randomize_ground_friction: Tuple[float, ...] = option((), """[low, high] Coulomb coefficient of the ground
         (simulator.friction), drawn per episode, or []""", low=0)
+    randomize_friction_smoothing: Tuple[float, ...] = option((), """[low, high] slip speed of the ground's
+        regularised friction (simulator.friction_smoothing), drawn log-uniformly per episode, or []: a floor
+        on which a loaded foot creeps, as on MuJoCo's default soft contact""", "m/s", low=0)
     randomize_com_offset: Tuple[float, ...] = option((), """[low, high] shift of a floating base's centre of mass
         along each of its axes, drawn per episode and axis, or []: a payload or battery off centre""", "m")
     randomize_servo_gain: Tuple[float, ...] = option((), """[low, high] factor on the joint servos' gains kp
@@ -152,7 +155,7 @@ class TrainConfig:
 #: The domain randomisation options of TrainConfig (the physics, drawn per episode).
 RANDOMIZED = ("randomize_mass", "randomize_drag", "randomize_actuator_lag", "randomize_contact_stiffness",
               "randomize_contact_damping", "randomize_ground_friction", "randomize_com_offset",
-              "randomize_servo_gain", "randomize_effort")
+              "randomize_servo_gain", "randomize_effort", "randomize_friction_smoothing")
 
 
 @dataclass
@@ -173,7 +176,8 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
     base), the actuator or motor time constant (``motor_time_constant`` for rotors,
     ``actuator_lag`` for joints), ``servo_gain_scale`` and ``effort_scale`` (joints),
     ``drag_scale`` (rotors), and with ground contact ``contact_stiffness``, ``contact_damping``
-    (log-uniform: they span orders of magnitude) and ``ground_friction``."""
+    (log-uniform: they span orders of magnitude), ``ground_friction`` and ``friction_smoothing``
+    (log-uniform)."""
     dt, dev = sys.model.dtype, sys.model.device
 
     def draw(r, k=1, log=False):
@@ -190,7 +194,8 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
               ("drag_scale", cfg.randomize_drag, sys.rotors is not None, {}),
               ("contact_stiffness", cfg.randomize_contact_stiffness, sys.config.ground, {"log": True}),
               ("contact_damping", cfg.randomize_contact_damping, sys.config.ground, {"log": True}),
-              ("ground_friction", cfg.randomize_ground_friction, sys.config.ground, {})]
+              ("ground_friction", cfg.randomize_ground_friction, sys.config.ground, {}),
+              ("friction_smoothing", cfg.randomize_friction_smoothing, sys.config.ground, {"log": True})]
     return {name: draw(r, **kw) for name, r, applies, kw in wanted if r and applies}
 
 

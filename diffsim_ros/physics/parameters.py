@@ -327,6 +327,11 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("ground_friction", "Coulomb coefficient of the ground contact (simulator.friction)", "-", "ground",
               lambda s: _f64([float(s.friction)]), _abs_bounds(0.5, rel_low=0.05), _ground("friction"),
               per_episode=_ground("friction", _column)),
+    Parameter("friction_smoothing", "slip speed of the ground's regularised Coulomb friction "
+                                    "(simulator.friction_smoothing): a loaded foot creeps at about this speed times "
+                                    "the share of its friction cone it uses (a soft floor's creep)", "m/s", "ground",
+              lambda s: _f64([float(s.friction_smoothing)]), _scale_bounds_of_nominal(1e-2, 100.0),
+              _ground("friction_smoothing"), per_episode=_ground("friction_smoothing", _column)),
     Parameter("com_offset", "shift of the floating base's centre of mass, in its frame (a payload or battery "
                             "off centre)", "m", "floating",
               lambda s: torch.zeros(3, dtype=torch.float64), lambda n: (n - 0.1, n + 0.1), _com_offset,

@@ -28,7 +28,7 @@ class SimConfig:
     contact_stiffness: float = option(1e7, "k in lambda_n = k max(0, -gap)^2", "N/m^2", low=0)
     contact_damping: float = option(3e4, "c in lambda_d = -c max(0, -gap) dgap/dt", "N s/m^2", low=0)
     friction: float = option(0.8, "Coulomb coefficient mu of the ground contact", low=0)
-    friction_smoothing: float = option(0.01, "slip speed at which friction reaches 76 % of mu lambda "
+    friction_smoothing: float = option(0.01, "slip speed at which friction reaches 71 % of mu lambda "
                                        "(F_t = -mu lambda v_t / sqrt(|v_t|^2 + eps^2))", "m/s", above=0)
     cylinder_rim_points: int = option(8, "contact points per cylinder rim", low=3)
     self_collision: bool = option(False, "penalty contact between sphere primitives of different, non-adjacent "

@@ -129,6 +129,7 @@ class System:
     contact_stiffness: torch.Tensor  # () N/m^2
     contact_damping: torch.Tensor    # () N s/m^2
     friction: torch.Tensor           # () Coulomb coefficient
+    friction_smoothing: torch.Tensor  # () m/s: slip speed of the regularised Coulomb friction
     contact: ContactSet
     rotors: Optional[Rotors]
 
@@ -254,4 +255,5 @@ def build_system(model: Model, config: Optional[SimConfig] = None, nominal: Opti
         actuator_lag=scalar(cfg.actuator_lag), ground_normal=n / torch.linalg.vector_norm(n),
         ground_height=scalar(cfg.ground_height), contact_stiffness=scalar(cfg.contact_stiffness),
         contact_damping=scalar(cfg.contact_damping), friction=scalar(cfg.friction),
+        friction_smoothing=scalar(cfg.friction_smoothing),
         contact=_contact_set(model, cfg), rotors=rotors)

@@ -228,23 +228,25 @@ def test_domain_randomisation_and_critic_run():
 
 
 def test_contact_randomisation_draws_the_ground_within_its_ranges():
-    """Per-episode draws of the ground's stiffness and damping (log-uniform) and friction stay
+    """Per-episode draws of the ground's stiffness, damping and friction smoothing (log-uniform) and friction stay
     inside their ranges, cover them, differ between episodes and iterations, reach each
     episode's step, and leave the nominal simulator as it was."""
     from diffsim_ros.learning.apg import _randomized_sim
     task = _locomotion_task()
     n = 200
     cfg = TrainConfig(num_envs=n, randomize_contact_stiffness=(1e5, 1e7), randomize_ground_friction=(0.4, 1.0),
-                      randomize_contact_damping=(1e3, 1e5))
+                      randomize_contact_damping=(1e3, 1e5), randomize_friction_smoothing=(0.001, 0.1))
     seed = drawn_seed("contact randomisation", "DIFFSIM_TRAIN_SEED")
     gen = torch.Generator().manual_seed(seed)
     sim = _randomized_sim(task.sim, cfg, gen)
-    k, mu, c = (getattr(sim.system, a).numpy() for a in ("contact_stiffness", "friction", "contact_damping"))
-    assert k.shape == mu.shape == c.shape == (n,)
+    k, mu, c, eps = (getattr(sim.system, a).numpy() for a in ("contact_stiffness", "friction", "contact_damping",
+                                                              "friction_smoothing"))
+    assert k.shape == mu.shape == c.shape == eps.shape == (n,)
+    assert eps.min() >= 0.001 and eps.max() <= 0.1
     assert k.min() >= 1e5 and k.max() <= 1e7 and mu.min() >= 0.4 and mu.max() <= 1.0
     assert c.min() >= 1e3 and c.max() <= 1e5
     # log-uniform: about a fifth of the draws in each fifth of the log range
-    for x, lo, hi in ((k, 5, 7), (c, 3, 5)):
+    for x, lo, hi in ((k, 5, 7), (c, 3, 5), (eps, -3, -1)):
         counts = np.histogram(np.log10(x), bins=5, range=(lo, hi))[0]
         assert counts.min() >= 20 and counts.max() <= 60, counts
     assert np.histogram(mu, bins=5, range=(0.4, 1.0))[0].min() >= 20
@@ -259,6 +261,11 @@ def test_contact_randomisation_draws_the_ground_within_its_ranges():
         nominal = task.sim.step(ts.sim, action)
     assert float((a.v[soft] - a.v[hard]).abs().max()) > 1e-3, "the drawn stiffness should change the step"
     assert float((a.v[soft] - nominal.v[soft]).abs().max()) > 1e-4
+    creep, grip = int(eps.argmax()), int(eps.argmin())
+    sliding = sim.replace(friction_smoothing=torch.full_like(sim.system.friction_smoothing, float(eps[grip])))
+    with torch.no_grad():
+        b = sliding.step(ts.sim, action)
+    assert float((a.v[creep] - b.v[creep]).abs().max()) > 1e-4, "the drawn smoothing should change the step"
 
 
 def test_train_config_rejects_unknown_keys():

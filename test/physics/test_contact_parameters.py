@@ -1,5 +1,5 @@
 """The ground contact's parameters in the registry (contact_stiffness, contact_damping,
-ground_friction): applied to a system they step exactly as a system built from a
+ground_friction, friction_smoothing): applied to a system they step exactly as a system built from a
 configuration holding those values; their gradients through a contact-rich rollout match
 central finite differences; the stand-in's ground_friction_scale maps onto them; robots
 without ground contact refuse them by name.
@@ -21,7 +21,7 @@ from diffsim_ros.analysis.params import check_names
 from diffsim_ros.physics.parameters import PARAMETERS, apply_values, from_perturbation
 
 F64 = torch.float64
-NAMES = ("contact_stiffness", "contact_damping", "ground_friction")
+NAMES = ("contact_stiffness", "contact_damping", "ground_friction", "friction_smoothing")
 CONFIG = "config/locomotion_velocity.yaml"
 
 
@@ -48,7 +48,8 @@ def _contact_states(model, batch, gen):
 def _draw(rng):
     return {"contact_stiffness": float(10 ** rng.uniform(5.0, 7.5)),
             "contact_damping": float(10 ** rng.uniform(3.0, 5.0)),
-            "ground_friction": float(rng.uniform(0.2, 1.5))}
+            "ground_friction": float(rng.uniform(0.2, 1.5)),
+            "friction_smoothing": float(10 ** rng.uniform(-2.5, -0.5))}
 
 
 def _drawn_case(quadruped, label, batch):
@@ -70,7 +71,7 @@ def test_applied_contact_parameters_step_as_the_configured_ones(quadruped):
         applied = apply_values(nominal, values)
         built = physics.build_system(model, dataclasses.replace(
             cfg, contact_stiffness=values["contact_stiffness"], contact_damping=values["contact_damping"],
-            friction=values["ground_friction"]))
+            friction=values["ground_friction"], friction_smoothing=values["friction_smoothing"]))
         a, _ = physics.step(applied, state, action)
         b, _ = physics.step(built, state, action)
         n, _ = physics.step(nominal, state, action)
@@ -95,7 +96,7 @@ def test_contact_parameter_gradients_match_finite_differences(quadruped):
     x = x0.clone().requires_grad_(True)
     grad, = torch.autograd.grad(loss(x), x)
     eps = 1e-5
-    fd = torch.stack([(loss(x0 + eps * e) - loss(x0 - eps * e)) / (2 * eps) for e in torch.eye(3, dtype=F64)])
+    fd = torch.stack([(loss(x0 + eps * e) - loss(x0 - eps * e)) / (2 * eps) for e in torch.eye(len(NAMES), dtype=F64)])
     print(f"{values}: grad {grad.tolist()}, finite differences {fd.tolist()}")
     torch.testing.assert_close(grad, fd, rtol=2e-4, atol=1e-8)
     assert bool((grad.abs() > 1e-6).all()), "every contact parameter should change the rollout"
