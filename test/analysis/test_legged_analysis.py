@@ -129,7 +129,8 @@ def test_in_the_air_the_legged_comparison_finds_mujoco_and_the_simulator_agree(t
 
 def test_sysid_recovers_drawn_mass_and_ground_friction_from_a_legged_bag(tmp_path, runner):
     """The simulator as the robot, heavier and on a drawn floor: the walking policy's bag gives
-    both back (the model is exact here, so the fit must be too)."""
+    both back (the model is exact here, so the fit must be too), and the calibrated training
+    file builds a system with the fitted floor."""
     seed = drawn_seed("legged sysid", "DIFFSIM_SYSID_SEED")
     rng = np.random.default_rng(seed)
     pert = {"mass_scale": drawn_away(rng, 0.8, 1.3, 1.0, 0.08),
@@ -144,6 +145,10 @@ def test_sysid_recovers_drawn_mass_and_ground_friction_from_a_legged_bag(tmp_pat
     assert r.accepted, r.reasons
     for n in names:
         assert r.fitted[n][0] == pytest.approx(float(truth[n][0]), rel=0.02), n
+    from diffsim_ros.analysis.sysid import calibrated_params
+    from diffsim_ros.physics.parameters import PARAMETERS
+    calibrated = physics.build_system(setup.model, config.simulator_config(calibrated_params(setup, r, None)))
+    assert PARAMETERS["ground_friction"].nominal(calibrated).item() == pytest.approx(r.fitted["ground_friction"][0])
 
 
 @pytest.fixture(scope="module")
