@@ -127,7 +127,8 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         pen = torch.relu(-gap)
         lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
         vt = xd - vn[:, :, None] * n
-        slip = torch.sqrt((vt ** 2).sum(2) + sys.friction_smoothing ** 2)
+        eps = sys.friction_smoothing
+        slip = torch.sqrt((vt ** 2).sum(2) + eps * eps)   # (inductor cannot lower pow of a folded constant)
         C = sys.friction * lam / slip                                               # (Gs, S, B)
         F = lam[:, :, None] * n - C[:, :, None] * vt
         if normal or implicit_friction:
