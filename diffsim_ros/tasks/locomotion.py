@@ -137,14 +137,13 @@ class LocomotionTask(Task):
         if not slip_weight >= 0 or not slip_height > 0:
             raise ValueError(f"locomotion: 'slip_weight' must be >= 0 and 'slip_height' > 0, got {slip_weight}, "
                              f"{slip_height}")
-        self.slip_weight, self.slip_height = float(slip_weight), float(slip_height)
-        if self.slip_weight and not self.feet:
-            raise ValueError(f"locomotion: 'slip_weight' acts on the feet, and '{model.name}' has none")
         if not landing_weight >= 0:
             raise ValueError(f"locomotion: 'landing_weight' must be >= 0, got {landing_weight}")
+        self.slip_weight, self.slip_height = float(slip_weight), float(slip_height)
         self.landing_weight = float(landing_weight)
-        if self.landing_weight and not self.feet:
-            raise ValueError(f"locomotion: 'landing_weight' acts on the feet, and '{model.name}' has none")
+        for key, weight in (("slip_weight", self.slip_weight), ("landing_weight", self.landing_weight)):
+            if weight and not self.feet:
+                raise ValueError(f"locomotion: '{key}' acts on the feet, and '{model.name}' has none")
         self._gait_clock(gait_period, gait_offsets, gait_duty, swing_height, gait_weight)
         self.obs_dim = len(self.observation_names())
         self.action_dim = n
@@ -323,9 +322,10 @@ class LocomotionTask(Task):
         """(B,) differentiable: over the feet, the squared speed (m^2/s^2) at which each foot's
         lowest point moves into the ground, weighted as :meth:`foot_slip` weights the sliding
         (1 in contact, 0 from ``slip_height`` up). A foot that lands hard sinks into a soft
-        floor and skids on the rebound (on the stand-in's default ground a foot arriving at
-        1 m/s sank 14 mm); one set down gently does neither. A physical term, ``landing_weight``
-        in the loss; when and where the feet land is left to the objective."""
+        floor (on the stand-in's default ground a foot arriving at 1 m/s sank 14 mm); solo12
+        trained with it landed at 0.45 m/s and sank 6 mm, though its feet still slid there. A
+        physical term, ``landing_weight`` in the loss; when and where the feet land is left to the
+        objective."""
         return self.foot_motion(ts)[2]
 
     def foot_motion(self, ts: TaskState):
