@@ -65,6 +65,7 @@ from .perturbation import Perturbation
 JOINT_INTERFACES = ("position", "velocity", "effort")
 ROTOR_INTERFACES = ("ctbr", "rotor_thrust")
 INTERFACES = JOINT_INTERFACES + ROTOR_INTERFACES
+FRICTION_IMPRATIO = 100.0   # ratio of frictional to normal constraint impedance on the ground (MuJoCo opt.impratio)
 
 
 # ----------------------------------------------------------------------------- measured states
@@ -280,6 +281,13 @@ class MujocoPlant:
             flags |= int(bit.mjDSBL_EULERDAMP)
         opt.disableflags = flags
         if cfg.ground:
+            # MuJoCo's default friction (pyramidal cone, impratio 1) is soft: a foot loaded sideways
+            # at half its friction limit creeps at centimetres per second, where Coulomb's law holds
+            # it still. The elliptic cone with impratio 100 (what MuJoCo's documentation advises
+            # against slip, and the setting of Menagerie's quadrupeds) holds it to a fraction of a
+            # millimetre per second (test_mujoco_plant_friction: a push below and above the limit).
+            opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+            opt.impratio = FRICTION_IMPRATIO
             self._add_ground(spec)
         try:
             m = spec.compile()

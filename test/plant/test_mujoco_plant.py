@@ -377,3 +377,106 @@ def test_a_harder_floor_is_the_contact_time_constant():
     with pytest.raises(ConfigError, match="contact_time_constant.*twice the physics substep"):
         MujocoPlant(params, perturbation={"contact_time_constant": 0.003})
     assert Perturbation.from_dict({"contact_time_constant": -1.0}).contact_time_constant is None
+
+
+# ============================================================ the floor's friction is Coulomb's
+_BOX_URDF = """<robot name="box">
+  <link name="box">
+    <inertial><mass value="{m}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" ixy="0" ixz="0" iyz="0"/></inertial>
+    <collision><geometry><box size="0.2 0.2 0.1"/></geometry></collision>
+  </link>
+  <link name="flap">
+    <inertial><mass value="0.001"/><inertia ixx="1e-6" iyy="1e-6" izz="1e-6" ixy="0" ixz="0" iyz="0"/></inertial>
+  </link>
+  <joint name="hinge" type="revolute"><parent link="box"/><child link="flap"/><axis xyz="0 0 1"/>
+    <limit lower="-1" upper="1" effort="1" velocity="1"/></joint>
+</robot>
+"""
+
+
+def _pushed(plant, q0, command, force, steps=150, onset=50):
+    """Base x (m) per control step of ``plant`` reset to ``q0`` holding ``command``, a horizontal
+    force ``force`` (N) on the base from step ``onset`` on."""
+    plant.reset(np.asarray(q0, dtype=float))
+    xs = []
+    for k in range(steps):
+        plant.data.xfrc_applied[1, 0] = force if k >= onset else 0.0
+        plant.step(command)
+        xs.append(plant.q[0])
+    return np.array(xs)
+
+
+def _mujoco_default_friction(plant):
+    """The plant with MuJoCo's default friction (pyramidal cone, impratio 1): the wrong floor."""
+    import mujoco
+    plant.model.opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
+    plant.model.opt.impratio = 1.0
+    return plant
+
+
+def test_a_box_on_the_floor_holds_below_the_friction_limit_and_slides_at_the_coulomb_rate_above(tmp_path):
+    """A box of drawn mass on a floor of drawn friction mu, pushed sideways by a drawn fraction of
+    mu m g. Coulomb's law: below the limit it stays put, above it accelerates at (F - mu m g) / m.
+    The stand-in's floor creeps below 0.1 mm/s where MuJoCo's default friction creeps faster
+    than that, and slides within 3 % of the analytic rate (MuJoCo's constraint is soft)."""
+    from conftest import drawn_seed
+    rng = np.random.default_rng(drawn_seed("box on the floor", "DIFFSIM_TEST_BOX_SEED"))
+    for _ in range(3):
+        m, mu = float(rng.uniform(0.5, 5.0)), float(rng.uniform(0.3, 1.0))
+        urdf = tmp_path / "box.urdf"
+        urdf.write_text(_BOX_URDF.format(m=m, i=m * (0.2 ** 2 + 0.1 ** 2) / 12))
+        params = {"urdf": str(urdf), "floating_base": True,
+                  "simulator": {"dt": 0.01, "substeps": 5, "ground": True, "friction": mu}}
+        q0 = [0, 0, 0.05, 0, 0, 0, 1.0, 0.0]
+        weight = (m + 0.001) * 9.81
+        below, above = float(rng.uniform(0.2, 0.8)), float(rng.uniform(1.2, 1.6))
+        xs = _pushed(MujocoPlant(params), q0, np.zeros(1), below * mu * weight)
+        creep = abs(xs[-1] - xs[-51]) / 0.5
+        assert creep < 1e-4, (m, mu, below, creep)
+        xs_default = _pushed(_mujoco_default_friction(MujocoPlant(params)), q0, np.zeros(1), below * mu * weight)
+        assert abs(xs_default[-1] - xs_default[-51]) / 0.5 > creep, "the default floor should creep more"
+        xs = _pushed(MujocoPlant(params), q0, np.zeros(1), above * mu * weight)
+        t = np.arange(len(xs)) * 0.01
+        accel = 2 * np.polyfit(t[60:], xs[60:], 2)[0]
+        expected = (above - 1) * mu * 9.81 * weight / (m + 0.001) / 9.81
+        assert abs(accel - expected) < 0.03 * expected, (m, mu, above, accel, expected)
+
+
+@pytest.mark.parametrize("robot", ["quadruped", "solo12"])
+def test_a_standing_legged_robot_pushed_below_its_friction_limit_keeps_its_feet(robot):
+    """A legged robot standing in its stance, its base pushed sideways at a drawn 0.15-0.4 of
+    mu m g (a step push much past 0.4 tips the quadruped over): Coulomb's law keeps its feet still. On the stand-in's floor the geoms touching the
+    ground creep below 1.5 mm/s; on MuJoCo's default friction at centimetres per second, the skid
+    that made stance feet slide on the stand-in (issue 39)."""
+    from conftest import drawn_seed
+    rng = np.random.default_rng(drawn_seed(f"{robot} pushed", "DIFFSIM_TEST_PUSH_SEED"))
+    name = "locomotion_velocity.yaml" if robot == "quadruped" else "locomotion_velocity_solo12.yaml"
+    params = config.load_yaml(REPO_ROOT / "config" / name)
+    stance = np.asarray(params["task"]["stance"], dtype=float)
+    frac = float(rng.uniform(0.15, 0.4))
+
+    def creep(default_friction):
+        plant = MujocoPlant(params)
+        if default_friction:
+            _mujoco_default_friction(plant)
+        m, d = plant.model, plant.data
+        q0 = np.r_[0.0, 0.0, params["task"]["base_height"] + 0.005, 0, 0, 0, 1, np.zeros(m.nq - 7)]
+        q0[7:][[plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]] = stance
+        plant.reset(q0)
+        push = frac * params["simulator"]["friction"] * float(m.body_mass.sum()) * 9.81
+        feet, x = None, []
+        for k in range(250):
+            d.xfrc_applied[1, 0] = push if k >= 50 else 0.0
+            plant.step(stance)
+            if k == 149:         # the geoms on the ground, once the push has settled
+                feet = sorted({int(g) for c in d.contact[:d.ncon] for g in (c.geom1, c.geom2)
+                               if m.geom_type[g] != 0})
+            if feet is not None:
+                x.append(d.geom_xpos[feet, 0].copy())
+        assert len(feet) >= 3, feet
+        return float(np.abs(x[-1] - x[0]).max() / (0.01 * (len(x) - 1)))
+    here, default = creep(False), creep(True)
+    print(f"{robot}: push {frac:.2f} mu m g, fastest foot creeps {here * 1e3:.2f} mm/s (MuJoCo's default "
+          f"friction {default * 1e3:.1f} mm/s)")
+    assert here < 1.5e-3, here
+    assert default > 5e-3, default
