@@ -88,7 +88,8 @@ def test_a_calibrated_urdf_is_accepted_and_recorded(trained, capsys, tmp_path):
 def test_what_cannot_be_fine_tuned_is_refused(trained, capsys, tmp_path, case):
     base, cfg, first = trained
     args = ["train", "--config", cfg, "--out", tmp_path / "run", "--init-from", first, "--no-progress"]
-    expect = {"robot": "made for robot", "hidden": f"hidden layers are {tiny_params()['training']['hidden']}", "task": "trained for task",
+    hidden = tiny_params()["training"]["hidden"]
+    expect = {"robot": "made for robot", "hidden": f"hidden layers are {hidden}", "task": "trained for task",
               "resume": "--init-from with --resume", "missing": "no such folder"}[case]
     if case == "robot":
         args[args.index(first)] = ROOT / "policies" / "hover"
