@@ -283,9 +283,9 @@ class MujocoPlant:
         if cfg.ground:
             # MuJoCo's default friction (pyramidal cone, impratio 1) is soft: a foot loaded sideways
             # at half its friction limit creeps at centimetres per second, where Coulomb's law holds
-            # it still. The elliptic cone with impratio 100 (what MuJoCo's documentation advises
-            # against slip, and the setting of Menagerie's quadrupeds) holds it to a fraction of a
-            # millimetre per second (test_mujoco_plant_friction: a push below and above the limit).
+            # it still. The elliptic cone with impratio 100 (the setting MuJoCo Menagerie's
+            # quadrupeds use against slip) holds it to a fraction of a millimetre per second
+            # (test/plant/test_mujoco_plant.py: pushes below and above the limit).
             opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
             opt.impratio = FRICTION_IMPRATIO
             self._add_ground(spec)

@@ -353,6 +353,14 @@ def test_bad_rotor_link_names_it():
         MujocoPlant(params)
 
 
+def _standing(plant, params, lift):
+    """A legged plant reset ``lift`` m above its standing height, its joints at the task's stance."""
+    q0 = np.r_[0.0, 0.0, params["task"]["base_height"] + lift, 0, 0, 0, 1, np.zeros(plant.model.nq - 7)]
+    q0[7:][[plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]] = params["task"]["stance"]
+    plant.reset(q0)
+    return q0
+
+
 def test_a_harder_floor_is_the_contact_time_constant():
     """The quadruped standing in its stance: a smaller contact_time_constant than MuJoCo's
     default lets its feet sink less (a harder floor), a larger one more. Below twice the substep
@@ -362,11 +370,7 @@ def test_a_harder_floor_is_the_contact_time_constant():
 
     def sink(**pert):
         plant = MujocoPlant(params, perturbation=pert)
-        q0 = np.r_[0.0, 0.0, params["task"]["base_height"] + 0.01, 0, 0, 0, 1, np.zeros(12)]
-        plant.reset(q0)
-        idx = [plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]
-        q0[7:][idx] = stance
-        plant.reset(q0)
+        _standing(plant, params, 0.01)
         for _ in range(150):
             plant.step(stance)
         d = plant.data
@@ -394,16 +398,17 @@ _BOX_URDF = """<robot name="box">
 """
 
 
-def _pushed(plant, q0, command, force, steps=150, onset=50):
-    """Base x (m) per control step of ``plant`` reset to ``q0`` holding ``command``, a horizontal
-    force ``force`` (N) on the base from step ``onset`` on."""
+def _pushed(plant, q0, command, force, steps=150, onset=50, observe=None):
+    """``observe()`` (default: the base's x, m) after each control step of ``plant`` reset to
+    ``q0`` holding ``command``, a horizontal force ``force`` (N) on the base from step ``onset`` on."""
+    observe = observe or (lambda: plant.q[0])
     plant.reset(np.asarray(q0, dtype=float))
-    xs = []
+    out = []
     for k in range(steps):
         plant.data.xfrc_applied[1, 0] = force if k >= onset else 0.0
         plant.step(command)
-        xs.append(plant.q[0])
-    return np.array(xs)
+        out.append(observe())
+    return out
 
 
 def _mujoco_default_friction(plant):
@@ -430,12 +435,13 @@ def test_a_box_on_the_floor_holds_below_the_friction_limit_and_slides_at_the_cou
         q0 = [0, 0, 0.05, 0, 0, 0, 1.0, 0.0]
         weight = (m + 0.001) * 9.81
         below, above = float(rng.uniform(0.2, 0.8)), float(rng.uniform(1.2, 1.6))
-        xs = _pushed(MujocoPlant(params), q0, np.zeros(1), below * mu * weight)
+        xs = np.array(_pushed(MujocoPlant(params), q0, np.zeros(1), below * mu * weight))
         creep = abs(xs[-1] - xs[-51]) / 0.5
         assert creep < 1e-4, (m, mu, below, creep)
-        xs_default = _pushed(_mujoco_default_friction(MujocoPlant(params)), q0, np.zeros(1), below * mu * weight)
-        assert abs(xs_default[-1] - xs_default[-51]) / 0.5 > creep, "the default floor should creep more"
-        xs = _pushed(MujocoPlant(params), q0, np.zeros(1), above * mu * weight)
+        default = _mujoco_default_friction(MujocoPlant(params))
+        xs_default = np.array(_pushed(default, q0, np.zeros(1), below * mu * weight))
+        assert abs(xs_default[-1] - xs_default[-51]) / 0.5 > 1e-4, "MuJoCo's default friction should creep"
+        xs = np.array(_pushed(MujocoPlant(params), q0, np.zeros(1), above * mu * weight))
         t = np.arange(len(xs)) * 0.01
         accel = 2 * np.polyfit(t[60:], xs[60:], 2)[0]
         expected = (above - 1) * mu * 9.81          # (F - mu m g) / m with F = above mu m g
@@ -461,20 +467,15 @@ def test_a_standing_legged_robot_pushed_below_its_friction_limit_keeps_its_feet(
         if default_friction:
             _mujoco_default_friction(plant)
         m, d = plant.model, plant.data
-        q0 = np.r_[0.0, 0.0, params["task"]["base_height"] + 0.005, 0, 0, 0, 1, np.zeros(m.nq - 7)]
-        q0[7:][[plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]] = stance
-        plant.reset(q0)
         push = frac * params["simulator"]["friction"] * float(m.body_mass.sum()) * 9.81
-        feet, x = None, []
-        for k in range(250):
-            d.xfrc_applied[1, 0] = push if k >= 50 else 0.0
-            plant.step(stance)
-            if k == 149:         # the geoms on the ground, once the push has settled
-                feet = sorted({int(g) for c in d.contact[:d.ncon] for g in (c.geom1, c.geom2)
-                               if m.geom_type[g] != 0})
-            if feet is not None:
-                x.append(d.geom_xpos[feet, 0].copy())
+
+        def geoms():          # every geom's x, and the geoms touching the ground
+            return d.geom_xpos[:, 0].copy(), {int(g) for c in d.contact[:d.ncon] for g in (c.geom1, c.geom2)
+                                              if m.geom_type[g] != 0}
+        trace = _pushed(plant, _standing(plant, params, 0.005), stance, push, steps=250, observe=geoms)
+        feet = sorted(trace[149][1])          # the geoms on the ground, once the push has settled
         assert len(feet) >= 3, feet
+        x = np.array([xs[feet] for xs, _ in trace[149:]])
         return float(np.abs(x[-1] - x[0]).max() / (0.01 * (len(x) - 1)))
     here, default = creep(False), creep(True)
     print(f"{robot}: push {frac:.2f} mu m g, fastest foot creeps {here * 1e3:.2f} mm/s (MuJoCo's default "
