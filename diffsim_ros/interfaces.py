@@ -26,6 +26,7 @@ TRAIN_LOSS = "/diffsim/train/loss"           # the trainer's mean loss per itera
 CMD_CTBR = "/cmd_ctbr"
 CMD_ROTOR_THRUST = "/cmd_rotor_thrust"
 CMD_VEL_LEGACY = "/cmd_vel_legacy"
+CMD_VEL = "/cmd_vel"                         # velocity requests into policy_controller (teleop, Nav2)
 ACTUATORS = "/command/motor_speed"
 PX4_RATES_SETPOINT = "/fmu/in/vehicle_rates_setpoint"
 PX4_OFFBOARD_MODE = "/fmu/in/offboard_control_mode"

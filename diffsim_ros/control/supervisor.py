@@ -200,8 +200,14 @@ class Supervisor:
     """
 
     def __init__(self, runner, config: Optional[SupervisorConfig] = None,
-                 policy: Optional[Callable[..., Any]] = None, imu_rates: bool = False):
+                 policy: Optional[Callable[..., Any]] = None, imu_rates: bool = False, velocity=None):
         self.runner = runner
+        # /cmd_vel (control/velocity_command.py): its goal, when one is in force, replaces the
+        # target; standing sends the stance instead of the policy's command.
+        self.velocity = velocity
+        self.standing = False
+        if velocity is not None and not velocity.can_stand_by_policy:
+            runner.stance_command()        # raises where this checkpoint cannot stand
         self.imu_rates = bool(imu_rates)     # body rates from the latest accepted IMU reading
         self.config = cfg = config or SupervisorConfig()
         self.kind = runner.kind
@@ -251,7 +257,7 @@ class Supervisor:
         self.counts: Dict[str, int] = {k: 0 for k in (
             "states_received", "states_accepted", "states_repeated", "states_rejected", "states_ignored",
             "imu_received", "imu_rejected", "faults", "recoveries", "policy_commands", "safe_commands",
-            "commands_clamped", "errors")}
+            "commands_clamped", "stand_commands", "errors")}
 
     # ------------------------------------------------------------------ configuration
     def set_target(self, target) -> None:
@@ -528,8 +534,20 @@ class Supervisor:
             return Tick(None, False, reason)          # nothing is sent before the first state
         if reason is None:
             try:
-                d = self._policy(state, self.target)
-                cmd = np.asarray(d.command, dtype=np.float64).reshape(-1)
+                target, stand, pre_clamped = self.target, False, False
+                goal = self.velocity.goal(now_ns) if self.velocity is not None else None
+                if goal is not None:
+                    target, stand = goal.target, goal.stand
+                if stand:
+                    cmd = self.runner.stance_command()
+                    self.counts["stand_commands"] += 1
+                else:
+                    if self.standing:
+                        self.runner.reset()       # walking again: a fresh episode (clock, last action)
+                    d = self._policy(state, target)
+                    cmd = np.asarray(d.command, dtype=np.float64).reshape(-1)
+                    pre_clamped = bool(getattr(d, "clamped", False))
+                self.standing = stand
                 if cmd.shape != (self.n_cmd,):
                     raise ValueError(f"the policy gave {cmd.size} commands, the interface takes {self.n_cmd}")
                 if not np.isfinite(cmd).all():
@@ -538,7 +556,7 @@ class Supervisor:
                 if self.rate_step is not None:
                     ref = self.last_command if self.last_command is not None else self.runner.joint_positions(state)
                     lim = np.minimum(np.maximum(lim, ref - self.rate_step), ref + self.rate_step)
-                clamped = bool(getattr(d, "clamped", False)) or bool(np.any(lim != cmd))
+                clamped = pre_clamped or bool(np.any(lim != cmd))
                 self.counts["policy_commands"] += 1
                 self.counts["commands_clamped"] += int(clamped)
                 self.last_command = lim

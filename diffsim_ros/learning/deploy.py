@@ -459,6 +459,14 @@ class PolicyRunner:
         """Actuated joint positions of a (batch-1) state, in ``actuated_joints`` order."""
         return self.sim.joint_positions(state.q)[0, self.sim.act_index].to(torch.float64).numpy()
 
+    def stance_command(self) -> np.ndarray:
+        """A legged robot standing: its task's stance joint positions as a position command (in
+        ``actuated_joints`` order), what a walker's controller sends when told to stop."""
+        if self.kind != LEGGED or self.interface != "position" or getattr(self.task, "stance", None) is None:
+            raise ValueError(f"standing needs a legged checkpoint on the position interface; this one is a "
+                             f"{self.kind} policy commanding '{self.interface}'")
+        return self.task.stance.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy().copy()
+
     def joint_velocities(self, state: State) -> np.ndarray:
         return self.sim.joint_velocities(state.v)[0, self.sim.act_index].to(torch.float64).numpy()
 

@@ -10,6 +10,14 @@ on the selected interface (doc/interfaces.md), plus the bookkeeping topics the
 recorder and the analysis rely on: ``/diffsim/command``, ``/diffsim/predicted_state``,
 latched ``/diffsim/metadata`` and ``/diagnostics``.
 
+Velocity policies (a legged walker, the quadrotor velocity task) also take requests on
+``/cmd_vel`` (geometry_msgs/Twist, or TwistStamped with ``cmd_vel_stamped``), as a teleop
+node, a joystick or Nav2 publish them: mapped into the range the policy was trained on, the
+diagnostics saying what was clamped or ignored; without a request for ``cmd_vel_timeout_s``
+the zero command (a walker trained above 0 m/s stands on its stance joint positions, a
+quadrotor hovers). The latest of /cmd_vel and the ``target`` topic is in force
+(diffsim_ros/control/velocity_command.py).
+
 Timing: ``lockstep: false`` runs the policy on a wall timer at ``rate_hz`` on the
 latest state; ``lockstep: true`` computes exactly one command per received state
 (deterministic runs against mujoco_plant's lockstep mode). The command is published
@@ -112,6 +120,13 @@ PARAMETERS: Dict[str, Any] = {
     "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
                       "m/s; empty: the task's default (hover: its home point; reach has none)"),
     "target_topic": (ifc.TARGET, "geometry_msgs/PointStamped that replaces the goal at run time"),
+    "cmd_vel_topic": (ifc.CMD_VEL, "geometry_msgs/Twist velocity requests (teleop_twist_keyboard, a joystick, Nav2) "
+                                   "for a velocity policy (a legged walker: linear.x, forward m/s; a quadrotor "
+                                   "velocity task: linear, world m/s), mapped into the trained range "
+                                   "(control/velocity_command.py); empty: not subscribed"),
+    "cmd_vel_stamped": (False, "bool: cmd_vel_topic carries geometry_msgs/TwistStamped instead of Twist"),
+    "cmd_vel_timeout_s": (0.5, "s, no /cmd_vel request for this long returns to the zero command (a walker "
+                               "trained above 0 m/s stands, a quadrotor hovers in place)"),
     "rate_hz": (0.0, "Hz, control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep"),
     "lockstep": (False, "bool: one command per received state instead of a timer"),
     "watchdog_hz": (20.0, "Hz, how often the watchdog checks the state age in lockstep mode"),
@@ -209,6 +224,7 @@ def make_node_class():
     from ..control import (ImuIn, JointStateIn, OdometryIn, Supervisor, SupervisorConfig,
                            SupervisorConfigError)
     from ..control import outputs
+    from ..control.velocity_command import VelocityCommand
     from ..learning.deploy import PolicyRunner, StateError
     from . import common
 
@@ -305,9 +321,18 @@ def make_node_class():
                     # time: a legged state is made of exactly that pair.
                     values["pair_tolerance_s"] = 0.0
                 sup_cfg = SupervisorConfig.from_mapping(values)
-                self.sup = Supervisor(r, sup_cfg, imu_rates=bool(p("imu_angular_velocity")))
             except (SupervisorConfigError, TypeError) as e:
                 raise StartupError(f"parameter {e}") from None
+            self.velocity = None
+            if self.mode == "policy" and p("cmd_vel_topic"):
+                try:
+                    self.velocity = VelocityCommand.for_runner(r, float(p("cmd_vel_timeout_s")))
+                except ValueError as e:
+                    raise StartupError(f"parameter 'cmd_vel_timeout_s': {e}") from None
+            try:
+                self.sup = Supervisor(r, sup_cfg, imu_rates=bool(p("imu_angular_velocity")), velocity=self.velocity)
+            except ValueError as e:
+                raise StartupError(f"/cmd_vel: {e} (set cmd_vel_topic to '' to run without it)") from None
             if self.sup.base_from_imu:
                 self.get_logger().info(f"legged policy on the robot observation: the base from {p('imu_topic')} "
                                        "(orientation, body rates) paired with the joint states; odometry not used")
@@ -346,6 +371,12 @@ def make_node_class():
                 self.create_subscription(Odometry, p("odom_topic"), self._on_odom, state_qos)
                 self.create_subscription(Imu, p("imu_topic"), self._on_imu, state_qos)
             self.create_subscription(PointStamped, p("target_topic"), self._on_target, default)
+            if self.velocity is not None:
+                stamped = bool(p("cmd_vel_stamped"))
+                self.create_subscription(TwistStamped if stamped else Twist, p("cmd_vel_topic"),
+                                         self._on_cmd_vel, default)
+                self.get_logger().info(f"velocity requests on {p('cmd_vel_topic')} "
+                                       f"({'TwistStamped' if stamped else 'Twist'}): {self.velocity.describe()}")
             if iface == "forward_command":
                 self.out_topic = f"/{self.controller.strip('/')}/commands"
                 self.pub_out = self.create_publisher(Float64MultiArray, self.out_topic, default)
@@ -543,11 +574,32 @@ def make_node_class():
                 try:
                     before = None if self.sup.target is None else self.sup.target.clone()
                     self.sup.set_target([msg.point.x, msg.point.y, msg.point.z])
+                    if self.velocity is not None:
+                        self.velocity.release()          # the latest request wins: this goal now
                     if before is None or not bool(torch.equal(before, self.sup.target)):
                         # A streamed setpoint repeats its goal: only a change is logged.
                         self.get_logger().info(f"new target {self.sup.target[0].tolist()}")
                 except StateError as e:
                     self.get_logger().warning(f"rejected target: {e}")
+
+        def _on_cmd_vel(self, msg):
+            tw = getattr(msg, "twist", msg)             # TwistStamped or Twist
+            with self.lock:
+                before = self.velocity.goal(time.monotonic_ns())
+                up = self.velocity.on_twist((tw.linear.x, tw.linear.y, tw.linear.z),
+                                            (tw.angular.x, tw.angular.y, tw.angular.z), time.monotonic_ns())
+                log = self.get_logger()
+                if not up.accepted:
+                    log.warning(f"rejected /cmd_vel: {up.reason}", throttle_duration_sec=1.0)
+                    return
+                if up.clamped or up.ignored:
+                    log.warning(f"/cmd_vel outside what the policy was trained for: clamped {up.clamped or 'none'}, "
+                                f"ignored {up.ignored or 'none'} ({self.velocity.describe()})",
+                                throttle_duration_sec=1.0)
+                changed = (before is None or before.timed_out or before.stand != up.stand
+                           or (not up.stand and not np.array_equal(before.target, up.target)))
+                if changed:              # a joystick streams its request: only a change is logged
+                    log.info("/cmd_vel: stand" if up.stand else f"/cmd_vel: command {up.target.tolist()}")
 
         def _on_estop(self, req, resp):
             with self.lock:
@@ -784,6 +836,8 @@ def make_node_class():
                     "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"})
             vals.update({k: str(v) for k, v in self.counts.items()})
             vals["controller_mode"] = self.mode
+            if self.velocity is not None:
+                vals.update(self.velocity.status(time.monotonic_ns()))
             if self.mode == "excite":
                 vals["excitation_commands"] = str(self.runner.k)
                 vals["excitation_finished"] = str(self.runner.finished).lower()
@@ -807,6 +861,13 @@ def make_node_class():
                         st.message = "excitation finished: holding" if self.runner.finished else "running the excitation"
                     else:
                         st.level, st.message = DiagnosticStatus.OK, "running the policy"
+                        goal = None if self.velocity is None else self.velocity.goal(time.monotonic_ns())
+                        last = None if self.velocity is None else self.velocity.last
+                        if goal is not None and goal.stand:
+                            st.message = "standing (/cmd_vel: " + ("timed out)" if goal.timed_out else "stop)")
+                        if goal is not None and not goal.timed_out and last is not None and last.clamped:
+                            st.level = DiagnosticStatus.WARN
+                            st.message += f"; /cmd_vel clamped to the trained range ({', '.join(last.clamped)})"
                     self.node_counts["diagnostics_sent"] += 1
                     st.values = [KeyValue(key=k, value=v) for k, v in self.diagnostics_values().items()]
                     arr = DiagnosticArray()

@@ -431,3 +431,88 @@ def test_excite_mode_sends_the_excitation_through_the_same_path(ros):
         assert h.ctrl.runner.k == 30                        # the excitation did not advance
     finally:
         h.close()
+
+
+def _ros2_or_skip() -> str:
+    from diffsim_ros.loop import ros2_executable
+
+    exe = ros2_executable()
+    if exe is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI must have the ros2 CLI (scripts/bootstrap.sh installs it)")
+        pytest.skip("the ros2 CLI is not installed (scripts/bootstrap.sh)")
+    return exe
+
+
+def test_cmd_vel_from_ros2_topic_pub_drives_a_walker_and_its_timeout_stands_it(ros, tmp_path):
+    """`ros2 topic pub /cmd_vel geometry_msgs/msg/Twist` (the ros2 CLI, another process) as a teleop
+    node streams it: a walker trained at 0.2-0.8 m/s asked for 2.0 m/s (and a turn) walks at 0.8, the
+    policy's command on each state equal to an independent runner's for 0.8, the diagnostics naming the
+    clamp and the ignored turn; when the publisher stops, the controller stands it on its stance
+    (cmd_vel_timeout_s); `--once` with a stop request stands it at once."""
+    from sensor_msgs.msg import Imu, JointState
+    from std_msgs.msg import Float64MultiArray
+
+    exe = _ros2_or_skip()
+    make_checkpoint("locomotion_velocity_solo12", tmp_path / "walker", gain=2.0)
+    h = Harness(ros, {"checkpoint": str(tmp_path / "walker"), "lockstep": True, "state_timeout_s": 60.0,
+                      "cmd_vel_timeout_s": 0.3})
+    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), ROS_LOG_DIR=str(tmp_path / "ros_log"))
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    streaming = None
+    try:
+        ref = PolicyRunner(tmp_path / "walker")
+        names = ref.joint_names
+        qj = np.zeros(len(names))
+        # Off the stance, so that standing (the stance) and the safe command (hold the measured
+        # joints) differ.
+        qj[ref.sim.act_index.numpy()] = ref.task.stance.double().numpy() + 0.05
+        stance = np.clip(ref.task.stance.double().numpy(), ref.command_low, ref.command_high)
+        h.listen(Float64MultiArray, "/position_controller/commands")
+        pub_js = h.robot.create_publisher(JointState, "/joint_states", 10)
+        pub_imu = h.robot.create_publisher(Imu, "/imu", 10)
+        h.wait_matched(pub_js)
+        h.wait_matched(pub_imu)
+
+        def answer(k):
+            """Publish a state (joints and IMU, one stamp: now); the controller's command for it."""
+            stamp = time.time_ns()
+            pub_js.publish(joint_state(names, qj, np.zeros(len(names)), stamp))
+            m = Imu()
+            m.header.stamp.sec, m.header.stamp.nanosec = divmod(stamp, 1_000_000_000)
+            m.header.frame_id = "base_link"
+            m.orientation.w, m.angular_velocity.z, m.linear_acceleration.z = 1.0, 0.1, 9.81
+            n = len(h.got["/position_controller/commands"])
+            pub_imu.publish(m)
+            assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == n + 1)
+            return np.array(h.got["/position_controller/commands"][-1].data)
+
+        streaming = subprocess.Popen([exe, "topic", "pub", "-r", "20", "/cmd_vel", "geometry_msgs/msg/Twist",
+                                      "{linear: {x: 2.0}, angular: {z: 0.5}}"], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        assert h.spin_until(lambda: h.ctrl.velocity.last is not None, 30.0), "no /cmd_vel from `ros2 topic pub`"
+        for k in range(5):
+            want = ref.legged(names, qj, np.zeros(len(names)), [0, 0, 0], [0, 0, 0, 1], [0, 0, 0], [0, 0, 0.1],
+                              target=[0.8], predict=False).command
+            np.testing.assert_allclose(answer(k), want, rtol=0, atol=1e-12)
+        diag = h.ctrl.diagnostics_values()
+        assert diag["cmd_vel_command"] == "[0.8]", diag
+        assert diag["cmd_vel_last_clamped"] == "linear.x" and diag["cmd_vel_last_ignored"] == "angular.z", diag
+        streaming.terminate()
+        streaming.wait(10)
+        h.spin_until(lambda: False, 0.6)                     # past cmd_vel_timeout_s
+        np.testing.assert_array_equal(answer(5), stance)
+        assert "timed out" in h.ctrl.diagnostics_values()["cmd_vel_command"]
+        # A new request walks again from a fresh episode; a stop from the CLI stands at once.
+        res = subprocess.run([exe, "topic", "pub", "--once", "-w", "1", "/cmd_vel", "geometry_msgs/msg/Twist",
+                              "{linear: {x: 0.0}}"], env=env, capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert h.spin_until(lambda: h.ctrl.velocity.counts["cmd_vel_received"] >= 2, 10.0)
+        np.testing.assert_array_equal(answer(6), stance)
+        assert h.ctrl.diagnostics_values()["cmd_vel_command"] == "stand"
+        assert h.ctrl.counts["states_rejected"] == 0 and h.ctrl.counts["safe_commands"] == 0
+    finally:
+        if streaming is not None and streaming.poll() is None:
+            streaming.kill()
+        h.close()

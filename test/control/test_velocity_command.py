@@ -1,0 +1,143 @@
+"""/cmd_vel requests mapped into a velocity policy's trained range (control/velocity_command.py),
+without DDS: properties over drawn requests and ranges (hypothesis), the timeout, and the
+supervisor driving a walker checkpoint with them (each command compared with an independent
+PolicyRunner given the mapped command, or with the task's stance when the walker stands)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from builders import make_checkpoint
+
+from diffsim_ros.control import ImuIn, JointStateIn, Supervisor, SupervisorConfig
+from diffsim_ros.control.velocity_command import VelocityCommand
+from diffsim_ros.learning.deploy import PolicyRunner
+
+S = 1_000_000_000
+speeds = st.floats(-5.0, 5.0, allow_nan=False)
+axes = st.tuples(speeds, speeds, speeds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=st.floats(0.0, 0.6), span=st.floats(0.05, 1.5), linear=axes, angular=axes)
+def test_a_walker_request_is_the_trained_range_or_standing(low, span, linear, angular):
+    """Every accepted request gives a forward speed inside [low, high], or standing exactly where
+    the walker cannot walk that slowly (below low / 2, when low > 0); what moved is named."""
+    high = low + span
+    vc = VelocityCommand("legged", [low], [high], timeout_s=0.5)
+    up = vc.on_twist(linear, angular, 0)
+    assert up.accepted
+    x = linear[0]
+    assert up.ignored == [n for n, v in zip(("linear.y", "linear.z", "angular.x", "angular.y", "angular.z"),
+                                             (*linear[1:], *angular)) if v != 0.0]
+    if low > 0 and x < low / 2:
+        assert up.stand and up.target is None and up.clamped == []
+        assert vc.goal(1).stand
+    else:
+        assert not up.stand and low <= up.target[0] <= high
+        assert up.target[0] == min(max(x, low), high)
+        assert up.clamped == ([] if low <= x <= high else ["linear.x"])
+        np.testing.assert_array_equal(vc.goal(1).target, up.target)
+
+
+@settings(max_examples=200, deadline=None)
+@given(top=st.floats(0.1, 3.0), linear=axes, angular=axes)
+def test_a_quadrotor_request_is_clamped_per_axis(top, linear, angular):
+    vc = VelocityCommand("quadrotor", [-top] * 3, [top] * 3, timeout_s=0.5)
+    up = vc.on_twist(linear, angular, 0)
+    assert up.accepted and not up.stand
+    np.testing.assert_array_equal(up.target, np.clip(linear, -top, top))
+    assert up.clamped == [f"linear.{a}" for a, v in zip("xyz", linear) if abs(v) > top]
+    assert up.ignored == [f"angular.{a}" for a, v in zip("xyz", angular) if v != 0.0]
+
+
+def test_timeout_returns_to_the_zero_command_and_the_target_wins_back():
+    walker = VelocityCommand("legged", [0.2], [0.8], timeout_s=0.5)
+    assert walker.goal(0) is None                          # nothing received: the target is in force
+    walker.on_twist((0.5, 0, 0), (0, 0, 0), 0)
+    assert walker.goal(S // 2).target.tolist() == [0.5] and not walker.goal(S // 2).timed_out
+    g = walker.goal(S // 2 + 1)
+    assert g.stand and g.timed_out and g.target is None
+    walker.goal(2 * S)
+    assert walker.counts["cmd_vel_timeouts"] == 1          # one silence, one timeout
+    walker.on_twist((0.3, 0, 0), (0, 0, 0), 3 * S)
+    assert walker.goal(3 * S).target.tolist() == [0.3]
+    walker.release()
+    assert walker.goal(3 * S) is None
+    # A range holding zero: the zero command is the policy's own.
+    quad = VelocityCommand("quadrotor", [-1.5] * 3, [1.5] * 3, timeout_s=0.2)
+    quad.on_twist((1.0, -1.0, 0.5), (0, 0, 0), 0)
+    g = quad.goal(S)
+    assert not g.stand and g.timed_out and g.target.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("bad", [(math.nan, 0, 0), (0, math.inf, 0), (0, 0)])
+def test_a_malformed_request_is_rejected_and_changes_nothing(bad):
+    vc = VelocityCommand("legged", [0.2], [0.8])
+    vc.on_twist((0.4, 0, 0), (0, 0, 0), 0)
+    up = vc.on_twist(bad, (0, 0, 0), 1)
+    assert not up.accepted and "request" in up.reason
+    assert vc.goal(2).target.tolist() == [0.4] and vc.counts["cmd_vel_rejected"] == 1
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="timeout"):
+        VelocityCommand("legged", [0.2], [0.8], timeout_s=0.0)
+    with pytest.raises(ValueError, match="low <= high"):
+        VelocityCommand("legged", [0.8], [0.2])
+    with pytest.raises(ValueError, match="arm"):
+        VelocityCommand("arm", [0.0], [1.0])
+
+
+def test_the_supervisor_walks_stands_and_walks_again_on_cmd_vel(tmp_path):
+    """A walker checkpoint (forward speeds 0.2-0.8 m/s) under /cmd_vel requests: 0.5 m/s is the
+    policy's command for 0.5; 2.0 is its command for 0.8 (clamped); a stop is the stance; walking
+    again starts a fresh episode (the gait clock and the previous action reset), as an independent
+    runner reset at that moment says; silence past the timeout is the stance again."""
+    make_checkpoint("locomotion_velocity_solo12", tmp_path, gain=2.0)
+    runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
+    vc = VelocityCommand.for_runner(runner, timeout_s=0.5)
+    assert vc is not None and [vc.low[0], vc.high[0]] == list(runner.task.command_speed)
+    sup = Supervisor(runner, SupervisorConfig(pair_tolerance_s=0.0), velocity=vc)
+    names = list(runner.joint_names)
+    qj = np.zeros(len(names))
+    qj[runner.sim.act_index.numpy()] = runner.task.stance.double().numpy()
+    stance = runner.task.stance.double().numpy()
+    t = 1_764_000_000 * S
+
+    def state(k):
+        assert sup.on_joint_state(JointStateIn(names, list(qj), [0.0] * len(names), (), t + k), k, t + k).pending
+        assert sup.on_imu(ImuIn([0.0, 0.0, 0.1], [0, 0, 0, 1], [0, 0, 9.81], t + k), k, t + k).accepted
+
+    def want(speed):
+        return ref.legged(names, qj, np.zeros(len(names)), [0, 0, 0], [0, 0, 0, 1], [0, 0, 0], [0.0, 0.0, 0.1],
+                          target=[speed], predict=False).command
+
+    state(1)
+    vc.on_twist((0.5, 0, 0), (0, 0, 0), 1)
+    np.testing.assert_allclose(sup.tick(2).command, want(0.5), atol=1e-12, rtol=0)
+    state(3)
+    vc.on_twist((2.0, 0, 0), (0, 0, 0.3), 3)
+    np.testing.assert_allclose(sup.tick(4).command, want(0.8), atol=1e-12, rtol=0)
+    state(5)
+    vc.on_twist((0.0, 0, 0), (0, 0, 0), 5)
+    tick = sup.tick(6)
+    assert tick.policy and sup.counts["stand_commands"] == 1
+    np.testing.assert_allclose(tick.command, np.clip(stance, runner.command_low, runner.command_high), rtol=0,
+                               atol=1e-12)
+    state(7)
+    vc.on_twist((0.6, 0, 0), (0, 0, 0), 7)
+    ref.reset()
+    np.testing.assert_allclose(sup.tick(8).command, want(0.6), atol=1e-12, rtol=0)
+    state(S // 2 + 8)                       # a fresh state, the request now older than the timeout
+    assert sup.tick(S // 2 + 9).command.tolist() == np.clip(stance, runner.command_low,
+                                                             runner.command_high).tolist()
+
+
+def test_a_policy_without_a_velocity_command_takes_no_cmd_vel(tmp_path):
+    make_checkpoint("hover", tmp_path)
+    assert VelocityCommand.for_runner(PolicyRunner(tmp_path)) is None
