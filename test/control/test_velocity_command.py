@@ -141,3 +141,76 @@ def test_the_supervisor_walks_stands_and_walks_again_on_cmd_vel(tmp_path):
 def test_a_policy_without_a_velocity_command_takes_no_cmd_vel(tmp_path):
     make_checkpoint("hover", tmp_path)
     assert VelocityCommand.for_runner(PolicyRunner(tmp_path)) is None
+
+
+def _walk_stop_walk(runner, perturbation, speeds, stand: bool, seed: int):
+    """The walker on the MuJoCo stand-in through the supervisor and /cmd_vel requests: speeds[0] for
+    2 s, a stop for 2 s, speeds[1] for 2 s, then silence for 3 s (standing after the timeout). ``stand`` False maps
+    a stop as a plain clamp would (to the slowest trained speed), the behaviour standing replaces.
+    Per phase (its last second): mean forward speed, its largest magnitude, the largest tilt."""
+    import torch
+
+    from diffsim_ros.evaluation import _standin_params
+    from diffsim_ros.plant.mujoco_plant import MujocoPlant
+
+    plant = MujocoPlant(_standin_params(runner.meta, "walker"), perturbation=perturbation)
+    with torch.no_grad():
+        ts = runner.task.reset(1, torch.Generator().manual_seed(seed))
+    plant.reset(ts.sim.q[0].double().numpy(), ts.sim.v[0].double().numpy())
+    runner.reset()
+    vc = VelocityCommand.for_runner(runner, timeout_s=0.5)
+    if not stand:
+        vc.can_stand_by_policy = True           # zero is then clamped up to the slowest trained speed
+    sup = Supervisor(runner, SupervisorConfig(pair_tolerance_s=0.0, max_stamp_skew_s=0.0), velocity=vc)
+    plan = (speeds[0], 0.0, speeds[1], None)
+    rows = []
+    for k in range(int(round(9.0 / runner.dt))):
+        t = k * runner.dt
+        ns = int(round(t * 1e9)) + 1
+        request = plan[min(int(t // 2.0), 3)]
+        if request is not None:
+            vc.on_twist((request, 0.0, 0.0), (0.0, 0.0, 0.0), ns)
+        m = plant.measured()
+        j = m.joints
+        sup.on_joint_state(JointStateIn(list(j.names), list(j.position), list(j.velocity), (), ns), ns)
+        sup.on_imu(ImuIn(list(m.angular_velocity), list(m.orientation), list(m.specific_force), ns), ns)
+        tick = sup.tick(ns)
+        assert tick.policy, tick.reason
+        plant.step(tick.command)
+        b = plant.true_base_state()
+        rows.append((t, b.linear_velocity_world[0], 2.0 * np.arcsin(min(1.0, np.hypot(*b.orientation[:2])))))
+    a = np.array(rows)
+    out = []
+    for end in (2.0, 4.0, 6.0, 9.0):
+        w = (a[:, 0] >= end - 1.0) & (a[:, 0] < end)
+        out.append((float(a[w, 1].mean()), float(np.abs(a[w, 1]).max()), float(a[w, 2].max())))
+    return out
+
+
+def test_the_shipped_walker_stops_and_walks_again_on_cmd_vel_on_the_standin():
+    """The shipped solo12 walker (trained at 0.2-0.8 m/s, never at zero) on the MuJoCo stand-in,
+    plain or with a perturbation drawn within the hardware preset: a stop on /cmd_vel stands it (its
+    speed below 0.05 m/s within a second, upright), a new request walks it again within 25 % of the
+    request, and silence past the timeout stands it again. The same stop mapped as a clamp (to the
+    slowest trained speed) keeps it walking: the check fails where standing is not done."""
+    from conftest import REPO_ROOT, drawn_seed
+
+    pytest.importorskip("mujoco")
+    seed = drawn_seed("walker on cmd_vel", "DIFFSIM_CMD_VEL_SEED")
+    rng = np.random.default_rng(seed)
+    runner = PolicyRunner(REPO_ROOT / "policies" / "locomotion_velocity_solo12")
+    speeds = [float(x) for x in rng.uniform(0.35, 0.75, 2)]
+    perturbation = None
+    if rng.random() < 0.5:
+        perturbation = {"mass_scale": float(rng.uniform(0.9, 1.1)), "latency": float(rng.uniform(0.0, 0.01)),
+                        "sensor_noise": [0.001, 0.01], "ground_friction_scale": float(rng.uniform(0.7, 1.3))}
+    print("speeds", speeds, "perturbation", perturbation)
+    phases = _walk_stop_walk(runner, perturbation, speeds, True, seed)
+    print("per phase (mean speed, |speed| max, tilt max):", phases)
+    for (mean, _, tilt), want in zip(phases[0::2], speeds):
+        assert abs(mean - want) < 0.25 * want and tilt < 0.3
+    for mean, fastest, tilt in phases[1::2]:
+        assert fastest < 0.05 and tilt < 0.1, phases
+    clamped = _walk_stop_walk(runner, perturbation, speeds, False, seed)
+    print("a stop clamped to the slowest speed instead:", clamped)
+    assert clamped[1][1] > 0.1
