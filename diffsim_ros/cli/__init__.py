@@ -15,7 +15,8 @@ through the simulator, exported as a checkpoint), ``baseline`` (the PPO baseline
 observation taught by a trained teacher),
 ``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag),
 ``bag repair`` (rebuild the index of a bag whose recorder was killed), ``excite`` (an
-identification motion on the MuJoCo stand-in, recorded for ``sysid``).
+identification motion on the MuJoCo stand-in, recorded for ``sysid``), ``export`` (policy.onnx
+beside a checkpoint's policy.pt, :mod:`.export`).
 
 Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML, checkpoint or
 bag, bad option).
@@ -30,6 +31,7 @@ from . import common
 from .bags import _add_analyze, _add_bag, _add_sysid
 from .common import DEFAULT_ROBOT, CliError, default_urdf
 from .demo import _add_demo
+from .export import _add_export
 from .loop import _add_loop
 from .train import _add_baseline, _add_distill, _add_train
 
@@ -54,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bag(sub)
     evaluation.add_parser(sub, common)      # diffsim-ros eval
     init_config.add_parser(sub, common)     # diffsim-ros init: a training file for a URDF
+    _add_export(sub)
     return parser
 
 

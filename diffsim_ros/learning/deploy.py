@@ -162,6 +162,31 @@ def task_from_metadata(meta: Dict[str, Any], where: str, urdf: Optional[str] = N
     return model, _build_task(meta, where, model)
 
 
+POLICY_FORMATS = ("torchscript", "onnx")
+
+
+def _onnx_policy(checkpoint: Path, meta: Dict[str, Any]):
+    """The checkpoint's policy.onnx (diffsim-ros export --onnx) run by onnxruntime, as a callable
+    from float32 observations (B, n) to actions (B, m) like the TorchScript module; refused when it
+    was exported from another policy.pt than the checkpoint's (a stale export)."""
+    from ..onboard import OnnxPolicy
+
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    try:
+        pol = OnnxPolicy(folder)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{folder}: policy_format onnx: {e}") from None
+    sha = pol.session.get_modelmeta().custom_metadata_map.get("diffsim_ros.policy_pt_sha256")
+    if sha != meta["policy"].get("sha256"):
+        raise CheckpointError(f"{folder}: policy.onnx was exported from another policy.pt (sha256 {sha}, this "
+                              f"checkpoint's {meta['policy'].get('sha256')}): export it again with "
+                              f"`diffsim-ros export {folder} --onnx`")
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(pol.act(obs.detach().cpu().numpy()))
+    return act
+
+
 class PolicyRunner:
     """A checkpoint ready to turn measured states into commands (batch of one).
 
@@ -175,15 +200,23 @@ class PolicyRunner:
         (physics.compiled.ExportedStep): about 10x faster than the eager step at one
         environment; the first prediction exports the step and builds its library (about
         half a minute the first time on a machine, a few seconds from the cache after).
+    policy_format: ``torchscript`` (policy.pt) or ``onnx`` (policy.onnx, written by
+        ``diffsim-ros export --onnx``, run by onnxruntime; refused when stale).
     """
 
     def __init__(self, checkpoint: Union[str, os.PathLike], urdf: Optional[str] = None,
-                 dtype: torch.dtype = torch.float64, compile_prediction: bool = False):
+                 dtype: torch.dtype = torch.float64, compile_prediction: bool = False,
+                 policy_format: str = "torchscript"):
+        if policy_format not in POLICY_FORMATS:
+            raise CheckpointError(f"policy_format must be one of {', '.join(POLICY_FORMATS)}, got {policy_format!r}")
         where = os.fspath(checkpoint)
         meta = load_metadata(checkpoint)                  # validated; raises CheckpointError
         model = _load_model(meta, where, urdf, dtype)
         # load_checkpoint refuses another robot: other joints, their order, floating base, URDF sha256.
         self.policy, self.meta = load_checkpoint(checkpoint, model=model)
+        self.policy_format = policy_format
+        if policy_format == "onnx":
+            self.policy = _onnx_policy(Path(where), self.meta)
         self.task = _build_task(meta, where, model)
         self.model = model
         self.checkpoint = Path(os.fspath(checkpoint))

@@ -120,6 +120,8 @@ PARAMETERS: Dict[str, Any] = {
     "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
                       "m/s; empty: the task's default (hover: its home point; reach has none)"),
     "target_topic": (ifc.TARGET, "geometry_msgs/PointStamped that replaces the goal at run time"),
+    "policy_format": ("torchscript", "torchscript (policy.pt) or onnx (policy.onnx from `diffsim-ros export "
+                                     "CHECKPOINT --onnx`, run by onnxruntime; a stale export is refused)"),
     "cmd_vel_topic": (ifc.CMD_VEL, "geometry_msgs/Twist velocity requests (teleop_twist_keyboard, a joystick, Nav2) "
                                    "for a velocity policy (a legged walker: linear.x, forward m/s; a quadrotor "
                                    "velocity task: linear, world m/s), mapped into the trained range "
@@ -248,7 +250,7 @@ def make_node_class():
                 self.runner = self._excitation_runner(urdf, dtype)
             else:
                 try:
-                    self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype)
+                    self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype, policy_format=p("policy_format"))
                 except CheckpointError as e:
                     raise StartupError(f"refusing checkpoint {ckpt}: {e}") from None
             r = self.runner
@@ -817,7 +819,8 @@ def make_node_class():
                    "controller": self.controller if self.iface == "forward_command" else None,
                    "command_topic": self.out_topic, "controller_joints": self.controller_joints,
                    "lockstep": self.lockstep, "rate_hz": None if self.lockstep else self.rate,
-                   "safe_command": self.sup.safe_description, "node": self.get_fully_qualified_name()}
+                   "safe_command": self.sup.safe_description, "node": self.get_fully_qualified_name(),
+                   "policy_format": None if excite else r.policy_format}
             if excite:
                 doc["excitation"] = dict(r.meta["excitation"], steps_total=int(r.signal.steps))
             from ..learning.checkpoint import json_safe

@@ -565,3 +565,40 @@ def test_cmd_vel_stamped_commands_a_quadrotor_velocity_policy(ros, tmp_path):
         np.testing.assert_allclose(answer(), ref.quadrotor(p, quat, vl, w, target=[0.0, 0.0, 0.0]).command, atol=1e-12)
     finally:
         h.close()
+
+
+def test_policy_format_onnx_runs_the_exported_policy(ros, tmp_path):
+    """policy_format onnx: the controller runs policy.onnx (diffsim-ros export --onnx) through
+    onnxruntime, its commands TorchScript's to float32 precision, the metadata saying which."""
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray, String
+    from rclpy.qos import DurabilityPolicy, QoSProfile
+
+    from diffsim_ros.learning.onnx_export import export_onnx
+
+    folder = tmp_path / "reach_arm"
+    shutil.copytree(REPO_ROOT / "policies" / "reach_arm", folder, ignore=shutil.ignore_patterns("checkpoints"))
+    export_onnx(folder, episodes=0)
+    target = [0.2, 0.1, 0.35]
+    h = Harness(ros, {"checkpoint": str(folder), "lockstep": True, "target": target, "state_timeout_s": 60.0,
+                      "policy_format": "onnx", "predict_every": 0})
+    try:
+        ref = PolicyRunner(folder)
+        h.listen(Float64MultiArray, "/position_controller/commands")
+        h.listen(String, "/diffsim/metadata", QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+        h.wait_matched(pub)
+        rng = np.random.default_rng(7)
+        for k in range(5):
+            q, v = rng.uniform(-1.5, 1.5, 4), rng.uniform(-0.5, 0.5, 4)
+            pub.publish(joint_state(ref.joint_names, q, v))
+            assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) == k + 1)
+            want = ref.arm(ref.joint_names, q, v, target=target, predict=False).command
+            np.testing.assert_allclose(h.got["/position_controller/commands"][k].data, want, rtol=0, atol=1e-5)
+        assert h.spin_until(lambda: len(h.got["/diffsim/metadata"]) >= 1)
+        assert json.loads(h.got["/diffsim/metadata"][0].data)["policy_format"] == "onnx"
+    finally:
+        h.close()
