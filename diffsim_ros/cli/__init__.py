@@ -16,7 +16,8 @@ observation taught by a trained teacher),
 ``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag),
 ``bag repair`` (rebuild the index of a bag whose recorder was killed), ``excite`` (an
 identification motion on the MuJoCo stand-in, recorded for ``sysid``), ``export`` (policy.onnx
-beside a checkpoint's policy.pt, :mod:`.export`).
+beside a checkpoint's policy.pt, :mod:`.export`), ``preflight`` (a robot's topics against a
+checkpoint, GO or NO-GO, :mod:`.preflight`).
 
 Exit codes: 0 success, 2 bad input (unreadable or invalid URDF, YAML, checkpoint or
 bag, bad option).
@@ -32,6 +33,7 @@ from .bags import _add_analyze, _add_bag, _add_sysid
 from .common import DEFAULT_ROBOT, CliError, default_urdf
 from .demo import _add_demo
 from .export import _add_export
+from .preflight import _add_preflight
 from .loop import _add_loop
 from .train import _add_baseline, _add_distill, _add_train
 
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_parser(sub, common)      # diffsim-ros eval
     init_config.add_parser(sub, common)     # diffsim-ros init: a training file for a URDF
     _add_export(sub)
+    _add_preflight(sub)
     return parser
 
 
