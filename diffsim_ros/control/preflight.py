@@ -104,7 +104,7 @@ def _periods(samples) -> np.ndarray:
     return np.diff(t)
 
 
-def _rate_checks(what: str, samples, control_hz: float, cfg: dict, out: List[Check], seen: "Observed") -> None:
+def _timing_checks(what: str, samples, control_hz: float, cfg: dict, out: List[Check], seen: "Observed") -> None:
     duration_s = seen.duration_s
     if len(samples) < 2:
         out.append(Check(f"{what} rate", "fail", f"{len(samples)} message(s) in {duration_s:.1f} s"))
@@ -140,9 +140,12 @@ def _rate_checks(what: str, samples, control_hz: float, cfg: dict, out: List[Che
 
 def preflight(runner, seen: Observed, frame_id: str = "world", child_frame_id: str = "base_link",
               position_margin: float = 0.1, rate_tolerance: float = 0.9, jitter_factor: float = 3.0,
-              max_age_s: float = 0.05) -> PreflightReport:
-    """Judge ``seen`` against ``runner`` (a PolicyRunner: its robot, joints, limits, dt); module doc."""
+              max_age_s: float = 0.05, timing: bool = True) -> PreflightReport:
+    """Judge ``seen`` against ``runner`` (a PolicyRunner: its robot, joints, limits, dt); module doc.
+    ``timing`` False skips rate, jitter and stamp age (a lockstep plant steps when commanded: its
+    state rate is the controller's own)."""
     cfg = dict(rate_tolerance=rate_tolerance, jitter_factor=jitter_factor, max_age_s=max_age_s)
+    timed = _timing_checks if timing else (lambda *args: None)
     out: List[Check] = []
     control_hz = 1.0 / float(runner.dt)
     joints = list(runner.joint_names)
@@ -183,13 +186,13 @@ def preflight(runner, seen: Observed, frame_id: str = "world", child_frame_id: s
                 out.append(Check("limits", "fail" if worst else "ok",
                                  "; ".join(f"{j} {w}" for j, w in worst.items()) if worst
                                  else f"every position within the URDF limits (+{position_margin:g})"))
-            _rate_checks("joint state", seen.joint_states, control_hz, cfg, out, seen)
+            timed("joint state", seen.joint_states, control_hz, cfg, out, seen)
     needs_odom = bool(getattr(runner, "needs_odometry", runner.kind != "arm")) and runner.kind != "arm"
     if needs_odom:
         if not seen.odom:
             out.append(Check("odometry", "fail", f"none received in {seen.duration_s:.1f} s"))
         else:
-            _rate_checks("odometry", seen.odom, control_hz, cfg, out, seen)
+            timed("odometry", seen.odom, control_hz, cfg, out, seen)
             bad = {(s.frame_id, s.child_frame_id) for s in seen.odom
                    if (frame_id and s.frame_id != frame_id) or (child_frame_id and s.child_frame_id != child_frame_id)}
             out.append(Check("frames", "fail" if bad else "ok",
@@ -200,7 +203,7 @@ def preflight(runner, seen: Observed, frame_id: str = "world", child_frame_id: s
         if not seen.imu:
             out.append(Check("imu", "fail", f"the policy observes the IMU; none received in {seen.duration_s:.1f} s"))
         else:
-            _rate_checks("imu", seen.imu, control_hz, cfg, out, seen)
+            timed("imu", seen.imu, control_hz, cfg, out, seen)
             norms = [abs(float(np.linalg.norm(s.orientation)) - 1.0) for s in seen.imu if s.orientation is not None]
             unnamed = sum(1 for s in seen.imu if not s.frame_id)
             bad_q = [n for n in norms if not n <= 0.01]

@@ -251,6 +251,8 @@ class Supervisor:
         # and body rates); odometry, if a robot publishes it, is not needed and not used.
         self.base_from_imu = self.kind == "legged" and not getattr(runner, "needs_odometry", True)
         self.estop = False
+        # A NO-GO of the controller's preflight (control/preflight.py): the safe command until reset().
+        self.preflight_hold: Optional[str] = None
         self.fault_reason: Optional[str] = None
         self.good_since_fault = 0
         self.last_rejection = ""
@@ -280,10 +282,12 @@ class Supervisor:
         self.last_rejection = reason
 
     def reset(self, now_ns: Optional[int] = None) -> str:
-        """Clear the fault latch and the stamp history (after a robot or simulator restart whose
-        clock went back). Does not release the emergency stop."""
-        was = self.fault_reason
+        """Clear the fault latch, a preflight NO-GO hold (an operator's decision to run anyway) and
+        the stamp history (after a robot or simulator restart whose clock went back). Does not
+        release the emergency stop."""
+        was = self.fault_reason or self.preflight_hold
         self.fault_reason = None
+        self.preflight_hold = None
         self.good_since_fault = 0
         self.last_stamp = None
         self._parts = {"joints": (None, None), "base": (None, None)}
@@ -515,6 +519,8 @@ class Supervisor:
         """Why the policy may not run now (None: it may). A stale state becomes a latched fault."""
         if self.estop:
             return "emergency stop"
+        if self.preflight_hold is not None:
+            return self.preflight_hold
         if self.fault_reason is not None:
             return self._latch_text()
         if self.latest is None:

@@ -44,7 +44,12 @@ this node converts messages for it and publishes what it decides. In short:
 - ``~/emergency_stop`` (std_srvs/SetBool): true latches the safe command until a call with
   false (releasing is an explicit operator action and clears the fault latch as ~/reset does);
 - a checkpoint for another robot (``urdf``, ``config`` or ``robot_description_topic``)
-  is refused at start: the node prints the reason and exits with status 2.
+  is refused at start: the node prints the reason and exits with status 2;
+- preflight (``preflight``, on by default): before the policy goes active the robot's topics
+  are checked against the checkpoint as ``diffsim-ros preflight`` does (control/preflight.py):
+  in timer mode over the first ``preflight_s`` of states, nothing sent meanwhile; in lockstep on
+  the first state. A NO-GO holds the safe command, its reasons in the log and the diagnostics,
+  until ``~/reset`` (``preflight_required: false``: logged, and the policy runs).
 
 A message that names too few joints is ignored but does not trip the safe command by itself
 (robots often publish a gripper's joint state separately); the watchdog trips once no
@@ -120,6 +125,13 @@ PARAMETERS: Dict[str, Any] = {
     "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
                       "m/s; empty: the task's default (hover: its home point; reach has none)"),
     "target_topic": (ifc.TARGET, "geometry_msgs/PointStamped that replaces the goal at run time"),
+    "preflight": (True, "bool: before the policy goes active, check the robot's topics against the checkpoint "
+                        "(control/preflight.py, as `diffsim-ros preflight`: joints, limits, frames, the IMU, the "
+                        "command topic's subscribers; in timer mode also the state rate, jitter and stamp age)"),
+    "preflight_s": (1.0, "s, timer mode: how long the preflight listens from the first state (lockstep: it judges "
+                         "the first state, the plant stepping only when commanded)"),
+    "preflight_required": (True, "bool: on a preflight NO-GO hold the safe command until ~/reset (false: log the "
+                                 "NO-GO and run the policy)"),
     "policy_format": ("torchscript", "torchscript (policy.pt) or onnx (policy.onnx from `diffsim-ros export "
                                      "CHECKPOINT --onnx`, run by onnxruntime; a stale export is refused)"),
     "cmd_vel_topic": (ifc.CMD_VEL, "geometry_msgs/Twist velocity requests (teleop_twist_keyboard, a joystick, Nav2) "
@@ -226,6 +238,8 @@ def make_node_class():
     from ..control import (ImuIn, JointStateIn, OdometryIn, Supervisor, SupervisorConfig,
                            SupervisorConfigError)
     from ..control import outputs
+    from ..control.preflight import FrameSample, JointSample, Observed
+    from ..control.preflight import preflight as preflight_check
     from ..control.velocity_command import VelocityCommand
     from ..learning.deploy import PolicyRunner, StateError
     from . import common
@@ -351,6 +365,16 @@ def make_node_class():
             self._last_predicted: Optional[int] = None
             self.wait_subs, self.wait_recs = int(p("wait_for_subscribers")), int(p("wait_for_recorders"))
             self._gate_open = self.wait_subs <= 0 and self.wait_recs <= 0
+            # ---------------------------------------------------------- preflight (control/preflight.py)
+            self._pf = None
+            self.preflight_report = None
+            if self.mode == "policy" and bool(p("preflight")):
+                self._pf = Observed(duration_s=float(p("preflight_s")), source="policy_controller")
+                if not self._pf.duration_s >= 0:
+                    raise StartupError(f"parameter 'preflight_s' must be >= 0, got {p('preflight_s')}")
+            self._pf_first: Optional[int] = None
+            self._pf_untimed = False
+            self.preflight_required = bool(p("preflight_required"))
             self.node_counts = {k: 0 for k in ("commands_sent", "predictions_sent", "diagnostics_sent",
                                                "metadata_sent", "missed_deadlines", "errors")}
             self.compute_ms: deque = deque(maxlen=5000)
@@ -509,8 +533,61 @@ def make_node_class():
             now = int(self.get_clock().now().nanoseconds)
             return now if now != 0 else None
 
+        # -------------------------------------------------------------- preflight
+        def _pf_record(self, kind: str, msg) -> None:
+            """A state message for the preflight (until its verdict), received now on the node's clock
+            (simulated time under use_sim_time, as the stamps then are)."""
+            if self._pf is None or self.preflight_report is not None:
+                return
+            now = int(self.get_clock().now().nanoseconds)
+            if now == 0:                       # use_sim_time before the first /clock: no age to judge
+                self._pf_untimed, now = True, time.time_ns()
+            stamp = stamp_ns(msg.header.stamp)
+            if kind == "joint_states":
+                self._pf.joint_states.append(JointSample(now, stamp, list(msg.name), list(msg.position)))
+            else:
+                o = msg.orientation if kind == "imu" else msg.pose.pose.orientation
+                sample = FrameSample(now, stamp, msg.header.frame_id, getattr(msg, "child_frame_id", ""),
+                                     [o.x, o.y, o.z, o.w])
+                (self._pf.imu if kind == "imu" else self._pf.odom).append(sample)
+            if self._pf_first is None:
+                self._pf_first = time.monotonic_ns()
+            self._pf_judge()
+
+        def _pf_judge(self) -> None:
+            """The verdict once its window has passed (lockstep: at once) and each topic the policy
+            needs has spoken, or 2 s after that at the latest."""
+            if self._pf is None or self.preflight_report is not None or self._pf_first is None:
+                return
+            r, pf = self.runner, self._pf
+            waited = (time.monotonic_ns() - self._pf_first) / 1e9
+            window = 0.0 if self.lockstep else pf.duration_s
+            need = []
+            if r.kind != "quadrotor":
+                need.append(pf.joint_states)
+            if r.kind != "arm":
+                need.append(pf.imu if self.sup.base_from_imu else pf.odom)
+            if waited < window or (not all(need) and waited < window + 2.0):
+                return
+            pf.command_topic = self.out_topic
+            pf.command_subscribers = int(self.pub_out.get_subscription_count())
+            pf.duration_s = max(waited, 1e-3)
+            rep = preflight_check(r, pf, frame_id=self._p("frame_id"), child_frame_id=self._p("child_frame_id"),
+                                  position_margin=float(self._p("position_margin")),
+                                  timing=not (self.lockstep or self._pf_untimed or window == 0.0))
+            self.preflight_report = rep
+            log = self.get_logger()
+            for line in rep.text().splitlines():
+                (log.info if rep.go else log.error)(f"preflight: {line}")
+            if not rep.go and self.preflight_required:
+                self.sup.preflight_hold = (f"preflight NO-GO ({'; '.join(rep.reasons)}); ~/reset to run the policy "
+                                           "anyway")
+
         def _ready(self) -> bool:
-            """The gates of wait_for_subscribers / wait_for_recorders (checked until they open once)."""
+            """The preflight's verdict, then the gates of wait_for_subscribers / wait_for_recorders
+            (checked until they open once)."""
+            if self._pf is not None and self.preflight_report is None:
+                return False
             if self._gate_open:
                 return True
             if self.pub_out.get_subscription_count() < self.wait_subs:
@@ -547,6 +624,7 @@ def make_node_class():
             with self.lock:
                 stamp = stamp_ns(msg.header.stamp)
                 js = JointStateIn(list(msg.name), list(msg.position), list(msg.velocity), list(msg.effort), stamp)
+                self._pf_record("joint_states", msg)
                 self._on_verdict("joint_states", self.sup.on_joint_state(js, time.monotonic_ns(),
                                                                          self._clock_ns()), stamp)
 
@@ -557,6 +635,7 @@ def make_node_class():
                 od = OdometryIn([pp.x, pp.y, pp.z], [o.x, o.y, o.z, o.w], [tw.linear.x, tw.linear.y, tw.linear.z],
                                 [tw.angular.x, tw.angular.y, tw.angular.z], stamp, msg.header.frame_id,
                                 msg.child_frame_id)
+                self._pf_record("odom", msg)
                 self._on_verdict("odom", self.sup.on_odometry(od, time.monotonic_ns(), self._clock_ns()), stamp)
 
         def _on_imu(self, msg):
@@ -564,6 +643,7 @@ def make_node_class():
                 w, o, a = msg.angular_velocity, msg.orientation, msg.linear_acceleration
                 stamp = stamp_ns(msg.header.stamp)
                 imu = ImuIn([w.x, w.y, w.z], [o.x, o.y, o.z, o.w], [a.x, a.y, a.z], stamp)
+                self._pf_record("imu", msg)
                 if self.sup.base_from_imu:       # a legged robot observation: the IMU is half the state
                     self._on_verdict("imu", self.sup.on_imu(imu, time.monotonic_ns(), self._clock_ns()), stamp)
                     return
@@ -631,6 +711,7 @@ def make_node_class():
                     if period > 1.5e3 / self.rate:
                         self.node_counts["missed_deadlines"] += 1
                 self._last_tick = now
+                self._pf_judge()
                 if self._ready():
                     self._step()
 
@@ -638,6 +719,7 @@ def make_node_class():
             """Lockstep: every new state is answered, so the watchdog only speaks when states stop
             (the latest is older than state_timeout_s): the safe command at watchdog_hz."""
             with self.lock:
+                self._pf_judge()
                 if self.sup.stale(time.monotonic_ns()) and self._ready():
                     self._step()
 
@@ -839,6 +921,9 @@ def make_node_class():
                     "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"})
             vals.update({k: str(v) for k, v in self.counts.items()})
             vals["controller_mode"] = self.mode
+            rep = self.preflight_report
+            vals["preflight"] = ("off" if self._pf is None else "listening" if rep is None
+                                 else "GO" if rep.go else f"NO-GO: {'; '.join(rep.reasons)}")
             if self.velocity is not None:
                 vals.update(self.velocity.status(time.monotonic_ns()))
             if self.mode == "excite":

@@ -109,7 +109,10 @@ class Robot:
 
 def start_controller(ckpt, kind, tmp):
     params = {"checkpoint": str(ckpt), "lockstep": "true", "state_timeout_s": "30.0",
-              "recover_states": str(RECOVER), "safe_thrust": "3.0", "predict_every": "1"}
+              "recover_states": str(RECOVER), "safe_thrust": "3.0", "predict_every": "1",
+              # The first state of a hostile sequence may itself be hostile: the start-up preflight
+              # (tested in test/nodes/test_policy_controller.py) would hold the safe command for good.
+              "preflight": "false"}
     if kind == "arm":
         params["target"] = json.dumps(TARGET)
     args = [str(Path(sys.executable).with_name("policy_controller")), "--ros-args"]

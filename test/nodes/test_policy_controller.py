@@ -55,6 +55,9 @@ class Harness:
         from rclpy.parameter import Parameter
 
         cls = pc.make_node_class()
+        # The fake robots here publish a few states and listen where a test needs it: the start-up
+        # preflight, which would judge them as a robot, is off unless a test turns it on.
+        params = {"preflight": False, **params}
         overrides = [Parameter(k, value=v) for k, v in params.items()]
         self.ctrl = cls(context=ctx, parameter_overrides=overrides)
         self.robot = rclpy.create_node(f"fake_robot_{random.randint(0, 1 << 30)}", context=ctx)
@@ -602,3 +605,59 @@ def test_policy_format_onnx_runs_the_exported_policy(ros, tmp_path):
         assert json.loads(h.got["/diffsim/metadata"][0].data)["policy_format"] == "onnx"
     finally:
         h.close()
+
+
+def test_startup_preflight_go_then_policy_and_no_go_holds_the_safe_command(ros, ckpts):
+    """preflight on (the default), timer mode: a robot publishing its joint states at twice the
+    policy's rate with a listener on the command topic gets no command during the preflight
+    window, then the policy's (diagnostics: GO). The same robot at a third of the policy's rate is
+    NO-GO: the safe command (hold the measured joints) until ~/reset, then the policy's."""
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
+    from std_srvs.srv import Trigger
+
+    target = [0.2, 0.1, 0.35]
+    ref = PolicyRunner(ckpts / "reach")
+    names = ref.joint_names
+    q, v = np.array([0.3, -0.4, 0.5, 0.1]), np.zeros(4)
+    policy_cmd = ref.arm(names, q, v, target=target, predict=False).command
+    for hz, go in ((100.0, True), (50.0 / 3.0, False)):
+        h = Harness(ros, {"checkpoint": str(ckpts / "reach"), "target": target, "state_timeout_s": 60.0,
+                          "preflight": True, "preflight_s": 0.6, "predict_every": 0})
+        try:
+            h.listen(Float64MultiArray, "/position_controller/commands")
+            pub = h.robot.create_publisher(JointState, "/joint_states", 10)
+            h.wait_matched(pub)
+            t_first, next_pub = time.monotonic(), 0.0
+            first_cmd = None
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:
+                now = time.monotonic()
+                if now >= next_pub:
+                    pub.publish(joint_state(names, q, v))
+                    next_pub = now + 1.0 / hz
+                h.ex.spin_once(timeout_sec=0.002)
+                if first_cmd is None and h.got["/position_controller/commands"]:
+                    first_cmd = time.monotonic() - t_first
+            sent = [np.array(m.data) for m in h.got["/position_controller/commands"]]
+            diag = h.ctrl.diagnostics_values()
+            print(hz, "first command after", first_cmd, "s;", diag["preflight"])
+            assert first_cmd is not None and first_cmd >= 0.6, first_cmd     # nothing during the window
+            if go:
+                assert diag["preflight"] == "GO", diag
+                np.testing.assert_allclose(sent[-1], policy_cmd, rtol=0, atol=1e-12)
+                continue
+            assert diag["preflight"].startswith("NO-GO") and "joint state rate" in diag["preflight"], diag
+            assert all(np.allclose(c, q, atol=1e-12) for c in sent), sent[-1]            # hold, every one
+            assert h.ctrl.sup.counts["policy_commands"] == 0
+            cli = h.robot.create_client(Trigger, "/policy_controller/reset")
+            assert h.spin_until(cli.service_is_ready, 5.0)
+            fut = cli.call_async(Trigger.Request())
+            assert h.spin_until(fut.done) and "preflight NO-GO" in fut.result().message
+            n = len(h.got["/position_controller/commands"])
+            pub.publish(joint_state(names, q, v))
+            assert h.spin_until(lambda: len(h.got["/position_controller/commands"]) > n + 2)
+            np.testing.assert_allclose(h.got["/position_controller/commands"][-1].data, policy_cmd, rtol=0,
+                                       atol=1e-12)
+        finally:
+            h.close()
