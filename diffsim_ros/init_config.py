@@ -942,6 +942,70 @@ def write(p: Plan, out: str, force: bool = False) -> str:
     return text
 
 
+def controllers_path(out: str) -> str:
+    """Where ``init`` writes the ros2_control controllers beside the training file ``out``."""
+    root, _ = os.path.splitext(out)
+    return root + "_ros2_controllers.yaml"
+
+
+def ros2_controllers(p: Plan, joints: Sequence[str], out: str = "") -> Optional[str]:
+    """The robot's ros2_controllers.yaml (a ROS 2 parameter file for the controller_manager): the
+    joint_state_broadcaster, the forward_command controller policy_controller publishes to by
+    default (``/<interface>_controller/commands``) with the actuated joints in the training file's
+    order (the checkpoint's), a joint_trajectory_controller for position robots (policy_controller
+    ``interface:=joint_trajectory``) and, for a legged robot, the IMU broadcaster. None for a
+    multirotor (PX4 or a Crazyflie take its commands, not ros2_control). ``joints``: the actuated
+    joints in the simulator's order (``task.sim.actuated_joints`` of the loaded file), which the
+    checkpoint's commands follow."""
+    sim = p.params.get("simulator", {})
+    if "rotors" in sim:
+        return None
+    iface = sim.get("actuator", "position")
+    legged = bool(p.params.get("floating_base"))
+    name = f"{iface}_controller"
+    stem = Path(out).stem if out else "ROBOT"
+    policy_hz = 1.0 / float(sim.get("dt", 0.02))
+    listed = "[" + ", ".join(joints) + "]"
+    lines = [
+        f"# ros2_control controllers for {p.urdf_path.name}, written by `diffsim-ros init` beside {stem}.yaml:",
+        "# the joint states policy_controller reads and the controller it commands, the joints in the",
+        "# order of the training file's actuated joints (the checkpoint's). Load it with the",
+        "# controller_manager of the robot's ros2_control hardware (ros2_control_node, or gz_ros2_control",
+        "# in Gazebo), spawn the broadcaster(s) and ONE command controller, then the policy:",
+        f"#   ros2 run controller_manager spawner joint_state_broadcaster {name}"
+        + (" imu_sensor_broadcaster" if legged else ""),
+        f"#   diffsim-ros preflight runs/{stem}            # GO before the policy goes active",
+        f"#   ros2 run diffsim_ros policy_controller --ros-args -p checkpoint:=runs/{stem}"
+        + (" -p imu_topic:=/imu_sensor_broadcaster/imu" if legged else ""),
+        f"# The policy runs at {policy_hz:g} Hz; the controller_manager below at 500 Hz.",
+        "controller_manager:",
+        "  ros__parameters:",
+        "    update_rate: 500",
+        "    joint_state_broadcaster:",
+        "      type: joint_state_broadcaster/JointStateBroadcaster",
+        f"    {name}:",
+        "      type: forward_command_controller/ForwardCommandController",
+    ]
+    if iface == "position":
+        lines += ["    joint_trajectory_controller:     # for policy_controller interface:=joint_trajectory",
+                  "      type: joint_trajectory_controller/JointTrajectoryController"]
+    if legged:
+        lines += ["    imu_sensor_broadcaster:",
+                  "      type: imu_sensor_broadcaster/IMUSensorBroadcaster"]
+    lines += ["", f"{name}:", "  ros__parameters:", f"    joints: {listed}",
+              f"    interface_name: {iface}"]
+    if iface == "position":
+        lines += ["", "joint_trajectory_controller:", "  ros__parameters:", f"    joints: {listed}",
+                  "    command_interfaces: [position]", "    state_interfaces: [position, velocity]"]
+    if legged:
+        model = p.info.get("model")
+        base = model.link_names[0] if model is not None and model.link_names else "base_link"
+        lines += ["", "imu_sensor_broadcaster:", "  ros__parameters:",
+                  "    sensor_name: imu_sensor           # the <sensor> of the URDF's <ros2_control> tag",
+                  f"    frame_id: {base}"]
+    return "\n".join(lines) + "\n"
+
+
 def report(p: Plan) -> List[str]:
     """The lines ``diffsim-ros init`` prints: what was chosen and why."""
     out = list(p.notes)
@@ -980,6 +1044,10 @@ def cmd_init(args, cli=None) -> int:
         p = plan(args.urdf, args.task, floating_base=args.floating_base, ee_link=args.ee_link,
                  include_joints=_joint_list(args.include_joints), bandwidth=args.bandwidth,
                  damping_ratio=args.damping_ratio)
+        cpath = controllers_path(args.out)
+        multirotor = "rotors" in p.params.get("simulator", {})
+        if not multirotor and os.path.exists(cpath) and not args.force:
+            raise InitError(f"{cpath}: the file exists; pass --force to overwrite it")
         write(p, args.out, args.force)
     except (InitError, UrdfError, ConfigError) as exc:
         raise error(str(exc)) from None
@@ -993,11 +1061,25 @@ def cmd_init(args, cli=None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config.load_training_file(args.out)
+            _, task, _ = config.load_training_file(args.out)
     except (ConfigError, UrdfError) as exc:
         raise error(f"{args.out} was written but does not load: {exc}") from None
+    controllers = ros2_controllers(p, list(task.sim.actuated_joints), args.out)
+    if controllers is not None:
+        try:
+            tmp = cpath + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(controllers)
+            os.replace(tmp, cpath)
+        except OSError as exc:
+            raise error(f"{cpath}: {exc.strerror or exc}") from None
     print(f"wrote {args.out}; train it with: diffsim-ros train --config {args.out} --out runs/"
           f"{Path(args.out).stem}")
+    if controllers is not None:
+        print(f"wrote {cpath}: the ros2_control controllers for the robot (doc/hardware.md)")
+    else:
+        print("no ros2_controllers.yaml: a multirotor takes its commands through PX4 or its own driver "
+              "(doc/hardware.md)")
     sys.stdout.flush()
     return 0
 

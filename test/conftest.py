@@ -125,9 +125,10 @@ def ros_domain(span: int = 1) -> int:
     return random.randint(lo, lo + size - span)
 
 
-def rcl_parameters(path) -> dict:
-    """The parameters rcl's own parser reads from the ROS 2 parameter file ``path`` (through rclpy, a
-    node declaring its overrides), nested as config.load_yaml gives them, arrays as lists."""
+def rcl_parameters(path, node: str = "diffsim_param_file_check") -> dict:
+    """The parameters rcl's own parser reads from the ROS 2 parameter file ``path`` for a node named
+    ``node`` (through rclpy, the node declaring its overrides), nested as config.load_yaml gives
+    them, arrays as lists."""
     import rclpy
     from rclpy.node import Node
 
@@ -136,7 +137,7 @@ def rcl_parameters(path) -> dict:
     ctx = rclpy.Context()
     rclpy.init(args=["--ros-args", "--params-file", str(path)], context=ctx)
     try:
-        node = Node("diffsim_param_file_check", context=ctx, start_parameter_services=False,
+        node = Node(node, context=ctx, start_parameter_services=False,
                     automatically_declare_parameters_from_overrides=True)
         try:
             flat = {n: p.value for n, p in node._parameters.items()

@@ -555,3 +555,42 @@ def test_generated_file_trains_a_small_instance(generated, name):
     assert res.solved_env_steps is not None, f"not solved; last rows {res.history[-3:]}"
     after = task.rollout_success(res.policy, 64, torch.Generator().manual_seed(99))
     assert before < 0.5 and after >= 0.8 * task.success_threshold, (before, after)
+
+
+@pytest.mark.ros
+def test_ros2_controllers_beside_each_file_follow_the_checkpoints_joint_order(generated, tmp_path):
+    """Beside each generated arm and legged file, its ros2_controllers.yaml: rcl's parser reads, for
+    the controller_manager, the broadcaster and the command controller policy_controller publishes
+    to by default (/<interface>_controller/commands); that controller's joints are the actuated
+    joints of a checkpoint saved from the file, in its order (PolicyRunner reads them back), which
+    is not always the order init lists them in (solo12). A multirotor gets none."""
+    pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")
+    from conftest import rcl_parameters
+    from diffsim_ros.learning.checkpoint import save_checkpoint
+    from diffsim_ros.learning.deploy import PolicyRunner
+    from diffsim_ros.learning.policy import MLPPolicy
+
+    for name, (path, printed) in generated.items():
+        cpath = init_config.controllers_path(str(path))
+        if ROBOTS[name][1] == "hover":
+            assert not (tmp_path / cpath).exists() and "no ros2_controllers.yaml" in printed, name
+            continue
+        assert f"wrote {cpath}" in printed, (name, printed)
+        params, task, model = _load(path)
+        iface = params["simulator"]["actuator"]
+        manager = rcl_parameters(cpath, "controller_manager")
+        assert manager["update_rate"] == 500
+        assert manager["joint_state_broadcaster"]["type"] == "joint_state_broadcaster/JointStateBroadcaster"
+        assert manager[f"{iface}_controller"]["type"] == "forward_command_controller/ForwardCommandController"
+        command = rcl_parameters(cpath, f"{iface}_controller")
+        ckpt = tmp_path / name
+        save_checkpoint(MLPPolicy(task.obs_dim, task.action_dim, (8,)).to(model.dtype), task, ckpt,
+                        extra={"config": params})
+        runner = PolicyRunner(ckpt)
+        assert command == {"joints": runner.actuated_joints, "interface_name": iface}, name
+        if iface == "position":
+            jtc = rcl_parameters(cpath, "joint_trajectory_controller")
+            assert jtc["joints"] == runner.actuated_joints and jtc["command_interfaces"] == ["position"]
+        if model.floating_base:
+            assert manager["imu_sensor_broadcaster"]["type"] == "imu_sensor_broadcaster/IMUSensorBroadcaster"
+            assert rcl_parameters(cpath, "imu_sensor_broadcaster")["frame_id"] == model.link_names[0]
