@@ -45,6 +45,11 @@ this node converts messages for it and publishes what it decides. In short:
   false (releasing is an explicit operator action and clears the fault latch as ~/reset does);
 - a checkpoint for another robot (``urdf``, ``config`` or ``robot_description_topic``)
   is refused at start: the node prints the reason and exits with status 2;
+- a dead driver is noticed in every mode: the watchdog and the diagnostics run on the steady
+  clock, so under use_sim_time a simulator that stops (its /clock with it) still gets the safe
+  command and a diagnostic saying the control timer's clock stopped; a clock that jumps back (a
+  driver restarted at time 0) latches the safe command, its earlier-stamped states refused
+  until ``~/reset``, and the control timer starts afresh on the new time;
 - preflight (``preflight``, on by default): before the policy goes active the robot's topics
   are checked against the checkpoint as ``diffsim-ros preflight`` does (control/preflight.py):
   in timer mode over the first ``preflight_s`` of states, nothing sent meanwhile; in lockstep on
@@ -143,7 +148,8 @@ PARAMETERS: Dict[str, Any] = {
                                "trained above 0 m/s stands, a quadrotor hovers in place)"),
     "rate_hz": (0.0, "Hz, control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep"),
     "lockstep": (False, "bool: one command per received state instead of a timer"),
-    "watchdog_hz": (20.0, "Hz, how often the watchdog checks the state age in lockstep mode"),
+    "watchdog_hz": (20.0, "Hz, how often the steady-clock watchdog checks the state age (lockstep; timer mode "
+                          "while the control timer's clock has stopped, e.g. a simulator's /clock)"),
     "wait_for_subscribers": (0, "answer no state until the command topic has at least this many matched "
                                 "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)"),
     "wait_for_recorders": (0, "answer no state until /diffsim/command, /diffsim/predicted_state and /diagnostics "
@@ -230,7 +236,8 @@ def make_node_class():
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Imu, JointState
     from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
-    from rclpy.clock import Clock, ClockType
+    from rclpy.clock import Clock, ClockType, JumpThreshold
+    from rclpy.duration import Duration as RosDuration
     from std_srvs.srv import SetBool, Trigger
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
@@ -438,15 +445,25 @@ def make_node_class():
             self.pub_diag = self.create_publisher(DiagnosticArray, p("diagnostics_topic"), default)
             self.create_service(SetBool, "~/emergency_stop", self._on_estop)
             self.create_service(Trigger, "~/reset", self._on_reset)
+            # The watchdog and the diagnostics run on the steady clock in every mode: under
+            # use_sim_time a stopped simulation (a dead driver) stops the simulated clock, and with
+            # it every timer on that clock, which is when they are needed.
+            steady = Clock(clock_type=ClockType.STEADY_TIME)
+            watchdog_period = 1.0 / max(float(p("watchdog_hz")), 1e-3)
             if self.lockstep:
-                # The watchdog runs on the steady clock: under use_sim_time a stopped simulation
-                # stops the simulated clock, and that is when it is needed.
-                steady = Clock(clock_type=ClockType.STEADY_TIME)
-                self.timer = self.create_timer(1.0 / max(float(p("watchdog_hz")), 1e-3), self._watchdog_tick,
-                                               clock=steady)
+                self.timer = self.create_timer(watchdog_period, self._watchdog_tick, clock=steady)
             else:
                 self.timer = self.create_timer(1.0 / rate, self._control_tick)
-            self.create_timer(float(p("diagnostics_period_s")), self._publish_diagnostics)
+                self.watchdog = self.create_timer(watchdog_period, self._watchdog_tick, clock=steady)
+            self.create_timer(float(p("diagnostics_period_s")), self._publish_diagnostics, clock=steady)
+            # A driver or simulator that restarts starts its clock again at 0: a jump back is said,
+            # latched as a fault (its states now stamped before the last accepted one are refused
+            # until ~/reset), and the control timer on that clock starts afresh instead of waiting
+            # for the old time to come back.
+            self.clock_jumps_back = 0
+            self._jump_handle = self.get_clock().create_jump_callback(
+                JumpThreshold(min_forward=None, min_backward=RosDuration(nanoseconds=-1),
+                              on_clock_change=False), post_callback=self._on_clock_jump)
             self._publish_metadata()
             self.get_logger().info(
                 f"{r.describe()}; publishing {iface} on {self.out_topic}; "
@@ -701,6 +718,29 @@ def make_node_class():
                 self.get_logger().warning(f"reset: {resp.message}")
             return resp
 
+        def _on_clock_jump(self, jump):
+            back = -jump.delta.nanoseconds / 1e9
+            if back <= 0:
+                return
+            with self.lock:
+                self.clock_jumps_back += 1
+                reason = (f"the clock jumped back {back:.3f} s (the robot driver or simulator restarted?): "
+                          "safe command; its states are refused until ~/reset")
+                self.sup.fault(reason)
+                self.get_logger().error(reason)
+                if not self.lockstep:
+                    self.timer.cancel()
+                    self.destroy_timer(self.timer)
+                    self.timer = self.create_timer(1.0 / self.rate, self._control_tick)
+
+        def _timer_stalled_s(self) -> float:
+            """Timer mode: seconds (steady) since the control timer last ran beyond three periods;
+            0 while it runs (or before its first tick)."""
+            if self.lockstep or self._last_tick is None:
+                return 0.0
+            late = time.monotonic() - self._last_tick
+            return late if late > 3.0 / self.rate else 0.0
+
         # -------------------------------------------------------------- the loop
         def _control_tick(self):
             with self.lock:
@@ -716,11 +756,15 @@ def make_node_class():
                     self._step()
 
         def _watchdog_tick(self):
-            """Lockstep: every new state is answered, so the watchdog only speaks when states stop
-            (the latest is older than state_timeout_s): the safe command at watchdog_hz."""
+            """On the steady clock. Lockstep: every new state is answered, so the watchdog only speaks
+            when states stop (the latest is older than state_timeout_s): the safe command at
+            watchdog_hz. Timer mode: the same while the control timer is stalled (its clock, a
+            simulator's, stopped with the simulator)."""
             with self.lock:
                 self._pf_judge()
-                if self.sup.stale(time.monotonic_ns()) and self._ready():
+                # Timer mode: only while the control timer is stalled (its clock stopped).
+                if (self.lockstep or self._timer_stalled_s() > 0) and self.sup.stale(time.monotonic_ns()) \
+                        and self._ready():
                     self._step()
 
         def _step(self):
@@ -737,7 +781,9 @@ def make_node_class():
                 return
             if not tick.policy:
                 if tick.reason != self.last_safe_reason:
-                    self.get_logger().warning(f"safe command ({self.sup.safe_description}): {tick.reason}")
+                    # A reason that changes with every state (a stamp going backwards) once a second.
+                    self.get_logger().warning(f"safe command ({self.sup.safe_description}): {tick.reason}",
+                                              throttle_duration_sec=1.0)
                     self.last_safe_reason = tick.reason
                 return
             self.compute_ms.append((time.perf_counter() - t0) * 1e3)
@@ -921,6 +967,11 @@ def make_node_class():
                     "period_ms_p99": f"{percentile(self.period_ms, 99):.3f}"})
             vals.update({k: str(v) for k, v in self.counts.items()})
             vals["controller_mode"] = self.mode
+            stalled = self._timer_stalled_s()
+            vals["control_timer"] = ("lockstep" if self.lockstep else "running" if stalled == 0 else
+                                     f"stalled {stalled:.1f} s: the clock it runs on stopped (use_sim_time and no "
+                                     "/clock: the simulator or driver is gone?)")
+            vals["clock_jumps_back"] = str(self.clock_jumps_back)
             rep = self.preflight_report
             vals["preflight"] = ("off" if self._pf is None else "listening" if rep is None
                                  else "GO" if rep.go else f"NO-GO: {'; '.join(rep.reasons)}")
@@ -944,6 +995,8 @@ def make_node_class():
                         st.level, st.message = DiagnosticStatus.ERROR, "emergency stop latched"
                     elif blocked is not None:
                         st.level, st.message = DiagnosticStatus.WARN, f"safe command: {blocked}"
+                        if self._timer_stalled_s() > 0:
+                            st.message += "; the control timer's clock stopped"
                     elif self.mode == "excite":
                         st.level = DiagnosticStatus.OK
                         st.message = "excitation finished: holding" if self.runner.finished else "running the excitation"
