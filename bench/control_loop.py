@@ -224,7 +224,10 @@ def main(argv=None) -> int:
         exe = Path(sys.executable).with_name("policy_controller")
         responders = {
             "policy_controller": [str(exe), "--ros-args", "-p", f"checkpoint:={ckpt}", "-p", "lockstep:=true",
-                                  "-p", "predict_every:=0", "-p", "state_timeout_s:=5.0"],
+                                  "-p", "predict_every:=0", "-p", "state_timeout_s:=5.0",
+                                  # Nothing here subscribes the quadrotor's /cmd_ctbr: the start-up
+                                  # preflight would (rightly) hold the safe command, not the policy.
+                                  "-p", "preflight:=false"],
             "echo peer": [sys.executable, str(Path(__file__).resolve()), "--echo"],
         }
         results = {}
