@@ -97,6 +97,31 @@ def console_script(name: str) -> str:
     return lookup(name)
 
 
+def interrupt(proc, timeout: float = 20.0) -> None:
+    """Stop a node process as Ctrl-C does (SIGINT), killing it if it has not ended ``timeout`` s later."""
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def spin_until(ex, cond, timeout: float) -> bool:
+    """Spin the executor ``ex`` until ``cond()`` holds (True) or ``timeout`` s have passed (False)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ex.spin_once(timeout_sec=0.01)
+        if cond():
+            return True
+    return False
+
+
 def ros_context(domain: int):
     """A generator for a module fixture: an rclpy context of its own on ``domain``, shut down after."""
     import rclpy

@@ -22,7 +22,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytestmark = pytest.mark.ros
 
-from conftest import REPO_ROOT, console_script, ros_context, ros_domain  # noqa: E402
+from conftest import REPO_ROOT, console_script, interrupt, ros_context, ros_domain, spin_until  # noqa: E402
 
 from diffsim_ros.nodes import policy_controller as pc  # noqa: E402
 
@@ -68,12 +68,7 @@ def test_killed_and_restarted_standin_is_noticed_and_recovered_by_reset(ros, tmp
     reset = probe.create_client(Trigger, "/policy_controller/reset")
 
     def spin(cond, timeout):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            ex.spin_once(timeout_sec=0.01)
-            if cond():
-                return True
-        return False
+        return spin_until(ex, cond, timeout)
 
     def values():
         return {kv.key: kv.value for kv in got["diag"][-1].status[0].values}
@@ -115,11 +110,7 @@ def test_killed_and_restarted_standin_is_noticed_and_recovered_by_reset(ros, tmp
             print(k, "after ~/reset:", ctrl.sup.counts["policy_commands"] - policy_before, "policy commands")
     finally:
         if plant.poll() is None:
-            plant.send_signal(signal.SIGINT)
-            try:
-                plant.wait(20)
-            except subprocess.TimeoutExpired:
-                plant.kill()
+            interrupt(plant)
         ex.shutdown()
         ctrl.destroy_node()
         probe.destroy_node()

@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client l
 pytest.importorskip("mujoco", reason="the plant runs on MuJoCo (pip package 'mujoco')")
 pytestmark = pytest.mark.ros
 
-from conftest import REPO_ROOT, console_script, ros_context, ros_domain  # noqa: E402
+from conftest import REPO_ROOT, console_script, interrupt, ros_context, ros_domain, spin_until  # noqa: E402
 
 from diffsim_ros import config  # noqa: E402
 from diffsim_ros.plant import MujocoPlant  # noqa: E402
@@ -43,23 +42,8 @@ def _ns(stamp) -> int:
     return stamp.sec * 10**9 + stamp.nanosec
 
 
-def _interrupt(proc) -> None:
-    """Stop a node as Ctrl-C does (SIGINT), killing it if it has not ended 20 s later."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _spin_until(ex, cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ex.spin_once(timeout_sec=0.01)
-        if cond():
-            return True
-    return False
+_interrupt = interrupt
+_spin_until = spin_until
 
 
 def test_quadrotor_lockstep_process_one_state_per_command(ros, tmp_path):

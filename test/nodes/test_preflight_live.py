@@ -14,7 +14,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client library)")
 pytestmark = pytest.mark.ros
 
-from conftest import REPO_ROOT, console_script, ros_context, ros_domain  # noqa: E402
+from conftest import REPO_ROOT, console_script, interrupt, ros_context, ros_domain  # noqa: E402
 
 DOMAIN = ros_domain()
 
@@ -59,17 +59,6 @@ def _preflights(env, runs):
     return out
 
 
-def _stop(proc):
-    import signal
-
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_preflight_against_the_standin_is_go_and_names_each_fault(ros, tmp_path):
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1", ROS_LOG_DIR=str(tmp_path / "ros_log"))
     env.pop("ROS_LOCALHOST_ONLY", None)
@@ -80,7 +69,7 @@ def test_preflight_against_the_standin_is_go_and_names_each_fault(ros, tmp_path)
         go, nobody, quad, panda = _preflights(env, [("reach_arm", []), ("reach_arm", ["--command-topic", "/nobody"]),
                                                     ("hover", []), ("reach_panda", [])])
     finally:
-        _stop(plant)
+        interrupt(plant)
     print(go[1], nobody[1], quad[1], panda[1], sep="\n")
     assert go[0] == 0 and go[1].splitlines()[-1] == "GO", go
     assert "[ok  ] command: 1 subscriber(s) on /position_controller/commands" in go[1]
@@ -95,7 +84,7 @@ def test_preflight_against_the_standin_is_go_and_names_each_fault(ros, tmp_path)
         _wait_for_state(ros, log_path)
         (rc, out, err), = _preflights(env, [("reach_arm", [])])
     finally:
-        _stop(plant)
+        interrupt(plant)
     print(out)
     assert rc == 1, (out, err)
     assert "[FAIL] joint state rate: " in out and "needs at least 45.0 Hz" in out, out
