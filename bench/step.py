@@ -3,7 +3,7 @@
 
     python bench/step.py [--quick] [--seconds 0.25] [--batches 1,256,4096] [--compile 1] [--mjx-python PY]
 
-Two models, each at batch 1, 256 and 4096:
+Three models, each at batch 1, 256 and 4096 (``--cases`` picks):
 
 * **panda** (example-robot-data's panda.urdf, fixed base, the finger mimic removed on both sides,
   nq = nv = 9) with ground
@@ -14,6 +14,10 @@ Two models, each at batch 1, 256 and 4096:
 * **quadrotor** (urdf/diffsim_quadrotor.urdf with config/diffsim_quadrotor.yaml:
   free base, CTBR actuation with hover commands, motor lag, body drag, ground
   contact on, 1 substep), dt = 2 ms, hovering 1 m above the ground.
+* **solo12** (example-robot-data's solo12 with config/locomotion_velocity_solo12.yaml: free base,
+  position servos holding the stance, the walker's implicit contact, one substep per step),
+  standing on its four feet after 0.5 s of settling; MuJoCo: the same boxes, position servos
+  with the same gains, the stand-in's floor (elliptic cone, impratio 100).
 
 Ours: float32, CPU, ``torch.set_num_threads(1)`` (stated in the output; batch-level
 parallelism is torch's, not threads), default SimConfig otherwise (NaN guard on).
@@ -416,6 +420,81 @@ def quadrotor_case() -> Case:
     return Case("quadrotor (CTBR)", sim, q0, action, mm, qpos, np.zeros(mm.nv), ctrl, note, mjcf=xml)
 
 
+SOLO12_YAML = os.path.join(REPO_ROOT, "config", "locomotion_velocity_solo12.yaml")
+
+
+def solo12_case() -> Case:
+    """example-robot-data's solo12 standing on its four feet: the walker's training file (its
+    contact and servo settings), one physics substep per step, the stance commanded through the
+    position servos. MuJoCo: the same URDF (meshes stripped) on a free joint, our collision boxes
+    as geoms against a plane, one position servo per joint with the same kp and kd, the
+    stand-in's floor (elliptic cone, impratio 100)."""
+    import mujoco
+
+    from diffsim_ros.plant.mujoco_plant import FRICTION_IMPRATIO
+
+    params = config.load_yaml(SOLO12_YAML)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "mesh replaced by its bounding box"
+        model = config.load_model(params, SOLO12_YAML, dtype=torch.float32)
+        task = config.build_task(params, SOLO12_YAML)[0]
+    cfg = config.simulator_config(params, SOLO12_YAML)
+    h = cfg.dt / cfg.substeps
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, dt=h, substeps=1, nan_check=True)
+    sim = physics.Simulator(model, cfg)
+    stance = task.stance.float()
+    q0 = model.neutral_configuration()
+    q0[2] = float(params["task"].get("base_height", task.base_height))
+    q0[7:] = q0[7:].index_copy(0, sim.act_index, stance)
+    # Settle it on its feet first (0.5 s), so both engines start from a resting stance.
+    state = sim.initial_state(q0[None])
+    with torch.no_grad():
+        for _ in range(int(0.5 / h)):
+            state = sim.step(state, stance[None])
+    q0 = state.q[0].clone()
+
+    from diffsim_ros.config import resolve_urdf
+
+    path = str(resolve_urdf(params, SOLO12_YAML))
+    spec = mujoco.MjSpec.from_string(_strip_urdf(path))
+    spec.option.timestep = h
+    spec.option.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+    spec.option.impratio = FRICTION_IMPRATIO
+    # The servos' damping implicit (MuJoCo's implicitfast), as ours: explicitly the light shanks ring.
+    spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
+    spec.worldbody.first_body().add_freejoint()
+    _add_ground(spec)
+    _add_box_geoms(spec, model)
+    kp = [float(x) for x in np.broadcast_to(np.asarray(cfg.kp, dtype=float), (len(stance),))]
+    kd = [float(x) for x in np.broadcast_to(np.asarray(cfg.kd, dtype=float), (len(stance),))]
+    for i, name in enumerate(sim.actuated_joints):
+        spec.add_actuator(name=name, trntype=mujoco.mjtTrn.mjTRN_JOINT, target=name, gainprm=[kp[i]] + [0] * 9,
+                          biastype=mujoco.mjtBias.mjBIAS_AFFINE, biasprm=[0, -kp[i], -kd[i]] + [0] * 7)
+    mm = spec.compile()
+    qpos = np.zeros(mm.nq)
+    qpos[0:3] = q0[0:3].double().numpy()
+    qx, qy, qz, qw = q0[3:7].double().numpy()
+    qpos[3:7] = [qw, qx, qy, qz]
+    for i, name in enumerate(model.joint_names):
+        qpos[mm.jnt_qposadr[mujoco.mj_name2id(mm, mujoco.mjtObj.mjOBJ_JOINT, name)]] = float(q0[7 + i])
+    ctrl = np.zeros(mm.nu)
+    for i, name in enumerate(sim.actuated_joints):
+        ctrl[mujoco.mj_name2id(mm, mujoco.mjtObj.mjOBJ_ACTUATOR, name)] = float(stance[i])
+    d = mujoco.MjData(mm)
+    d.qpos[:] = qpos
+    d.ctrl[:] = ctrl
+    for _ in range(int(0.5 / h)):
+        mujoco.mj_step(mm, d)
+    qpos = d.qpos.copy()
+    touching = int((sim.contact_forces(q0, torch.zeros(model.nv))[1] < 0).sum())
+    note = ("solo12: nv = %d, %d contact points, position servos holding the stance (dt %.3g s, one substep), "
+            "settled 0.5 s on its feet: %d points touching in ours, MuJoCo finds %d contacts"
+            % (model.nv, sim.pt_body.numel(), h, touching, d.ncon))
+    return Case("solo12 + ground", sim, q0, stance, mm, qpos, np.zeros(mm.nv), ctrl, note, mjcf=spec.to_xml())
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -431,6 +510,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mjx-batches", default=None,
                         help="batch sizes for the MJX peer (default: --batches; its CPU jit of a batch-4096 "
                              "gradient takes many minutes)")
+    parser.add_argument("--cases", default="panda,quadrotor,solo12",
+                        help="models to time (default: panda,quadrotor,solo12)")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (0.05 if args.quick else 0.25)
     batches = [int(b) for b in args.batches.split(",")]
@@ -451,7 +532,11 @@ def main(argv=None) -> int:
            platform.processor() or platform.machine(), os.cpu_count(), seconds))
     log("load average (1, 5, 15 min) at the start: %.2f %.2f %.2f" % os.getloadavg())
 
-    cases = [panda_case(), quadrotor_case()]
+    builders = {"panda": panda_case, "quadrotor": quadrotor_case, "solo12": solo12_case}
+    unknown = [c for c in args.cases.split(",") if c not in builders]
+    if unknown:
+        parser.error(f"--cases: unknown {unknown} (known: {', '.join(builders)})")
+    cases = [builders[c]() for c in args.cases.split(",")]
     for case in cases:
         log(case.note)
     fd_rates = {case.name: mj_fd_jacobian_rate(case, seconds) for case in cases}
