@@ -42,7 +42,7 @@ class OnnxExportError(CheckpointError):
 def _observations(folder: Path, meta: Dict[str, Any], module, episodes: int, seed: int) -> Dict[str, np.ndarray]:
     """Inputs to compare on: drawn around the normaliser's statistics, far outside them, and met
     in ``episodes`` simulator episodes of the checkpoint's task (the TorchScript policy acting)."""
-    from ..evaluation import load_checkpoint_task
+    from .deploy import task_from_metadata
 
     n = int(meta["observation"]["dim"])
     gen = np.random.default_rng(seed)
@@ -54,14 +54,17 @@ def _observations(folder: Path, meta: Dict[str, Any], module, episodes: int, see
     out = {"drawn": mean + std * gen.standard_normal((256, n)) * gen.uniform(0.0, 3.0, (256, 1)),
            "far": mean + std * gen.standard_normal((64, n)) * 100.0}
     if episodes > 0:
-        task, policy = load_checkpoint_task(folder)[:2]
+        # The checkpoint's task (its robot, simulator and task from policy.json; the NaN guard off,
+        # as evaluation has it), acted on by the TorchScript policy itself.
+        judged = dict(meta, simulator=dict(meta["simulator"], nan_check=False))
+        _, task = task_from_metadata(judged, str(folder), dtype=torch.float32)
         seen = []
         with torch.no_grad():
             ts = task.reset(int(episodes), torch.Generator().manual_seed(int(seed)))
             for _ in range(int(task.horizon)):
                 obs = task.observe(ts)
                 seen.append(obs.double().cpu().numpy())
-                ts = task.step(ts, policy(obs))
+                ts = task.step(ts, module(obs.to(torch.float32)).to(obs.dtype))
         out["episodes"] = np.concatenate(seen)
     return {k: v.astype(np.float32) for k, v in out.items()}
 
