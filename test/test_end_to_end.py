@@ -359,8 +359,8 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
     recorded = read_bag(bag)
     counts = bag_counts(recorded)
     # Every message the controller published is in the bag, per topic. (Its shutdown waits 5 s for
-    # every reliable subscriber's acknowledgement; under a loaded suite one of them, not the recorder,
-    # was once late on /cmd_ctbr while the bag held all 291 commands: the counts are the property.)
+    # every reliable subscriber's acknowledgement; under a loaded suite that wait once timed out on
+    # /cmd_ctbr while the bag held all 291 commands: the counts are the property.)
     print("unacknowledged at the controller's shutdown:", pub_counts["unacknowledged_topics"])
     for topic, n in pub_counts["published"].items():
         assert counts.get(topic, 0) == n, f"{topic}: bag {counts.get(topic, 0)}, controller published {n}"
