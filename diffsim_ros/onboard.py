@@ -28,11 +28,12 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["OnnxPolicy", "ONNX_FILE", "INPUT", "OUTPUT", "METADATA_KEY"]
+__all__ = ["OnnxPolicy", "ONNX_FILE", "INPUT", "OUTPUT", "METADATA_KEY", "SOURCE_SHA_KEY"]
 
 ONNX_FILE = "policy.onnx"
 INPUT, OUTPUT = "observation", "action"
 METADATA_KEY = "diffsim_ros.policy_json"      # policy.json's text, inside policy.onnx's metadata_props
+SOURCE_SHA_KEY = "diffsim_ros.policy_pt_sha256"   # sha256 of the policy.pt it was exported from, beside it
 
 
 class OnnxPolicy:

@@ -50,7 +50,7 @@ class VelocityUpdate:
 @dataclass
 class Goal:
     """The command in force now: ``target`` for the policy, or ``stand`` (no policy: the stance);
-    ``timed_out``: no request for ``timeout_s`` (or none yet), the zero command."""
+    ``timed_out``: no request for ``timeout_s``, the zero command."""
     target: Optional[np.ndarray]
     stand: bool
     timed_out: bool

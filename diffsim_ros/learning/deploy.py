@@ -169,14 +169,14 @@ def _onnx_policy(checkpoint: Path, meta: Dict[str, Any]):
     """The checkpoint's policy.onnx (diffsim-ros export --onnx) run by onnxruntime, as a callable
     from float32 observations (B, n) to actions (B, m) like the TorchScript module; refused when it
     was exported from another policy.pt than the checkpoint's (a stale export)."""
-    from ..onboard import OnnxPolicy
+    from ..onboard import SOURCE_SHA_KEY, OnnxPolicy
 
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     try:
         pol = OnnxPolicy(folder)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{folder}: policy_format onnx: {e}") from None
-    sha = pol.session.get_modelmeta().custom_metadata_map.get("diffsim_ros.policy_pt_sha256")
+    sha = pol.session.get_modelmeta().custom_metadata_map.get(SOURCE_SHA_KEY)
     if sha != meta["policy"].get("sha256"):
         raise CheckpointError(f"{folder}: policy.onnx was exported from another policy.pt (sha256 {sha}, this "
                               f"checkpoint's {meta['policy'].get('sha256')}): export it again with "

@@ -27,7 +27,7 @@ from typing import Any, Dict, Union
 import numpy as np
 import torch
 
-from ..onboard import INPUT, METADATA_KEY, ONNX_FILE, OUTPUT
+from ..onboard import INPUT, METADATA_KEY, ONNX_FILE, OUTPUT, SOURCE_SHA_KEY
 from .checkpoint import CheckpointError
 
 __all__ = ["export_onnx", "OnnxExportError", "OPSET"]
@@ -98,7 +98,7 @@ def export_onnx(folder: Union[str, os.PathLike], episodes: int = 8, seed: int = 
         except Exception as e:  # noqa: BLE001 - whatever the exporter raises, named
             raise OnnxExportError(f"{pt}: torch.onnx.export failed: {type(e).__name__}: {e}") from None
         model = onnx.load(str(raw))
-        props = {METADATA_KEY: text, "diffsim_ros.policy_pt_sha256": hashlib.sha256(pt.read_bytes()).hexdigest()}
+        props = {METADATA_KEY: text, SOURCE_SHA_KEY: hashlib.sha256(pt.read_bytes()).hexdigest()}
         for key, value in props.items():
             entry = model.metadata_props.add()
             entry.key, entry.value = key, value

@@ -450,6 +450,7 @@ def make_node_class():
             # it every timer on that clock, which is when they are needed.
             steady = Clock(clock_type=ClockType.STEADY_TIME)
             watchdog_period = 1.0 / max(float(p("watchdog_hz")), 1e-3)
+            self.watchdog = None                  # timer mode's own watchdog (lockstep: self.timer is it)
             if self.lockstep:
                 self.timer = self.create_timer(watchdog_period, self._watchdog_tick, clock=steady)
             else:
@@ -1021,6 +1022,8 @@ def make_node_class():
         def close(self):
             """Called once by run_node at shutdown (SIGINT/SIGTERM): the counters to stderr and stats_file."""
             self.timer.cancel()
+            if self.watchdog is not None:
+                self.watchdog.cancel()
             # Reliable subscribers (a recorder) get every message published before the process exits.
             late = common.flush_publishers((self.pub_out, self.pub_cmd, self.pub_pred, self.pub_meta, self.pub_diag))
             if late:

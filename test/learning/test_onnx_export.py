@@ -28,6 +28,7 @@ from diffsim_ros.learning import onnx_export  # noqa: E402
 from diffsim_ros.learning.checkpoint import CheckpointError  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
 from diffsim_ros.onboard import METADATA_KEY  # noqa: E402
+from diffsim_ros.tasks.base import TaskState  # noqa: E402
 
 SHIPPED = ["hover", "reach_arm", "reach_panda", "jump", "jump_solo12", "locomotion_velocity",
            "locomotion_velocity_solo12"]
@@ -100,7 +101,6 @@ def _commands_by_runner(folder: Path, fmt: str, n: int, seed: int):
         state = runner.state(ts.sim.q[i].double().numpy(), ts.sim.v[i].double().numpy())
         target = ts.target[i:i + 1].to(runner.dtype)
         d = runner.decide(state, target, predict=False)
-        from diffsim_ros.tasks.base import TaskState
         obs = runner.task.observe(TaskState(state, target, 0)).double().numpy()[0]
         q = runner.joint_positions(state)
         out.append((obs, q, d.command))
