@@ -1066,11 +1066,10 @@ def cmd_init(args, cli=None) -> int:
         raise error(f"{args.out} was written but does not load: {exc}") from None
     controllers = ros2_controllers(p, list(task.sim.actuated_joints), args.out)
     if controllers is not None:
+        from .analysis.bagfile import write_atomically
+
         try:
-            tmp = cpath + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(controllers)
-            os.replace(tmp, cpath)
+            write_atomically(Path(cpath), controllers, fsync=False)
         except OSError as exc:
             raise error(f"{cpath}: {exc.strerror or exc}") from None
     print(f"wrote {args.out}; train it with: diffsim-ros train --config {args.out} --out runs/"
