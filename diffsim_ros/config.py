@@ -23,8 +23,8 @@ tree); ``file://<path>``; or a path relative to this package's share folder
 (``urdf/...``, ``config/...``).
 
 A *training file* (``config/<task>.yaml``, read by ``diffsim-ros train/baseline``)
-adds ``dtype``, ``task`` (``tasks.make_task``), ``training`` (``TrainConfig``) and
-``ppo`` (``PPOConfig``) sections; :func:`load_training_file` reads one, refusing
+adds ``dtype``, ``task`` (``tasks.make_task``), ``training`` (``TrainConfig``), ``ppo``
+(``PPOConfig``) and ``sac`` (``SACConfig``) sections; :func:`load_training_file` reads one, refusing
 unknown top-level keys, and builds its task.
 
 Every error is a :class:`physics.ConfigError` naming the file and/or the key.
@@ -217,7 +217,8 @@ def load_model(params: Dict[str, Any], source: str = "", dtype=None, device="cpu
 
 # ---------------------------------------------------------------------------- training files
 #: Top-level keys of a training file (config/<task>.yaml) read by ``diffsim-ros train/baseline``.
-TRAINING_FILE_KEYS = ("urdf", "floating_base", "dtype", "simulator", "task", "training", "ppo", "excitation")
+TRAINING_FILE_KEYS = ("urdf", "floating_base", "dtype", "simulator", "task", "training", "ppo", "sac",
+                      "excitation")
 DTYPES = ("float32", "float64")
 
 

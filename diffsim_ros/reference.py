@@ -19,7 +19,7 @@ NODES = ("policy_controller", "mujoco_plant", "train_node", "trajectory_recorder
 def _sections():
     """Every configuration section, by key path (importing the modules that declare them)."""
     from .control import excitation, supervisor  # noqa: F401  (register their sections)
-    from .learning import apg, ppo  # noqa: F401
+    from .learning import apg, ppo, sac  # noqa: F401
     from .physics import schema
     from .plant import perturbation  # noqa: F401
 
@@ -40,7 +40,7 @@ def parameter_reference() -> str:
            + ", ".join(f"`{k}`" for k in TRAINING_FILE_KEYS) + ". The same keys are ROS parameters of the "
            "nodes that read them (`ros2 param describe` shows these descriptions); a wrong key or value is an "
            "error naming its key path, with the nearest known names.", ""]
-    order = ["simulator", "training", "ppo", "perturbation", "excitation", "supervisor"]
+    order = ["simulator", "training", "ppo", "sac", "perturbation", "excitation", "supervisor"]
     found = _sections()
     for name in order + sorted(set(found) - set(order)):
         cls = found.get(name)

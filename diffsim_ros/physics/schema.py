@@ -151,7 +151,8 @@ def unknown_key(key: str, known, owner: str = "") -> ConfigError:
              if name != owner and key in {f.name for f in fields(cls)}]
     near = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
     if homes:
-        text += "; it is a key of " + " and ".join(f"'{h}'" for h in homes)
+        names = [f"'{h}'" for h in homes]
+        text += "; it is a key of " + (", ".join(names[:-1]) + " and " if len(names) > 1 else "") + names[-1]
     elif near:
         text += "; did you mean " + " or ".join(f"'{n}'" for n in near) + "?"
     text += f" (known: {', '.join(sorted(map(str, known)))})"

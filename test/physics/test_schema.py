@@ -135,8 +135,8 @@ def test_a_typo_gets_the_nearest_key(data):
 
 
 def test_a_key_of_another_section_names_that_section():
-    with pytest.raises(ConfigError, match=r"unknown key 'simulator\.learning_rate'; it is a key of 'training' "
-                                          r"and 'ppo'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'simulator\.learning_rate'; it is a key of 'training', "
+                                          r"'ppo' and 'sac'"):
         config.simulator_config({"simulator": {"learning_rate": 1e-3}}, "hover.yaml")
     with pytest.raises(ConfigError, match=r"unknown key 'training\.dt'; it is a key of 'simulator'"):
         SECTIONS["training"].from_dict({"dt": 0.01})
