@@ -1,5 +1,5 @@
 """``diffsim-ros train`` (a policy by gradients through the simulator, single-process or data-parallel
-under torchrun, resumable) and ``diffsim-ros baseline`` (the PPO baseline on the same task)."""
+under torchrun, resumable) and ``diffsim-ros baseline`` (the PPO or SAC baseline on the same task)."""
 from __future__ import annotations
 
 import argparse
@@ -249,6 +249,24 @@ def _train(args: argparse.Namespace, ctx) -> int:
     return 0
 
 
+#: --algo of `diffsim-ros baseline`: (the training file's section and module, the name printed, the config class,
+#: the trainer).
+BASELINES = {"ppo": ("PPO", "PPOConfig", "train_ppo"), "sac": ("SAC", "SACConfig", "train_sac")}
+
+
+def _baseline_algo(args: argparse.Namespace) -> str:
+    """--algo, or with --resume and no --algo the run's own (checkpoints/latest/policy.json), else ppo."""
+    if args.algo is not None:
+        return args.algo
+    if args.resume is not None:
+        from diffsim_ros.learning.baseline import run_method
+
+        method = run_method(args.resume)
+        if method in BASELINES:
+            return method
+    return "ppo"
+
+
 def cmd_baseline(args: argparse.Namespace) -> int:
     _positive("--timesteps", args.timesteps)
     _resume_folder(args, "baseline")
@@ -257,16 +275,20 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             raise CliError(f"--resume {args.resume}: no such folder")
     else:
         _refuse_overwrite(args.out, args.force, "baseline")
+    algo = _baseline_algo(args)
+    name, config_class, trainer = BASELINES[algo]
     device = _training_device(args.device)
     errors = _input_errors()
     try:
         try:
-            from diffsim_ros.learning import ppo
+            import importlib
+
+            module = importlib.import_module(f"diffsim_ros.learning.{algo}")
         except ModuleNotFoundError as exc:
-            if exc.name == "diffsim_ros.learning.ppo":
-                raise CliError("the PPO baseline (diffsim_ros.learning.ppo) is not available in this "
-                               "installation") from None
-            raise CliError(f"the PPO baseline needs '{exc.name}', which is not installed "
+            if exc.name == f"diffsim_ros.learning.{algo}":
+                raise CliError(f"the {name} baseline (diffsim_ros.learning.{algo}) is not available in this "
+                               f"installation") from None
+            raise CliError(f"the {name} baseline needs '{exc.name}', which is not installed "
                            f"(pip install stable-baselines3 gymnasium; see requirements.txt)") from None
         import copy
 
@@ -276,7 +298,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
         state = None
         if args.resume is not None:
-            state = ppo.load_resume_state(args.resume)
+            state = module.load_resume_state(args.resume)
             info = state.get("run_info") or {}
             if args.config is None:       # the run's own parameters
                 if not isinstance(info.get("config"), dict) or not isinstance(info.get("config_file"), str):
@@ -288,41 +310,42 @@ def cmd_baseline(args: argparse.Namespace) -> int:
                 params, task, model = _load_training_setup(args, device)
         else:
             params, task, model = _load_training_setup(args, device)
-        section = config.section(params, "ppo", args.config)
+        section = config.section(params, algo, args.config)
         for key, val in (("total_timesteps", args.timesteps), ("seed", args.seed)):
             if val is not None:
                 section[key] = val
         try:
-            cfg = ppo.PPOConfig.from_dict(section)
+            cfg = getattr(module, config_class).from_dict(section)
         except (config.ConfigError, TypeError, ValueError) as exc:
             msg = str(exc)
             raise config.ConfigError(msg if args.config in msg else f"{args.config}: {msg}") from None
         # What a resume is checked against: the parameters as trained (options applied).
         effective = copy.deepcopy(params)
-        effective["ppo"] = copy.deepcopy(section)
+        effective[algo] = copy.deepcopy(section)
         run_info = {"config": json_safe(effective), "config_file": os.path.abspath(args.config),
                     "urdf_sha256": task.model.urdf_sha256}
         if state is not None:
             check_same_run(state, run_info)
-            print(f"baseline: resuming {args.resume} after iteration {int(state['iteration'])}", flush=True)
+            print(f"baseline: resuming the {name} run {args.resume} after iteration {int(state['iteration'])}",
+                  flush=True)
         config_extra = {"file": os.path.abspath(args.config), "task": params.get("task")}
 
         def export(policy, partial, folder, info):
             """checkpoints/latest and checkpoints/best: the final checkpoint's metadata, so far."""
             save_checkpoint(policy, task, folder, extra={
-                "training": dict(training_summary(partial, cfg), method="ppo"), "config": config_extra,
+                "training": dict(training_summary(partial, cfg), method=algo), "config": config_extra,
                 "checkpoint": info})
 
         before = set(os.listdir(args.out)) if state is not None else _prepare_out(args.out)
         t0 = time.perf_counter()
-        result = ppo.train_ppo(task, cfg, out_dir=args.out, progress=not args.no_progress, resume=state,
-                               export=export, run_info=run_info)
+        result = getattr(module, trainer)(task, cfg, out_dir=args.out, progress=not args.no_progress, resume=state,
+                                          export=export, run_info=run_info)
         wall = time.perf_counter() - t0
-        extra = {"training": dict(training_summary(result, cfg), method="ppo"), "config": config_extra}
+        extra = {"training": dict(training_summary(result, cfg), method=algo), "config": config_extra}
         save_checkpoint(result.policy, task, args.out, extra=extra)
     except errors as exc:
         raise CliError(_describe(exc, args.config or args.out)) from None
-    print_summary("baseline (PPO)", task, model, result, args.out, written_files(args.out, before), wall)
+    print_summary(f"baseline ({name})", task, model, result, args.out, written_files(args.out, before), wall)
     return 0
 
 
@@ -330,7 +353,7 @@ def _add_training_args(p, what: str, resumable: bool = False) -> None:
     also = " (with --resume: the run's own, else the same file)" if resumable else ""
     p.add_argument("--config", required=not resumable, metavar="YAML",
                    help="training file, e.g. config/reach_arm.yaml (a ROS 2 parameter file with urdf, "
-                        "floating_base, dtype, simulator, task, training and ppo sections)" + also)
+                        "floating_base, dtype, simulator, task, training, ppo and sac sections)" + also)
     p.add_argument("--out", required=not resumable, metavar="DIR",
                    help=f"output folder: policy.pt, policy.json and the {what} log (training.csv, "
                         f"TensorBoard event files); refused when it holds a policy already, unless --force")
@@ -451,13 +474,16 @@ def _add_distill(sub) -> None:
 
 def _add_baseline(sub) -> None:
     p = sub.add_parser(
-        "baseline", help="train the PPO baseline (Stable-Baselines3) on the same task and export it",
-        description="Read a training file (config/<task>.yaml) and train PPO (Stable-Baselines3) "
-                    "on the same simulator and task with the file's ppo section; write policy.pt, "
+        "baseline", help="train an RL baseline (Stable-Baselines3 PPO or SAC) on the same task and export it",
+        description="Read a training file (config/<task>.yaml) and train PPO or SAC (Stable-Baselines3, --algo) "
+                    "on the same simulator and task with the file's ppo or sac section; write policy.pt, "
                     "policy.json and the training log into --out, and on the way checkpoints/latest/ "
                     "(with resume.pt, which --resume continues from) and checkpoints/best/ every "
-                    "ppo.checkpoint_every iterations.")
-    _add_training_args(p, "PPO", resumable=True)
+                    "ppo.checkpoint_every (sac.checkpoint_every) iterations.")
+    _add_training_args(p, "baseline", resumable=True)
+    p.add_argument("--algo", choices=sorted(BASELINES), default=None,
+                   help="ppo (on-policy, the default) or sac (off-policy, replay buffer); with --resume: the "
+                        "run's own")
     p.add_argument("--timesteps", type=int, default=None, metavar="N",
-                   help="environment steps (default: the file's ppo.total_timesteps)")
+                   help="environment steps (default: the file's ppo.total_timesteps or sac.total_timesteps)")
     p.set_defaults(func=cmd_baseline)
