@@ -111,6 +111,11 @@ class TrainConfig:
     eval_every: int = option(5, "iterations between evaluations on fresh episodes (no gradient)", low=1)
     eval_envs: int = option(64, "episodes per evaluation", low=1)
     stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
+    restart_after: int = option(0, """iterations an attempt gets to reach the task's success threshold (by the
+        evaluation) before the run starts again from a freshly initialised policy, optimiser and critic (0: never):
+        a gradient descent that got stuck in a local minimum (a quadruped rearing on its hind legs instead of
+        jumping) does not leave it, a fresh start usually does not enter it. Needs stop_at_success; env_steps and
+        wall_time count every attempt""", low=0)
     seed: int = option(0, "random seed")
     compile_step: bool = option(False, """step through the compiled simulator (physics.compiled.CompiledStep): about
         7x faster an iteration of solo12's locomotion on one CPU thread, after compiling its graphs once (minutes the
@@ -130,6 +135,9 @@ class TrainConfig:
         normalise(self)
 
     def check(self) -> None:
+        if self.restart_after and not self.stop_at_success:
+            raise ConfigError("restart_after needs stop_at_success: true (an attempt ends at the threshold)",
+                              "restart_after")
         for k in RANDOMIZED + ("randomize_latency", "push_speed"):
             r = getattr(self, k)
             if r and (len(r) != 2 or not r[0] <= r[1]):
@@ -410,6 +418,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         it, env_steps, diverged = int(resume["iteration"]), int(resume["env_steps"]), int(resume["diverged"])
         solved_steps, solved_time, best = resume["solved_env_steps"], resume["solved_time"], resume["best"]
         _set_rng_state(resume["rng"], gen, device)
+    attempt = _attempt_start(history, cfg)   # the iteration the current attempt began after (restart_after)
     # Same seed, same weights on every rank; rank 0's are copied anyway (another build or device
     # could initialise differently).
     dist.broadcast_module(policy)
@@ -501,6 +510,12 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                         pending_best = (copy.deepcopy(policy), it + 1)
             history.append(row)
             it += 1
+            if _restarts_now(it, attempt, solved_steps, cfg):
+                attempt = it
+                _fresh_start(task, cfg, it, policy, opt, critic, critic_opt)
+                dist.broadcast_module(policy)
+                if critic is not None:
+                    dist.broadcast_module(critic)
             done = it >= cfg.iterations or (cfg.stop_at_success and solved_steps is not None)
             if log is not None:
                 log.append(row)
@@ -527,6 +542,41 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
 
             write_gait_report(task, policy, out_dir)
     return TrainResult(policy, history, solved_steps, solved_time)
+
+
+def _restarts_now(it: int, attempt: int, solved_steps, cfg: TrainConfig) -> bool:
+    """Whether the attempt that began after iteration ``attempt`` ends unsolved after iteration ``it``
+    (restart_after), with iterations left to try again."""
+    return bool(cfg.restart_after) and solved_steps is None and it - attempt >= cfg.restart_after \
+        and it < cfg.iterations
+
+
+def _attempt_start(history: List[Dict[str, float]], cfg: TrainConfig) -> int:
+    """The iteration after which the current attempt began: the rule of :func:`_restarts_now`
+    replayed over a resumed run's history (0 for a new run; a solved run has stopped, so every row
+    before the last is unsolved)."""
+    attempt = 0
+    for row in history:
+        if _restarts_now(int(row["iteration"]), attempt, None, cfg):
+            attempt = int(row["iteration"])
+    return attempt
+
+
+def _fresh_start(task: Task, cfg: TrainConfig, it: int, policy: torch.nn.Module, opt, critic, critic_opt) -> None:
+    """A new attempt after iteration ``it``: the policy (and its observation normaliser) and the
+    critic initialised afresh from a seed of their own (``cfg.seed`` and ``it``), the optimisers'
+    moments forgotten."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed * 1_000_003 + it)
+        fresh = make_policy(task, cfg)
+        policy.load_state_dict(fresh.to(dtype=task.model.dtype, device=task.model.device).state_dict())
+        if critic is not None:
+            for m in critic.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+    for o in (opt, critic_opt):
+        if o is not None:
+            o.state.clear()
 
 
 def _better(row: Dict[str, float], best: Optional[Dict[str, float]]) -> bool:

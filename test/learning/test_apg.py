@@ -494,3 +494,57 @@ def test_compiled_step_trains_as_the_eager_one(tmp_path, randomised):
     for a, b in zip(runs[1].policy.state_dict().values(), runs[0].policy.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert runs[0].history[-1]["grad_norm"] > 0
+
+
+def test_an_unsolved_attempt_starts_again_from_a_fresh_policy_and_a_resumed_run_replays_it(tmp_path, monkeypatch):
+    """training.restart_after: an attempt that has not reached the task's threshold after that many
+    iterations ends, and the run goes on from a freshly initialised policy (seeded by the seed and
+    the iteration) with the optimiser's moments forgotten. On a reach that cannot be solved in 7
+    iterations of 8 steps, with restart_after 3: after iterations 3 and 6 the policy is that fresh
+    one (after 1, 2, 4 it is not, nor after 3 without restarts); a run stopped after iteration 4
+    (a resumed run that counted its attempt from the start would restart after 5) and resumed from its checkpoint ends with the uninterrupted run's weights and rows (the resumed
+    run finds where its attempt began from the history); restart_after without stop_at_success is
+    refused by name."""
+    import dataclasses
+
+    from diffsim_ros.learning import apg
+
+    task = _reach_task(horizon=8)
+    cfg = TrainConfig(iterations=7, num_envs=4, window=4, eval_every=1, eval_envs=4, stop_at_success=True,
+                      restart_after=3, seed=3, checkpoint_every=1)
+
+    def fresh(it):
+        torch.manual_seed(cfg.seed * 1_000_003 + it)
+        return apg.make_policy(task, cfg).to(task.model.dtype).state_dict()
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    built = []
+    make = apg.make_policy
+    monkeypatch.setattr(apg, "make_policy", lambda t, c: built.append(make(t, c)) or built[-1])
+    weights = {}
+    res = train(task, cfg, progress=False, out_dir=tmp_path / "whole", callback=lambda row: weights.setdefault(
+        row["iteration"], {k: v.clone() for k, v in built[0].state_dict().items()}))
+    monkeypatch.undo()
+    assert res.solved_env_steps is None and [r["iteration"] for r in res.history] == list(range(1, 8))
+    assert same(weights[3], fresh(3)) and same(weights[6], fresh(6))
+    assert not any(same(weights[k], fresh(j)) for k in (1, 2, 4) for j in (k, 3))
+    plain = train(task, dataclasses.replace(cfg, restart_after=0, iterations=3), progress=False)
+    assert not same(plain.policy.state_dict(), fresh(3))
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_4(row):
+        if row["iteration"] == 4:
+            raise Stop
+    with pytest.raises(Stop):
+        train(task, cfg, progress=False, out_dir=tmp_path / "cut", callback=stop_after_4)
+    resumed = train(task, cfg, progress=False, out_dir=tmp_path / "cut",
+                    resume=apg.load_resume_state(tmp_path / "cut"))
+    assert same(resumed.policy.state_dict(), res.policy.state_dict())
+    assert [r["loss"] for r in resumed.history] == [r["loss"] for r in res.history]
+
+    with pytest.raises(physics.ConfigError, match="restart_after"):
+        TrainConfig(iterations=5, restart_after=2, stop_at_success=False)
