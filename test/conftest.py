@@ -175,6 +175,37 @@ def rcl_parameters(path, node: str = "diffsim_param_file_check") -> dict:
                              for k, v in flat.items()})
 
 
+def write_params(path, params: dict) -> Path:
+    """``params`` as a ROS 2 parameter file (``/**: ros__parameters:``) at ``path``."""
+    import yaml
+
+    path = Path(path)
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
+    return path
+
+
+def run_main(capsys, *argv):
+    """``diffsim-ros ARGV`` in this process: (exit status, stdout, stderr)."""
+    from diffsim_ros.cli import main
+
+    rc = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def csv_rows(path) -> list:
+    """The rows of a training.csv, as written (strings)."""
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def without_time(rows) -> list:
+    """The rows as written, less wall_time (the one column two runs cannot share)."""
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test of more than about 30 s (training runs); "
                                        "deselect with -m 'not slow' for a quick pass")

@@ -15,7 +15,6 @@ critic, both optimisers and the trainer's generator must all come back).
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import shutil
@@ -33,6 +32,9 @@ from diffsim_ros.cli import main
 from diffsim_ros.learning import apg
 from diffsim_ros.learning.checkpoint import load_checkpoint
 
+from conftest import csv_rows, run_main, without_time
+from conftest import write_params as write_config
+
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 7          # N + M
 KILL_DURING = 6         # the separate process kills itself inside iteration 6: rows 1-5 done, checkpoint at 4
@@ -48,27 +50,6 @@ def tiny_params(**training) -> dict:
                               randomize_mass=[0.8, 1.2])
     params["training"].update(training)
     return params
-
-
-def write_config(path: Path, params: dict) -> Path:
-    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
-    return path
-
-
-def run_main(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
-def csv_rows(path: Path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def without_time(rows):
-    """The rows as written, less wall_time (the one column two runs cannot share)."""
-    return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
 
 
 def resume_state(folder: Path) -> dict:

@@ -34,7 +34,7 @@ from ..physics import ConfigError
 from ..physics.schema import normalise, option, section
 from ..tasks import Task
 from .apg import TrainResult
-from .baseline import (Learner, SB3Actor, array, check_state, frozen_actor, learner_state, make_env, read_state,
+from .baseline import (Learner, SB3Actor, array, frozen_actor, learner_state, make_env, read_state,
                        set_learner_state, silence, train_baseline)
 
 
@@ -190,9 +190,3 @@ def load_resume_state(out_dir) -> Dict[str, Any]:
     :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
     :class:`~diffsim_ros.learning.apg.ResumeError` naming what is wrong."""
     return read_state(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, "sac")
-
-
-def check_resume_state(state: Dict[str, Any], task: Task, cfg: SACConfig) -> None:
-    """A ResumeError unless ``state`` continues a SAC run of ``task`` with ``cfg`` that has
-    iterations left; it names what differs."""
-    check_state(state, task, "sac", cfg)

@@ -8,26 +8,22 @@ error naming it. No timing is asserted.
 """
 from __future__ import annotations
 
-import csv
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 pytest.importorskip("stable_baselines3", reason="stable-baselines3 (SAC baseline) is not installed")
 pytest.importorskip("gymnasium", reason="gymnasium is not installed")
 
 from diffsim_ros import config, physics  # noqa: E402
-from diffsim_ros.cli import main  # noqa: E402
 from diffsim_ros.learning import apg  # noqa: E402
 from diffsim_ros.learning.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from diffsim_ros.learning.sac import SACConfig, SACPolicy, actor_from_sb3, make_model, train_sac  # noqa: E402
 
-from conftest import REPO_ROOT, drawn_seed  # noqa: E402
+from conftest import REPO_ROOT, csv_rows, drawn_seed, run_main, without_time, write_params  # noqa: E402
 
 
 def reach_params(horizon: int, dtype: str = "float32") -> dict:
@@ -38,26 +34,6 @@ def reach_params(horizon: int, dtype: str = "float32") -> dict:
     params["task"]["horizon"] = horizon
     params["training"].update(eval_envs=4, window=4)
     return params
-
-
-def write_params(path: Path, params: dict) -> Path:
-    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
-    return path
-
-
-def run_main(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
-def csv_rows(path: Path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def without_time(rows):
-    return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
 
 
 @pytest.fixture(scope="module")
