@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""Sample efficiency: gradients through the simulator against PPO, in the same run.
+"""Sample efficiency: gradients through the simulator against PPO and SAC, in the same run.
 
-    python bench/sample_efficiency.py [--quick] [--tasks reach,hover,locomotion] [--methods gradient,ppo]
+    python bench/sample_efficiency.py [--quick] [--tasks reach,hover,locomotion] [--methods gradient,ppo,sac]
                                       [--budget STEPS] [--config NAME=PATH] [--out results.json] [--curves DIR]
     python bench/sample_efficiency.py --merge a.json b.json ...   # one table from runs made separately
 
-For each task, the gradient trainer (``learning.apg.train``) and the PPO baseline
-(``learning.ppo.train_ppo``, Stable-Baselines3) train on the same task instance
-(same simulator, same reset distribution, same loss: PPO's reward is minus the
-step loss) until the policy reaches the task's success threshold
+For each task, the gradient trainer (``learning.apg.train``) and the two
+Stable-Baselines3 baselines, PPO (``learning.ppo.train_ppo``) and SAC
+(``learning.sac.train_sac``), train on the same task instance (same simulator,
+same reset distribution, same loss: the baselines' reward is minus the step
+loss) until the policy reaches the task's success threshold
 (``task.success_threshold`` of fresh evaluation episodes succeed, judged by
-``learning.apg.evaluate``, the same metric for both) or the budget of
+``learning.apg.evaluate``, the same metric for all) or the budget of
 environment steps runs out. Printed per task and method: environment steps and
 wall-clock time to success, the final success rate (on 256 fresh episodes, a
-different seed from the one training stops on), and the ratios PPO / gradient.
+different seed from the one training stops on), and the ratios PPO / gradient,
+SAC / gradient and better baseline / gradient.
 
 Tasks and hyper-parameters come from the training files config/reach_arm.yaml
 (the project's arm), config/hover.yaml (quadrotor hover), config/velocity.yaml and
@@ -21,20 +23,22 @@ config/waypoint.yaml (velocity tracking and waypoints, ``--tasks velocity,waypoi
 config/locomotion.yaml (the quadruped, forward progress) and the velocity-command
 walking of config/locomotion_velocity.yaml (the quadruped) and
 config/locomotion_velocity_solo12.yaml (``--tasks locomotion_velocity,locomotion_velocity_solo12``):
-their ``simulator``, ``task``, ``training`` (TrainConfig) and ``ppo`` (PPOConfig) sections;
-the PPO settings are documented there. Where a file is missing the defaults written in
-this script are used.
+their ``simulator``, ``task``, ``training`` (TrainConfig), ``ppo`` (PPOConfig) and ``sac``
+(SACConfig) sections; the baselines' settings are documented there. Where a file is missing
+the defaults written in this script (and SACConfig's) are used.
 
-Budgets: PPO runs up to ``--budget`` environment steps (default: the file's
-``ppo.total_timesteps``); the gradient trainer runs up to its file's
-``training.iterations`` (its learning-rate schedule is laid over them), cut to
-``--budget`` if that is smaller. Both stop at success. PPO is evaluated every
-``--ppo-eval-every`` steps (its figure is the first evaluation that passes, an
-upper bound within that resolution), the gradient trainer every
-``training.eval_every`` iterations. When PPO does not reach the threshold within
-its budget the table says ``> budget`` and the ratio is a lower bound: the
-budget over the gradient trainer's steps (its wall time over the gradient
-trainer's time for the clock).
+Budgets: each baseline runs up to ``--budget`` environment steps (default: the file's
+``ppo.total_timesteps`` / ``sac.total_timesteps``, rounded up to whole iterations); the
+gradient trainer runs up to its file's ``training.iterations`` (its learning-rate schedule
+is laid over them), cut to ``--budget`` if that is smaller. All stop at success. The
+baselines are evaluated every ``--eval-every`` steps (their figure is the first evaluation
+that passes, an upper bound within that resolution), the gradient trainer every
+``training.eval_every`` iterations. When a baseline does not reach the threshold within
+its budget the table says ``> budget`` and its ratio is a lower bound: the budget over
+the gradient trainer's steps (its wall time over the gradient trainer's time for the
+clock). The better baseline, per measure, is the one with the smaller ratio among those
+that reached the threshold (``<=`` where the other stopped, unsolved, at a smaller bound:
+it might still have beaten it), or the smaller lower bound where neither did.
 
 An environment step is one control step of one environment (summed over the
 batch), for both methods. Wall-clock includes evaluation. One torch thread
@@ -62,6 +66,7 @@ if REPO_ROOT not in sys.path:
 from diffsim_ros import config  # noqa: E402
 from diffsim_ros.learning import apg  # noqa: E402
 from diffsim_ros.learning.ppo import PPOConfig, train_ppo  # noqa: E402
+from diffsim_ros.learning.sac import SACConfig, train_sac  # noqa: E402
 
 CONFIG_DIR = Path(REPO_ROOT) / "config"
 FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "velocity": "velocity.yaml", "waypoint": "waypoint.yaml",
@@ -69,6 +74,10 @@ FILES = {"reach": "reach_arm.yaml", "hover": "hover.yaml", "velocity": "velocity
          "locomotion_velocity_solo12": "locomotion_velocity_solo12.yaml"}
 FINAL_EPISODES = 256
 FINAL_SEED = 2024
+METHODS = ("gradient", "ppo", "sac")
+#: The baselines: (the training file's section and its options, the trainer, steps per iteration).
+BASELINES = {"ppo": (PPOConfig, train_ppo, lambda cfg, task: cfg.rollout_steps),
+             "sac": (SACConfig, train_sac, lambda cfg, task: cfg.steps_per_iteration(task))}
 
 # Used only where config/<file> is missing (same layout as the training files).
 _QUAD_SIM = {"dt": 0.02, "substeps": 4, "ground": True, "actuator": "ctbr",
@@ -111,7 +120,7 @@ def load_params(name: str, override: Optional[str] = None):
 
 
 def run_method(method: str, name: str, params: Dict[str, Any], source: str, budget: int, seed: int,
-               ppo_eval_every: int, curves: Optional[Path], progress: bool) -> Dict[str, Any]:
+               baseline_eval_every: int, curves: Optional[Path], progress: bool) -> Dict[str, Any]:
     # Training files name their dtype; one without it runs in float32 (this script's default).
     task, _ = config.build_task(params, source, dtype=config.torch_dtype(params, source, default="float32"))
     if method == "gradient":
@@ -123,14 +132,15 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
         method_budget = iters * per_iteration
         train = apg.train
     else:
-        cfg = PPOConfig.from_dict(dict(params.get("ppo") or {}))
+        config_class, train, iteration_steps = BASELINES[method]
+        cfg = config_class.from_dict(dict(params.get(method) or {}))
         if budget is not None:
             cfg = dataclasses.replace(cfg, total_timesteps=budget)
-        cfg = dataclasses.replace(cfg, stop_at_success=True, seed=seed, eval_every_steps=ppo_eval_every)
+        cfg = dataclasses.replace(cfg, stop_at_success=True, seed=seed, eval_every_steps=baseline_eval_every)
         eval_every = f"{cfg.eval_every_steps} steps"
-        # PPO collects whole rollouts: the budget rounded up to one.
-        method_budget = math.ceil(cfg.total_timesteps / cfg.rollout_steps) * cfg.rollout_steps
-        train = train_ppo
+        # The baselines run whole iterations (PPO's rollouts, SAC's episodes): the budget rounded up to one.
+        step = iteration_steps(cfg, task)
+        method_budget = math.ceil(cfg.total_timesteps / step) * step
     out_dir = curves / f"{name}_{method}" if curves is not None else None
     t0 = time.perf_counter()
     res = train(task, cfg, out_dir=out_dir, progress=progress)
@@ -147,22 +157,44 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
             "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
 
 
-def ratio_row(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
-    """PPO / gradient for steps and time; '>' (a lower bound) when PPO did not reach success
-    within its budget: its budget (and the wall time it spent) over the gradient trainer's."""
-    out = {"task": g["task"], "steps_ratio": None, "time_ratio": None, "bound": None}
+def ratio(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
+    """Baseline ``p`` / gradient ``g`` for steps and time; '>' (a lower bound) when the baseline did
+    not reach success within its budget: its budget (and the wall time it spent) over the gradient
+    trainer's; no ratio when the gradient trainer did not reach success."""
     if g["solved_env_steps"] is None:
-        out["bound"] = "gradient trainer did not reach success"
-        return out
+        return {"steps_ratio": None, "time_ratio": None, "bound": "gradient trainer did not reach success"}
     if p["solved_env_steps"] is not None:
-        out["steps_ratio"] = p["solved_env_steps"] / g["solved_env_steps"]
-        out["time_ratio"] = p["solved_time"] / g["solved_time"]
-        out["bound"] = "="
-    else:
-        out["steps_ratio"] = p["env_steps"] / g["solved_env_steps"]
-        out["time_ratio"] = p["wall_time"] / g["solved_time"]
-        out["bound"] = ">"
+        return {"steps_ratio": p["solved_env_steps"] / g["solved_env_steps"],
+                "time_ratio": p["solved_time"] / g["solved_time"], "bound": "="}
+    return {"steps_ratio": p["env_steps"] / g["solved_env_steps"], "time_ratio": p["wall_time"] / g["solved_time"],
+            "bound": ">"}
+
+
+def better(ratios: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """The ratio against the better baseline, per measure (steps, time): the smallest among the
+    baselines that reached the threshold, '<=' where another stopped unsolved at a smaller lower
+    bound (it might still have beaten it), else '='; the smallest lower bound ('>') where none did."""
+    out: Dict[str, Any] = {}
+    for key in ("steps", "time"):
+        solved = sorted((r[f"{key}_ratio"], m) for m, r in ratios.items() if r["bound"] == "=")
+        bounds = sorted((r[f"{key}_ratio"], m) for m, r in ratios.items() if r["bound"] == ">")
+        val = method = bound = None
+        if solved:
+            (val, method), bound = solved[0], "="
+            if bounds and bounds[0][0] < val:
+                bound = "<="
+        elif bounds:
+            (val, method), bound = bounds[0], ">"
+        out.update({f"{key}_ratio": val, f"{key}_method": method, f"{key}_bound": bound})
     return out
+
+
+def ratio_row(rows: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """A task's ratios: each baseline's in ``rows`` (method -> result row) over the gradient
+    trainer's, and the better baseline's."""
+    g = rows["gradient"]
+    each = {m: ratio(g, rows[m]) for m in BASELINES if m in rows}
+    return {"task": g["task"], **each, "better": better(each) if g["solved_env_steps"] is not None else None}
 
 
 def fmt_int(x) -> str:
@@ -190,16 +222,30 @@ def print_table(rows: List[Dict[str, Any]], ratios: List[Dict[str, Any]]) -> Non
               f"{fin:>27}{r['budget']:>12,}{r['env_steps']:>12,}{r['wall_time']:>9.0f}s")
     if ratios:
         print()
-        print(f"{'task':<{w}}{'PPO / gradient: env steps':>27}{'wall-clock':>12}")
+        print(f"{'':<{w}}{'PPO / gradient':>24}{'SAC / gradient':>24}{'better baseline / gradient':>34}")
+        print(f"{'task':<{w}}" + f"{'env steps':>12}{'wall-clock':>12}" * 2 + f"{'env steps':>17}{'wall-clock':>17}")
         for q in ratios:
-            if q["steps_ratio"] is None:
-                print(f"{q['task']:<{w}}{q['bound']:>39}")
+            if q["better"] is None:
+                print(f"{q['task']:<{w}}{'gradient trainer did not reach success':>48}")
                 continue
-            b = "> " if q["bound"] == ">" else ""
-            print(f"{q['task']:<{w}}{b + format(q['steps_ratio'], '.1f') + 'x':>27}"
-                  f"{b + format(q['time_ratio'], '.1f') + 'x':>12}")
-        print("(> : PPO did not reach the threshold within its budget; the ratio is a lower bound, its budget "
-              "(wall time spent) over the gradient trainer's steps (time) to success)")
+            cells = []
+            for m in BASELINES:
+                r = q.get(m)
+                cells += ["-", "-"] if r is None else [fmt_ratio(r["steps_ratio"], r["bound"]),
+                                                       fmt_ratio(r["time_ratio"], r["bound"])]
+            b = q["better"]
+            best = [fmt_ratio(b[f"{k}_ratio"], b[f"{k}_bound"], b[f"{k}_method"]) for k in ("steps", "time")]
+            print(f"{q['task']:<{w}}" + "".join(f"{c:>12}" for c in cells) + "".join(f"{c:>17}" for c in best))
+        print("(> : the baseline did not reach the threshold within its budget; the ratio is a lower bound, its "
+              "budget (wall time spent) over the gradient trainer's steps (time) to success. <= : the better "
+              "baseline's ratio is at most this: the other stopped unsolved below it)")
+
+
+def fmt_ratio(x, bound, method: Optional[str] = None) -> str:
+    if x is None:
+        return "-"
+    prefix = {">": "> ", "<=": "<= "}.get(bound, "")
+    return f"{prefix}{x:.1f}x" + (f" {method.upper()}" if method else "")
 
 
 def merge(paths: List[str], out: Optional[str]) -> int:
@@ -219,9 +265,12 @@ def merge(paths: List[str], out: Optional[str]) -> int:
         print(f"# {p}: {', '.join(r['task'] + '/' + r['method'] for r in found)} "
               f"(stable-baselines3 {data.get('stable_baselines3')}, torch {data.get('torch')})")
     ordered = [rows[k] for k in sorted(rows, key=lambda k: (list(FILES).index(k[0]) if k[0] in FILES else 99,
-                                                            k[1] != "gradient"))]
-    ratios = [ratio_row(rows[(t, "gradient")], rows[(t, "ppo")]) for t in dict.fromkeys(r["task"] for r in ordered)
-              if (t, "gradient") in rows and (t, "ppo") in rows]
+                                                            METHODS.index(k[1]) if k[1] in METHODS else 99))]
+    ratios = []
+    for t in dict.fromkeys(r["task"] for r in ordered):
+        done = {m: rows[(t, m)] for m in METHODS if (t, m) in rows}
+        if "gradient" in done and len(done) > 1:
+            ratios.append(ratio_row(done))
     print_table(ordered, ratios)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -239,11 +288,12 @@ def main(argv=None) -> int:
                         help=f"comma-separated, of {', '.join(FILES)} (default: all)")
     parser.add_argument("--budget", type=int, default=None,
                         help="environment-step budget per method and task (default: each file's "
-                             "ppo.total_timesteps for PPO and training.iterations for the gradient trainer; "
-                             "200,000 with --quick)")
-    parser.add_argument("--ppo-eval-every", type=int, default=None,
-                        help="PPO evaluation period, environment steps (default 25,600; 51,200 with --quick)")
-    parser.add_argument("--methods", default="gradient,ppo", help="comma-separated, of gradient, ppo")
+                             "ppo.total_timesteps for PPO, sac.total_timesteps for SAC and training.iterations "
+                             "for the gradient trainer; 200,000 with --quick)")
+    parser.add_argument("--eval-every", "--ppo-eval-every", dest="eval_every", type=int, default=None,
+                        help="evaluation period of the baselines (PPO and SAC), environment steps (default 25,600; "
+                             "51,200 with --quick)")
+    parser.add_argument("--methods", default="gradient,ppo,sac", help="comma-separated, of gradient, ppo, sac")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     parser.add_argument("--curves", default=None, help="folder for each run's training.csv and learning_curve.png")
@@ -260,8 +310,8 @@ def main(argv=None) -> int:
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     bad = [t for t in names if t not in FILES]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if bad or not names or any(m not in ("gradient", "ppo") for m in methods):
-        parser.error(f"--tasks takes {', '.join(FILES)}; --methods takes gradient, ppo")
+    if bad or not names or not methods or any(m not in METHODS for m in methods):
+        parser.error(f"--tasks takes {', '.join(FILES)}; --methods takes {', '.join(METHODS)}")
     overrides = {}
     for item in args.config:
         name, sep, path = item.partition("=")
@@ -272,39 +322,39 @@ def main(argv=None) -> int:
     if args.budget is not None and args.budget < 1:
         parser.error(f"--budget must be at least 1, got {args.budget}")
     budget = args.budget or (200_000 if args.quick else None)
-    ppo_eval = args.ppo_eval_every or (51_200 if args.quick else 25_600)
+    baseline_eval = args.eval_every or (51_200 if args.quick else 25_600)
     curves = Path(args.curves) if args.curves else None
 
     torch.set_num_threads(1)
     import stable_baselines3
-    print(f"# sample efficiency: gradient through the simulator vs PPO (stable-baselines3 "
+    print(f"# sample efficiency: gradient through the simulator vs PPO and SAC (stable-baselines3 "
           f"{stable_baselines3.__version__}), torch {torch.__version__}, 1 thread, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     print(f"# budget: {'each file' + chr(39) + 's' if budget is None else f'{budget:,} environment steps'}; "
-          f"PPO evaluated every {ppo_eval:,} steps; final success on {FINAL_EPISODES} fresh episodes")
+          f"baselines evaluated every {baseline_eval:,} steps; final success on {FINAL_EPISODES} fresh episodes")
     rows: List[Dict[str, Any]] = []
     ratios: List[Dict[str, Any]] = []
     for name in names:
         params, source = load_params(name, overrides.get(name))
         done = {}
         for method in methods:
-            r = run_method(method, name, params, source, budget, args.seed, ppo_eval, curves, args.progress)
+            r = run_method(method, name, params, source, budget, args.seed, baseline_eval, curves, args.progress)
             done[method] = r
             rows.append(r)
             print(f"  {name:<10} {method:<8} solved at {fmt_int(r['solved_env_steps'])} steps / "
                   f"{fmt_f(r['solved_time'])} s; final success {r['final_success']:.2f}; "
                   f"{r['env_steps']:,} of {r['budget']:,} steps in {r['wall_time']:.1f} s "
                   f"({r['config_source']})", flush=True)
-        if "gradient" in done and "ppo" in done:
-            ratios.append(ratio_row(done["gradient"], done["ppo"]))
+        if "gradient" in done and len(done) > 1:
+            ratios.append(ratio_row(done))
 
     print_table(rows, ratios)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"budget": budget, "ppo_eval_every": ppo_eval, "seed": args.seed, "torch": torch.__version__,
-                       "stable_baselines3": stable_baselines3.__version__, "rows": rows, "ratios": ratios}, f,
-                      indent=2, default=str)
+            json.dump({"budget": budget, "baseline_eval_every": baseline_eval, "seed": args.seed,
+                       "torch": torch.__version__, "stable_baselines3": stable_baselines3.__version__, "rows": rows,
+                       "ratios": ratios}, f, indent=2, default=str)
         print(f"wrote {args.out}")
     return 0
 
