@@ -43,12 +43,15 @@ def _pct(x, q):
 
 
 # ------------------------------------------------------------------------ echo peer
-def run_echo() -> int:
-    """A node that answers each /odom with /diffsim/command carrying the same stamp label."""
+def run_echo(executor: str) -> int:
+    """A node that answers each /odom with /diffsim/command carrying the same stamp label, spun by
+    the same kind of executor as the controller."""
     import rclpy
     from nav_msgs.msg import Odometry
     from rclpy.qos import QoSProfile
     from std_msgs.msg import Float64MultiArray, MultiArrayDimension
+
+    from diffsim_ros.nodes.common import make_executor
 
     rclpy.init()
     node = rclpy.create_node("echo_peer")
@@ -62,7 +65,10 @@ def run_echo() -> int:
         pub.publish(out)
     node.create_subscription(Odometry, "/odom", on_odom, QoSProfile(depth=10))
     try:
-        rclpy.spin(node)
+        ex = make_executor(executor)
+        ex.add_node(node)
+        while rclpy.ok():
+            ex.spin_once(timeout_sec=0.05)
     except BaseException:  # noqa: BLE001 - SIGINT/SIGTERM end the peer
         pass
     finally:
@@ -203,10 +209,15 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default=None, help="hover checkpoint (default: policies/hover, else untrained)")
     ap.add_argument("--seconds", type=float, default=4.0, help="measurement per rate and responder, s")
     ap.add_argument("--rates", default="100,250,500", help="state rates, Hz")
+    ap.add_argument("--predict-every", type=int, default=1,
+                    help="the controller's predict_every: 1 publishes a prediction per state, 0 none")
+    ap.add_argument("--eager", dest="compiled", action="store_false",
+                    help="predict through the eager step (default: the compiled one, compile_prediction)")
+    ap.add_argument("--executor", default="events", help="the controller's executor: events or single_threaded")
     ap.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.echo:
-        return run_echo()
+        return run_echo(args.executor)
     import torch
 
     torch.set_num_threads(1)
@@ -224,11 +235,13 @@ def main(argv=None) -> int:
         exe = Path(sys.executable).with_name("policy_controller")
         responders = {
             "policy_controller": [str(exe), "--ros-args", "-p", f"checkpoint:={ckpt}", "-p", "lockstep:=true",
-                                  "-p", "predict_every:=0", "-p", "state_timeout_s:=5.0",
+                                  "-p", f"predict_every:={args.predict_every}",
+                                  "-p", f"compile_prediction:={'true' if args.compiled else 'false'}",
+                                  "-p", f"executor:={args.executor}", "-p", "state_timeout_s:=5.0",
                                   # Nothing here subscribes the quadrotor's /cmd_ctbr: the start-up
                                   # preflight would (rightly) hold the safe command, not the policy.
                                   "-p", "preflight:=false"],
-            "echo peer": [sys.executable, str(Path(__file__).resolve()), "--echo"],
+            "echo peer": [sys.executable, str(Path(__file__).resolve()), "--echo", "--executor", args.executor],
         }
         results = {}
         for name, cmd in responders.items():
@@ -243,19 +256,21 @@ def main(argv=None) -> int:
                 print(f"{name} exited {proc.returncode}: {err[-2000:]}", file=sys.stderr)
         print("\n## State to command over DDS (separate processes, lockstep: one command per state)\n")
         print("| rate (Hz) | responder | states | answered | p50 (ms) | p99 (ms) | missed deadlines | "
-              "p50 / echo p50 |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|")
+              "p50 / echo p50 | p99 / echo p99 |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for rate in rates:
             echo = results.get(("echo peer", rate))
             for name in responders:
                 r = results[(name, rate)]
                 ratio = r["p50"] / echo["p50"] if echo and echo["p50"] > 0 else float("nan")
+                ratio99 = r["p99"] / echo["p99"] if echo and echo["p99"] > 0 else float("nan")
                 print(f"| {rate:g} | {name} | {r['sent']} | {r['answered']} | {r['p50']:.3f} | {r['p99']:.3f} | "
-                      f"{r['missed']} (lost {r['lost']}) | {ratio:.2f} |")
-        print("\nA deadline is missed when the command arrives more than one period after its state "
-              "(or never: lost).\nThe prediction (one Simulator.step) is off here (predict_every: 0); "
-              "with it on, each command is followed by one simulator step in the same thread (see the "
-              "inference table).")
+                      f"{r['missed']} ({100 * r['missed'] / max(r['sent'], 1):.2f} %; lost {r['lost']}) | "
+                      f"{ratio:.2f} | {ratio99:.2f} |")
+        pred = ("off (predict_every 0)" if args.predict_every <= 0 else
+                f"on (every {args.predict_every} states, the {'compiled' if args.compiled else 'eager'} step)")
+        print(f"\nA deadline is missed when the command arrives more than one period after its state (or "
+              f"never: lost).\npolicy_controller: executor {args.executor}, prediction {pred}.")
     return 0
 
 

@@ -32,6 +32,7 @@ No rclpy here: nodes convert messages to the plain arrays these methods take.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
@@ -473,6 +474,19 @@ class PolicyRunner:
             nxt = self._predictor.step(state, c)
         self._carry = (nxt.actuator, nxt.delay)
         return nxt
+
+    def warm_prediction(self) -> float:
+        """Build the compiled prediction now (from the neutral configuration at rest, the safe
+        command's zeros) instead of on the first measured state, and forget that step's carried
+        actuator state; seconds it took (0 without ``compile_prediction``)."""
+        if self._predictor is self.sim:
+            return 0.0
+        t0 = time.perf_counter()
+        q = self.model.neutral_configuration((1,)).to(self.dtype)
+        self.predict(self._with_carry(q, torch.zeros(1, self.model.nv, dtype=self.dtype)),
+                     np.zeros(self.sim.action_dim))
+        self._carry = (None, None)
+        return time.perf_counter() - t0
 
     def legged(self, names, positions, velocities, position, orientation_xyzw, linear_velocity_body,
                angular_velocity_body, target=None, predict: bool = True) -> Decision:

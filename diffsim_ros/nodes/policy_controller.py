@@ -21,8 +21,11 @@ quadrotor hovers). The latest of /cmd_vel and the ``target`` topic is in force
 Timing: ``lockstep: false`` runs the policy on a wall timer at ``rate_hz`` on the
 latest state; ``lockstep: true`` computes exactly one command per received state
 (deterministic runs against mujoco_plant's lockstep mode). The command is published
-before the prediction is computed, so the simulator step (milliseconds at batch 1)
-never delays it; ``predict_every`` thins predictions out at high rates.
+before the prediction is computed, so the simulator step never delays it; at 250-500 Hz
+the next state would wait for it, so ``compile_prediction`` predicts through the step
+compiled ahead of time (built before the first state) and ``predict_every`` thins
+predictions out. The node is spun by rclpy's EventsExecutor (``executor``), and what
+start-up allocated is frozen out of the garbage collector's scans (bench/control_loop.py).
 
 Safety: every rule lives in the ROS-free supervisor (diffsim_ros/control/supervisor.py);
 this node converts messages for it and publishes what it decides. In short:
@@ -77,7 +80,7 @@ from .. import interfaces as ifc
 from ..control.supervisor import SupervisorConfig
 from ..physics.schema import ros_constraints, ros_parameters
 from .common import StartupError as _CommonStartupError
-from .common import resolve_path
+from .common import EXECUTORS, resolve_path
 
 NODE_NAME = "policy_controller"
 
@@ -156,6 +159,12 @@ PARAMETERS: Dict[str, Any] = {
                               "each have at least this many matched subscribers (recorders), so that nothing "
                               "published is lost to discovery"),
     "predict_every": (1, "publish /diffsim/predicted_state every this many commands (0: never)"),
+    "compile_prediction": (False, "bool: predict through the step compiled ahead of time (physics.compiled."
+                                  "ExportedStep; at batch 1 the quadrotor's step takes 0.25 ms instead of 3 ms, "
+                                  "what a 250-500 Hz loop needs); the node builds it before its first state (about "
+                                  "a minute on a machine's first start, seconds from the cache after)"),
+    "executor": ("events", "events (rclpy's EventsExecutor: ready entities queued from C++, no wait set rebuilt "
+                           "per message) or single_threaded (rclpy's SingleThreadedExecutor)"),
     "command_topic": (ifc.COMMAND, "std_msgs/Float64MultiArray: the command in the simulator's interface"),
     "predicted_state_topic": (ifc.PREDICTED_STATE, "JointState (arms) or Odometry (quadrotors), one step on"),
     "metadata_topic": (ifc.METADATA, "std_msgs/String, transient local: checkpoint metadata JSON"),
@@ -271,9 +280,18 @@ def make_node_class():
                 self.runner = self._excitation_runner(urdf, dtype)
             else:
                 try:
-                    self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype, policy_format=p("policy_format"))
+                    self.runner = PolicyRunner(ckpt, urdf=urdf, dtype=dtype, policy_format=p("policy_format"),
+                                               compile_prediction=bool(p("compile_prediction"))
+                                               and int(p("predict_every")) > 0)
                 except CheckpointError as e:
                     raise StartupError(f"refusing checkpoint {ckpt}: {e}") from None
+                built = self.runner.warm_prediction()      # before any state waits for it
+                if built:
+                    self.get_logger().info(f"compiled prediction ready after {built:.1f} s")
+            self.executor_kind = p("executor")
+            if self.executor_kind not in EXECUTORS:
+                raise StartupError(f"parameter 'executor' must be one of {', '.join(EXECUTORS)}, "
+                                   f"got {self.executor_kind!r}")
             r = self.runner
             self.kind = r.kind
             self.dt = r.dt

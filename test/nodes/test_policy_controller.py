@@ -311,6 +311,58 @@ def test_quadrotor_interfaces(ros, ckpts, interface):
         h.close()
 
 
+@pytest.mark.slow
+def test_compiled_prediction_is_built_at_start_and_predicts_as_the_eager_step(ros, ckpts):
+    """compile_prediction: the node builds the step compiled ahead of time before its first state;
+    over five consecutive lockstep states drawn at random (seed printed), each command equals an
+    eager PolicyRunner's and each prediction its eager Simulator.step to round-off, the rotor speeds
+    carried on from one prediction to the next in both."""
+    from nav_msgs.msg import Odometry
+    from std_msgs.msg import Float64MultiArray
+
+    seed = random.randrange(1 << 16)
+    print(f"states drawn with seed {seed}")
+    rng = np.random.default_rng(seed)
+    h = Harness(ros, {"checkpoint": str(ckpts / "hover"), "lockstep": True, "compile_prediction": True,
+                      "state_timeout_s": 60.0})
+    try:
+        assert h.ctrl.runner._predictor is not h.ctrl.runner.sim      # the compiled step, already built
+        ref = PolicyRunner(ckpts / "hover")
+        h.listen(Float64MultiArray, "/diffsim/command")
+        h.listen(Odometry, "/diffsim/predicted_state")
+        pub = h.robot.create_publisher(Odometry, "/odom", 10)
+        h.wait_matched(pub)
+        for k in range(5):
+            p, vl, w = rng.uniform(-0.3, 0.3, 3) + [0, 0, 1], rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.5, 0.5, 3)
+            quat = np.r_[rng.uniform(-0.1, 0.1, 3), 1.0]
+            quat /= np.linalg.norm(quat)
+            m = Odometry()
+            m.header.stamp.sec, m.header.stamp.nanosec = divmod(time.time_ns(), 1_000_000_000)
+            m.header.frame_id, m.child_frame_id = "world", "base_link"
+            pp, o, tw = m.pose.pose.position, m.pose.pose.orientation, m.twist.twist
+            pp.x, pp.y, pp.z = (float(x) for x in p)
+            o.x, o.y, o.z, o.w = (float(x) for x in quat)
+            tw.linear.x, tw.linear.y, tw.linear.z = (float(x) for x in vl)
+            tw.angular.x, tw.angular.y, tw.angular.z = (float(x) for x in w)
+            pub.publish(m)
+            assert h.spin_until(lambda: len(h.got["/diffsim/predicted_state"]) == k + 1, timeout=30)
+            want = ref.quadrotor(p, quat, vl, w)
+            np.testing.assert_allclose(h.got["/diffsim/command"][k].data, want.command, rtol=0, atol=1e-12)
+            got = h.got["/diffsim/predicted_state"][k]
+            gp, gt = got.pose.pose.position, got.twist.twist
+            np.testing.assert_allclose([gp.x, gp.y, gp.z], want.predicted.q[0, 0:3].numpy(), rtol=0, atol=1e-12)
+            np.testing.assert_allclose([gt.linear.x, gt.linear.y, gt.linear.z, gt.angular.x, gt.angular.y,
+                                        gt.angular.z], want.predicted.v[0, 0:6].numpy(), rtol=0, atol=1e-10)
+    finally:
+        h.close()
+
+
+def test_an_unknown_executor_is_refused_by_name(ckpts):
+    res = _run_script(["-p", f"checkpoint:={ckpts / 'hover'}", "-p", "executor:=multi"])
+    assert res.returncode == 2 and "parameter 'executor' must be one of events, single_threaded, got 'multi'" \
+        in res.stderr, res.stderr
+
+
 def _run_script(args, timeout=60):
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN + 1))
     exe = Path(sys.executable).with_name("policy_controller")
