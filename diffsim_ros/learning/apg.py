@@ -517,15 +517,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
                 if critic is not None:
                     dist.broadcast_module(critic)
             done = it >= cfg.iterations or (cfg.stop_at_success and solved_steps is not None)
-            if log is not None:
-                log.append(row)
-            if checkpoints is not None and (it % cfg.checkpoint_every == 0 or done):
-                save(done)
-            if callback is not None:
-                callback(row)
-            if bar is not None:
-                bar.set_postfix(loss=f"{row['loss']:.4f}", success=f"{train_success:.2f}")
-                bar.update(1)
+            _after_row(row, it, done, cfg.checkpoint_every, log, checkpoints, save, callback, bar, 1)
             if done:
                 break
     finally:
@@ -542,6 +534,22 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
 
             write_gait_report(task, policy, out_dir)
     return TrainResult(policy, history, solved_steps, solved_time)
+
+
+def _after_row(row: Dict[str, float], it: int, done: bool, checkpoint_every: int, log, checkpoints, save: Callable,
+               callback: Optional[Callable], bar, advance: int) -> None:
+    """A trainer's bookkeeping after its row of iteration ``it`` (the gradient trainer's and the
+    baselines'): the log, a checkpoint every ``checkpoint_every`` iterations and at the end
+    (``save(done)``), the callback, the progress bar moved on by ``advance``."""
+    if log is not None:
+        log.append(row)
+    if checkpoints is not None and (it % checkpoint_every == 0 or done):
+        save(done)
+    if callback is not None:
+        callback(row)
+    if bar is not None:
+        bar.set_postfix(loss=f"{row['loss']:.4f}", success=f"{row['train_success']:.2f}")
+        bar.update(advance)
 
 
 def _restarts_now(it: int, attempt: int, solved_steps, cfg: TrainConfig) -> bool:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..tasks import Task
-from .apg import (ResumeError, RunLog, TrainResult, _better, _Checkpoints, _clear_run, _set_rng_state,
+from .apg import (ResumeError, RunLog, TrainResult, _after_row, _better, _Checkpoints, _clear_run, _set_rng_state,
                   check_same_trainer, evaluation_columns, plot_history, read_resume_file, run_state)
 from .policy import RunningNorm
 
@@ -219,7 +219,7 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
     ``resume``, ``export`` and ``run_info``. ``cfg``: the baseline's section (``total_timesteps``,
     ``eval_every_steps``, ``eval_envs``, ``stop_at_success``, ``checkpoint_every``,
     ``learning_rate``)."""
-    model, vn, raw, step = learner.model, learner.vn, learner.raw, learner.steps_per_iteration
+    model, raw, step = learner.model, learner.raw, learner.steps_per_iteration
     iterations = max(1, math.ceil(cfg.total_timesteps / step))
     history: List[Dict[str, float]] = []
     solved_steps = solved_time = None
@@ -289,15 +289,7 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
             history.append(row)
             it += 1
             done = last or (cfg.stop_at_success and solved_steps is not None)
-            if log is not None:
-                log.append(row)
-            if checkpoints is not None and (it % cfg.checkpoint_every == 0 or done):
-                save(done)
-            if callback is not None:
-                callback(row)
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss:.4f}", success=f"{train_success:.2f}")
-                bar.update(step)
+            _after_row(row, it, done, cfg.checkpoint_every, log, checkpoints, save, callback, bar, step)
             if done:
                 break
     finally:
