@@ -24,7 +24,7 @@ from . import laws
 from .algorithms import gravity_joint_forces
 from .kinematics import Kinematics, kinematics_record
 from .stages.acceleration import acceleration
-from .stages.actuation import Servo, actuation, servo_slope
+from .stages.actuation import Servo, actuation, lagged_torque, servo_slope
 from .stages.aerodynamics import aerodynamics
 from .stages.contact import Contact, contact
 from .stages.integration import qdot, rk4_combine, semi_implicit_euler
@@ -52,6 +52,7 @@ class _Forces(NamedTuple):
     D: Optional[torch.Tensor]         # (B, nv) implicit damping diagonal
     K: Optional[torch.Tensor]         # (B, nv) implicit stiffness diagonal
     servo: Optional[Servo] = None     # a saturated joint servo to re-linearise (servo_iterations)
+    lag: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None  # a lagged drive's implicit (kd, kp)
 
 
 def _pad(sys: System, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +87,8 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
     implicit_friction = (implicit and cfg.ground and sys.contact.n > 0 and cfg.friction > 0)
     normal = implicit and cfg.implicit_contact and cfg.ground and sys.contact.n > 0
     servo = a.servo if (implicit and D is not None) else None
-    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo)
+    lag = (a.kd, a.kp) if (implicit and D is not None and cfg.actuator_lag > 0 and a.kd is not None) else None
+    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo, lag)
 
 
 def applied_forces(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
@@ -139,7 +141,11 @@ def _substep(sys: System, q, v, command, act, h: float):
                            None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
                            f.contact.damping, refine, cfg.servo_iterations, f.contact.normal_blocks).T
         q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
-        return q_new, v_new, f.act, qdd, kin, f.contact
+        act = f.act
+        if f.lag is not None:
+            va_new = v_new[:, sys.nbase:][:, sys.act_index]
+            act = lagged_torque(act, f.lag[0], f.lag[1], h * qdd[:, sys.nbase:][:, sys.act_index], h * va_new)
+        return q_new, v_new, act, qdd, kin, f.contact
 
     # RK4: actuation (PD, rate loop, drag) is evaluated at every stage from the actuator
     # state at the start of the substep.

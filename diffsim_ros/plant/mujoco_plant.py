@@ -441,6 +441,7 @@ class MujocoPlant:
         self._steps = 0
         self._rng = np.random.default_rng(self.perturbation.seed)
         self._torque = np.zeros(len(self.actuated_joints))
+        self._lag_end = None
         self._effort = np.zeros(len(self.actuated_joints))
         if self.flight is not None:
             per = self.hover_thrust / self.flight.n
@@ -560,6 +561,8 @@ class MujocoPlant:
             else:
                 d.qfrc_applied[:] = applied
                 mujoco.mj_step(m, d)
+                if self._lag_end is not None:
+                    self._end_lagged_torque()
             if self.floating_base:
                 self._v_world_prev = v_prev
         self._steps += 1
@@ -626,6 +629,13 @@ class MujocoPlant:
             self._torque = laws.first_order_lag(np, self._torque, u, h, self.torque_lag)
             applied[dof] += self._torque
             self._effort = self._torque.copy()
+            if cfg.implicit_damping and self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER:
+                # The simulator's lagged drive: the drive's slopes times the lag factor, implicit
+                # (physics/stages/actuation.py); the torque is taken to the substep's end after it.
+                a = laws.lag_factor(np, h, self.torque_lag)
+                self._implicit_gains(interface, a * s, a * brake, va, applied, damping)
+                kd = a * (s * self.kd + brake) if interface != "effort" else a * brake
+                self._lag_end = (kd, a * s * self.kp if interface == "position" else None, va)
             return None
         self._effort = u
         applied[dof] += u
@@ -635,6 +645,15 @@ class MujocoPlant:
         if cfg.effort_saturation and interface != "effort":
             return base, pd, va, u, s, brake
         return None
+
+    def _end_lagged_torque(self):
+        """The lagged torque at the end of the substep just taken (physics/stages/actuation.py,
+        lagged_torque): less the implicit terms MuJoCo's solve applied over it."""
+        kd, kp, va = self._lag_end
+        self._lag_end = None
+        v1 = self.data.qvel[self._dadr[self._act]]
+        self._torque = self._torque - kd * (v1 - va) - (0.0 if kp is None else kp * self.h * v1)
+        self._effort = self._torque.copy()
 
     def _implicit_gains(self, interface, s, brake, va, applied, damping, sign: float = 1.0):
         """Adds (``sign`` 1) or takes back (-1) the drive's linearly implicit terms: D_act = s kd

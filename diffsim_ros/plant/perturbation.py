@@ -35,12 +35,9 @@ the training's friction.
 
 The slower actuator: a rotor's speed lag is 1.5 x the project quadrotor's
 ``rotors.motor_time_constant`` (0.02 s). Joints keep the configuration's torque lag (1.5 x 0 in the
-shipped configurations): any ``actuator_lag`` > 0 makes the stand-in, as the simulator's
-actuation stage does, apply the PD torque through the lag explicitly instead of MuJoCo's implicit
-damping, and at the shipped physics substeps (10 ms for the arms) that explicit servo is unstable
-whatever the lag: 0.1 ms took policies/reach_arm from 13 to 0 of 16 episodes on the stand-in,
-reach_panda from 15 to 0 (seed 99). A joint lag there measures the integration, not the drive;
-``hardware,actuator_lag=0.005`` adds one where a configuration's substeps carry it.
+shipped configurations); ``hardware,actuator_lag=0.01`` adds one. A lagged joint torque is applied
+as the simulator's actuation stage applies it: the lag's share of the PD gains integrated
+implicitly (physics/stages/actuation.py).
 """
 from __future__ import annotations
 

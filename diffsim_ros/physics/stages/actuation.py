@@ -25,6 +25,15 @@ class Actuation(NamedTuple):
     servo: Optional["Servo"] = None  # a saturated PD servo's linearisation, for servo_slope
 
 
+def lagged_torque(act: torch.Tensor, kd: Optional[torch.Tensor], kp: Optional[torch.Tensor], dv: torch.Tensor,
+                  dq: torch.Tensor) -> torch.Tensor:
+    """The lagged torque at the end of a linearly implicit substep: the explicit one ``act`` (B, na)
+    less the implicit terms the solve applied, ``kd dv + kp dq`` over the actuated joints' changes
+    of speed and position in the substep (kd, kp: the Actuation's, the lag factor inside)."""
+    out = act if kd is None else act - kd * dv
+    return out if kp is None else out - kp * dq
+
+
 class Servo(NamedTuple):
     """What :func:`servo_slope` needs to re-linearise a saturated position or velocity servo."""
     base: torch.Tensor              # (B, na) the drive command's part outside the PD (gravity compensation)
@@ -118,17 +127,25 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
                                        servo=cfg.actuator in ("velocity", "position"),
                                        pd_slope=cfg.gravity_compensation)
     new = act_state
-    if cfg.actuator_lag > 0:
+    lagged = cfg.actuator_lag > 0
+    if lagged:
         new = laws.first_order_lag(torch, act_state, cmd, h, sys.actuator_lag)
         cmd = new
     tau = torch.zeros_like(v).index_add(-1, idx + nb, cmd)
     kd = kp = None
-    if cfg.actuator in ("velocity", "position") and cfg.actuator_lag == 0:
+    if cfg.actuator in ("velocity", "position"):
         kd = sys.kd if slope is None else sys.kd * slope
         if cfg.actuator == "position":
             kp = sys.kp if slope is None else sys.kp * slope
-    if brake is not None and cfg.actuator_lag == 0:
+    if brake is not None:
         kd = brake if kd is None else kd + brake
+    if lagged and kd is not None:
+        # The lag moves the torque a fraction a of the way to the drive's command, so the torque's
+        # slopes in v and q are a times the drive's: integrated implicitly as the unlagged servo's
+        # (a -> 1 as the lag -> 0), and the lagged torque kept at the substep's end (lagged_torque).
+        a = laws.lag_factor(torch, h, sys.actuator_lag)
+        kd = a * kd
+        kp = None if kp is None else a * kp
     servo = None
     if (cfg.servo_iterations and cfg.effort_saturation and cfg.actuator in ("velocity", "position")
             and cfg.actuator_lag == 0):
