@@ -67,10 +67,10 @@ PERTURB_HELP = ("[PRESET,]KEY=VALUE,...: the fields of plant.Perturbation (mass_
                 "...; a list as KEY=[A,B]; a number where the field takes one, e.g. sensor_noise=0.001 for both "
                 "entries) and the preset 'hardware' with the values of the checkpoint's robot kind, which fields "
                 "after it change (hardware,latency=0.015). hardware: every kind mass_scale=1.1, latency=0.01 "
-                "(s); arm: sensor_noise=[0.001,0.01] (rad, rad/s); legged: the same and ground_friction_scale=0.7; "
-                "multirotor: sensor_noise=[0.002,0.02] (m, m/s), actuator_lag=0.03 (s, rotor speed). Joints keep "
-                "the configuration's actuator_lag (none: a joint lag makes the stand-in's servo explicit, unstable "
-                "at the shipped substeps). README.md (Evaluating a checkpoint) says what the values stand for")
+                "(s); arm: sensor_noise=[0.001,0.01] (rad, rad/s), actuator_lag=0.005 (s, joint torque); legged: the "
+                "same and ground_friction_scale=0.7; multirotor: sensor_noise=[0.002,0.02] (m, m/s), "
+                "actuator_lag=0.03 (s, rotor speed). README.md (Evaluating a checkpoint) says what the values "
+                "stand for")
 
 
 class EvalError(ValueError):

@@ -23,7 +23,7 @@ from diffsim_ros.plant.perturbation import KINDS, ros_values
 
 def test_the_hardware_preset_per_kind_and_an_override():
     arm = resolve_perturbation("hardware", "arm")
-    assert arm == {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.001, 0.01]}
+    assert arm == {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.001, 0.01], "actuator_lag": 0.005}
     legged = resolve_perturbation("hardware", "legged")
     assert legged == dict(arm, ground_friction_scale=0.7)
     flying = resolve_perturbation("hardware", "multirotor")
