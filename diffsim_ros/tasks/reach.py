@@ -39,7 +39,7 @@ class ReachTask(Task):
                  target_margin: float = 0.15, success_distance: float = 0.02, success_speed: float = 0.05,
                  velocity_weight: float = 0.01, action_weight: float = 0.0, command_mode: str = "absolute",
                  delta_scale: float = 0.3, jacobian_observation: bool = False, speed_weight: float = 0.0,
-                 speed_limit_weight: float = 0.0):
+                 speed_limit_weight: float = 0.0, bearing_observation: bool = False):
         if sim_config.actuator not in ("position", "effort"):
             raise ValueError(f"reach: actuator must be 'position' or 'effort', got '{sim_config.actuator}'")
         if model.floating_base:
@@ -51,6 +51,9 @@ class ReachTask(Task):
         if not isinstance(jacobian_observation, bool):
             raise ValueError(f"reach: jacobian_observation must be true or false, got {jacobian_observation!r}")
         self.jacobian_observation = jacobian_observation
+        if not isinstance(bearing_observation, bool):
+            raise ValueError(f"reach: bearing_observation must be true or false, got {bearing_observation!r}")
+        self.bearing_observation = bearing_observation
         if speed_weight < 0:
             raise ValueError(f"reach: speed_weight must be >= 0 s, got {speed_weight}")
         self.speed_weight = speed_weight
@@ -79,14 +82,46 @@ class ReachTask(Task):
         vmax = actuated_limits(self)[2]
         self._limited = has_velocity_limit(vmax)
         self._vmax = torch.where(self._limited, vmax, torch.ones_like(vmax))
-        self.obs_dim = 2 * self.n + 6 + (self.n if jacobian_observation else 0)
+        self.obs_dim = 2 * self.n + 6 + (self.n if jacobian_observation else 0) + (2 if bearing_observation else 0)
+        if bearing_observation:
+            self._bearing_frame = self._first_joint_frame(model)
         self.action_dim = self.n
 
     def observation_names(self) -> List[str]:
         names = self.sim.actuated_joints
         return ([f"q/{n}" for n in names] + [f"v/{n}" for n in names]
                 + [f"ee_error/{a}" for a in "xyz"] + [f"target/{a}" for a in "xyz"]
-                + ([f"jacobian_error/{n}" for n in names] if self.jacobian_observation else []))
+                + ([f"jacobian_error/{n}" for n in names] if self.jacobian_observation else [])
+                + (["bearing/sin", "bearing/cos"] if self.bearing_observation else []))
+
+    def _first_joint_frame(self, model: Model):
+        """(origin, x, y) of the first actuated joint at q = 0 in the world frame: the plane about
+        its axis in which the target's bearing is measured. Refused unless that joint is revolute."""
+        dof = int(self.sim.act_index[0])
+        b = model.v_start.index(dof)
+        name = self.sim.actuated_joints[0]
+        if model.joint_type[b] not in ("revolute", "continuous"):
+            raise ValueError(f"reach: bearing_observation needs a revolute first actuated joint, "
+                             f"'{name}' is {model.joint_type[b]}")
+        R, p = model.tree_R[b], model.tree_p[b]
+        i = model.parent[b]
+        while i >= 0:                                  # the joint frame at q = 0, up to the world
+            R, p = model.tree_R[i] @ R, model.tree_R[i] @ p + model.tree_p[i]
+            i = model.parent[i]
+        axis = R @ model.axis[b]
+        axis = axis / torch.linalg.vector_norm(axis)
+        ref = R[:, 0] if float(torch.linalg.vector_norm(torch.linalg.cross(R[:, 0], axis))) > 1e-6 else R[:, 1]
+        x = ref - (ref @ axis) * axis
+        x = x / torch.linalg.vector_norm(x)
+        return p, x, torch.linalg.cross(axis, x)
+
+    def _bearing(self, target: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
+        """sin and cos of the target's bearing about the first joint's axis less that joint's
+        angle: which way the arm must turn, at full scale even for a target near the axis."""
+        o, x, y = self._bearing_frame
+        d = target - o
+        az = torch.atan2(d @ y, d @ x)
+        return torch.stack((torch.sin(az - q1), torch.cos(az - q1)), -1)
 
     def action_names(self) -> List[str]:
         kind = "position" if self.sim_config.actuator == "position" else "effort"
@@ -130,6 +165,8 @@ class ReachTask(Task):
             extra = [((ts.target - ee)[..., None] * J[..., self.sim.act_index]).sum(-2)]
         else:
             ee, extra = self.ee_position(ts.sim.q), []
+        if self.bearing_observation:
+            extra.append(self._bearing(ts.target, q[..., 0]))
         return torch.cat([(q - self.q_mid) / self.q_half, v, ee - ts.target, ts.target] + extra, -1)
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
@@ -350,6 +351,64 @@ def test_reach_jacobian_observation_is_the_descent_direction():
     torch.testing.assert_close(obs[:, :-4], plain.observe(ts))
     with pytest.raises(ValueError, match="jacobian_observation must be true or false"):
         ReachTask(m, sc, ee_link="ee_link", jacobian_observation="yes")
+
+
+@settings(max_examples=40, deadline=None)
+@given(q=hnp.arrays(np.float64, (5, 4), elements=st.floats(-1.8, 1.8)),
+       turn=st.floats(-3.0, 3.0), height=st.floats(-0.2, 0.8), radius=st.floats(0.005, 0.6))
+def test_reach_bearing_observation_says_which_way_to_turn(q, turn, height, radius):
+    """bearing_observation appends sin and cos of the target's bearing about the first joint's axis
+    less that joint's angle, for any joint angles and targets: the project's arm is planar (a yaw,
+    then three pitch joints), so its end effector by forward kinematics always bears 0 or pi (sin 0,
+    cos +-1); a target placed at angle ``turn`` from the arm's plane bears ``turn`` (at full scale
+    even 5 mm from the axis, where J^T (target - ee) vanishes); turning the first joint and the
+    target together changes nothing."""
+    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
+    task = ReachTask(m, sc, ee_link="ee_link", horizon=10, jacobian_observation=True, bearing_observation=True)
+    assert task.observation_names()[-2:] == ["bearing/sin", "bearing/cos"] and task.obs_dim == len(
+        task.observation_names())
+    qt = torch.as_tensor(q)
+    ee = task.ee_position(qt)
+    onaxis = torch.linalg.vector_norm(ee[:, :2], dim=-1) < 1e-9
+    b = task._bearing(ee, qt[:, 0])
+    assert torch.allclose(b[~onaxis, 0], torch.zeros_like(b[~onaxis, 0]), atol=1e-9)
+    torch.testing.assert_close(b[~onaxis, 1].abs(), torch.ones_like(b[~onaxis, 1]))
+    az = qt[:, 0] + turn
+    target = torch.stack((radius * torch.cos(az), radius * torch.sin(az), torch.full_like(az, height)), -1)
+    torch.testing.assert_close(task._bearing(target, qt[:, 0]), torch.stack(
+        (torch.full_like(az, math.sin(turn)), torch.full_like(az, math.cos(turn))), -1))
+    c, s = math.cos(0.7), math.sin(0.7)
+    R = torch.tensor([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(task._bearing(target @ R.T, qt[:, 0] + 0.7), task._bearing(target, qt[:, 0]))
+
+
+def test_reach_bearing_observation_reaches_the_observation_and_is_refused_on_a_prismatic_first_joint():
+    m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
+    sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
+    plain = ReachTask(m, sc, ee_link="ee_link", horizon=10)
+    task = ReachTask(m, sc, ee_link="ee_link", horizon=10, bearing_observation=True)
+    ts = task.reset(4, torch.Generator().manual_seed(1))
+    obs = task.observe(ts)
+    torch.testing.assert_close(obs[:, :-2], plain.observe(ts))
+    torch.testing.assert_close(obs[:, -2:], task._bearing(ts.target, ts.sim.q[:, 0]))
+    with pytest.raises(ValueError, match="bearing_observation must be true or false"):
+        ReachTask(m, sc, ee_link="ee_link", bearing_observation=1)
+    slider = physics.load_urdf(_PRISMATIC_ARM, dtype=torch.float64)
+    with pytest.raises(ValueError, match="needs a revolute first actuated joint, 'slide' is prismatic"):
+        ReachTask(slider, physics.SimConfig(dt=0.02, actuator="position", kp=10.0, kd=1.0, ground=False),
+                  ee_link="tip", bearing_observation=True)
+
+
+_PRISMATIC_ARM = """<robot name="slider_arm">
+  <link name="world"/>
+  <link name="carriage"><inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
+  <link name="tip"><inertial><mass value="0.5"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
+  <joint name="slide" type="prismatic"><parent link="world"/><child link="carriage"/><axis xyz="1 0 0"/>
+    <limit lower="-1" upper="1" effort="10" velocity="1"/></joint>
+  <joint name="turn" type="revolute"><parent link="carriage"/><child link="tip"/><origin xyz="0 0 0.3"/><axis xyz="0 0 1"/>
+    <limit lower="-2" upper="2" effort="10" velocity="1"/></joint>
+</robot>"""
 
 
 def test_reach_speed_weight_adds_the_end_effector_speed():
