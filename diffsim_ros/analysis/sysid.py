@@ -123,6 +123,7 @@ class SysIdResult:
     verdict: str = "accepted"
     reasons: List[str] = field(default_factory=list)
     starts_tried: List[Dict[str, float]] = field(default_factory=list)
+    convergence: Dict[str, Any] = field(default_factory=dict)   # the kept fit's: converged, reason, iterations, ...
 
     @property
     def accepted(self) -> bool:
@@ -329,16 +330,18 @@ def _jacobian(problem: _Problem, coords: _Coords, z: torch.Tensor):
 
 def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, counter: List[int],
         history: List[float], progress=None):
-    """Projected Levenberg-Marquardt in the box [coords.lo, coords.hi]; returns (z, r, J, moving):
-    ``moving`` is the relative fall of the loss in the last iteration where ``max_iter`` ran out
-    with the fit still improving, 0.0 where it stopped on its own (converged, no step improving,
-    every coordinate held at a bound)."""
+    """Projected Levenberg-Marquardt in the box [coords.lo, coords.hi]; returns (z, r, J, moving,
+    stop): ``moving`` is the relative fall of the loss in the last iteration where ``max_iter`` ran
+    out with the fit still improving, 0.0 where it stopped on its own (converged, no step improving,
+    every coordinate held at a bound); ``stop`` says how it ended (:func:`_stop_record`)."""
     lam = 1e-3
     r, J = _jacobian(problem, coords, z)
     counter[0] += coords.p
     f = float(r @ r)
     history.append(f / r.numel())
     moving = 0.0
+    reason, iterations, dz = "iteration limit", 0, float("nan")
+    g0 = float(torch.linalg.vector_norm(J.T @ r))
     for it in range(max_iter):
         g = J.T @ r
         H = J.T @ J
@@ -347,6 +350,7 @@ def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, coun
         at_hi = (z >= coords.hi - 1e-12) & (g < 0)
         free = ~(at_lo | at_hi)
         if not bool(free.any()):
+            reason = "every coordinate held at a bound"
             break
         improved = False
         for _ in range(10):
@@ -368,10 +372,12 @@ def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, coun
                 break
             lam *= 8.0
         if not improved:
+            reason = "no step lowers the loss"
             break
         dz = float((z_new - z).abs().max())
         rel = (f - f_new) / max(f, 1e-300)
         z = z_new
+        iterations = it + 1
         lam = max(lam / 5.0, 1e-9)
         r, J = _jacobian(problem, coords, z)
         counter[0] += coords.p
@@ -380,9 +386,33 @@ def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, coun
         if progress:
             progress(counter[0], f / r.numel(), {n: v.reshape(-1).tolist() for n, v in coords.values(z).items()})
         if rel < 1e-6 or dz < 1e-5:
+            reason = "the loss changed less than 1e-6 of itself" if rel < 1e-6 else "the step fell below 1e-5"
             break
         moving = rel if it == max_iter - 1 else 0.0
-    return z, r, J, moving
+    return z, r, J, moving, _stop_record(reason, iterations, dz, z, r, J, coords, g0)
+
+
+def convergence_line(c: Dict[str, Any]) -> str:
+    """One line on how the kept fit ended (SysIdResult.convergence)."""
+    if not c:
+        return "convergence: not recorded"
+    how = "converged" if c["converged"] else "not converged"
+    return (f"{how}: {c['reason']} after {c['iterations']} Levenberg-Marquardt iterations "
+            f"(gradient {c['gradient']:.2g} of the start's, last step {c['step']:.2g})")
+
+
+def _stop_record(reason: str, iterations: int, step: float, z, r, J, coords: _Coords, g0: float) -> Dict[str, Any]:
+    """How a Levenberg-Marquardt run ended: ``reason``, its ``iterations``, the last ``step`` (largest
+    change of a coordinate, log units for the log-space parameters) and the ``gradient``: the norm
+    of the loss's gradient over the coordinates free of a bound, relative to the gradient's norm
+    ``g0`` where the run started (0 at a stationary point)."""
+    g = J.T @ r
+    at_lo = (z <= coords.lo + 1e-12) & (g > 0)
+    at_hi = (z >= coords.hi - 1e-12) & (g < 0)
+    free = ~(at_lo | at_hi)
+    grad = float(torch.linalg.vector_norm(g[free])) / g0 if g0 > 0 else 0.0
+    return {"converged": reason != "iteration limit", "reason": reason, "iterations": int(iterations),
+            "step": float(step), "gradient": grad}
 
 
 def _split(rp: Replay, window: int, fit_fraction: float, max_starts: Optional[int], lead: int):
@@ -497,7 +527,8 @@ def _without_lag(alt: SysIdResult, lagged: SysIdResult) -> SysIdResult:
         sensitivity=keep(alt.sensitivity, lagged.sensitivity[lag]), at_bound=alt.at_bound,
         unidentifiable=alt.unidentifiable, noise_floor=alt.noise_floor, unexplained=alt.unexplained,
         verdict=alt.verdict, reasons=alt.reasons,
-        starts_tried=lagged.starts_tried + [dict(t, without=lag) for t in alt.starts_tried])
+        starts_tried=lagged.starts_tried + [dict(t, without=lag) for t in alt.starts_tried],
+        convergence=dict(alt.convergence))
 
 
 def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
@@ -582,12 +613,12 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         z_init = queue.pop(0)
         start = {n: v.tolist() for n, v in coords.values(z_init).items()}
         try:
-            z, r, J, moving = _lm(pf, coords, z_init, max_iter, counter, history, progress)
+            z, r, J, moving, stop = _lm(pf, coords, z_init, max_iter, counter, history, progress)
         except physics.SimulationError as exc:
             tried.append({"start": start, "error": str(exc)})
         else:
             f = float(r @ r)
-            tried.append({"start": start, "loss": f / r.numel(), "moving": moving})
+            tried.append({"start": start, "loss": f / r.numel(), "moving": moving, "stop": stop})
             if best is None or f < best[0]:
                 best = (f, z, r, J, moving, len(tried) - 1)
         # A fit that leaves the data unexplained may be a local minimum of the time-like
@@ -603,13 +634,14 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
         # explaining the data, two dampings 37-65 % off; at 30 every value was exact).
         try:
-            z2, r2, J2, moving = _lm(pf, coords, z, max_iter, counter, history, progress)
+            z2, r2, J2, moving, stop2 = _lm(pf, coords, z, max_iter, counter, history, progress)
         except physics.SimulationError:
             pass
         else:
             if float(r2 @ r2) <= f:
                 f, z, r, J = float(r2 @ r2), z2, r2, J2
-            tried[best_i].update(continued_loss=f / r.numel(), moving=moving)
+            stop2 = dict(stop2, iterations=tried[best_i]["stop"]["iterations"] + stop2["iterations"])
+            tried[best_i].update(continued_loss=f / r.numel(), moving=moving, stop=stop2)
     final = {n: v.detach() for n, v in coords.values(z).items()}
     loss_after = f / r.numel()
 
@@ -700,7 +732,8 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         fit_loss_after=loss_after, heldout=heldout, history=history, evaluations=counter[0],
         seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
         sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
-        unexplained=unexplained, systematic=systematic, verdict=verdict, reasons=reasons, starts_tried=tried)
+        unexplained=unexplained, systematic=systematic, verdict=verdict, reasons=reasons, starts_tried=tried,
+        convergence=dict(tried[best_i]["stop"]))
 
 
 def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[str]:
@@ -1002,6 +1035,7 @@ def sysid_markdown(r: SysIdResult, bag: str, source: str, notes: Sequence[str] =
         lines.append(f"| {n} ({SPECS[n].unit}) | {_fmt_list(r.nominal[n])} | {_fmt_list(r.fitted[n])} | "
                      f"{_fmt_list(r.std.get(n, []))} | [{_fmt_list(lo)}] .. [{_fmt_list(hi)}] | "
                      f"{', '.join(flags)} |")
+    lines += ["", convergence_line(r.convergence)]
     lines += ["", "## Held-out velocity error", "",
               f"RMSE over every step of the held-out windows: **{h['before']['rmse']:.4g} -> "
               f"{h['after']['rmse']:.4g}** ({h['improvement']:.2f} times smaller); the residual is "

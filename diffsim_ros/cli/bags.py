@@ -63,6 +63,7 @@ def cmd_sysid(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
+    from diffsim_ros.analysis.sysid import convergence_line
 
     data = _analysis_call(read_bag, args.bag, where=args.bag, state_topic=args.state_topic,
                           command_topic=args.command_topic)
@@ -87,6 +88,7 @@ def cmd_sysid(args: argparse.Namespace) -> int:
     h = r.heldout
     print(f"held-out velocity RMSE {h['before']['rmse']:.4g} -> {h['after']['rmse']:.4g} "
           f"({h['improvement']:.2f}x smaller)")
+    print(convergence_line(r.convergence))
     for n in r.notes:
         print(f"warning: {n}", file=sys.stderr)
     return _sysid_verdict(args, r, files)

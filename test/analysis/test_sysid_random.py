@@ -24,6 +24,7 @@ from diffsim_ros import cli, config, physics  # noqa: E402
 from diffsim_ros.analysis import calibrate, read_bag, sim_setup  # noqa: E402
 from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params  # noqa: E402
 from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
+from diffsim_ros.analysis.sysid import convergence_line  # noqa: E402
 
 FAST = dict(window=3, max_starts=32, max_iter=12)
 STEPS = 300
@@ -327,7 +328,14 @@ def test_a_fit_cut_short_by_the_iteration_limit_is_rejected(tmp_path):
     print(f"seed {seed} (DIFFSIM_SYSID_SEED)", pert, short.fitted, short.reasons, short.starts_tried)
     assert not short.accepted and any("not converged" in x for x in short.reasons), short.reasons
     assert short.starts_tried[0]["moving"] > 1e-3
+    # The report says how the kept fit ended: on its limit here, after the one continuation.
+    assert short.convergence["converged"] is False and short.convergence["reason"] == "iteration limit"
+    assert short.convergence["iterations"] == 2, short.convergence
     full = calibrate(data, setup, names, window=3, max_starts=32)
     truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
     _check(full, truth, names)
     assert not any("not converged" in x for x in full.reasons)
+    c = full.convergence
+    print("full fit:", convergence_line(c))
+    assert c["converged"] and c["reason"] != "iteration limit" and 0 < c["iterations"] < 2 * FAST["max_iter"], c
+    assert c["gradient"] < 1e-3 < short.convergence["gradient"], (c, short.convergence)

@@ -400,14 +400,15 @@ def test_reach_bearing_observation_reaches_the_observation_and_is_refused_on_a_p
                   ee_link="tip", bearing_observation=True)
 
 
-_PRISMATIC_ARM = """<robot name="slider_arm">
+_INERTIA = '<inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/>'
+_PRISMATIC_ARM = f"""<robot name="slider_arm">
   <link name="world"/>
-  <link name="carriage"><inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
-  <link name="tip"><inertial><mass value="0.5"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
+  <link name="carriage"><inertial><mass value="1"/>{_INERTIA}</inertial></link>
+  <link name="tip"><inertial><mass value="0.5"/>{_INERTIA}</inertial></link>
   <joint name="slide" type="prismatic"><parent link="world"/><child link="carriage"/><axis xyz="1 0 0"/>
     <limit lower="-1" upper="1" effort="10" velocity="1"/></joint>
-  <joint name="turn" type="revolute"><parent link="carriage"/><child link="tip"/><origin xyz="0 0 0.3"/><axis xyz="0 0 1"/>
-    <limit lower="-2" upper="2" effort="10" velocity="1"/></joint>
+  <joint name="turn" type="revolute"><parent link="carriage"/><child link="tip"/><origin xyz="0 0 0.3"/>
+    <axis xyz="0 0 1"/><limit lower="-2" upper="2" effort="10" velocity="1"/></joint>
 </robot>"""
 
 
