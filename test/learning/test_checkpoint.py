@@ -305,7 +305,7 @@ def test_missing_or_garbled_metadata(saved, tmp_path, damage, match):
     (lambda m: m["robot"]["actuated_joints"].append("elbow"), r"'robot\.actuated_joints'.*elbow"),
     (lambda m: m.__setitem__("format_version", 99), "format_version 99 is not supported"),
     (lambda m: m.__setitem__("format", "something_else"), "field 'format'"),
-    (lambda m: m["normalization"]["mean"].pop(), r"'normalization\.mean' has 17 entries"),
+    (lambda m: m["normalization"]["mean"].pop(), r"'normalization\.mean' has 19 entries for observation dim 20"),
     (lambda m: m["command"].pop("scale"), r"missing field 'command\.scale'"),
     (lambda m: m["command"].__setitem__("type", "spline"), r"'command\.type' must be one of affine, delta"),
     (lambda m: m["policy"].__setitem__("file", "../../etc/passwd"), r"'policy\.file' must be a file name"),
