@@ -433,7 +433,10 @@ def test_deploy_launch_commands_flow(deployment):
         assert all(np.isfinite(m.data).all() for m in cmds)
     else:
         thrust = [m.twist.linear.z for m in cmds]
-        assert all(np.isfinite(thrust)) and max(thrust) > 0, thrust[:10]
+        # On failure the launch log's preflight and supervisor lines say why the controller held
+        # its safe command (zero thrust) instead of flying.
+        why = [ln for ln in deployment.log().splitlines() if re.search(r"preflight|NO-GO|safe|stale|watchdog", ln)]
+        assert all(np.isfinite(thrust)) and max(thrust) > 0, (thrust[:10], why[-20:])
         assert all(m.header.frame_id or m.child_frame_id for m in states)
 
 
@@ -602,7 +605,8 @@ def test_deploy_launch_sigint_shuts_down_cleanly_and_the_bag_holds_every_command
     by_channel = {ch.topic: summary.statistics.channel_message_counts.get(cid, 0)
                   for cid, ch in summary.channels.items()}
     for topic in (deployment.cmd_topic, "/diffsim/predicted_state", "/diffsim/command"):
-        assert published[topic] >= 25, published
+        assert published[topic] >= 25, (published, [ln for ln in log.splitlines()
+                                                     if re.search(r"preflight|NO-GO|safe|stale|watchdog", ln)][-20:])
         assert counts.get(topic) == published[topic] == by_channel.get(topic), (topic, counts, published, by_channel)
     assert counts.get(deployment.state_topic, 0) > 0, counts
 
