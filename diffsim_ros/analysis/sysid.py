@@ -345,10 +345,7 @@ def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, coun
     for it in range(max_iter):
         g = J.T @ r
         H = J.T @ J
-        # Active set: coordinates at a bound whose descent direction leaves the box.
-        at_lo = (z <= coords.lo + 1e-12) & (g > 0)
-        at_hi = (z >= coords.hi - 1e-12) & (g < 0)
-        free = ~(at_lo | at_hi)
+        free = _free(z, g, coords)
         if not bool(free.any()):
             reason = "every coordinate held at a bound"
             break
@@ -392,6 +389,14 @@ def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, coun
     return z, r, J, moving, _stop_record(reason, iterations, dz, z, r, J, coords, g0)
 
 
+def _free(z: torch.Tensor, g: torch.Tensor, coords: _Coords) -> torch.Tensor:
+    """The coordinates free of the box: the active set is those at a bound whose descent
+    direction (-g) leaves it."""
+    at_lo = (z <= coords.lo + 1e-12) & (g > 0)
+    at_hi = (z >= coords.hi - 1e-12) & (g < 0)
+    return ~(at_lo | at_hi)
+
+
 def convergence_line(c: Dict[str, Any]) -> str:
     """One line on how the kept fit ended (SysIdResult.convergence)."""
     if not c:
@@ -407,10 +412,7 @@ def _stop_record(reason: str, iterations: int, step: float, z, r, J, coords: _Co
     of the loss's gradient over the coordinates free of a bound, relative to the gradient's norm
     ``g0`` where the run started (0 at a stationary point)."""
     g = J.T @ r
-    at_lo = (z <= coords.lo + 1e-12) & (g > 0)
-    at_hi = (z >= coords.hi - 1e-12) & (g < 0)
-    free = ~(at_lo | at_hi)
-    grad = float(torch.linalg.vector_norm(g[free])) / g0 if g0 > 0 else 0.0
+    grad = float(torch.linalg.vector_norm(g[_free(z, g, coords)])) / g0 if g0 > 0 else 0.0
     return {"converged": reason != "iteration limit", "reason": reason, "iterations": int(iterations),
             "step": float(step), "gradient": grad}
 

@@ -633,9 +633,7 @@ class MujocoPlant:
                 # The simulator's lagged drive: the drive's slopes times the lag factor, implicit
                 # (physics/stages/actuation.py); the torque is taken to the substep's end after it.
                 a = laws.lag_factor(np, h, self.torque_lag)
-                self._implicit_gains(interface, a * s, a * brake, va, applied, damping)
-                kd = a * (s * self.kd + brake) if interface != "effort" else a * brake
-                self._lag_end = (kd, a * s * self.kp if interface == "position" else None, va)
+                self._lag_end = self._implicit_gains(interface, a * s, a * brake, va, applied, damping) + (va,)
             return None
         self._effort = u
         applied[dof] += u
@@ -659,13 +657,15 @@ class MujocoPlant:
         """Adds (``sign`` 1) or takes back (-1) the drive's linearly implicit terms: D_act = s kd
         (+ h s kp under Euler) joins MuJoCo's implicit damping; adding s kd v back keeps the explicit
         force u - h s kp v as the simulator's. The velocity-limit brake's stiffness joins it the same
-        way (all interfaces)."""
+        way (all interfaces). Returns the drive's slopes (kd + brake, s kp or None) it integrated."""
         dof = self._dadr[self._act]
         euler = self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER
         kd = s * self.kd if interface != "effort" else np.zeros_like(va)
-        extra = kd + brake + (self.h * s * self.kp if (interface == "position" and euler) else 0.0)
+        kp = s * self.kp if interface == "position" else None
+        extra = kd + brake + (self.h * kp if (kp is not None and euler) else 0.0)
         damping[dof] += sign * extra
         applied[dof] += sign * (kd + brake) * va
+        return kd + brake, kp
 
     def _servo_refine(self, interface, servo, applied, damping):
         """The simulator's servo_iterations (physics/laws.py, servo_secants): the
