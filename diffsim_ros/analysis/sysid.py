@@ -50,8 +50,8 @@ from the recording), or whose held-out error keeps a bias of one sign (per dof, 
 dofs) above ``MAX_SYSTEMATIC`` of the velocity change and above what the noise leaves on a mean
 (a constant push no fitted parameter models: wind, a payload's offset), or that has not
 converged (the best start, run out of iterations with its loss still falling, goes on once for
-``max_iter`` more; a loss still falling ``UNCONVERGED`` of itself per iteration then is no
-optimum, and its uncertainties do not hold). Windows in which a joint passes its position
+``max_iter`` more; a fit that ends on its iteration limit then, however little its loss still
+falls, is no optimum by the stopping rules of :func:`_lm`, and its uncertainties do not hold). Windows in which a joint passes its position
 limit are left out of fit and judgement alike (:func:`_clear_of_limits`). A rejected
 fit writes no calibrated.yaml unless asked (``write_calibrated(..., force=True)``,
 ``diffsim-ros sysid --write-rejected``); the CLI exits with status 3.
@@ -91,7 +91,6 @@ MIN_SENSITIVITY = 2e-4      # 10 % independent change moving predictions less th
 WARMUP = 3                  # teacher-forced steps before each window (with an actuator state)
 ESCALATE_UNEXPLAINED = 0.005  # fit-window residual / velocity change above this: try the next grid point
 MAX_STARTS = 6              # fits from grid points at most, while the best leaves the data unexplained
-UNCONVERGED = 1e-3          # the best fit's loss still falling this much per iteration after 2 max_iter: rejected
 GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.004, 0.008, 0.016, 0.032, 0.064],
         "motor_time_constant": [0.01, 0.03, 0.07]}
 
@@ -488,16 +487,14 @@ def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int 
         if "actuator_lag" not in names or setup.sim_config.actuator_lag != 0 or not rest:
             return _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
                               starts, velocity_noise)
-        # The unlagged drive is another model, not the limit of a vanishing lag: the lagged torque is
-        # explicit in the step while the unlagged servo's PD gains are implicit, so a light joint
-        # behaves differently however short the lag. Where the robot's file has no lag, the drive
-        # without one is fitted too and kept if it explains the fit windows better (a lag-free UR5:
-        # lag 0.011 s, latency 1.27 for 1 step, every damping at its bound; without the lag, all
-        # exact). Its fit from the best grid point comes first, being cheap: where it explains the
-        # data, the lagged fit is compared from its own best grid point only (not continued past
-        # max_iter), instead of escalating through further starts in search of what a lag cannot
-        # give (the UR5's lagged fit tried all six, 4-5 minutes); where it does not, everything runs
-        # as if it had not been tried.
+        # Where the robot's file has no lag, the drive without one is fitted too and kept if it
+        # explains the fit windows better: a short lag trades against latency and damping (a
+        # lag-free UR5, while the lagged servo was explicit: lag 0.011 s, latency 1.27 for 1 step,
+        # every damping at its bound; without the lag, all exact). Its fit from the best grid point
+        # comes first, being cheap: where it explains the data, the lagged fit is compared from its
+        # own best grid point only, instead of escalating through further starts in search of what
+        # a lag cannot give (the UR5's lagged fit tried all six, 4-5 minutes); where it does not,
+        # everything runs as if it had not been tried.
         alt = _calibrate(data, setup, rest, window, fit_fraction, max_starts, max_iter, replay, progress,
                          1, velocity_noise, thorough=False)
         lag_free = alt.unexplained <= ESCALATE_UNEXPLAINED
@@ -536,8 +533,8 @@ def _without_lag(alt: SysIdResult, lagged: SysIdResult) -> SysIdResult:
 def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
                n_starts, velocity_noise, thorough: bool = True) -> SysIdResult:
     """:func:`calibrate` of one model; ``thorough``: while the best fit leaves the fit windows
-    unexplained, start further fits from the next grid points (up to ``MAX_STARTS``), and let a best
-    fit still improving at ``max_iter`` go on once; without, the first starts' fits as they end."""
+    unexplained, start further fits from the next grid points (up to ``MAX_STARTS``); without, the
+    first starts' fits only. Either way a best fit still improving at ``max_iter`` goes on once."""
     t_start = time.perf_counter()
     requested = list(dict.fromkeys(names))
     if not requested:
@@ -631,7 +628,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     if best is None:
         raise AnalysisError(f"{data.path}: every start of the calibration diverged ({tried})")
     f, z, r, J, moving, best_i = best
-    if moving > 0.0 and thorough:
+    if moving > 0.0:
         # The best fit ran out of iterations while its loss still fell: it goes on, once, for as
         # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
         # explaining the data, two dampings 37-65 % off; at 30 every value was exact).
@@ -701,11 +698,13 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     systematic = bias_rms / max(ph.dv_rms_raw, 1e-12)
     verdict, reasons = _verdict(heldout["improvement"], b / max(ph.dv_rms_raw, 1e-12), unexplained, a, floor,
                                 systematic, bias_rms, heldout["after"]["per_dof"], len(held))
-    if moving > UNCONVERGED:
+    stop = tried[best_i]["stop"]
+    if not stop["converged"]:
         verdict = "rejected"
-        reasons.append(f"the fit had not converged after {2 * max_iter} Levenberg-Marquardt iterations (its loss "
-                       f"still fell {moving:.2g} of itself in the last one): the values are not the data's optimum "
-                       f"and their uncertainties do not hold; calibrate again with a higher --max-iter")
+        reasons.append(f"the fit had not converged: it stopped on its limit of {stop['iterations']} Levenberg-Marquardt "
+                       f"iterations with its loss still falling {moving:.2g} of itself per iteration (gradient "
+                       f"{stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): the values are not the "
+                       f"data's optimum and their uncertainties do not hold; calibrate again with a higher --max-iter")
     notes = list(setup.notes)
     if at_limit:
         notes.append(f"{at_limit} windows left out because a joint passed its position limit in them (warm-up "
@@ -735,7 +734,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
         sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
         unexplained=unexplained, systematic=systematic, verdict=verdict, reasons=reasons, starts_tried=tried,
-        convergence=dict(tried[best_i]["stop"]))
+        convergence=dict(stop))
 
 
 def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[str]:

@@ -169,8 +169,8 @@ def _add_sysid(sub) -> None:
                     "sysid.json and sysid.md, and for an accepted fit calibrated.yaml (a training file for "
                     "`diffsim-ros train --config`) and calibrated.urdf when masses, damping or friction change. "
                     "Exit status: 0 accepted, 3 fit rejected (the held-out RMSE did not improve clearly, or the "
-                    "residual stays far above the noise floor, or the fit did not converge within twice --max-iter "
-                    "iterations; reasons in sysid.md), 2 bad input.")
+                    "residual stays far above the noise floor, or the fit ended on its iteration limit after "
+                    "twice --max-iter iterations; reasons in sysid.md), 2 bad input.")
     _add_bag_args(p)
     p.add_argument("--params", required=True, metavar="NAME,...", help=f"parameters to fit: {from_params}")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")

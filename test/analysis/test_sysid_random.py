@@ -304,8 +304,8 @@ def test_four_arm_parameters_leave_a_wrong_start(tmp_path):
 
 def test_a_fit_cut_short_by_the_iteration_limit_is_rejected(tmp_path):
     """LM that runs out of iterations while the loss still falls has not reached the data's
-    optimum: sysid goes on once for as many iterations again, and rejects the fit if it still
-    moves (one iteration, then one more, is not enough for two drawn parameters); the same
+    optimum: sysid goes on once for as many iterations again, and rejects the fit if that ends on
+    the limit too (one iteration, then one more, is not enough for two drawn parameters); the same
     recording with sysid's own limit is accepted with the truth."""
     names = ["mass_scale", "drag_scale"]
     seed, pert, data = _quadrotor_bag(tmp_path, "iteration limit", names)
@@ -317,6 +317,14 @@ def test_a_fit_cut_short_by_the_iteration_limit_is_rejected(tmp_path):
     # The report says how the kept fit ended: on its limit here, after the one continuation.
     assert short.convergence["converged"] is False and short.convergence["reason"] == "iteration limit"
     assert short.convergence["iterations"] == 2, short.convergence
+    # Whatever the limit, a fit that ends on it is never accepted, however little its loss still
+    # falls, and one that stops by a rule of convergence carries no such reason.
+    for max_iter in (2, 3):
+        r = calibrate(data, setup, names, window=3, max_starts=32, max_iter=max_iter)
+        print(max_iter, convergence_line(r.convergence), r.starts_tried[0].get("moving"))
+        on_limit = r.convergence["reason"] == "iteration limit"
+        assert on_limit == any("not converged" in x for x in r.reasons), (max_iter, r.convergence, r.reasons)
+        assert not (on_limit and r.accepted)
     full = calibrate(data, setup, names, window=3, max_starts=32)
     truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
     _check(full, truth, names)

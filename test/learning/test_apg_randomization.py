@@ -122,7 +122,7 @@ def test_the_randomised_solo12_jump_transfers_under_drawn_imperfections():
     noise up to the preset's, a joint torque lag up to its 5 ms, the floor 0.7-1.3 x as grippy; seed
     printed): at least 0.8 of its
     simulator success on the same 32 episodes (the envelope's worst corner measured 64 of 64). Its
-    predecessor, trained without a torque lag, latency to 14 ms and a quarter of the tilt weight,
+    predecessor, trained without a torque lag, latency to 14 ms and a third of the tilt weight,
     jumped 0.2 m and tipped past max_tilt under seed 3628099353 (24 of 32); its privileged
     predecessor kept 18 of 32 under the preset alone. Not covered: a heavier robot
     on a slipperier floor than the preset together (mass 1.2 on a 0.6 floor tips 16 of 32)."""
