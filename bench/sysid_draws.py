@@ -2,17 +2,24 @@
 """How often system identification recovers drawn truths: the success rate behind the random
 tests, over many draws instead of one per run.
 
-    python bench/sysid_draws.py [--kind arm] [--seeds 1-10] [--friction] [--max-lag 0.06]
+    python bench/sysid_draws.py [--kind arm|quadrotor|legged] [--seeds 1-20] [--friction] [--max-lag 0.06]
+                                [--plant simulator|mujoco]
 
 For each seed, the perturbation is drawn exactly as test/analysis/test_sysid_random.py draws it for
 ``test_sysid_recovers_four_drawn_parameters_at_once`` (latency 1-3 control steps, arm torque
 lag in 0.008 s to ``--max-lag``, joint damping x0.3-3, mass x0.7-1.3; quadrotor: drag, rotor
 time constant, mass), the MuJoCo stand-in records 300 exciting commands, and ``calibrate``
-fits all four at once with the test's settings. Printed per seed: PASS or FAIL by the test's
-own check (each identifiable parameter within 5 %, latency within 0.15 steps, held-out RMSE
-5x smaller), the error of each parameter (relative; latency in steps), the loss at the end of
-each start and the seconds. ``--friction`` keeps the arm's URDF joint friction on (the test
-turns it off on both sides). Nothing here is a test: no figure is asserted.
+fits all four at once with the test's settings. ``--kind legged``: the shipped walker
+(policies/locomotion_velocity) walks 250 control steps (5 s) at 0.5 m/s on a drawn mass (x0.8-1.3)
+and floor (friction x0.4-1.2), as test/analysis/test_legged_analysis.py draws them, recorded on
+``--plant`` (default the simulator: the stand-in's soft constraint ground is not the penalty
+contact, doc/sysid.md), and mass and ground friction are fitted. Printed per seed: PASS or FAIL
+by the test's own check (each identifiable parameter within 5 %, latency within 0.15 steps,
+held-out RMSE 5x smaller; legged: accepted, both within 5 %), the error of each parameter
+(relative; latency in steps), the loss at the end of each start and the seconds; last line
+``sysid_draws: KIND K/N passed, median S s, worst W s``. ``--friction`` keeps the arm's URDF
+joint friction on (the test turns it off on both sides). Nothing here is a test: no figure is
+asserted.
 """
 from __future__ import annotations
 
@@ -36,27 +43,64 @@ NAMES = {"arm": ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
 
 
 
+def _legged(seed: int, plant: str):
+    """(result, truth, names, perturbation): the walker's bag on ``plant`` with a drawn mass and
+    floor, mass and ground friction fitted with the legged test's settings."""
+    import test_legged_analysis as L
+    from diffsim_ros import physics
+    from diffsim_ros.analysis import calibrate, read_bag, sim_setup
+    from diffsim_ros.learning.deploy import PolicyRunner
+    from diffsim_ros.physics.parameters import from_perturbation
+    from conftest import drawn_away
+
+    rng = np.random.default_rng(seed)
+    pert = {"mass_scale": drawn_away(rng, 0.8, 1.3, 1.0, 0.08),
+            "ground_friction_scale": drawn_away(rng, 0.4, 1.2, 1.0, 0.15)}
+    names = ["mass_scale", "ground_friction"]
+    with tempfile.TemporaryDirectory() as tmp:
+        L._record(Path(tmp) / "bag", PolicyRunner(L.POLICY), plant, pert, 250)
+        data = read_bag(Path(tmp) / "bag")
+        setup = sim_setup(data)
+        r = calibrate(data, setup, names, window=3, max_starts=48, max_iter=15)
+    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
+    return r, truth, names, pert
+
+
+def _check_legged(r, truth, names):
+    assert r.accepted, r.reasons
+    for n in names:
+        assert abs(r.fitted[n][0] / float(truth[n][0]) - 1.0) < 0.05, (n, r.fitted[n][0], float(truth[n][0]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=sorted(NAMES), default="arm")
-    ap.add_argument("--seeds", default="1-10", help="e.g. 1-10 or 3,7,11")
+    ap.add_argument("--kind", choices=sorted(NAMES) + ["legged"], default="arm")
+    ap.add_argument("--seeds", default="1-20", help="e.g. 1-20 or 3,7,11")
     ap.add_argument("--friction", action="store_true", help="arm: keep the URDF joint friction on")
     ap.add_argument("--max-lag", type=float, default=0.06, help="arm: upper end of the torque lag draw, s")
+    ap.add_argument("--plant", choices=["simulator", "mujoco"], default="simulator",
+                    help="legged: what records the bag")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    names = NAMES[a.kind]
     passed = 0
     seeds = seed_list(a.seeds)
+    seconds = []
     for seed in seeds:
-        rng = np.random.default_rng(seed)
-        pert = T._draw(rng, a.kind, names)
-        if a.kind == "arm":
-            pert["actuator_lag"] = float(np.random.default_rng(seed + 7).uniform(0.008, a.max_lag))
         t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp:
-            r, truth = T._fit(Path(tmp), a.kind, pert, names, seed, joint_friction=a.friction)
+        if a.kind == "legged":
+            r, truth, names, pert = _legged(seed, a.plant)
+            check = _check_legged
+        else:
+            names = NAMES[a.kind]
+            pert = T._draw(np.random.default_rng(seed), a.kind, names)
+            if a.kind == "arm":
+                pert["actuator_lag"] = float(np.random.default_rng(seed + 7).uniform(0.008, a.max_lag))
+            with tempfile.TemporaryDirectory() as tmp:
+                r, truth = T._fit(Path(tmp), a.kind, pert, names, seed, joint_friction=a.friction)
+            check = T._check
+        seconds.append(time.perf_counter() - t0)
         try:
-            T._check(r, truth, names)
+            check(r, truth, names)
             verdict = "PASS"
             passed += 1
         except AssertionError as e:
@@ -67,8 +111,9 @@ def main() -> int:
         errors = {k: float(f"{v:.2g}") for k, v in err.items()}
         losses = [float(f"{t.get('loss', float('nan')):.2g}") for t in r.starts_tried]
         print(f"seed {seed}: {verdict}; drawn {drawn}; error {errors}; start losses {losses}; "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
-    print(f"{passed} of {len(seeds)} passed the test's check")
+              f"fit {r.seconds:.0f} s, with the recording {seconds[-1]:.0f} s", flush=True)
+    print(f"sysid_draws: {a.kind} {passed}/{len(seeds)} passed, median {float(np.median(seconds)):.0f} s, "
+          f"worst {max(seconds):.0f} s")
     return 0
 
 
