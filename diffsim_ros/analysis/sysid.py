@@ -42,7 +42,7 @@ The verdict (see :func:`_verdict`): per-parameter uncertainty from the Gauss-New
 (Fisher) information ``J^T J`` of the residuals at the optimum, scaled by their variance;
 parameters the data cannot identify (an independent change of 10 % moves the predictions by
 less than ``MIN_SENSITIVITY`` of the velocity change over a window, or a relative standard
-deviation above ``MAX_REL_STD``) with the advice to record an excitation motion; and
+deviation above ``MAX_REL_STD``) with the motion that would identify each (:data:`EXCITATION`); and
 rejection of a fit whose held-out RMSE does not improve at least ``MIN_IMPROVEMENT`` times,
 or whose held-out residual stays above ``MAX_UNEXPLAINED`` of the velocity change over a
 window and above ``NOISE_FACTOR`` times the noise floor (the measurement noise, estimated
@@ -405,6 +405,38 @@ def convergence_line(c: Dict[str, Any]) -> str:
             f"(gradient {c['gradient']:.2g} of the start's, last step {c['step']:.2g})")
 
 
+# The motion that identifies each registry parameter, for the verdict's advice on those the data
+# cannot identify (every parameter of physics.parameters has one; test_sysid checks).
+EXCITATION = {
+    "mass_scale": "accelerations against gravity (lifts, climbs, hops)",
+    "link_mass_scale": "accelerations of each link against gravity (every joint lifting its load)",
+    "inertia_scale": "fast rotations of the links or the base",
+    "joint_damping": "fast joint motion (damping grows with the speed)",
+    "joint_damping_scale": "fast joint motion (damping grows with the speed)",
+    "joint_friction": "slow joint reversals (Coulomb friction flips with the velocity's sign)",
+    "drag_scale": "fast flight along every axis (drag grows with the speed)",
+    "drag_linear": "fast flight along every axis (drag grows with the speed)",
+    "drag_quadratic": "fast flight along every axis (drag grows with the speed)",
+    "thrust_scale": "climbs and descents (thrust against gravity)",
+    "actuator_lag": "sharp command steps (the torque's rise after each)",
+    "motor_time_constant": "sharp thrust steps (the rotors' spin-up after each)",
+    "contact_stiffness": "landings and hops (how deep the feet sink under load)",
+    "contact_damping": "landings and hops (how the feet rebound)",
+    "ground_friction": "pushes, turns and slips of the feet on the ground",
+    "friction_smoothing": "slow pushes of loaded feet (how fast they creep)",
+    "com_offset": "tilts and turns of the base (the load's lever arm)",
+    "servo_gain_scale": "steps of the joint targets (the servo's stiffness and damping)",
+    "effort_scale": "commands that saturate the drives",
+    "latency": "sharp command steps (the delay before any response)",
+}
+
+
+def excitation_advice(labels: Sequence[str]) -> str:
+    """Each unidentified coordinate label (``joint_friction[2]``) with the motion that would
+    identify its parameter (:data:`EXCITATION`)."""
+    return "; ".join(f"{lab}: {EXCITATION.get(lab.split('[')[0], 'motion that exercises it')}" for lab in labels)
+
+
 def _stop_record(reason: str, iterations: int, step: float, z, r, J, coords: _Coords, g0: float) -> Dict[str, Any]:
     """How a Levenberg-Marquardt run ended: ``reason``, its ``iterations``, the last ``step`` (largest
     change of a coordinate, log units for the log-space parameters) and the ``gradient``: the norm
@@ -711,8 +743,8 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
                      "included): the simulator's limit penalty and the robot's end stop are not a parameter to fit")
     if unident:
         notes.append("the recording does not identify " + ", ".join(unident) + ": record an excitation motion "
-                     "(`diffsim-ros excite`, or motion that exercises them: fast moves for drag, joint "
-                     "reversals for friction, sharp command changes for lags and latency) and calibrate again")
+                     "(`diffsim-ros excite`) with what identifies each (" + excitation_advice(unident) + ") and "
+                     "calibrate again")
     for combo in blind:
         notes.append("the data determine only a combination of " + ", ".join(combo) + " (changing them together "
                      "leaves the predictions as they are: fix one of them, e.g. a weighed mass, and calibrate the rest)")

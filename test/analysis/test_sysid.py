@@ -139,3 +139,15 @@ def test_sysid_recovers_a_thrust_model_error_and_writes_it(tmp_path, capsys):
     before = analyze(bag, horizons=(5,), plots=False)
     after = analyze(bag, config_path=str(out / "calibrated.yaml"), horizons=(5,), plots=False)
     assert before["prediction"]["by_horizon"]["5"]["rmse"] > 5 * after["prediction"]["by_horizon"]["5"]["rmse"]
+
+
+def test_every_registry_parameter_has_the_motion_that_identifies_it():
+    """The verdict names, for each parameter the data cannot identify, the motion that would:
+    every parameter of the registry has one, and a per-joint label gets its parameter's."""
+    from diffsim_ros.analysis.sysid import EXCITATION, excitation_advice
+    from diffsim_ros.physics.parameters import PARAMETERS
+
+    assert set(EXCITATION) == set(PARAMETERS), set(PARAMETERS) ^ set(EXCITATION)
+    advice = excitation_advice(["joint_friction[2]", "drag_scale"])
+    assert advice == f"joint_friction[2]: {EXCITATION['joint_friction']}; drag_scale: {EXCITATION['drag_scale']}"
+    assert "reversals" in EXCITATION["joint_friction"] and "steps" in EXCITATION["latency"]
