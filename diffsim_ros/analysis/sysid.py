@@ -51,10 +51,11 @@ dofs) above ``MAX_SYSTEMATIC`` of the velocity change and above what the noise l
 (a constant push no fitted parameter models: wind, a payload's offset), or that has not
 converged (the best start, run out of iterations with its loss still falling, goes on once for
 ``max_iter`` more; a fit that ends on its iteration limit then, however little its loss still
-falls, is no optimum by the stopping rules of :func:`_lm`, and its uncertainties do not hold). Windows in which a joint passes its position
-limit are left out of fit and judgement alike (:func:`_clear_of_limits`). A rejected
-fit writes no calibrated.yaml unless asked (``write_calibrated(..., force=True)``,
-``diffsim-ros sysid --write-rejected``); the CLI exits with status 3.
+falls, is no optimum by the stopping rules of :func:`_lm`, and its uncertainties do not hold).
+Windows in which a joint passes its position limit are left out of fit and judgement alike
+(:func:`_clear_of_limits`). A rejected fit writes no calibrated.yaml unless asked
+(``write_calibrated(..., force=True)``, ``diffsim-ros sysid --write-rejected``); the CLI exits
+with status 3.
 """
 from __future__ import annotations
 
@@ -733,8 +734,8 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     stop = tried[best_i]["stop"]
     if not stop["converged"]:
         verdict = "rejected"
-        reasons.append(f"the fit had not converged: it stopped on its limit of {stop['iterations']} Levenberg-Marquardt "
-                       f"iterations with its loss still falling {moving:.2g} of itself per iteration (gradient "
+        reasons.append(f"the fit had not converged: it stopped on its limit of {stop['iterations']} "
+                       f"Levenberg-Marquardt iterations with its loss still falling {moving:.2g} of itself per iteration (gradient "
                        f"{stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): the values are not the "
                        f"data's optimum and their uncertainties do not hold; calibrate again with a higher --max-iter")
     notes = list(setup.notes)
