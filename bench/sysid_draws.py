@@ -44,26 +44,13 @@ NAMES = {"arm": ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
 
 
 def _legged(seed: int, plant: str):
-    """(result, truth, names, perturbation): the walker's bag on ``plant`` with a drawn mass and
-    floor, mass and ground friction fitted with the legged test's settings."""
+    """(result, truth, names, perturbation): the legged test's draw and fit on ``plant``."""
     import test_legged_analysis as L
-    from diffsim_ros import physics
-    from diffsim_ros.analysis import calibrate, read_bag, sim_setup
     from diffsim_ros.learning.deploy import PolicyRunner
-    from diffsim_ros.physics.parameters import from_perturbation
-    from conftest import drawn_away
 
-    rng = np.random.default_rng(seed)
-    pert = {"mass_scale": drawn_away(rng, 0.8, 1.3, 1.0, 0.08),
-            "ground_friction_scale": drawn_away(rng, 0.4, 1.2, 1.0, 0.15)}
-    names = ["mass_scale", "ground_friction"]
     with tempfile.TemporaryDirectory() as tmp:
-        L._record(Path(tmp) / "bag", PolicyRunner(L.POLICY), plant, pert, 250)
-        data = read_bag(Path(tmp) / "bag")
-        setup = sim_setup(data)
-        r = calibrate(data, setup, names, window=3, max_starts=48, max_iter=15)
-    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
-    return r, truth, names, pert
+        r, truth, pert, _ = L.fit_drawn_floor(Path(tmp) / "bag", PolicyRunner(L.POLICY), plant, seed)
+    return r, truth, L.LEGGED_NAMES, pert
 
 
 def _check_legged(r, truth, names):

@@ -435,7 +435,7 @@ EXCITATION = {
 def excitation_advice(labels: Sequence[str]) -> str:
     """Each unidentified coordinate label (``joint_friction[2]``) with the motion that would
     identify its parameter (:data:`EXCITATION`)."""
-    return "; ".join(f"{lab}: {EXCITATION.get(lab.split('[')[0], 'motion that exercises it')}" for lab in labels)
+    return "; ".join(f"{lab}: {EXCITATION[lab.split('[')[0]]}" for lab in labels)
 
 
 def _stop_record(reason: str, iterations: int, step: float, z, r, J, coords: _Coords, g0: float) -> Dict[str, Any]:
@@ -735,9 +735,10 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     if not stop["converged"]:
         verdict = "rejected"
         reasons.append(f"the fit had not converged: it stopped on its limit of {stop['iterations']} "
-                       f"Levenberg-Marquardt iterations with its loss still falling {moving:.2g} of itself per iteration (gradient "
-                       f"{stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): the values are not the "
-                       f"data's optimum and their uncertainties do not hold; calibrate again with a higher --max-iter")
+                       f"Levenberg-Marquardt iterations with its loss still falling {moving:.2g} of itself per "
+                       f"iteration (gradient {stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): "
+                       f"the values are not the data's optimum and their uncertainties do not hold; calibrate "
+                       f"again with a higher --max-iter")
     notes = list(setup.notes)
     if at_limit:
         notes.append(f"{at_limit} windows left out because a joint passed its position limit in them (warm-up "

@@ -127,20 +127,31 @@ def test_in_the_air_the_legged_comparison_finds_mujoco_and_the_simulator_agree(t
     assert m["prediction"]["by_horizon"]["1"]["rmse"] > 1e-3
 
 
+LEGGED_NAMES = ["mass_scale", "ground_friction"]
+
+
+def fit_drawn_floor(path, runner, backend, seed):
+    """(result, truth, perturbation, setup): the walker's 5 s bag on ``backend`` with a mass
+    (x0.8-1.3) and floor friction (x0.4-1.2) drawn from ``seed``, mass and ground friction fitted
+    (also bench/sysid_draws.py --kind legged)."""
+    rng = np.random.default_rng(seed)
+    pert = {"mass_scale": drawn_away(rng, 0.8, 1.3, 1.0, 0.08),
+            "ground_friction_scale": drawn_away(rng, 0.4, 1.2, 1.0, 0.15)}
+    _record(path, runner, backend, pert, 250)
+    data = read_bag(path)
+    setup = sim_setup(data)
+    r = calibrate(data, setup, LEGGED_NAMES, window=3, max_starts=48, max_iter=15)
+    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
+    return r, truth, pert, setup
+
+
 def test_sysid_recovers_drawn_mass_and_ground_friction_from_a_legged_bag(tmp_path, runner):
     """The simulator as the robot, heavier and on a drawn floor: the walking policy's bag gives
     both back (the model is exact here, so the fit must be too), and the calibrated training
     file builds a system with the fitted floor."""
     seed = drawn_seed("legged sysid", "DIFFSIM_SYSID_SEED")
-    rng = np.random.default_rng(seed)
-    pert = {"mass_scale": drawn_away(rng, 0.8, 1.3, 1.0, 0.08),
-            "ground_friction_scale": drawn_away(rng, 0.4, 1.2, 1.0, 0.15)}
-    _record(tmp_path / "bag", runner, "simulator", pert, 250)
-    data = read_bag(tmp_path / "bag")
-    setup = sim_setup(data)
-    names = ["mass_scale", "ground_friction"]
-    r = calibrate(data, setup, names, window=3, max_starts=48, max_iter=15)
-    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
+    r, truth, pert, setup = fit_drawn_floor(tmp_path / "bag", runner, "simulator", seed)
+    names = LEGGED_NAMES
     print(f"perturbation {pert}: fitted {r.fitted}, truth { {n: truth[n].tolist() for n in names} }, {r.reasons}")
     assert r.accepted, r.reasons
     for n in names:
