@@ -69,8 +69,9 @@ PERTURB_HELP = ("[PRESET,]KEY=VALUE,...: the fields of plant.Perturbation (mass_
                 "after it change (hardware,latency=0.015). hardware: every kind mass_scale=1.1, latency=0.01 "
                 "(s); arm: sensor_noise=[0.001,0.01] (rad, rad/s), actuator_lag=0.005 (s, joint torque); legged: the "
                 "same and ground_friction_scale=0.7; multirotor: sensor_noise=[0.002,0.02] (m, m/s), "
-                "actuator_lag=0.03 (s, rotor speed). README.md (Evaluating a checkpoint) says what the values "
-                "stand for")
+                "actuator_lag=0.03 (s, rotor speed). default (the loop's when --perturb is not given): "
+                "mass_scale=1.1, actuator_lag=0.005 (joints) or 0.03 with drag_scale=1.5 (multirotor). "
+                "README.md (Evaluating a checkpoint) says what the values stand for")
 
 
 class EvalError(ValueError):

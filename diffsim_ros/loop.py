@@ -35,10 +35,10 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import interfaces
 
-#: The stand-in's default deviation from the simulator: 10 % heavier, 50 % more drag, a
-#: slower motor. Enough for the analysis to have something to find, small enough for a
-#: policy trained without randomisation to still fly.
-DEFAULT_PERTURBATION = {"mass_scale": 1.1, "drag_scale": 1.5, "actuator_lag": 0.03}
+#: The stand-in's default deviation from the simulator: the preset ``default`` of the robot's
+#: kind (10 % heavier and a slower actuator; a multirotor also 50 % more drag). Enough for the
+#: analysis to have something to find.
+DEFAULT_PERTURBATION = {"preset": "default"}
 
 
 class LoopError(RuntimeError):

@@ -40,6 +40,13 @@ or a Franka's drives, pessimistic as the noise is), replacing the configuration'
 the shipped configurations). A lagged joint torque is applied as the simulator's actuation
 stage applies it: the lag's share of the PD gains integrated implicitly
 (physics/stages/actuation.py).
+
+The ``default`` preset is the main job's (``diffsim-ros loop`` without ``--perturb``): 10 % more
+mass and the slower actuator of the kind (a multirotor's rotors 0.03 s, with 50 % more drag; a
+joint's torque 5 ms), no latency, noise or floor change: enough for the analysis to have
+something to find. (Until 2026-12-06 it was one set for every kind, whose 0.03 s rotor lag
+became a 30 ms joint torque lag on arms and legged robots: a torque bandwidth of 5 Hz, which no
+robot's drive has, and under which the arm's servo chattered and solo12's walker fell.)
 """
 from __future__ import annotations
 
@@ -134,6 +141,11 @@ PRESETS: Dict[str, Dict[str, Dict[str, Any]]] = {
         "legged": {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.001, 0.01], "actuator_lag": 0.005,
                    "ground_friction_scale": 0.7},
         "multirotor": {"mass_scale": 1.1, "latency": 0.01, "sensor_noise": [0.002, 0.02], "actuator_lag": 0.03},
+    },
+    "default": {
+        "arm": {"mass_scale": 1.1, "actuator_lag": 0.005},
+        "legged": {"mass_scale": 1.1, "actuator_lag": 0.005},
+        "multirotor": {"mass_scale": 1.1, "drag_scale": 1.5, "actuator_lag": 0.03},
     },
 }
 

@@ -37,6 +37,21 @@ def test_the_hardware_preset_per_kind_and_an_override():
     assert set(PRESETS["hardware"]) == set(KINDS)
 
 
+def test_the_main_jobs_default_is_a_preset_whose_actuator_is_the_hardware_ones():
+    """The loop's default perturbation takes its values from the robot's kind: the hardware preset's
+    mass error and slower actuator (a 5 ms joint torque lag for arms and legged robots, not the
+    rotors' 30 ms), nothing of its latency, noise or floor; a multirotor also gets 50 % more drag."""
+    from diffsim_ros.loop import DEFAULT_PERTURBATION
+
+    assert set(PRESETS["default"]) == set(KINDS)
+    for kind in KINDS:
+        got = resolve_perturbation(DEFAULT_PERTURBATION, kind)
+        Perturbation.from_dict(got)
+        hw = resolve_perturbation("hardware", kind)
+        extra = {"drag_scale": 1.5} if kind == "multirotor" else {}
+        assert got == dict({k: hw[k] for k in ("mass_scale", "actuator_lag")}, **extra), kind
+
+
 def test_the_text_form_reads_numbers_lists_and_booleans():
     assert parse_perturbation("") == {} and resolve_perturbation("", "arm") == {} and resolve_perturbation(None) == {}
     assert parse_perturbation("hardware, latency=0.015") == {"preset": "hardware", "latency": 0.015}
@@ -51,7 +66,7 @@ def test_the_text_form_reads_numbers_lists_and_booleans():
 
 
 @pytest.mark.parametrize("text, kind, words", [
-    ("hardwar", "arm", "'hardwar' is not a preset (presets: hardware) nor KEY=NUMBER"),
+    ("hardwar", "arm", "'hardwar' is not a preset (presets: hardware, default) nor KEY=NUMBER"),
     ("mass_scale:1.2", "arm", "KEY=NUMBER"),
     ("mass_scal=1.2", "arm", "did you mean 'mass_scale'"),
     ("latency=fast", "arm", "KEY=NUMBER"),
