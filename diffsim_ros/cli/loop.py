@@ -67,8 +67,7 @@ def _add_loop(sub) -> None:
                    help="arms without --target: this many goals drawn from the task's reset distribution (default 3)")
     p.add_argument("--perturb", default=None, metavar="[PRESET,]KEY=VALUE,...",
                    help="the stand-in's perturbation, " + PERTURB_HELP.replace("%", "%%")
-                        + "; default: the preset 'default' (mass_scale=1.1 and actuator_lag=0.005, a multirotor's 0.03 "
-                        "with drag_scale=1.5); '' for none")
+                        + "; default: the preset 'default'; '' for none")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(func=cmd_loop)
