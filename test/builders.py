@@ -14,6 +14,16 @@ from diffsim_ros.learning.checkpoint import save_checkpoint
 from diffsim_ros.tasks import QuadrotorTask
 
 
+#: The task keys of the gait clock and the feet's slip loss, which config/locomotion_velocity.yaml's
+#: walker trains with; tests of other parts of the task build it without them.
+GAIT_KEYS = ("gait_period", "gait_offsets", "gait_duty", "swing_height", "gait_weight", "slip_weight", "slip_height")
+
+
+def without_gait(spec: dict) -> dict:
+    """A task section without the gait clock and the slip loss (:data:`GAIT_KEYS`)."""
+    return {k: v for k, v in spec.items() if k not in GAIT_KEYS}
+
+
 def box_urdf(mass: float, size) -> str:
     """A free box of ``mass`` kg and edge lengths ``size`` (x, y, z) m: its inertia about the centre,
     its collision box."""

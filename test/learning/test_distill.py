@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from builders import make_checkpoint
+from builders import make_checkpoint, without_gait
 from conftest import REPO_ROOT
 
 from diffsim_ros import config
@@ -28,7 +28,7 @@ from diffsim_ros.tasks import make_task
 def pair():
     params, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
                                                     dtype=torch.float64)
-    spec = {**params["task"], "horizon": 30, "window_s": 0.2}
+    spec = {**without_gait(params["task"]), "horizon": 30, "window_s": 0.2}
     student = make_task(model, task.sim_config, {**spec, "observation": "robot"}, "task")
     teacher_task = make_task(model, task.sim_config, {**spec, "observation": "privileged"}, "task")
     names = teacher_task.observation_names()
@@ -94,7 +94,7 @@ def test_distill_writes_a_student_checkpoint_the_runner_deploys(tmp_path):
 
     from diffsim_ros.learning.deploy import PolicyRunner
 
-    make_checkpoint("locomotion_velocity", tmp_path / "teacher", gain=1.0)
+    make_checkpoint("locomotion_velocity", tmp_path / "teacher", gain=1.0, task_options={"observation": "privileged"})
     doc = yaml.safe_load((REPO_ROOT / "config" / "locomotion_velocity.yaml").read_text())
     p = doc["/**"]["ros__parameters"]
     p["urdf"] = str(REPO_ROOT / "urdf" / "diffsim_quadruped.urdf")

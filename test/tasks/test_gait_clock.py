@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import make_checkpoint
+from builders import make_checkpoint, without_gait
 from conftest import REPO_ROOT
 
 from diffsim_ros import config
@@ -37,7 +37,7 @@ def base():
 
 def _task(base, **options):
     params, task, model = base
-    spec = {**params["task"], "observation": "robot", **options}
+    spec = {**without_gait(params["task"]), "observation": "robot", **options}
     return make_task(model, task.sim_config, spec, "task")
 
 

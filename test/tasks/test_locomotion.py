@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+from builders import without_gait
 from conftest import REPO_ROOT
 
 from diffsim_ros import config
@@ -170,39 +171,44 @@ def test_metric_rules_one_by_one():
     assert not short["success"] and "shorter" in short["reason"]
 
 
-def test_the_shipped_walking_policy_tracks_the_command_by_the_metric_on_recorded_arrays():
+def test_the_shipped_walking_policy_walks_by_the_metric_on_recorded_arrays():
     """policies/locomotion_velocity (config/locomotion_velocity.yaml) on 32 fresh 4 s episodes,
     each with its own drawn command, judged by ``strict_metric`` from the recorded base x, height,
     roll, pitch and other-body contact (not the task's flags) and, for 8 of them, by
     ``recorded_verdict`` from q, v alone: the verdicts equal the task's, part by part, the gait
-    rules included. It tracks the
-    command (speed, height, tilt and only feet touching: at least 0.8; 8 of the same episodes
-    standing all fail), but it does not walk by the gait rules (issue 39): its feet step, yet slide in
-    contact (the left fore foot, which taps the ground lifting 1-2 mm, at 0.3-0.42 m/s against 0.1
-    allowed), so the strict metric now fails it. The walker is to be retrained for the gait rules;
-    until then this test asserts the parts it passes and prints the rest."""
+    rules included. It walks by the whole metric (every foot steps, none slides in contact) in at
+    least 0.8 of them; 8 of the same episodes standing all fail. The walker it replaced
+    (test/data/quadruped_sliding) tracked the command upright, but its feet slid in contact at
+    0.3-0.42 m/s against 0.1 allowed."""
+    from diffsim_ros import evaluation
     from diffsim_ros.learning.checkpoint import load_checkpoint
 
-    name = "locomotion_velocity"
-    _, task, model = config.load_training_file(REPO_ROOT / "config" / f"{name}.yaml")
-    policy, _ = load_checkpoint(REPO_ROOT / "policies" / name, model=model)
-    B = 32
+    _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml")
     rates = {}
-    for label, act, n in (("stand", lambda obs: torch.zeros(len(obs), task.action_dim), 8), ("policy", policy, B)):
-        ts, rec = rollout(task, act, batch=n, seed=21)
-        verdicts = [verdict(task, ts, rec, b) for b in range(n)]
-        parts = task.strict_parts(ts)
+    for label, folder, n in (("stand", None, 8), ("policy", REPO_ROOT / "policies" / "locomotion_velocity", 32),
+                             ("sliding", REPO_ROOT / "test" / "data" / "quadruped_sliding", 32)):
+        if folder is None:
+            run, act = task, (lambda obs: torch.zeros(len(obs), task.action_dim))
+        elif label == "policy":
+            run, act = task, load_checkpoint(folder, model=model)[0]
+        else:                            # the checkpoint's own task (its privileged observation)
+            run, act = evaluation.load_checkpoint_task(str(folder))[:2]
+        ts, rec = rollout(run, act, batch=n, seed=21)
+        verdicts = [verdict(run, ts, rec, b) for b in range(n)]
+        parts = run.strict_parts(ts)
         assert [v["success"] for v in verdicts] == (parts["speed_ok"] & parts["posture_ok"]).tolist(), label
-        rates[label] = float(np.mean([v["success"] for v in verdicts]))
-    for b in range(0, B, 4):             # a quarter of the policy's episodes, from q and v alone (float32: the task's)
-        rv = task.recorded_verdict(rec["t"], rec["q"][:, b], rec["v"][:, b], ts.target[b].numpy())
-        assert_parts_agree(task, ts, rv, b, rtol=1e-4)
-    slide = parts["foot_slide_m_s"].numpy()
-    print(f"shipped walking policy, speed, height, tilt and feet: {rates}; strict metric with the gait rules "
-          f"{float(parts['success'].double().mean())}; touchdowns a second per foot, mean "
-          f"{parts['touchdowns_per_s'].mean(0).tolist()}; slide in contact per foot (m/s), mean "
-          f"{np.nanmean(slide, 0).tolist()}, largest {np.nanmax(slide, 0).tolist()}")
-    assert rates["policy"] >= 0.8 and rates["stand"] == 0.0, rates
+        if label == "policy":
+            for b in range(0, n, 4):     # a quarter of the policy's episodes, from q and v alone (float32: the task's)
+                rv = run.recorded_verdict(rec["t"], rec["q"][:, b], rec["v"][:, b], ts.target[b].numpy())
+                assert_parts_agree(run, ts, rv, b, rtol=1e-4)
+        slide = parts["foot_slide_m_s"].numpy()
+        rates[label] = {"upright_tracking": float(np.mean([v["success"] for v in verdicts])),
+                        "strict": float(parts["success"].double().mean()),
+                        "slide_m_s_largest": np.nanmax(slide, 0).round(3).tolist()}
+    print(rates)
+    assert rates["policy"]["strict"] >= 0.8 and rates["stand"]["upright_tracking"] == 0.0, rates
+    # The metric fails the sliding walker on the same episodes, though it tracks the command upright.
+    assert rates["sliding"]["upright_tracking"] >= 0.8 and rates["sliding"]["strict"] < 0.2, rates
 
 
 def carried(task, t, x, z):
@@ -486,7 +492,7 @@ def test_the_averaged_relative_tracking_loss_is_the_moving_average_against_the_c
     params, file_task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
                                                          dtype=torch.float64)
     tau = float(rng.uniform(0.05, 1.0))
-    base = dict(params["task"], horizon=40, window_s=0.3, upright_weight=0.0, action_weight=0.0)
+    base = dict(without_gait(params["task"]), horizon=40, window_s=0.3, upright_weight=0.0, action_weight=0.0)
     avg = make_task(model, file_task.sim_config, dict(base, speed_average_s=tau, relative_tracking=True), "task")
     now = make_task(model, file_task.sim_config, base, "task")
     ts_a = avg.reset(4, torch.Generator().manual_seed(seed))
