@@ -27,7 +27,9 @@ diagnostics name the field and its value. So does any exception in the control p
 (the policy, a non-finite or wrongly sized command, a failed prediction reported through
 :meth:`fault`), a state older than ``state_timeout_s`` (watchdog), and a bad IMU reading.
 A latched safe command is held until ``recover_states`` consecutive new, accepted states
-have arrived after the last fault, or until :meth:`reset` (the node's ``~/reset`` service).
+have arrived after the last fault, or until :meth:`reset` (the node's ``~/reset`` service); a
+fault raised with ``until_reset`` (the node's clock jumping back: the robot or simulator restarted)
+holds until :meth:`reset` alone.
 The emergency stop latches the safe command until it is released; releasing it is an
 explicit operator action and clears the fault latch as :meth:`reset` does.
 
@@ -255,6 +257,8 @@ class Supervisor:
         self.preflight_hold: Optional[str] = None
         self.fault_reason: Optional[str] = None
         self.good_since_fault = 0
+        # A fault only reset() (or releasing the emergency stop) clears: good states do not.
+        self.reset_required: Optional[str] = None
         self.last_rejection = ""
         self.counts: Dict[str, int] = {k: 0 for k in (
             "states_received", "states_accepted", "states_repeated", "states_rejected", "states_ignored",
@@ -273,20 +277,25 @@ class Supervisor:
         return f"{self.config.safe_thrust:g} N collective thrust, zero body rates"
 
     # ------------------------------------------------------------------ faults and latching
-    def fault(self, reason: str, now_ns: Optional[int] = None) -> None:
+    def fault(self, reason: str, now_ns: Optional[int] = None, until_reset: bool = False) -> None:
         """Latch the safe command for ``reason`` (a rejected message, an exception in the control
-        path): it holds until ``recover_states`` new accepted states or :meth:`reset`."""
+        path): it holds until ``recover_states`` new accepted states or :meth:`reset`; with
+        ``until_reset`` (a clock that jumped back: the robot restarted) until :meth:`reset` alone,
+        whatever faults or good states follow."""
         self.counts["faults"] += 1
         self.fault_reason = reason
         self.good_since_fault = 0
         self.last_rejection = reason
+        if until_reset:
+            self.reset_required = reason
 
     def reset(self, now_ns: Optional[int] = None) -> str:
         """Clear the fault latch, a preflight NO-GO hold (an operator's decision to run anyway) and
         the stamp history (after a robot or simulator restart whose clock went back). Does not
         release the emergency stop."""
-        was = self.fault_reason or self.preflight_hold
+        was = self.reset_required or self.fault_reason or self.preflight_hold
         self.fault_reason = None
+        self.reset_required = None
         self.preflight_hold = None
         self.good_since_fault = 0
         self.last_stamp = None
@@ -298,6 +307,7 @@ class Supervisor:
         if self.estop:
             return "emergency stop engaged: safe command latched until released"
         self.fault_reason = None
+        self.reset_required = None
         self.good_since_fault = 0
         return "emergency stop released"
 
@@ -325,7 +335,7 @@ class Supervisor:
             self.hold_q = self.runner.joint_positions(state)
         if self.fault_reason is not None and not repeat:
             self.good_since_fault += 1
-            if self.good_since_fault >= self.config.recover_states:
+            if self.good_since_fault >= self.config.recover_states and self.reset_required is None:
                 self.fault_reason = None
                 self.good_since_fault = 0
                 self.counts["recoveries"] += 1
@@ -508,6 +518,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the decision
     def _latch_text(self) -> str:
+        if self.reset_required is not None:
+            last = "" if self.fault_reason == self.reset_required else f"; last fault: {self.fault_reason}"
+            return f"latched until ~/reset after: {self.reset_required}{last}"
         return (f"latched after: {self.fault_reason} ({self.good_since_fault}/{self.config.recover_states} "
                 "good states since)")
 

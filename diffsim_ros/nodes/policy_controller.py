@@ -745,7 +745,7 @@ def make_node_class():
                 self.clock_jumps_back += 1
                 reason = (f"the clock jumped back {back:.3f} s (the robot driver or simulator restarted?): "
                           "safe command; its states are refused until ~/reset")
-                self.sup.fault(reason)
+                self.sup.fault(reason, until_reset=True)
                 self.get_logger().error(reason)
                 if not self.lockstep:
                     self.timer.cancel()

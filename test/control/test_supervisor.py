@@ -12,7 +12,8 @@ every event the supervisor ticks once (one control period) and the tick is check
   finite and within them;
 - a reference model of the rules written here from the issue's statement: after a bad state
   (or an exception, a stale state, an e-stop) the very next tick is the safe command, and it
-  stays latched until ``recover_states`` new valid states or a reset / e-stop release; valid
+  stays latched until ``recover_states`` new valid states or a reset / e-stop release (after a
+  restart, the node's clock jumping back, until a reset or e-stop release alone); valid
   states are never refused;
 - the safe command of an arm holds exactly the last *valid* measured position (clamped);
 - a policy command equals an independent PolicyRunner's command on the same state given in
@@ -81,7 +82,7 @@ ARM_BAD = ["nan_pos", "inf_vel", "huge_pos", "out_of_limits", "too_fast", "len_p
            "dup_name", "stamp_back", "stamp_future", "stamp_1970"]
 QUAD_BAD = ["nan_pos", "inf_vel", "huge_pos", "huge_vel", "huge_rate", "quat_norm", "quat_zero", "default_msg",
             "frame_empty", "frame_wrong", "child_wrong", "len_pos", "stamp_back", "stamp_future", "stamp_1970"]
-OTHER = ["silence", "estop_on", "estop_off", "reset", "policy_nan", "policy_raise", "predict_fail"]
+OTHER = ["silence", "estop_on", "estop_off", "reset", "policy_nan", "policy_raise", "predict_fail", "restart"]
 
 
 def events(bad, extra=()):
@@ -100,6 +101,7 @@ class Reference:
         self.timeout_s, self.recover = timeout_s, recover
         self.latched = False
         self.good = 0
+        self.until_reset = False        # the robot restarted (its clock jumped back): only a reset clears
         self.estop = False
         self.last_stamp = None
         self.last_time = None
@@ -111,7 +113,7 @@ class Reference:
     def accepted(self, stamp, now, q, new):
         if new and self.latched:
             self.good += 1
-            if self.good >= self.recover:
+            if self.good >= self.recover and not self.until_reset:
                 self.latched, self.good = False, 0
         self.last_stamp, self.last_time, self.hold = stamp, now, q
 
@@ -310,10 +312,10 @@ class Harness:
             m.estop = True
         elif kind == "estop_off":
             self.sup.on_estop(False, self.now)
-            m.estop, m.latched, m.good = False, False, 0
+            m.estop, m.latched, m.good, m.until_reset = False, False, 0, False
         elif kind == "reset":
             self.sup.reset(self.now)
-            m.latched, m.good, m.last_stamp = False, 0, None
+            m.latched, m.good, m.last_stamp, m.until_reset = False, 0, None, False
         elif kind in ("policy_nan", "policy_raise"):
             self.fail = kind
             exp = m.expect(self.now)
@@ -327,6 +329,10 @@ class Harness:
         elif kind == "predict_fail":
             self.sup.fault("prediction: FloatingPointError: non-finite acceleration", self.now)
             m.bad()
+        elif kind == "restart":                # what policy_controller raises when its clock jumps back
+            self.sup.fault("the clock jumped back 1.000 s", self.now, until_reset=True)
+            m.bad()
+            m.until_reset = True
         self.tick_and_check()
 
     def expect_reference(self, u):
