@@ -238,6 +238,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
                                             resume=args.resume is not None, distributed=ctx,
                                             init_from=args.init_from)
         wall = time.perf_counter() - t0
+        # Every rank leaves the process group together, once rank 0 has written the run: a rank
+        # tearing its group down while another still holds its connections can abort the process
+        # (gloo, seen once in CI on the rank that had finished first).
+        ctx.barrier()
     except CliError as exc:         # in a distributed run: what rank 0 met, or every rank alike
         raise _shared(ctx, str(exc)) from None
     except errors as exc:

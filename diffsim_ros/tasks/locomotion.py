@@ -58,6 +58,9 @@ from ..physics.spatial import quat_to_matrix, roll_pitch
 from .base import Task, TaskState, uniform
 
 
+#: m, the depth scale of the legged odometry's weights (LocomotionTask.estimated_velocity).
+ODOMETRY_DEPTH_SCALE = 0.01
+
 #: The legged observations: what a robot's IMU and encoders give, or the full simulator state.
 OBSERVATIONS = ("robot", "privileged")
 
@@ -80,7 +83,7 @@ class LocomotionTask(Task):
                  min_swing_s: float = 0.02, observation: str = "robot", slip_weight: float = 0.0,
                  slip_height: float = 0.005, gait_period: float = 0.0, gait_offsets: Sequence[float] = (),
                  gait_duty: float = 0.5, swing_height: float = 0.04, gait_weight: float = 0.0,
-                 landing_weight: float = 0.0):
+                 landing_weight: float = 0.0, velocity_estimate: bool = False):
         if not model.floating_base:
             raise ValueError("locomotion: the robot needs a floating base (floating_base: true)")
         if sim_config.actuator != "position":
@@ -134,6 +137,11 @@ class LocomotionTask(Task):
         if observation not in OBSERVATIONS:
             raise ValueError(f"locomotion: 'observation' must be one of {', '.join(OBSERVATIONS)}, got '{observation}'")
         self.observation = observation
+        self.velocity_estimate = bool(velocity_estimate)
+        if self.velocity_estimate and (observation != "robot" or not self.feet):
+            raise ValueError("locomotion: 'velocity_estimate' is part of the robot observation (observation: robot) "
+                             f"and stands on the feet, and '{model.name}' has "
+                             + ("none" if not self.feet else f"observation: {observation}"))
         if not slip_weight >= 0 or not slip_height > 0:
             raise ValueError(f"locomotion: 'slip_weight' must be >= 0 and 'slip_height' > 0, got {slip_weight}, "
                              f"{slip_height}")
@@ -154,7 +162,8 @@ class LocomotionTask(Task):
         command = ["command/forward_speed"] if self.command_speed else []
         clock = ["clock/sin", "clock/cos"] if self.gait_period else []
         if self.observation == "robot":
-            return ([f"gravity/{a}" for a in "xyz"] + [f"angular_velocity/{a}" for a in "xyz"] + joints
+            estimate = [f"velocity_estimate/{a}" for a in "xyz"] if self.velocity_estimate else []
+            return ([f"gravity/{a}" for a in "xyz"] + [f"angular_velocity/{a}" for a in "xyz"] + estimate + joints
                     + [f"previous_action/{x}" for x in names] + clock + command)
         return (["base_height"] + [f"R/{i}{j}" for i in range(3) for j in range(3)]
                 + [f"base_velocity/{a}" for a in ("x", "y", "z", "wx", "wy", "wz")] + joints + clock + command)
@@ -187,7 +196,9 @@ class LocomotionTask(Task):
         """``observation: robot``: what a legged robot's own sensors give, the IMU's gravity
         direction in the base frame and its body rates, the joint encoders' positions (about the
         stance) and velocities, the policy's previous action (``ts.extra["action"]``, zero at the
-        start of an episode) and the command; with ``gait_period``, the gait clock's sine and cosine
+        start of an episode) and the command; with ``velocity_estimate``, the base's linear velocity
+        in its own frame as legged odometry estimates it from those sensors
+        (:meth:`estimated_velocity`); with ``gait_period``, the gait clock's sine and cosine
         (time since the episode started, ``ts.step``: a controller's own clock). ``privileged``:
         the base height, its world orientation and body-frame twist, the joints and the command (a
         motion-capture room's state; the observation of policies trained before the robot
@@ -200,7 +211,10 @@ class LocomotionTask(Task):
             previous = ts.extra.get("action")
             if previous is None:
                 previous = torch.zeros_like(qj)
-            obs = [gravity, v[:, 3:6], qj - self.stance, 0.1 * vj, previous]
+            obs = [gravity, v[:, 3:6]]
+            if self.velocity_estimate:
+                obs.append(self.estimated_velocity(q, v))
+            obs += [qj - self.stance, 0.1 * vj, previous]
         else:
             R = quat_to_matrix(q[:, 3:7]).reshape(-1, 9)
             obs = [q[:, 2:3] - self.base_height, R, v[:, 0:6], qj - self.stance, 0.1 * vj]
@@ -211,6 +225,51 @@ class LocomotionTask(Task):
         if self.command_speed:
             obs.append(ts.target)
         return torch.cat(obs, -1)
+
+    def foot_velocities(self, q: torch.Tensor, v: torch.Tensor):
+        """Legged odometry, per foot, from what the robot's IMU and joint encoders give: the base's
+        orientation (its gravity direction only), body rates and the joints' positions and
+        velocities of ``q`` (B, nq), ``v`` (B, nv); the base's position and linear velocity are
+        not read. Returns, in the base frame, (B, F, 3) the base's linear velocity that would keep
+        each foot's lowest point (along gravity) at rest, and (B, F) how far below the base that
+        point lies along gravity (m). Forward kinematics of the base held at the origin with the
+        measured body rates: a foot's point moves there at ``w x r + J qdot``; standing on the
+        ground it is at rest in the world, so the base moves at minus that."""
+        from ..physics.kinematics import kinematics
+
+        B, dt_ = q.shape[0], q.dtype
+        base = torch.zeros(B, 7, dtype=dt_, device=q.device)
+        base[:, 6] = 1.0
+        kin = kinematics(self.model, torch.cat([base, q[:, 7:]], -1),
+                         torch.cat([torch.zeros_like(v[:, 0:3]), v[:, 3:]], -1))
+        down = -quat_to_matrix(q[:, 3:7])[:, 2, :]                                # (B, 3) gravity, base frame
+        cs = self.sim.system.contact
+        R = kin.R[self.feet].permute(3, 0, 1, 2)                                  # (B, F, 3, 3)
+        p = kin.p[self.feet].permute(2, 0, 1)                                     # (B, F, 3), relative to o
+        vel = kin.vel[self.feet].permute(2, 0, 1)                                 # (B, F, 6) at o
+        o = kin.o.permute(2, 0, 1)                                                # (B, 1, 3)
+        idx = self._foot_point
+        valid = idx < cs.body.numel()
+        safe = idx.clamp(max=max(cs.body.numel() - 1, 0))
+        local, radius = cs.local[safe].to(R), cs.radius[safe].to(R)              # (F, P, 3), (F, P)
+        centre = torch.einsum("bfij,fpj->bfpi", R, local) + p[:, :, None]          # (B, F, P, 3) rel. to o
+        depth = (torch.einsum("bfpi,bi->bfp", centre + o[:, :, None], down) + radius).masked_fill(
+            ~valid, float("-inf"))
+        d, k = depth.max(-1)                                                       # (B, F)
+        F_, P = depth.shape[1:]
+        at = k[..., None, None].expand(B, F_, 1, 3)
+        point = centre.gather(2, at)[:, :, 0] + radius.expand(B, F_, P).gather(2, k[..., None]) * down[:, None]
+        speed = vel[..., 0:3] + torch.cross(vel[..., 3:6], point, dim=-1)
+        return -speed, d
+
+    def estimated_velocity(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(B, 3) the base's linear velocity in its own frame by legged odometry
+        (:meth:`foot_velocities`): each foot's estimate weighted by how low it is, a softmax of
+        its depth along gravity over ``ODOMETRY_DEPTH_SCALE`` (a foot 3 cm above the lowest
+        weighs e^-3 of it): the feet on the ground, whatever the gait. Differentiable."""
+        est, depth = self.foot_velocities(q, v)
+        w = torch.softmax(depth / ODOMETRY_DEPTH_SCALE, dim=-1)
+        return (w[..., None] * est).sum(1)
 
     def command(self, action: torch.Tensor, ts: TaskState) -> torch.Tensor:
         return self.stance + self.action_scale * action
