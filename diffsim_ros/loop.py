@@ -855,7 +855,8 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"))
     summary.update({"kind": "legged", "task": res, "gait": rep["gait"],
                     "analysis_files": {**rep["files"], **metrics.get("files", {})},
-                    "velocity_error": _velocity_error(metrics), "mass_contact_free": _contact_free_mass(bag)})
+                    "velocity_error": _velocity_error(metrics), "mass_contact_free": _contact_free_mass(bag),
+                    "odometry": rep.get("odometry")})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     log("[loop] 4/4 summary (legged)")
     log(f"  bag: {bag} ({res['steps_recorded']} steps with odometry and joint states)")
@@ -889,6 +890,10 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     g = rep["gait"] or {}
     log(f"  gait: {g.get('gait', 'n/a')} (stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
         f"{g.get('duty_factor')}); foot slip {rep.get('foot_slip_m_s')} m/s; footfall diagram {rep['files']['footfall']}")
+    od = rep.get("odometry")
+    if od is not None:
+        log(f"  legged odometry (joints, IMU orientation and rates) against the stand-in's /odom: forward velocity's "
+            f"{od['window_s']:g} s means within {od['forward_window_error_m_s']:.3f} m/s")
     byh = metrics["prediction"]["by_horizon"]
     log("  sim-vs-real velocity RMSE (base twist and joints, 1/5/10 steps ahead): "
         + " / ".join(f"{byh[k]['rmse']:.3g}" for k in byh) + f"; plots {out_dir / 'analysis'}")

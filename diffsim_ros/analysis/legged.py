@@ -27,7 +27,7 @@ from .. import interfaces as ifc
 from .bag import describes_legged_robot, legged_in_model_order, read_legged_states
 from .errors import AnalysisError
 
-__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "legged_states"]
+__all__ = ["legged_report", "is_legged_bag", "foot_contacts_from_states", "legged_states", "odometry_check"]
 
 
 def _metadata(path: Path) -> Optional[Dict[str, Any]]:
@@ -50,10 +50,34 @@ def is_legged_bag(path) -> bool:
 
 
 def legged_states(path: Path, model):
-    """(stamps ns, q (T, nq) in ``model``'s joint order) of a legged bag, the /odom and
+    """(stamps ns, q (T, nq), v (T, nv) in ``model``'s joint order) of a legged bag, the /odom and
     /joint_states pairs of :func:`..bag.read_legged_states` (the pairing read_bag uses)."""
     t, q, v, names, _ = read_legged_states(path)
-    return t, legged_in_model_order(str(path), q, v, names, model)[0]
+    return (t, *legged_in_model_order(str(path), q, v, names, model))
+
+
+#: s, the averaging window of the odometry comparison (a stride or two of a trot).
+ODOMETRY_WINDOW_S = 0.5
+
+
+def odometry_check(task, t_s: np.ndarray, q: np.ndarray, v: np.ndarray, skip: int = 0) -> Dict[str, Any]:
+    """Legged odometry (``LocomotionTask.estimated_velocity``: the joints, the base's orientation
+    and body rates, nothing else) against the recorded base velocity (``v``'s body-frame linear
+    part, /odom's twist), from step ``skip`` on: per axis the RMS error and the means (m/s), and
+    the largest difference of the forward velocity's ``ODOMETRY_WINDOW_S`` moving means."""
+    qt = torch.as_tensor(q, dtype=task.model.dtype).clone()
+    vt = torch.as_tensor(v, dtype=task.model.dtype).clone()
+    qt[:, 0:3], vt[:, 0:3] = 0.0, 0.0            # what the estimate must do without
+    with torch.no_grad():
+        est = task.estimated_velocity(qt, vt).cpu().numpy()[skip:]
+    true = np.asarray(v, dtype=np.float64)[skip:, 0:3]
+    n = max(1, min(len(true), int(round(ODOMETRY_WINDOW_S / float(np.median(np.diff(t_s)))))))
+    mean = lambda x: np.convolve(x, np.ones(n) / n, mode="valid")      # noqa: E731
+    return {"rms_error_m_s": [round(float(x), 4) for x in np.sqrt(((est - true) ** 2).mean(0))],
+            "mean_estimate_m_s": [round(float(x), 4) for x in est.mean(0)],
+            "mean_recorded_m_s": [round(float(x), 4) for x in true.mean(0)],
+            "window_s": ODOMETRY_WINDOW_S,
+            "forward_window_error_m_s": round(float(np.abs(mean(est[:, 0]) - mean(true[:, 0])).max()), 4)}
 
 
 def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005,
@@ -90,7 +114,7 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
         model, task = task_from_metadata(meta["checkpoint"], str(path))
     except CheckpointError as e:
         raise AnalysisError(str(e)) from None
-    stamps, q = legged_states(path, model)
+    stamps, q, v = legged_states(path, model)
     if len(stamps) < 10:
         raise AnalysisError(f"{path}: {len(stamps)} steps with both /odom and /joint_states (at least 10 needed)")
     qt = torch.as_tensor(q, dtype=model.dtype)
@@ -113,6 +137,8 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
                            "mean_forward_speed_m_s": float((q[-1, 0] - q[0, 0]) / duration) if duration > 0 else None,
                            "min_base_height_m": float(q[:, 2].min()),
                            "max_tilt_rad": float(max(np.abs(roll).max(), np.abs(pitch).max()))}
+    if feet and hasattr(task, "estimated_velocity"):
+        rep["odometry"] = odometry_check(task, t_s, q, v, skip)
     cmd = command                                # the commanded speed is not in the bag (yet): given here
     if cmd is not None:
         gait = {}
@@ -143,5 +169,10 @@ def legged_report(bag, out_dir=None, contact_tolerance: float = 0.005, command: 
                  f"{contact_tolerance * 1e3:g} mm of the ground)", "", "![footfall](footfall.png)", ""]
         if "strict_metric" in rep:
             lines.insert(-2, f"- strict metric at {cmd:g} m/s: {rep['strict_metric']}")
+        if "odometry" in rep:
+            od = rep["odometry"]
+            lines.insert(-2, f"- legged odometry (joints, base orientation and rates) against /odom: forward "
+                             f"velocity's {od['window_s']:g} s means within {od['forward_window_error_m_s']:.3f} m/s, "
+                             f"RMS error {od['rms_error_m_s']} m/s (x, y, z)")
         (out / "legged.md").write_text("\n".join(lines))
     return rep

@@ -27,6 +27,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
               f"{g.get('duty_factor')} ({', '.join(rep['feet'])})")
         print(f"  mean forward speed {rep['mean_forward_speed_m_s']:.3f} m/s, lowest base height "
               f"{rep['min_base_height_m']:.3f} m, largest roll/pitch {rep['max_tilt_rad']:.3f} rad")
+        od = rep.get("odometry")
+        if od is not None:
+            print(f"  legged odometry against /odom: forward velocity's {od['window_s']:g} s means within "
+                  f"{od['forward_window_error_m_s']:.3f} m/s, RMS error {od['rms_error_m_s']} m/s (x, y, z)")
         legged_files = list(rep.get("files", {}).values())
     m = _analysis_call(analyze, args.bag, where=args.bag, out_dir=args.out, config_path=args.config, horizons=horizons,
                        max_starts=args.max_starts, plots=not args.no_plots, state_topic=args.state_topic,
