@@ -14,13 +14,15 @@ from diffsim_ros.learning.checkpoint import save_checkpoint
 from diffsim_ros.tasks import QuadrotorTask
 
 
-#: The task keys of the gait clock and the feet's slip loss, which config/locomotion_velocity.yaml's
-#: walker trains with; tests of other parts of the task build it without them.
-GAIT_KEYS = ("gait_period", "gait_offsets", "gait_duty", "swing_height", "gait_weight", "slip_weight", "slip_height")
+#: The task keys of the gait clock, the feet's slip loss and the legged odometry, which
+#: config/locomotion_velocity.yaml's walker trains with; tests of other parts of the task build it
+#: without them.
+GAIT_KEYS = ("gait_period", "gait_offsets", "gait_duty", "swing_height", "gait_weight", "slip_weight", "slip_height",
+             "velocity_estimate")
 
 
 def without_gait(spec: dict) -> dict:
-    """A task section without the gait clock and the slip loss (:data:`GAIT_KEYS`)."""
+    """A task section without the gait clock, the slip loss and the odometry (:data:`GAIT_KEYS`)."""
     return {k: v for k, v in spec.items() if k not in GAIT_KEYS}
 
 
@@ -51,6 +53,8 @@ def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0, task_o
     params, task, model = config.load_training_file(REPO_ROOT / "config" / f"{cfg_name}.yaml")
     if task_options:
         params["task"] = {**params["task"], **task_options}
+        if params["task"].get("observation") == "privileged":      # the estimate is the robot observation's
+            params["task"].pop("velocity_estimate", None)
         task, model = config.build_task(params, cfg_name)
     torch.manual_seed(seed)
     pol = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(model.dtype)
