@@ -237,30 +237,18 @@ class LocomotionTask(Task):
         ground it is at rest in the world, so the base moves at minus that."""
         from ..physics.kinematics import kinematics
 
-        B, dt_ = q.shape[0], q.dtype
-        base = torch.zeros(B, 7, dtype=dt_, device=q.device)
+        base = torch.zeros(q.shape[0], 7, dtype=q.dtype, device=q.device)
         base[:, 6] = 1.0
         kin = kinematics(self.model, torch.cat([base, q[:, 7:]], -1),
                          torch.cat([torch.zeros_like(v[:, 0:3]), v[:, 3:]], -1))
         down = -quat_to_matrix(q[:, 3:7])[:, 2, :]                                # (B, 3) gravity, base frame
-        cs = self.sim.system.contact
         R = kin.R[self.feet].permute(3, 0, 1, 2)                                  # (B, F, 3, 3)
-        p = kin.p[self.feet].permute(2, 0, 1)                                     # (B, F, 3), relative to o
-        vel = kin.vel[self.feet].permute(2, 0, 1)                                 # (B, F, 6) at o
         o = kin.o.permute(2, 0, 1)                                                # (B, 1, 3)
-        idx = self._foot_point
-        valid = idx < cs.body.numel()
-        safe = idx.clamp(max=max(cs.body.numel() - 1, 0))
-        local, radius = cs.local[safe].to(R), cs.radius[safe].to(R)              # (F, P, 3), (F, P)
-        centre = torch.einsum("bfij,fpj->bfpi", R, local) + p[:, :, None]          # (B, F, P, 3) rel. to o
-        depth = (torch.einsum("bfpi,bi->bfp", centre + o[:, :, None], down) + radius).masked_fill(
-            ~valid, float("-inf"))
-        d, k = depth.max(-1)                                                       # (B, F)
-        F_, P = depth.shape[1:]
-        at = k[..., None, None].expand(B, F_, 1, 3)
-        point = centre.gather(2, at)[:, :, 0] + radius.expand(B, F_, P).gather(2, k[..., None]) * down[:, None]
-        speed = vel[..., 0:3] + torch.cross(vel[..., 3:6], point, dim=-1)
-        return -speed, d
+        p = kin.p[self.feet].permute(2, 0, 1) + o                                 # (B, F, 3) from the base
+        vel = kin.vel[self.feet].permute(2, 0, 1)                                 # (B, F, 6) at o
+        depth, point, _ = self._lowest_points(R, p, down)
+        speed = vel[..., 0:3] + torch.cross(vel[..., 3:6], point - o, dim=-1)
+        return -speed, depth
 
     def estimated_velocity(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(B, 3) the base's linear velocity in its own frame by legged odometry
@@ -487,29 +475,37 @@ class LocomotionTask(Task):
         from ..physics.kinematics import kinematics
 
         sys = self.sim.system
-        cs = sys.contact
         with torch.no_grad():
             if kin is None:
                 kin = kinematics(self.model, q.detach())
             R = kin.R[self.feet].detach().permute(3, 0, 1, 2)                     # (B, F, 3, 3)
             p = (kin.p[self.feet] + kin.o).detach().permute(2, 0, 1)              # (B, F, 3)
             n = sys.ground_normal.to(R)
-            idx = self._foot_point
-            valid = idx < cs.body.numel()
-            safe = idx.clamp(max=max(cs.body.numel() - 1, 0))
-            local, radius = cs.local[safe].to(R), cs.radius[safe].to(R)          # (F, P, 3), (F, P)
-            centre = torch.einsum("bfij,fpj->bfpi", R, local) + p[:, :, None]      # (B, F, P, 3)
-            height = ((centre * n).sum(-1) - radius - sys.ground_height.to(R)).masked_fill(~valid, float("inf"))
-            h, k = height.min(-1)                                                  # (B, F)
-            B, F, P = height.shape
-            at = k[..., None, None].expand(B, F, 1, 3)
-            pick = lambda x: x.expand(B, F, P, 3).gather(2, at)[:, :, 0]         # noqa: E731  (B, F, 3)
-            r = radius.expand(B, F, P).gather(2, k[..., None])                     # (B, F, 1)
-            # The material point at the bottom of the lowest sphere: its centre less r along the
-            # ground normal, in the body frame R^T n.
-            world = pick(centre) - r * n
-            local_pt = pick(local) - r * torch.einsum("bfji,j->bfi", R, n)
+            depth, world, local_pt = self._lowest_points(R, p, -n.expand(R.shape[0], 3))
+            h = -depth - sys.ground_height.to(R)                                   # (B, F)
         return {"height": h, "local": local_pt, "world": world, "R": R, "p": p}
+
+    def _lowest_points(self, R: torch.Tensor, p: torch.Tensor, down: torch.Tensor):
+        """Each foot's lowest collision point along the unit vectors ``down`` (B, 3), its feet
+        placed at ``R`` (B, F, 3, 3), ``p`` (B, F, 3) (positions from any common origin, ``down``
+        in the same axes): (B, F) how far the point lies along ``down`` (the bottom of its lowest
+        sphere, a box corner), the point (B, F, 3) from that origin, and the point in the foot
+        body's frame (B, F, 3). Differentiable in ``R``, ``p`` and ``down``."""
+        cs = self.sim.system.contact
+        idx = self._foot_point
+        valid = idx < cs.body.numel()
+        safe = idx.clamp(max=max(cs.body.numel() - 1, 0))
+        local, radius = cs.local[safe].to(R), cs.radius[safe].to(R)              # (F, P, 3), (F, P)
+        centre = torch.einsum("bfij,fpj->bfpi", R, local) + p[:, :, None]          # (B, F, P, 3)
+        depth = ((centre * down[:, None, None, :]).sum(-1) + radius).masked_fill(~valid, float("-inf"))
+        d, k = depth.max(-1)                                                       # (B, F)
+        B, F, P = depth.shape
+        at = k[..., None, None].expand(B, F, 1, 3)
+        pick = lambda x: x.expand(B, F, P, 3).gather(2, at)[:, :, 0]             # noqa: E731  (B, F, 3)
+        r = radius.expand(B, F, P).gather(2, k[..., None])                         # (B, F, 1)
+        # The material point at the bottom of the lowest sphere: its centre plus r along down
+        # (in the body frame R^T down).
+        return d, pick(centre) + r * down[:, None], pick(local) + r * torch.einsum("bfji,bj->bfi", R, down)
 
     def foot_moved(self, track: dict, local: torch.Tensor) -> torch.Tensor:
         """(B, F, 3) world positions, at the placements of ``track`` (:meth:`foot_track`), of the
