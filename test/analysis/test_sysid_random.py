@@ -271,17 +271,23 @@ def test_slow_arm_actuator_among_four_with_joint_friction(tmp_path):
 FRICTION_AND_LAG = ["joint_friction", "actuator_lag"]
 
 
-def fit_friction_and_lag(path, seed: int, velocity_limits: bool = False, continuation: bool = True):
-    """(result, truth, perturbation): the arm's joint friction (x0.4-2.5) and actuator lag
+def record_friction_and_lag(path, seed: int, velocity_limits: bool = False):
+    """(bag data, its setup, perturbation): the arm's joint friction (x0.4-2.5) and actuator lag
     (0.008-0.025 s) drawn from ``seed``, recorded on the stand-in with config/reach_arm.yaml's own
-    drive, fitted with the tests' settings (also bench/sysid_draws.py --kind arm_friction_lag)."""
+    drive."""
     rng = np.random.default_rng(seed)
     pert = {"joint_friction_scale": _log_away(rng, 0.4, 2.5), "actuator_lag": float(rng.uniform(0.008, 0.025))}
     params = config.load_yaml(config.package_share() / "config" / "reach_arm.yaml")
     params["simulator"]["velocity_limits"] = velocity_limits
     record_bag(path, make_plant(params, pert), exciter(params, seed % 1000), STEPS, params)
     data = read_bag(path)
-    setup = sim_setup(data)
+    return data, sim_setup(data), pert
+
+
+def fit_friction_and_lag(path, seed: int, velocity_limits: bool = False, continuation: bool = True):
+    """(result, truth, perturbation): :func:`record_friction_and_lag` fitted with the tests'
+    settings (also bench/sysid_draws.py --kind arm_friction_lag)."""
+    data, setup, pert = record_friction_and_lag(path, seed, velocity_limits)
     r = calibrate(data, setup, FRICTION_AND_LAG, continuation=continuation, **FAST)
     truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
     print(f"perturbation {pert}: fitted {r.fitted}, verdict {r.verdict} {r.reasons}, {r.seconds:.1f} s")
@@ -314,13 +320,8 @@ def test_the_friction_and_lag_jacobian_matches_central_differences(tmp_path):
     from diffsim_ros.analysis.predict import Replay
 
     seed = _seed("friction and lag jacobian")
-    rng = np.random.default_rng(seed)
-    pert = {"joint_friction_scale": _log_away(rng, 0.4, 2.5), "actuator_lag": float(rng.uniform(0.008, 0.025))}
-    params = config.load_yaml(config.package_share() / "config" / "reach_arm.yaml")
-    params["simulator"]["velocity_limits"] = False
-    record_bag(tmp_path / "bag", make_plant(params, pert), exciter(params, seed % 1000), STEPS, params)
-    data = read_bag(tmp_path / "bag")
-    setup = sim_setup(data)
+    data, setup, pert = record_friction_and_lag(tmp_path / "bag", seed)
+    rng = np.random.default_rng(seed + 1)
     setup = type(setup)(setup.params, setup.model.to(torch.float64), setup.sim_config, setup.source, setup.notes)
     with S.replaying(data):
         rp = Replay(data, setup)
