@@ -3,8 +3,9 @@
 The objective is the base's ballistic apex ``z_t + max(vz_t, 0)^2 / 2g`` (``vz`` the world
 vertical speed: the height the base reaches if it flies from step t) above its standing
 height, averaged over the episode, plus a small regulariser on the action and, with
-``upright_weight``, the base's tilt (1 - cos of the angle between its z axis and the world's). Every step
-counts, so a push-off is rewarded at once by the apex it sets up, and the flight (whose
+``upright_weight``, the base's tilt (1 - cos of the angle between its z axis and the world's) and, with
+``drift_weight``, the base's horizontal speed squared (a jump in place: without it a policy may hop on
+in a run that carries it away and tips it over after the judged second). Every step counts, so a push-off is rewarded at once by the apex it sets up, and the flight (whose
 ascent holds the apex) outweighs standing tall on extended legs. There is no term on legs,
 phases, contacts or posture: crouching, pushing off and the flight come from the apex
 through the contact model. (The episode's maximum alone, the running maximum's rise per
@@ -38,13 +39,16 @@ class JumpTask(LocomotionTask):
     def __init__(self, model: Model, sim_config: SimConfig, stance: Sequence[float], base_height: float,
                  horizon: int = 100, action_scale: float = 0.5, action_weight: float = 1e-3,
                  upright_weight: float = 0.0, min_apex: float = 0.05, max_tilt: float = 0.5,
-                 fall_height: float = 0.5, observation: str = "robot"):
+                 fall_height: float = 0.5, observation: str = "robot", drift_weight: float = 0.0):
         super().__init__(model, sim_config, stance, base_height, horizon=horizon, action_scale=action_scale,
                          action_weight=action_weight, upright_weight=upright_weight, fall_height=fall_height,
                          max_tilt=max_tilt, observation=observation)
         if not min_apex > 0:
             raise ValueError(f"jump: 'min_apex' must be > 0 m, got {min_apex}")
         self.min_apex = float(min_apex)
+        if not drift_weight >= 0:
+            raise ValueError(f"jump: 'drift_weight' must be >= 0 (s^2/m), got {drift_weight}")
+        self.drift_weight = float(drift_weight)
         self.gravity = float(-sim_config.gravity[2])
         if not self.gravity > 0:
             raise ValueError(f"jump: gravity must point down (-z), got {list(sim_config.gravity)}")
@@ -78,7 +82,10 @@ class JumpTask(LocomotionTask):
         return self.touching(self.feet, ts)
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
-        return self.with_physical_terms(-(self.apex(ts) - self.base_height), ts, action)
+        loss = -(self.apex(ts) - self.base_height)
+        if self.drift_weight:
+            loss = loss + self.drift_weight * (self.base_velocity_world(ts)[:, 0:2] ** 2).sum(-1)
+        return self.with_physical_terms(loss, ts, action)
 
     def success(self, ts: TaskState) -> torch.Tensor:
         high = ts.extra["peak_z"] - self.base_height >= self.min_apex
