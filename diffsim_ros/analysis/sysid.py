@@ -337,12 +337,13 @@ def _jacobian(problem: _Problem, coords: _Coords, z: torch.Tensor):
 
 
 def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, counter: List[int],
-        history: List[float], progress=None, g0: Optional[float] = None):
+        history: List[float], progress=None, g0: Optional[float] = None, stage: str = ""):
     """Projected Levenberg-Marquardt in the box [coords.lo, coords.hi]; returns (z, r, J, moving,
     stop): ``moving`` is the relative fall of the loss in the last iteration where ``max_iter`` ran
     out with the fit still improving, 0.0 where it stopped on its own (converged, no step improving,
     every coordinate held at a bound); ``stop`` says how it ended (:func:`_stop_record`, its gradient
-    relative to ``g0``, by default the gradient's norm at ``z``)."""
+    relative to ``g0``, by default the gradient's norm at ``z``). ``progress(evaluations, loss,
+    values, stage)`` is called after every accepted step, ``stage`` naming the windows fitted."""
     lam = 1e-3
     r, J = _jacobian(problem, coords, z)
     counter[0] += coords.p
@@ -391,7 +392,8 @@ def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, coun
         f = float(r @ r)
         history.append(f / r.numel())
         if progress:
-            progress(counter[0], f / r.numel(), {n: v.reshape(-1).tolist() for n, v in coords.values(z).items()})
+            progress(counter[0], f / r.numel(), {n: v.reshape(-1).tolist() for n, v in coords.values(z).items()},
+                     stage)
         if rel < 1e-6 or dz < 1e-5:
             reason = "the loss changed less than 1e-6 of itself" if rel < 1e-6 else "the step fell below 1e-5"
             break
@@ -534,7 +536,9 @@ def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int 
     uncertainties and the verdict (module doc). A diverging simulation is an AnalysisError
     naming the bag. ``velocity_noise``: the sensor's velocity noise (standard deviation), for
     the noise floor of the verdict; ``starts``: at most this many starts of the joint fit;
-    ``continuation``: each start fitted on one-step windows first (module doc)."""
+    ``continuation``: each start fitted on one-step windows first (module doc); ``progress``:
+    called as ``progress(evaluations, loss, {name: values}, stage)`` after every accepted step,
+    ``stage`` the windows being fitted ("1-step windows", "5-step windows")."""
     with replaying(data):
         rest = [n for n in dict.fromkeys(names) if n != "actuator_lag"]
         if "actuator_lag" not in names or setup.sim_config.actuator_lag != 0 or not rest:
@@ -670,8 +674,9 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
             g0 = None
             if p1 is not None:      # the record's gradient is relative to the start's on the requested windows
                 g0 = _gradient_norm(pf, coords, z_init, counter)
-                z_init = _lm(p1, coords, z_init, max_iter, counter, [], progress)[0]
-            z, r, J, moving, stop = _lm(pf, coords, z_init, max_iter, counter, history, progress, g0)
+                z_init = _lm(p1, coords, z_init, max_iter, counter, [], progress, stage="1-step windows")[0]
+            z, r, J, moving, stop = _lm(pf, coords, z_init, max_iter, counter, history, progress, g0,
+                                        stage=f"{window}-step windows")
         except physics.SimulationError as exc:
             tried.append({"start": start, "error": str(exc)})
         else:
@@ -692,7 +697,8 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
         # explaining the data, two dampings 37-65 % off; at 30 every value was exact).
         try:
-            z2, r2, J2, moving, stop2 = _lm(pf, coords, z, max_iter, counter, history, progress)
+            z2, r2, J2, moving, stop2 = _lm(pf, coords, z, max_iter, counter, history, progress,
+                                            stage=f"{window}-step windows")
         except physics.SimulationError:
             pass
         else:

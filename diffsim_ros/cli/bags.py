@@ -75,10 +75,10 @@ def cmd_sysid(args: argparse.Namespace) -> int:
     if args.method == "contact-free":
         return _sysid_contact_free(args, names, data, setup)
 
-    def progress(n, loss, vals):
+    def progress(n, loss, vals, stage=""):
         if not args.quiet:
             shown = "  ".join(f"{k}=[{', '.join(f'{x:.4g}' for x in v)}]" for k, v in vals.items())
-            print(f"  eval {n:>3}  loss {loss:.5g}  {shown}", flush=True)
+            print(f"  eval {n:>3}  {stage + '  ' if stage else ''}loss {loss:.5g}  {shown}", flush=True)
 
     r = _analysis_call(calibrate, data, setup, names, where=args.bag, window=args.window,
                        fit_fraction=args.fit_fraction, max_starts=args.max_starts, max_iter=args.max_iter,

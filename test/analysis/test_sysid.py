@@ -4,6 +4,7 @@ error, and writes a training file that ``diffsim-ros train`` reads."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -44,13 +45,18 @@ def test_sysid_recovers_arm_mass_and_joint_damping(perturbed):
 def test_sysid_cli_recovers_quadrotor_mass_and_drag_and_closes_the_loop(perturbed, tmp_path, capsys):
     out = tmp_path / "cal"
     rc = cli.main(["sysid", str(perturbed["quadrotor"]), "--params", "mass_scale,drag_scale", "--out", str(out),
-                   "--window", "3", "--max-starts", "64", "--quiet"])
-    assert rc == 0, capsys.readouterr().err
+                   "--window", "3", "--max-starts", "64"])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
     report = json.loads((out / "sysid.json").read_text())
     assert report["fitted"]["mass_scale"][0] == pytest.approx(1.2, rel=0.05)
     assert report["fitted"]["drag_scale"][0] == pytest.approx(2.0, rel=0.05)
     assert report["heldout"]["before"]["rmse"] > 5 * report["heldout"]["after"]["rmse"]
-    assert "held-out velocity RMSE" in capsys.readouterr().out
+    assert "held-out velocity RMSE" in text.out
+    # Each progress line names the windows it fits: a start's one-step stage before its requested windows.
+    stages = [m.group(1) for m in re.finditer(r"^  eval +\d+  (.*?)  loss ", text.out, re.M)]
+    assert stages and set(stages) <= {"1-step windows", "3-step windows"}, stages
+    assert stages[0] == "1-step windows" and "3-step windows" in stages, stages
     assert "| mass_scale (-) |" in (out / "sysid.md").read_text()
 
     # calibrated.yaml is a training file: `diffsim-ros train --config` builds its task from it,
