@@ -50,7 +50,8 @@ def main() -> None:
     with torch.no_grad():
         ts = task.reset(args.episodes, torch.Generator().manual_seed(args.seed))
     i0 = task.window_start_step()
-    print(f"{args.checkpoint} on the stand-in, perturbation {pert or 'none'}, {args.episodes} episodes (seed {args.seed})")
+    print(f"{args.checkpoint} on the stand-in, perturbation {pert or 'none'}, {args.episodes} episodes "
+          f"(seed {args.seed})")
     for e in range(args.episodes):
         plant.reset(ts.sim.q[e].double().numpy(), ts.sim.v[e].double().numpy())
         runner.reset()

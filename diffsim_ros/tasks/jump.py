@@ -3,11 +3,11 @@
 The objective is the base's ballistic apex ``z_t + max(vz_t, 0)^2 / 2g`` (``vz`` the world
 vertical speed: the height the base reaches if it flies from step t) above its standing
 height, averaged over the episode, plus a small regulariser on the action and, with
-``upright_weight``, the base's tilt (1 - cos of the angle between its z axis and the world's) and, with
-``drift_weight``, the base's horizontal speed squared (a jump in place: without it a policy may hop on
-in a run that carries it away and tips it over after the judged second). Every step counts, so a push-off is rewarded at once by the apex it sets up, and the flight (whose
-ascent holds the apex) outweighs standing tall on extended legs. There is no term on legs,
-phases, contacts or posture: crouching, pushing off and the flight come from the apex
+``upright_weight``, the base's tilt (1 - cos of the angle between its z axis and the world's) and,
+with ``drift_weight``, the base's horizontal speed squared (a jump in place: without it a policy may
+hop on in a run that carries it away and tips it over after the judged second). Every step counts,
+so a push-off is rewarded at once by the apex it sets up, and the flight (whose ascent holds the
+apex) outweighs standing tall on extended legs. There is no term on legs, phases, contacts or posture: crouching, pushing off and the flight come from the apex
 through the contact model. (The episode's maximum alone, the running maximum's rise per
 step, gave no gradient while the robot stood: the trainer never left the stance.)
 
