@@ -86,12 +86,14 @@ def _draw(rng, kind: str, names):
     return pert
 
 
-def _fit(tmp_path, kind, pert, names, seed, joint_friction=True):
+def _fit(tmp_path, kind, pert, names, seed, joint_friction=True, **options):
+    """(result, truth) of ``names`` fitted with the tests' settings (``options``: calibrate's
+    others) on a recording of ``pert``."""
     record_standard(kind, tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False,
                     joint_friction=joint_friction)
     data = read_bag(tmp_path / "bag")
     setup = sim_setup(data)
-    r = calibrate(data, setup, names, **FAST)
+    r = calibrate(data, setup, names, **FAST, **options)
     truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
     print(f"perturbation {pert}")
     print("| parameter | truth | recovered | std | identifiable |")
@@ -359,11 +361,7 @@ def test_four_arm_parameters_leave_a_wrong_start(tmp_path):
     names = ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
     pert = {"latency": 0.04, "actuator_lag": 0.027050039602467955, "joint_damping_scale": 0.6630221120091808,
             "mass_scale": 0.7269029054142513}
-    record_standard("arm", tmp_path / "bag", pert, steps=STEPS, seed=15)
-    data = read_bag(tmp_path / "bag")
-    setup = sim_setup(data)
-    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
-    r = calibrate(data, setup, names, continuation=False, **FAST)
+    r, truth = _fit(tmp_path, "arm", pert, names, 15, continuation=False)
     _check(r, truth, names)
     losses = [t["loss"] for t in r.starts_tried]
     assert len(losses) >= 2 and max(losses) > 1e3 * min(losses), r.starts_tried
