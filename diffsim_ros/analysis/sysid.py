@@ -76,7 +76,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -587,6 +587,39 @@ def _without_lag(alt: SysIdResult, lagged: SysIdResult) -> SysIdResult:
         convergence=dict(alt.convergence))
 
 
+class _FitProblems(NamedTuple):
+    names: List[str]        # the fitted parameters in the registry's order
+    system: Any             # the nominal system
+    nominal: Dict[str, torch.Tensor]
+    bounds: Dict[str, Tuple[torch.Tensor, torch.Tensor]]
+    coords: "_Coords"
+    fit: "_Problem"         # the fit windows' residual
+    heldout: "_Problem"     # the held-out windows'
+    held: list              # the held-out windows' starts
+    at_limit: bool          # max_starts cut the fit windows short
+
+
+def _fit_problems(rp: Replay, cfg, names: Sequence[str], window: int, fit_fraction: float,
+                  max_starts: Optional[int]) -> _FitProblems:
+    """The fit of ``names`` on the replay ``rp`` as :func:`calibrate` poses it: the coordinates
+    (nominal values and bounds, latency at most 4 steps), the windows split into fit and held-out
+    past the lead each needs, and their residuals."""
+    names = [n for n in PARAMETERS if n in names]             # registry order: independent of --params order
+    sys0 = nominal_system(rp.model, cfg)
+    nominal = {n: PARAMETERS[n].nominal(sys0) for n in names}
+    bnd = {n: tuple(b.double() for b in PARAMETERS[n].bounds(nominal[n])) for n in names}
+    if "latency" in bnd:
+        bnd["latency"] = (bnd["latency"][0], torch.minimum(bnd["latency"][1], torch.tensor([4.0],
+                                                                                           dtype=torch.float64)))
+    lat_hi = int(math.ceil(float(bnd["latency"][1].max()))) if "latency" in names else cfg.command_delay
+    lead = WARMUP + lat_hi + 2 + max(10, rp.warmup)
+    fit, held, at_limit = _split(rp, window, fit_fraction, max_starts, lead)
+    scale = rp.v.std(0).clamp(min=1e-3)
+    return _FitProblems(names, sys0, nominal, bnd, _Coords(names, nominal, bnd),
+                        _Problem(rp, names, fit, window, scale, float(cfg.command_delay)),
+                        _Problem(rp, names, held, window, scale, float(cfg.command_delay)), held, at_limit)
+
+
 def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
                n_starts, velocity_noise, continuation: bool = True, thorough: bool = True) -> SysIdResult:
     """:func:`calibrate` of one model; ``thorough``: while the best fit leaves the fit windows
@@ -603,24 +636,14 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     if setup.model.dtype != torch.float64:
         setup = SimSetup(setup.params, setup.model.to(torch.float64), setup.sim_config, setup.source, setup.notes)
     rp = replay if replay is not None else Replay(data, setup)
-    model, cfg = rp.model, setup.sim_config
-    check_names(requested, model, cfg)
-    names = [n for n in PARAMETERS if n in requested]         # registry order: independent of --params order
-    sys0 = nominal_system(model, cfg)
-    nominal = {n: PARAMETERS[n].nominal(sys0) for n in names}
-    bnd = {n: tuple(b.double() for b in PARAMETERS[n].bounds(nominal[n])) for n in names}
-    if "latency" in bnd:
-        bnd["latency"] = (bnd["latency"][0], torch.minimum(bnd["latency"][1], torch.tensor([4.0],
-                                                                                           dtype=torch.float64)))
-    lat_hi = int(math.ceil(float(bnd["latency"][1].max()))) if "latency" in names else cfg.command_delay
-    lead = WARMUP + lat_hi + 2 + max(10, rp.warmup)
-    fit, held, at_limit = _split(rp, window, fit_fraction, max_starts, lead)
-    scale = rp.v.std(0).clamp(min=1e-3)
-    pf = _Problem(rp, names, fit, window, scale, float(cfg.command_delay))
+    cfg = setup.sim_config
+    check_names(requested, rp.model, cfg)
+    fp = _fit_problems(rp, cfg, requested, window, fit_fraction, max_starts)
+    names, sys0, nominal, bnd, coords = fp.names, fp.system, fp.nominal, fp.bounds, fp.coords
+    pf, ph, fit, held, at_limit = fp.fit, fp.heldout, fp.fit.starts, fp.held, fp.at_limit
+    scale = pf.scale
     # Each start fits the one-step prediction first (see the module doc, "horizon continuation").
     p1 = _Problem(rp, names, fit, 1, scale, float(cfg.command_delay)) if window > 1 and continuation else None
-    ph = _Problem(rp, names, held, window, scale, float(cfg.command_delay))
-    coords = _Coords(names, nominal, bnd)
     counter = [0]
     history: List[float] = []
 

@@ -328,12 +328,9 @@ def test_the_friction_and_lag_jacobian_matches_central_differences(tmp_path):
     with S.replaying(data):
         rp = Replay(data, setup)
         cfg = setup.sim_config
-        fit, _, _ = S._split(rp, 3, 0.7, 32, S.WARMUP + cfg.command_delay + 2 + max(10, rp.warmup))
-        prob = S._Problem(rp, FRICTION_AND_LAG, fit, 3, rp.v.std(0).clamp(min=1e-3), float(cfg.command_delay))
-        sys0 = S.nominal_system(rp.model, cfg)
-        nominal = {n: S.PARAMETERS[n].nominal(sys0) for n in FRICTION_AND_LAG}
-        bnd = {n: tuple(b.double() for b in S.PARAMETERS[n].bounds(nominal[n])) for n in FRICTION_AND_LAG}
-        coords = S._Coords(FRICTION_AND_LAG, nominal, bnd)
+        fp = S._fit_problems(rp, cfg, FRICTION_AND_LAG, 3, 0.7, 32)
+        assert fp.names == FRICTION_AND_LAG
+        prob, coords = fp.fit, fp.coords
         truth = from_perturbation(physics.build_system(setup.model, cfg), pert)
         zt = torch.log(torch.cat([truth[n].double().reshape(-1) for n in FRICTION_AND_LAG]))
         near = zt + torch.as_tensor(rng.uniform(np.log(0.8), np.log(1.25), zt.numel()))
