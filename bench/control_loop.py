@@ -98,7 +98,8 @@ def bench_inference(ckpt: Path, n: int = 400):
                 r.quadrotor([x, 0.0, 1.0], [0, 0, 0, 1], [0.1, 0, 0], [0, 0.1, 0], predict=predict)
                 times.append((time.perf_counter() - t0) * 1e3)
             times = times[5:]
-            name = "PolicyRunner command" + (" + prediction" if predict else "") + (" (compiled step)" if compiled else "")
+            name = ("PolicyRunner command" + (" + prediction" if predict else "")
+                    + (" (compiled step)" if compiled else ""))
             rows.append((name, _pct(times, 50), _pct(times, 99), len(times)))
     return rows
 

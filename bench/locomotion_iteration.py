@@ -19,7 +19,8 @@ the ground, its collision meshes as bounding boxes, float32, torch.set_num_threa
 forward-alone column the eager rollout's; ``--randomize`` a row per robot (and per compiled row)
 with the transfer recipe's randomisation (mass, centre of mass, servo gains, effort limits, ground
 friction, contact stiffness and damping and latency up to 20 ms drawn per episode, sensor noise,
-pushes), and the cost of randomising as the ratio to the same row without it. Nothing here is a test: no figure is asserted.
+pushes), and the cost of randomising as the ratio to the same row without it. Nothing here is a
+test: no figure is asserted.
 """
 from __future__ import annotations
 

@@ -390,11 +390,14 @@ def quadrotor_case() -> Case:
         pos = " ".join("%.9g" % x for x in col.p.double().numpy())
         size = col.size.double().numpy()
         if col.kind == "box":
-            geoms.append('<geom type="box" size="%s" pos="%s" quat="%s"/>' % (" ".join("%.9g" % x for x in size / 2), pos, quat))
+            geoms.append('<geom type="box" size="%s" pos="%s" quat="%s"/>'
+                         % (" ".join("%.9g" % x for x in size / 2), pos, quat))
         elif col.kind == "cylinder":
-            geoms.append('<geom type="cylinder" size="%.9g %.9g" pos="%s" quat="%s"/>' % (size[0], size[1] / 2, pos, quat))
+            geoms.append('<geom type="cylinder" size="%.9g %.9g" pos="%s" quat="%s"/>'
+                         % (size[0], size[1] / 2, pos, quat))
     for i in range(rot.n):
-        sites.append('<site name="rotor_%d" pos="%s"/>' % (i, " ".join("%.9g" % x for x in rot.positions[i].double().numpy())))
+        sites.append('<site name="rotor_%d" pos="%s"/>'
+                     % (i, " ".join("%.9g" % x for x in rot.positions[i].double().numpy())))
         motors.append('<motor site="rotor_%d" gear="0 0 1 0 0 %.9g"/>' % (i, float(rot.directions[i]) * km_kf))
     fullinertia = "%.9g %.9g %.9g %.9g %.9g %.9g" % (inertia[0, 0], inertia[1, 1], inertia[2, 2],
                                                     inertia[0, 1], inertia[0, 2], inertia[1, 2])
@@ -556,7 +559,8 @@ def main(argv=None) -> int:
     compile_batches = [int(b) for b in args.compile.split(",") if b]
     log("")
     header = ("| model | batch | ours fwd steps/s | ours fwd+bwd steps/s | MuJoCo steps/s | fwd / MuJoCo "
-              "| fwd+bwd / MuJoCo | fwd+bwd / MuJoCo FD Jacobian | MJX fwd / grad steps/s | fwd / MJX | fwd+bwd / MJX grad |")
+              "| fwd+bwd / MuJoCo | fwd+bwd / MuJoCo FD Jacobian | MJX fwd / grad steps/s | fwd / MJX "
+              "| fwd+bwd / MJX grad |")
     log(header)
     log("|" + "|".join("---" for _ in range(header.count("|") - 1)) + "|")
     compiled_rows = []

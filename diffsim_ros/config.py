@@ -108,7 +108,8 @@ def load_yaml(path: PathLike, node: Optional[str] = None) -> Dict[str, Any]:
                               f"(expected '{key}: ros__parameters: {{...}}')")
         extra = [k for k in section if k != "ros__parameters"]
         if extra:
-            raise ConfigError(f"{path}: section '{key}' has keys beside 'ros__parameters': {', '.join(map(str, extra))}")
+            raise ConfigError(f"{path}: section '{key}' has keys beside 'ros__parameters': "
+                              f"{', '.join(map(str, extra))}")
         if node is not None and not _matches(str(key), node):
             continue
         p = section["ros__parameters"]

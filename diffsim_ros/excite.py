@@ -203,7 +203,8 @@ def add_parser(sub, cli) -> None:
                    help="fraction (0, 1] of the bounds: arms the safe joint range, multirotors the tilt/thrust/rate "
                         "steps (default 0.5)")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="seed of the signal (default 0)")
-    p.add_argument("--signal", choices=("multisine", "chirp"), default=None, help="arms: the signal (default multisine)")
+    p.add_argument("--signal", choices=("multisine", "chirp"), default=None,
+                   help="arms: the signal (default multisine)")
     p.add_argument("--steps", default=None, metavar="KIND,...",
                    help="multirotors: step kinds among attitude,thrust,rate (default all); none: a hover")
     p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",

@@ -391,7 +391,8 @@ def plan(urdf: str, task: str, floating_base: Optional[bool] = None, ee_link: Op
         p.joints = choose_joints(desc, model, include_joints)
         actuated = [j.name for j in p.joints if j.actuated]
         if not actuated:
-            raise InitError(f"{path}: no joint left to actuate ({'; '.join(j.name + ': ' + j.reason for j in p.joints)})")
+            raise InitError(f"{path}: no joint left to actuate "
+                            f"({'; '.join(j.name + ': ' + j.reason for j in p.joints)})")
         if kind == "reach":
             _plan_reach(p, model, actuated, ee_link, bandwidth, damping_ratio)
         else:
@@ -771,7 +772,8 @@ def _plan_multirotor(p: Plan, model, mode: str) -> None:
         "Rotor template (diffsim-ros init; replace with the airframe's data where known):",
         f"  propeller diameter D = {D:.3f} m ({source_d});",
         f"  thrust_coefficient = C_T rho D^4 / (4 pi^2) = 0.1 x 1.225 x {D:.3f}^4 / 39.48 (C_T ~ 0.1);",
-        f"  max_rotor_speed for a thrust-to-weight of 2: sqrt(2 m g / {n} / k_f) = sqrt(2 x {mass:.3f} x 9.81 / {n} / {kf:.3g});",
+        f"  max_rotor_speed for a thrust-to-weight of 2: sqrt(2 m g / {n} / k_f) "
+        f"= sqrt(2 x {mass:.3f} x 9.81 / {n} / {kf:.3g});",
         "  torque_coefficient = 0.016 m x thrust_coefficient; motor_time_constant = 0.16 s/m x D;",
         "  drag = 0.1 m (linear, N s/m) and 0.02 m (quadratic) per kg of mass; rate_gain 20/s for 5 inch props,",
         "  falling with the square root of the propeller size."]

@@ -162,7 +162,8 @@ def launch_unavailable() -> Optional[str]:
     try:
         prefix = Path(get_package_prefix("diffsim_ros"))
     except (PackageNotFoundError, OSError):     # OSError: AMENT_PREFIX_PATH unset or empty
-        return (f"diffsim_ros is not in the ament index (AMENT_PREFIX_PATH={os.environ.get('AMENT_PREFIX_PATH', '')!r}): "
+        return ("diffsim_ros is not in the ament index "
+                f"(AMENT_PREFIX_PATH={os.environ.get('AMENT_PREFIX_PATH', '')!r}): "
                 "run scripts/bootstrap.sh, which registers it in the venv, and put the venv on AMENT_PREFIX_PATH "
                 "(scripts/run.sh and scripts/test.sh do), or colcon build and source install/setup.bash")
     missing = [exe for exe in sorted(NODES.values()) if not os.access(prefix / "lib" / "diffsim_ros" / exe, os.X_OK)]
@@ -380,7 +381,8 @@ def recorded_types(floating_base: bool, kind: Optional[str] = None) -> List[str]
     IMU and joint states in, joint position commands out."""
     ifc = interfaces
     common = [ifc.typed(ifc.COMMAND, ifc.FLOAT64_ARRAY_T), ifc.typed(ifc.METADATA, ifc.STRING_T),
-              ifc.typed(ifc.DIAGNOSTICS, "diagnostic_msgs/msg/DiagnosticArray"), ifc.typed(ifc.CLOCK, "rosgraph_msgs/msg/Clock")]
+              ifc.typed(ifc.DIAGNOSTICS, "diagnostic_msgs/msg/DiagnosticArray"),
+              ifc.typed(ifc.CLOCK, "rosgraph_msgs/msg/Clock")]
     position_commands = ifc.typed(ifc.CONTROLLER_COMMANDS[0], ifc.FLOAT64_ARRAY_T)
     if kind == "legged":
         return common + [ifc.typed(ifc.ODOM, ifc.ODOMETRY_T), ifc.typed(ifc.IMU, ifc.IMU_T),
@@ -889,7 +891,8 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     log(f"  whole run: mean forward speed {res['run_mean_forward_speed_m_s']:.3f} m/s")
     g = rep["gait"] or {}
     log(f"  gait: {g.get('gait', 'n/a')} (stride frequency {g.get('stride_frequency_hz')} Hz, duty factors "
-        f"{g.get('duty_factor')}); foot slip {rep.get('foot_slip_m_s')} m/s; footfall diagram {rep['files']['footfall']}")
+        f"{g.get('duty_factor')}); foot slip {rep.get('foot_slip_m_s')} m/s; "
+        f"footfall diagram {rep['files']['footfall']}")
     od = rep.get("odometry")
     if od is not None:
         log(f"  legged odometry (joints, IMU orientation and rates) against the stand-in's /odom: forward velocity's "

@@ -33,7 +33,8 @@ mode:=excite runs policy_controller's identification motion instead of a policy 
 config:=; a recording for `diffsim-ros sysid`; settings excitation.* in controller_params:=):
 
     ros2 launch diffsim_ros deploy.launch.py mode:=excite config:=config/reach_arm.yaml lockstep:=true bag:=bags/excite
-    ros2 launch diffsim_ros deploy.launch.py mode:=excite target:=hardware config:=my_robot.yaml controller_params:=excite.yaml
+    ros2 launch diffsim_ros deploy.launch.py mode:=excite target:=hardware config:=my_robot.yaml \
+controller_params:=excite.yaml
 """
 import os
 from pathlib import Path

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from pathlib import Path
 from typing import Dict, Optional
 

@@ -184,7 +184,8 @@ def test_unknown_key_in_yaml_is_named(tmp_path):
     assert "dtt:" in text
     p = write(tmp_path, text, "typo.yaml")
     params = config.load_yaml(p)
-    with pytest.raises(ConfigError, match=r"typo\.yaml: unknown key 'simulator\.dtt'; did you mean 'dt'\? \(known: .*\bdt\b"):
+    with pytest.raises(ConfigError,
+                       match=r"typo\.yaml: unknown key 'simulator\.dtt'; did you mean 'dt'\? \(known: .*\bdt\b"):
         config.simulator_config(params, str(p))
     text = QUADROTOR_YAMLS["diffsim_quadrotor"].read_text().replace("thrust_coefficient:", "thrust_coef:")
     params = config.load_yaml(write(tmp_path, text, "typo2.yaml"))
@@ -235,7 +236,8 @@ ROTOR_OK = {"positions": [0.2, 0.0, 0.0, 0.0, 0.2, 0.0, -0.2, 0.0, 0.0, 0.0, -0.
     ({"positions": [0.2, 0.0, 0.0, 0.0, 0.2]}, r"'simulator\.rotors\.positions' has 5 numbers, not a multiple of 3"),
     ({"positions": [[0.2, 0.0], [0.0, 0.2, 0.0]]}, r"'simulator\.rotors\.positions' every entry needs 3 numbers"),
     ({"positions": "front"}, r"'simulator\.rotors\.positions' must be a list"),
-    ({"rotor_links": ["a", "b", "c", "d"]}, r"'simulator\.rotors' has both 'rotor_links' and 'positions'; give one of them"),
+    ({"rotor_links": ["a", "b", "c", "d"]},
+     r"'simulator\.rotors' has both 'rotor_links' and 'positions'; give one of them"),
     ({"thrust_coefficient": 0.0}, r"'simulator\.rotors\.thrust_coefficient' must be > 0"),
     ({"max_rotor_speed": -5.0}, r"'simulator\.rotors\.max_rotor_speed' must be > 0"),
     ({"motor_time_constant": -0.01}, r"'simulator\.rotors\.motor_time_constant' must be >= 0"),
@@ -261,7 +263,8 @@ def test_rotor_config_direct_and_against_the_model():
     # Links are checked against the URDF when the simulator is built.
     quad = physics.load_urdf(str(REPO / "urdf" / "diffsim_quadrotor.urdf"), floating_base=True)
     bad = {"rotor_links": ["rotor_0", "rotor_1", "rotor_2", "rotor_9"], "directions": [-1, 1, -1, 1]}
-    with pytest.raises(ConfigError, match=r"'simulator\.rotors\.rotor_links' names link 'rotor_9', which is not in the URDF"):
+    with pytest.raises(ConfigError,
+                       match=r"'simulator\.rotors\.rotor_links' names link 'rotor_9', which is not in the URDF"):
         physics.Simulator(quad, config.simulator_config({"simulator": {"actuator": "ctbr", "rotors": bad}}))
     arm = physics.load_urdf(str(REPO / "urdf" / "diffsim_arm.urdf"))
     with pytest.raises(ConfigError, match="rotors need a floating-base model"):

@@ -440,8 +440,8 @@ def arm_run(tmp_path_factory):
         observed = sum(1 for m in s.messages("/joint_states") if stamp_ns(m.header.stamp) > 0)
     finally:
         s.close()
-    return dict(runner=runner, pretrained=pretrained, sim_ok=sim_ok, msgs=msgs, target=target, sent=sent, wire=wire, order=order,
-                pub_counts=pub_counts, observed=observed, bag=read_bag(bag), q0=q0)
+    return dict(runner=runner, pretrained=pretrained, sim_ok=sim_ok, msgs=msgs, target=target, sent=sent, wire=wire,
+                order=order, pub_counts=pub_counts, observed=observed, bag=read_bag(bag), q0=q0)
 
 
 def test_arm_pipeline_end_to_end(arm_run):

@@ -154,7 +154,8 @@ def test_every_moving_joint_of_the_others_is_actuated(generated, robots_dir):
     for name in ("arm", "ur5", "quadruped", "solo12"):
         path, printed = generated[name]
         root = ET.parse(_urdf(name, robots_dir)).getroot()
-        moving = {j.get("name") for j in root.findall("joint") if j.get("type") in ("revolute", "continuous", "prismatic")}
+        moving = {j.get("name") for j in root.findall("joint")
+                  if j.get("type") in ("revolute", "continuous", "prismatic")}
         assert set(config.load_yaml(path)["simulator"]["actuated_joints"]) == moving, name
         assert "left out" not in printed
 
@@ -289,7 +290,8 @@ def test_jump_is_the_legged_plan_with_the_jump_task(robots_dir, tmp_path):
         out = tmp_path / f"{name}_jump.yaml"
         assert cli.main(["init", "--urdf", _urdf(name, robots_dir), "--task", "jump", "--out", str(out)]) == 0
         _, task, _ = config.load_training_file(out)
-        assert isinstance(task, JumpTask) and task.base_height == pytest.approx(loco.params["task"]["base_height"], abs=1e-6)
+        assert (isinstance(task, JumpTask)
+                and task.base_height == pytest.approx(loco.params["task"]["base_height"], abs=1e-6))
 
 
 # ------------------------------------------------------------------ legged geometry

@@ -34,8 +34,9 @@ def deploy_path(path: str) -> bool:
 @pytest.mark.parametrize("path", ["launch", "nodes"])
 def test_loop_on_the_perturbed_stand_in(tmp_path, path):
     out = tmp_path / "loop"
-    summary = run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(out), checkpoint=str(REPO_ROOT / "policies" / "hover"),
-                       duration=2.5, perturbation={"mass_scale": 1.1}, log=lambda *_: None, domain=ros_domain(),
+    summary = run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(out),
+                       checkpoint=str(REPO_ROOT / "policies" / "hover"), duration=2.5,
+                       perturbation={"mass_scale": 1.1}, log=lambda *_: None, domain=ros_domain(),
                        use_launch=deploy_path(path))
     assert summary["deployment"].startswith("nodes") != (path == "launch"), summary["deployment"]
     # The hover holds on a 10 % heavier quadrotor, and nothing the controller published is missing.
@@ -202,7 +203,8 @@ def test_loop_runs_a_robot_observation_walker_on_the_imu_and_joint_states(tmp_pa
                        perturbation={}, log=lambda *_: None, domain=ros_domain())
     assert summary["kind"] == "legged" and summary["lost"] == {}
     assert summary["controller"]["states_rejected"] == 0 and summary["controller"]["safe_commands"] == 0
-    stats = json.loads(open(glob.glob(str(tmp_path / "loop" / "**" / "controller_stats.json"), recursive=True)[0]).read())
+    stats = json.loads(open(glob.glob(str(tmp_path / "loop" / "**" / "controller_stats.json"),
+                                      recursive=True)[0]).read())
     assert stats["states_ignored"] > 90 and stats["imu_received"] > 90      # every /odom ignored, /imu used
     data = analysis.read_bag(summary["bag"])
     index = {int(s): i for i, s in enumerate(data.t_state)}
@@ -283,7 +285,8 @@ def test_loop_refuses_a_config_for_another_robot(tmp_path):
     from builders import make_checkpoint
 
     make_checkpoint("reach_arm", tmp_path / "arm")
-    with pytest.raises(LoopError, match="floating-base robot .* the checkpoint is for 'diffsim_arm'.*Leave --config out"):
+    with pytest.raises(LoopError,
+                       match="floating-base robot .* the checkpoint is for 'diffsim_arm'.*Leave --config out"):
         run_loop(str(REPO_ROOT / "config" / "hover.yaml"), str(tmp_path / "loop"), checkpoint=str(tmp_path / "arm"),
                  duration=0.5, log=lambda *_: None, domain=ros_domain())
 
@@ -360,7 +363,8 @@ def test_loop_deploys_an_example_robot_data_arm(tmp_path):
     assert summary["lost"] == {} and len(summary["task"]["targets"]) == 2
     c = summary["controller"]
     assert c["states_rejected"] == 0 and c["safe_commands"] == 0, c
-    assert c["published"]["/position_controller/commands"] == summary["bag_counts"]["/position_controller/commands"] > 50
+    assert (c["published"]["/position_controller/commands"]
+            == summary["bag_counts"]["/position_controller/commands"] > 50)
     assert set(summary["velocity_error"]["1"]["per_dof_rmse"]) == set(model.joint_names)
 
 

@@ -253,8 +253,8 @@ def _summary_channels(b, unpack) -> dict:
 def _verify_crcs(f: str, b) -> None:
     """The footer's summary CRC and the data end record's data section CRC, where written (non-zero)."""
     if len(b) < 8 + _FOOTER or b[-_FOOTER] != 0x02 or bytes(b[-8:]) != _MCAP_MAGIC:
-        raise McapCorrupt(f, f"no MCAP footer at the end of the file (truncated, or the recorder was killed: "
-                          f"`diffsim-ros bag repair` rebuilds it)")
+        raise McapCorrupt(f, "no MCAP footer at the end of the file (truncated, or the recorder was killed: "
+                          "`diffsim-ros bag repair` rebuilds it)")
     foot = len(b) - _FOOTER
     summary_start, _, summary_crc = struct.unpack_from("<QQI", b, foot + 9)
     if summary_start and not 8 <= summary_start <= foot:
@@ -262,15 +262,15 @@ def _verify_crcs(f: str, b) -> None:
     if summary_crc:
         got = zlib.crc32(memoryview(b)[summary_start or foot:len(b) - 12])
         if got != summary_crc:
-            raise McapCorrupt(f, f"the summary (index) fails its CRC check; `diffsim-ros bag repair` rebuilds it")
+            raise McapCorrupt(f, "the summary (index) fails its CRC check; `diffsim-ros bag repair` rebuilds it")
     if summary_start:
         de = summary_start - 13                       # the data end record precedes the summary
         if de < 8 or b[de] != 0x0F or struct.unpack_from("<Q", b, de + 1)[0] != 4:
             raise McapCorrupt(f, f"no data end record before the summary at byte {summary_start}")
         data_crc = struct.unpack_from("<I", b, de + 9)[0]
         if data_crc and zlib.crc32(memoryview(b)[:de]) != data_crc:
-            raise McapCorrupt(f, f"the data section fails its CRC check (a record header or index between "
-                              f"chunks is damaged)")
+            raise McapCorrupt(f, "the data section fails its CRC check (a record header or index between "
+                              "chunks is damaged)")
 
 
 def mcap_messages(files: Sequence[str], topics: Sequence[str], verify: bool = True):

@@ -240,7 +240,8 @@ def contact_free_markdown(r: ContactFreeResult, bag: str, source: str, written: 
               f"{r.contact_tolerance * 1e3:g} mm; {r.seconds:.1f} s.", "",
               "| | mass_scale | std (1 sigma) | explained |", "|---|---|---|---|",
               f"| fit (first part) | {r.mass_scale:.5g} | {r.std:.2g} | {r.explained:.2%} |",
-              f"| held-out end alone | {r.heldout_mass_scale:.5g} | | {r.explained_heldout:.2%} (with the fit's value) |",
+              f"| held-out end alone | {r.heldout_mass_scale:.5g} | | {r.explained_heldout:.2%} "
+              "(with the fit's value) |",
               "", f"Directions left per interval (directions: intervals): {free}.", "",
               f"Rejected when the fitted model explains less than {MIN_EXPLAINED:.0%} of the projected applied "
               f"impulse on either part, when the two parts' estimates are more than {MAX_DISAGREEMENT:.0%} apart, "

@@ -5,10 +5,11 @@
 
 The robot and task come from the bag's /diffsim/metadata (the controller's checkpoint
 metadata); the states are the /odom and /joint_states messages paired as read_bag pairs them
-(nearest stamp within half the shorter period: a robot's drivers stamp them apart). Foot contact is read from the recorded configuration alone:
-a foot touches when one of its contact spheres reaches within ``contact_tolerance`` of the
-ground (forward kinematics of the model, independent of the stand-in's own contact
-solver). Written to ``out_dir``: footfall.png, legged.json and legged.md.
+(nearest stamp within half the shorter period: a robot's drivers stamp them apart). Foot contact
+is read from the recorded configuration alone: a foot touches when one of its contact spheres
+reaches within ``contact_tolerance`` of the ground (forward kinematics of the model, independent
+of the stand-in's own contact solver). Written to ``out_dir``: footfall.png, legged.json and
+legged.md.
 
 The sim-vs-real velocity comparison of a legged bag is :func:`diffsim_ros.analysis.analyze`'s
 (the base's twist and the joint velocities, replayed from the same paired states); it writes

@@ -804,7 +804,8 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
                      "calibrate again")
     for combo in blind:
         notes.append("the data determine only a combination of " + ", ".join(combo) + " (changing them together "
-                     "leaves the predictions as they are: fix one of them, e.g. a weighed mass, and calibrate the rest)")
+                     "leaves the predictions as they are: fix one of them, e.g. a weighed mass, and calibrate "
+                     "the rest)")
     rough = _reversing_friction_joints(rp, pf, final, sys0) if unexplained_fit(r) else []
     if rough:
         notes.append("the fit left the data unexplained while " + ", ".join(rough) + " reversed direction within "

@@ -11,8 +11,8 @@ repair), :mod:`.loop`; ``excite``, ``eval`` and ``init`` register themselves fro
 diffsim_ros.excite, diffsim_ros.evaluation and diffsim_ros.init_config.
 
 Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
-through the simulator, exported as a checkpoint), ``baseline`` (the PPO or SAC baseline), ``distill`` (a student on the robot's
-observation taught by a trained teacher),
+through the simulator, exported as a checkpoint), ``baseline`` (the PPO or SAC baseline),
+``distill`` (a student on the robot's observation taught by a trained teacher),
 ``analyze`` (sim-vs-real velocity comparison of a bag), ``sysid`` (calibration on a bag),
 ``bag repair`` (rebuild the index of a bag whose recorder was killed), ``excite`` (an
 identification motion on the MuJoCo stand-in, recorded for ``sysid``), ``export`` (policy.onnx

@@ -146,9 +146,9 @@ def _add_analyze(sub) -> None:
                     "duplicates, out-of-order), replay the recorded commands through the simulator from every "
                     "recorded state 1 and k steps ahead, and report the velocity error per joint or axis (RMSE, "
                     "bias, maximum, growth with the horizon); with --out, write metrics.json, velocity.png, "
-                    "error_vs_horizon.png and report.md. A legged robot's bag (/odom and /joint_states paired by nearest stamp, "
-                    "a floating base with joints) is replayed whole, the base's twist and the joints; its gait "
-                    "(footfall.png, legged.json, legged.md) is reported as well.")
+                    "error_vs_horizon.png and report.md. A legged robot's bag (/odom and /joint_states paired by "
+                    "nearest stamp, a floating base with joints) is replayed whole, the base's twist and the joints; "
+                    "its gait (footfall.png, legged.json, legged.md) is reported as well.")
     _add_bag_args(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: print only)")
     p.add_argument("--horizons", default="1,5,10", metavar="K,K,...",

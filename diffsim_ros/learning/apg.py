@@ -881,7 +881,8 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
         if not math.isfinite(grad_norm):
             opt.zero_grad()
-            raise SimulationError(f"non-finite policy gradient at step {ts.step} (loss {float(objective.detach()):.4g})")
+            raise SimulationError(f"non-finite policy gradient at step {ts.step} "
+                                  f"(loss {float(objective.detach()):.4g})")
         opt.step()
         if critic is not None:
             _fit_critic(critic, critic_opt, policy, cfg, obs_list, loss_list, task, ts, dist)

@@ -140,7 +140,8 @@ def _quiet_jit():
     Python); recent torch releases flag torch.jit as deprecated: keep that note out of the CLI."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message=r".*is deprecated.*torch\.(compile|export)", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r".*is deprecated.*torch\.(compile|export)",
+                                category=DeprecationWarning)
         yield
 
 
@@ -621,7 +622,8 @@ def initial_weights(path_or_dir: PathLike, task, hidden: Sequence[int], normaliz
                               f"{spec['observation']['dim']}" + (f" (first differences, checkpoint / run: "
                                                                   f"{'; '.join(diff)})" if diff else ""))
     state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    body = sorted((int(k.split(".")[1]), v) for k, v in state.items() if k.startswith("body.") and k.endswith(".weight"))
+    body = sorted((int(k.split(".")[1]), v) for k, v in state.items()
+                  if k.startswith("body.") and k.endswith(".weight"))
     layers = [int(v.shape[0]) for _, v in body]
     if layers != [int(h) for h in hidden]:
         raise CheckpointError(f"{where}: its hidden layers are {layers}, this run's training.hidden is "

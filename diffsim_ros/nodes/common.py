@@ -40,8 +40,8 @@ Process
     StartupError: a node that cannot start with its parameters (message printed, exit 2).
     run_node(factory, args=None, name="node") -> exit status: rclpy.init, the node, a
         spin loop that ends on SIGINT/SIGTERM (our handlers; then ``node.drain_seconds`` more
-        of spinning if set, and the node's ``close()`` before shutdown, e.g. to close a bag), errors at start printed as ``error: ...``
-        with status 2, never a traceback for bad configuration.
+        of spinning if set, and the node's ``close()`` before shutdown, e.g. to close a bag), errors
+        at start printed as ``error: ...`` with status 2, never a traceback for bad configuration.
 
 rclpy and the message packages are imported inside the functions, so this module
 imports where ROS is absent (the pure helpers then still work).

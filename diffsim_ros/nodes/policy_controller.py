@@ -1018,7 +1018,8 @@ def make_node_class():
                             st.message += "; the control timer's clock stopped"
                     elif self.mode == "excite":
                         st.level = DiagnosticStatus.OK
-                        st.message = "excitation finished: holding" if self.runner.finished else "running the excitation"
+                        st.message = ("excitation finished: holding" if self.runner.finished
+                                      else "running the excitation")
                     else:
                         st.level, st.message = DiagnosticStatus.OK, "running the policy"
                         goal = None if self.velocity is None else self.velocity.goal(time.monotonic_ns())

@@ -153,7 +153,8 @@ def _qos_to_rosbags(qos):
 
     zero = QosTime(0, 0)
     rel = {ReliabilityPolicy.RELIABLE: QosReliability.RELIABLE,
-           ReliabilityPolicy.BEST_EFFORT: QosReliability.BEST_EFFORT}.get(qos.reliability, QosReliability.SYSTEM_DEFAULT)
+           ReliabilityPolicy.BEST_EFFORT: QosReliability.BEST_EFFORT}.get(qos.reliability,
+                                                                          QosReliability.SYSTEM_DEFAULT)
     dur = {DurabilityPolicy.TRANSIENT_LOCAL: QosDurability.TRANSIENT_LOCAL,
            DurabilityPolicy.VOLATILE: QosDurability.VOLATILE}.get(qos.durability, QosDurability.SYSTEM_DEFAULT)
     hist = {HistoryPolicy.KEEP_LAST: QosHistory.KEEP_LAST,

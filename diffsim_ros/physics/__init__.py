@@ -24,7 +24,8 @@ from .simulator import SimConfig, SimulationError, Simulator, State, Trajectory
 from .system import ContactSet, System, build_system
 
 __all__ = [
-    "ContactSet", "Data", "Kinematics", "System", "build_system", "applied_forces", "check_finite", "kinematics", "step",
+    "ContactSet", "Data", "Kinematics", "System", "build_system", "applied_forces", "check_finite", "kinematics",
+    "step",
     "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError", "Simulator", "State", "Trajectory",
     "Collision", "Model", "RobotDescription", "UrdfError",
     "aba", "body_placements", "body_states", "build_model", "crba", "forward_kinematics", "joint_placements",

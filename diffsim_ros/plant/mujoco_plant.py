@@ -200,9 +200,9 @@ class MujocoPlant:
         interface = cfg.actuator if interface is None else interface
         if interface not in self.interfaces:
             key = "interface" if interface != cfg.actuator else "simulator.actuator"
+            rotor_hint = "; rotor interfaces need a simulator.rotors section" if interface in ROTOR_INTERFACES else ""
             raise ConfigError(f"{{key}}: the plant of '{pm.name}' cannot take '{interface}' commands "
-                              f"(it accepts: {', '.join(self.interfaces) or 'nothing'}"
-                              f"{'; rotor interfaces need a simulator.rotors section' if interface in ROTOR_INTERFACES else ''})",
+                              f"(it accepts: {', '.join(self.interfaces) or 'nothing'}{rotor_hint})",
                               key, source)
         self.interface = interface
         self.torque_lag = cfg.actuator_lag if self.perturbation.actuator_lag is None else self.perturbation.actuator_lag
@@ -432,7 +432,8 @@ class MujocoPlant:
         self._initial_q = self._as_q(q) if q is not None else self.physics_model.neutral_configuration().numpy()
         self._initial_v = self._as_v(v) if v is not None else np.zeros(self.nv)
 
-    def reset(self, q: Optional[Sequence[float]] = None, v: Optional[Sequence[float]] = None) -> Union[JointState, BaseState]:
+    def reset(self, q: Optional[Sequence[float]] = None,
+              v: Optional[Sequence[float]] = None) -> Union[JointState, BaseState]:
         """Back to time 0 at ``q``, ``v`` (default: the initial state): rotors at hover speed
         for the true mass, torque lag at zero, the command line filled with the hold command
         (hover thrust; the current joint positions; zero velocity/effort), noise re-seeded.

@@ -7,9 +7,10 @@ height, averaged over the episode, plus a small regulariser on the action and, w
 with ``drift_weight``, the base's horizontal speed squared (a jump in place: without it a policy may
 hop on in a run that carries it away and tips it over after the judged second). Every step counts,
 so a push-off is rewarded at once by the apex it sets up, and the flight (whose ascent holds the
-apex) outweighs standing tall on extended legs. There is no term on legs, phases, contacts or posture: crouching, pushing off and the flight come from the apex
-through the contact model. (The episode's maximum alone, the running maximum's rise per
-step, gave no gradient while the robot stood: the trainer never left the stance.)
+apex) outweighs standing tall on extended legs. There is no term on legs, phases, contacts or
+posture: crouching, pushing off and the flight come from the apex through the contact model.
+(The episode's maximum alone, the running maximum's rise per step, gave no gradient while the
+robot stood: the trainer never left the stance.)
 
 Success (independent of training, :func:`jump_metric`): the base rises at least ``min_apex``
 m above its standing height while every foot is off the ground at that step (a flight, not

@@ -549,7 +549,8 @@ def test_position_rate_limit_moves_commands_at_most_the_velocity_limit_per_step(
             out.append((tick.policy, tick.command))
         return out
 
-    limited = run(SupervisorConfig(position_rate_limit=True, recover_states=1), ["state"] * 5 + ["stale"] + ["state"] * 3)
+    limited = run(SupervisorConfig(position_rate_limit=True, recover_states=1),
+                  ["state"] * 5 + ["stale"] + ["state"] * 3)
     prev = np.zeros(n)                       # the measured position
     for policy, cmd in limited:
         if not policy:

@@ -564,9 +564,10 @@ def test_an_unsolved_attempt_starts_again_from_a_fresh_policy_and_a_resumed_run_
     the iteration) with the optimiser's moments forgotten. On a reach that cannot be solved in 7
     iterations of 8 steps, with restart_after 3: after iterations 3 and 6 the policy is that fresh
     one (after 1, 2, 4 it is not, nor after 3 without restarts); a run stopped after iteration 4
-    (a resumed run that counted its attempt from the start would restart after 5) and resumed from its checkpoint ends with the uninterrupted run's weights and rows (the resumed
-    run finds where its attempt began from the history); restart_after without stop_at_success is
-    refused by name."""
+    (a resumed run that counted its attempt from the start would restart after 5) and resumed from
+    its checkpoint ends with the uninterrupted run's weights and rows (the resumed run finds where
+    its attempt began from the history); restart_after without stop_at_success is refused by
+    name."""
     import dataclasses
 
     from diffsim_ros.learning import apg

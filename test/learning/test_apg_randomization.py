@@ -90,8 +90,9 @@ def test_randomised_hover_transfers_where_the_nominally_trained_one_does_not():
     preset (each field drawn between no perturbation and the preset's value, latency at least one
     5 ms substep; seed printed), the shipped hover (trained with training.randomize_* and
     sensor_noise) keeps at least 0.8 of its simulator success, while the policy trained on the
-    nominal model alone (test/data/hover_nominal, the hover shipped before) does not: a latency of a few ms turns its high-gain loop into a limit cycle 10-17 cm from the
-    setpoint, the same in the simulator with that latency (tested with it below)."""
+    nominal model alone (test/data/hover_nominal, the hover shipped before) does not: a latency of
+    a few ms turns its high-gain loop into a limit cycle 10-17 cm from the setpoint, the same in
+    the simulator with that latency (tested with it below)."""
     import random
 
     from diffsim_ros.evaluation import evaluate_on_standin

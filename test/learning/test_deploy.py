@@ -222,8 +222,8 @@ def test_rebuilds_task_without_stored_config(hover_ckpt, tmp_path):
 @pytest.mark.slow
 def test_compiled_prediction_equals_eager_prediction(hover_ckpt):
     """PolicyRunner(compile_prediction=True) predicts through the step compiled ahead of time
-    (ExportedStep, float64, one environment): the same command, and the same next state as the eager runner to round-off, twice in a row
-    (the rotor speeds carried on)."""
+    (ExportedStep, float64, one environment): the same command, and the same next state as the
+    eager runner to round-off, twice in a row (the rotor speeds carried on)."""
     d, _, _ = hover_ckpt
     eager, compiled = PolicyRunner(d), PolicyRunner(d, compile_prediction=True)
     p, quat, vl, w = [0.1, -0.2, 0.9], [0.05, 0.0, 0.0, 1.0], [0.2, 0.0, -0.1], [0.1, 0.3, 0.0]

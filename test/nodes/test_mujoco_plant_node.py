@@ -57,7 +57,8 @@ def test_quadrotor_lockstep_process_one_state_per_command(ros, tmp_path):
 
     env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), PYTHONUNBUFFERED="1")
     log = open(tmp_path / "plant.log", "w")
-    proc = subprocess.Popen([console_script("mujoco_plant"), "--ros-args", "--params-file", str(REPO_ROOT / "config/hover.yaml"),
+    proc = subprocess.Popen([console_script("mujoco_plant"), "--ros-args",
+                             "--params-file", str(REPO_ROOT / "config/hover.yaml"),
                              "-p", "mode:=lockstep", "-p", "initial_positions:=[0.0, 0.0, 1.0]",
                              "-p", "lockstep_republish_s:=0.2"], env=env, stdout=log, stderr=subprocess.STDOUT)
     node = rclpy.create_node("plant_tester", context=ros)
@@ -342,7 +343,8 @@ def test_plant_node_takes_a_number_wherever_the_schema_does(ros):
     try:
         got = {k: node.get_parameter(k).value for k in given}
         assert list(got["perturbation.sensor_noise"]) == [0.001, 0.001]
-        assert list(got["perturbation.wind_force"]) == [0.0, 0.0, 1.0] and list(got["initial_positions"]) == [0, 1, 0, 0]
+        assert (list(got["perturbation.wind_force"]) == [0.0, 0.0, 1.0]
+                and list(got["initial_positions"]) == [0, 1, 0, 0])
         assert got["perturbation.latency"] == 0.0 and isinstance(got["perturbation.latency"], float)
         assert got["perturbation.seed"] == 3 and isinstance(got["perturbation.seed"], int)
         assert got["real_time_factor"] == 2.0 and isinstance(got["real_time_factor"], float)

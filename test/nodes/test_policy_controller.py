@@ -436,8 +436,8 @@ def test_lockstep_answers_a_republished_state_once_the_gates_open(ros, ckpts):
 def test_excite_mode_sends_the_excitation_through_the_same_path(ros):
     """mode excite: no checkpoint; the commands on the controller's output topic and on
     /diffsim/command are the excitation's own sequence (a separate ArmExcitation of the same
-    settings: the node and the supervisor pass it on unchanged), the metadata says so and carries the config for sysid, and the e-stop and
-    a NaN state still give the safe hold."""
+    settings: the node and the supervisor pass it on unchanged), the metadata says so and carries
+    the config for sysid, and the e-stop and a NaN state still give the safe hold."""
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float64MultiArray, String
     from std_srvs.srv import SetBool

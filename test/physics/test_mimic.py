@@ -361,9 +361,10 @@ def test_the_stand_in_couples_the_panda_finger_as_the_simulator_does(robots_dir)
     (multiplier 1, offset 0): under random position targets held 0.2 s each (seed printed), moving
     the arm and opening and closing the gripper, MuJoCo's equality constraint keeps the follower on
     its leader within 3 mm at the end of each hold and within 1 cm while the arm accelerates (the
-    constraint is soft: time constant two substeps, and the fingers weigh 15 g each), and the leaders' trajectory matches the simulator's (one coordinate for
-    both fingers). With the coupling switched off the same motion leaves the follower more than
-    6 mm off at the end of a hold (the targets keep the fingers 8-32 mm open; the check can fail).
+    constraint is soft: time constant two substeps, and the fingers weigh 15 g each), and the
+    leaders' trajectory matches the simulator's (one coordinate for both fingers). With the
+    coupling switched off the same motion leaves the follower more than 6 mm off at the end of a
+    hold (the targets keep the fingers 8-32 mm open; the check can fail).
     Gains kp 50, kd 10: over 164 seeds the arm and leader stayed within 2.4e-3 of the simulator,
     the follower within 0.75 mm (held) and 1.8 mm (moving). At kp 200 three seeds in 32 (246085998,
     126, 112) left the engines 5e-3-0.08 apart: every drive saturating at once against the soft

@@ -197,7 +197,8 @@ def test_contact_blocks_equal_the_point_jacobian_sums(robots):
             if select:
                 assert c.groups is not None and len(c.groups) < sys.model.nb, (name, c.groups)
             lam = c.flat(sys.contact, c.normal, 0.0)[:, 0]
-            torch.testing.assert_close(lam, torch.relu(cfg.contact_stiffness * pen ** 2 - cfg.contact_damping * pen * vn))
+            torch.testing.assert_close(lam, torch.relu(cfg.contact_stiffness * pen ** 2
+                                                       - cfg.contact_damping * pen * vn))
             C = cfg.friction * lam / torch.sqrt((vt ** 2).sum(-1) + cfg.friction_smoothing ** 2)
             want = torch.einsum("p,pid,ij,pje->de", C, J, Pm, J)
             on = (lam > 0).to(F64)

@@ -88,10 +88,11 @@ def _arm_params():
 DRAWS = 512
 #: (90th percentile, maximum) over DRAWS draws of the error with the iterations, and the 99th
 #: percentile the peer without them must exceed. Surveyed over 200 batches of 512 draws (limits
-#: on) and 100 (limits off; ``python bench/servo_solve.py --survey N`` prints these ranges): with 4 iterations the per-batch 90th percentile 0.23-0.27 (on) and 0.35-0.39
-#: (off), the maximum 0.42-0.81 and 0.47-0.79; without them the 99th percentile 1.7-2.3 (on) and
-#: 5.9-13 (off: a light joint flipping between substeps). The tail past 0.5 is the 10 ms implicit
-#: step's own error: iterated to convergence (32 iterations), 0.1 % of draws still exceed 0.5.
+#: on) and 100 (limits off; ``python bench/servo_solve.py --survey N`` prints these ranges): with
+#: 4 iterations the per-batch 90th percentile 0.23-0.27 (on) and 0.35-0.39 (off), the maximum
+#: 0.42-0.81 and 0.47-0.79; without them the 99th percentile 1.7-2.3 (on) and 5.9-13 (off: a light
+#: joint flipping between substeps). The tail past 0.5 is the 10 ms implicit step's own error:
+#: iterated to convergence (32 iterations), 0.1 % of draws still exceed 0.5.
 BOUND = {False: (0.45, 1.0), True: (0.35, 1.0)}
 PEER_P99 = {False: 3.0, True: 1.2}
 

@@ -271,7 +271,8 @@ def _pogo_urdf(body_mass, foot_mass, radius):
     """A body on a vertical slider with a light foot under it on a sprung prismatic leg."""
     def inertial(m):
         i = 0.4 * m * radius ** 2
-        return f'<inertial><mass value="{m}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" ixy="0" ixz="0" iyz="0"/></inertial>'
+        return (f'<inertial><mass value="{m}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" '
+                'ixy="0" ixz="0" iyz="0"/></inertial>')
     return f"""<robot name="pogo"><link name="world"/>
   <link name="body">{inertial(body_mass)}</link>
   <link name="foot">{inertial(foot_mass)}<collision><geometry><sphere radius="{radius}"/></geometry></collision></link>
@@ -311,7 +312,8 @@ def test_light_foot_under_a_heavy_body_rests_at_the_analytic_penetration():
         foot_pen = r - float(tr.final.q[0, 0] - 0.2 + tr.final.q[0, 1])
         results[implicit] = (foot_pen, float(tr.v[50:].abs().max()))
     foot_pen, speed = results[True]
-    assert abs(foot_pen - pen) < 1e-4 * pen, f"M {M:.3f} kg, m {m * 1e3:.2f} g: penetration {foot_pen:.6e}, want {pen:.6e}"
+    assert abs(foot_pen - pen) < 1e-4 * pen, (f"M {M:.3f} kg, m {m * 1e3:.2f} g: penetration {foot_pen:.6e}, "
+                                              f"want {pen:.6e}")
     assert speed < 1e-4, f"M {M:.3f} kg, m {m * 1e3:.2f} g: still moving at {speed:.2e} m/s"
     assert results[False][1] > 0.05, f"the explicit penalty held the {m * 1e3:.2f} g foot still ({results[False]})"
 

@@ -530,7 +530,8 @@ def test_box_slides_down_a_tilted_plane_at_coulomb_acceleration():
     measured 7e-5: the friction at its base pitches it onto its front corners
     by their difference in penetration)."""
     dt = 1e-3
-    sim, tr, along, height, pen = _on_slope(box_urdf(1.0, (0.2, 0.2, 0.05)), 0.2, 0.025, 4, ground_height=0.5, steps=200, dt=dt)
+    sim, tr, along, height, pen = _on_slope(box_urdf(1.0, (0.2, 0.2, 0.05)), 0.2, 0.025, 4, ground_height=0.5,
+                                            steps=200, dt=dt)
     a, v = _acceleration(along, dt, 0.05, 0.199)
     expected = G * (math.sin(TILT) - 0.2 * math.cos(TILT))
     assert abs(a / expected - 1) < 0.02, f"slides at {a:.4f} m/s^2, Coulomb predicts {expected:.4f}"

@@ -188,7 +188,8 @@ def _spinner_urdf(directory, friction: float, inertia: float = 0.01, damping: fl
     <dynamics damping="{damping}" friction="{friction}"/>
   </joint>
   <link name="disc">
-    <inertial><mass value="1.0"/><inertia ixx="{inertia}" iyy="{inertia}" izz="{inertia}" ixy="0" ixz="0" iyz="0"/></inertial>
+    <inertial><mass value="1.0"/><inertia ixx="{inertia}" iyy="{inertia}" izz="{inertia}" \
+ixy="0" ixz="0" iyz="0"/></inertial>
   </link>
 </robot>"""
     path = Path(directory) / "spinner.urdf"

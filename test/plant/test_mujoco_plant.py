@@ -337,7 +337,8 @@ def test_bad_commands_are_rejected_with_the_reason():
 # ============================================================ bad configuration
 @pytest.mark.parametrize("change, key", [
     (lambda p: p["simulator"].update(kp=[1.0, 2.0]), "'simulator.kp'"),
-    (lambda p: p["simulator"].update(actuator="ctbr"), "'simulator.actuator' is 'ctbr', which needs a 'rotors' section"),
+    (lambda p: p["simulator"].update(actuator="ctbr"),
+     "'simulator.actuator' is 'ctbr', which needs a 'rotors' section"),
     (lambda p: p["simulator"].update(dt=-1.0), "'simulator.dt' must be > 0 s"),
     (lambda p: p["simulator"].update(actuated_joints=["arm_joint9"]), "'simulator.actuated_joints'"),
     (lambda p: p.update(urdf="urdf/nope.urdf"), "'urdf'"),
