@@ -35,7 +35,7 @@ and outputs reduced. Without mimic joints every map is skipped.
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple, cast, overload
 
 import torch
 
@@ -205,31 +205,39 @@ def _full_q(model: Model, qf: torch.Tensor) -> torch.Tensor:
     """Reduced batch-last q (nq, B) -> the full tree's (nq_full, B); q itself without mimic joints."""
     if not model.mimic_joints:
         return qf
-    G, c = model.mimic_G, model.mimic_offset[:, None]
+    G, c = cast(torch.Tensor, model.mimic_G), cast(torch.Tensor, model.mimic_offset)[:, None]   # set with mimic
     if model.floating_base:
         return torch.cat((qf[0:7], G[6:, 6:] @ qf[7:]), 0) + c
     return G @ qf + c
+
+
+@overload
+def _full_v(model: Model, vf: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _full_v(model: Model, vf: None) -> None: ...
+@overload
+def _full_v(model: Model, vf: Optional[torch.Tensor]) -> Optional[torch.Tensor]: ...
 
 
 def _full_v(model: Model, vf: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Reduced batch-last v or a (nv, B) -> the full tree's (nv_full, B): G v."""
     if not model.mimic_joints or vf is None:
         return vf
-    return model.mimic_G @ vf
+    return cast(torch.Tensor, model.mimic_G) @ vf                   # set with mimic joints
 
 
 def _reduce(model: Model, tau: torch.Tensor) -> torch.Tensor:
     """Full-tree generalised forces (nv_full, B) -> reduced (nv, B): G^T tau."""
     if not model.mimic_joints:
         return tau
-    return model.mimic_G.T @ tau
+    return cast(torch.Tensor, model.mimic_G).T @ tau                # set with mimic joints
 
 
 def _reduce_matrix(model: Model, M: torch.Tensor) -> torch.Tensor:
     """Full-tree joint-space matrix (nv_full, nv_full, B) -> reduced (nv, nv, B): G^T M G."""
     if not model.mimic_joints:
         return M
-    G = model.mimic_G
+    G = cast(torch.Tensor, model.mimic_G)                           # set with mimic joints
     return torch.einsum("ia,ijb,jc->acb", G, M, G)
 
 
@@ -652,14 +660,16 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
     vel = _tree_sum(topo.anc, vJ)
     # Pass 1 (vectorised over bodies): bias accelerations c and bias forces pA.
     c = _cross_motion(vel, vJ)
-    pA = _cross_force(vel, _mv(I, vel))
+    pA0 = _cross_force(vel, _mv(I, vel))
     if f_ext is not None:
-        pA = pA - _shift_wrench(f_ext, o)
-    pA = list(pA.unbind(0))
+        pA0 = pA0 - _shift_wrench(f_ext, o)
+    pA = list(pA0.unbind(0))
     IA = list(I.unbind(0))
     free = model.joint_type[0] == "free"
     # Pass 2, leaves to root: articulated-body inertias IA and bias forces pA.
-    U, D, u = [None] * nb, [None] * nb, [None] * nb
+    U: List[Optional[torch.Tensor]] = [None] * nb              # None: the free-flyer root's (not used)
+    D: List[Optional[torch.Tensor]] = [None] * nb
+    u: List[Optional[torch.Tensor]] = [None] * nb
     for i in reversed(range(nb)):
         pi = model.parent[i]
         k = model.v_start[i]
@@ -692,7 +702,8 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
         else:
             ai = (acc[pi] if pi >= 0 else a0) + c[i]
             s = S[model.v_start[i]]
-            x = (u[i] - (U[i] * ai).sum(0)) / D[i]
+            Ui, Di, ui = cast(torch.Tensor, U[i]), cast(torch.Tensor, D[i]), cast(torch.Tensor, u[i])  # set in pass 2
+            x = (ui - (Ui * ai).sum(0)) / Di
             ai = ai + x * s
             qdd.append(x[None])
         acc.append(ai)

@@ -43,7 +43,7 @@ import platform
 import tempfile
 import types
 import warnings
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import torch
 
@@ -131,7 +131,7 @@ def _flags(new: State, data, action, watch: Optional[System], inside: Optional[t
     if watch is None:
         return finite, None, None
     near = _near_groups(watch, data.kin)
-    return finite, near, (near & ~inside).any()
+    return finite, near, (near & ~cast(torch.Tensor, inside)).any()   # inside: given with watch
 
 
 def _small_batch_options(device: torch.device, batch: int) -> dict:
@@ -172,7 +172,9 @@ class _Graphs:
         mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
         fake = [mode.from_tensor(x, static_shapes=True).requires_grad_(f and train) for x, f in zip(inputs, floating)]
         with tracing():
-            graph = aot_export_joint_simple(fn, fake, trace_joint=train, decompositions=select_decomp_table())
+            graph = cast(torch.fx.GraphModule, aot_export_joint_simple(     # a GraphModule (torch's hint: Callable)
+                fn, fake,  # type: ignore[arg-type]  # a list: torch's hint says tuple, its code takes either
+                trace_joint=train, decompositions=select_decomp_table()))
         config = {"cpp_wrapper": bool(options.get("cpp_wrapper"))}
         config.update({k: v for k, v in options.items() if k.startswith("cpp.")})
 
@@ -195,6 +197,10 @@ class _Graphs:
         if self.backward is None:
             return self.forward(list(inputs))
         return _GraphStep.apply(self, *inputs)
+
+
+#: What CompiledStep._trace makes of a signature: the graphs and which of the step's outputs are tensors.
+_Traced = Tuple[_Graphs, Tuple[bool, ...]]
 
 
 class _GraphStep(torch.autograd.Function):
@@ -273,9 +279,9 @@ class CompiledStep:
         self._options = {"guard_filter_fn": _input_guards(self._flat)}
         if cpp_wrapper and self._cpu:
             self._options["cpp_wrapper"] = True
-        self._fns = {}
+        self._fns: Dict[bool, Callable[..., Any]] = {}   # small batch? -> the torch.compile'd step
         self._direct = self._cpu if direct is None else direct
-        self._graphs: Dict[tuple, object] = {}      # input signature -> _Graphs (False: fall back)
+        self._graphs: Dict[tuple, Union[_Traced, Literal[False]]] = {}   # input signature -> (False: fall back)
         self._subsets = watch is None and _chooses_groups(sys)
         self._near: Dict[tuple, Optional[tuple]] = {}   # batch shape -> groups seen near (None: every group)
         self._by_groups: Dict[Optional[tuple], "CompiledStep"] = {}
@@ -307,11 +313,11 @@ class CompiledStep:
                 return tuple(next(out) if kept else None for kept in graphs[1])
         return self._compiled(state.q[..., 0].numel())(*inputs)
 
-    def _trace(self, inputs, tensors, train: bool):
+    def _trace(self, inputs, tensors, train: bool) -> Union[_Traced, Literal[False]]:
         """(_Graphs, which of the step's outputs are tensors) for this signature, or False
         (with a warning) where tracing or compiling them failed: torch.compile steps then."""
         present = [x is not None for x in inputs]
-        kept = []
+        kept: List[bool] = []
         flat = self._flat
 
         def fn(*xs):
@@ -516,7 +522,8 @@ class ExportedStep:
         else:
             self._groups[shape] = None
         outs = iter(outs)
-        new = State(**{f: (next(outs) if p else None) for f, p in zip(_OUT_FIELDS, present)}, latency=state.latency)
+        new = State(**{f: (next(outs) if p else None)  # type: ignore[arg-type]  # q and v: always present
+                       for f, p in zip(_OUT_FIELDS, present)}, latency=state.latency)
         qdd, finite = next(outs), next(outs)
         if self.nan_check and not bool(finite):
             guard(state, new, action, qdd)

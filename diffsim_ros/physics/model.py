@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypedDict, cast
 
 import numpy as np
 import torch
@@ -144,16 +144,16 @@ class Model:
         ``multiplier * q_leader + offset`` (q itself without mimic joints)."""
         if not self.mimic_joints:
             return q
-        G = self.mimic_G
+        G, c = cast(torch.Tensor, self.mimic_G), cast(torch.Tensor, self.mimic_offset)   # set with mimic joints
         if self.floating_base:
-            return torch.cat((q[..., 0:7], q[..., 7:] @ G[6:, 6:].T), -1) + self.mimic_offset
-        return q @ G.T + self.mimic_offset
+            return torch.cat((q[..., 0:7], q[..., 7:] @ G[6:, 6:].T), -1) + c
+        return q @ G.T + c
 
     def full_velocity(self, v: torch.Tensor) -> torch.Tensor:
         """Reduced v (or an acceleration) (..., nv) -> full tree (..., nv_full): ``G v``."""
         if not self.mimic_joints:
             return v
-        return v @ self.mimic_G.T
+        return v @ cast(torch.Tensor, self.mimic_G).T              # set with mimic joints
 
     @property
     def dtype(self) -> torch.dtype:
@@ -169,7 +169,7 @@ class Model:
 
     def to(self, dtype: Optional[torch.dtype] = None, device=None) -> "Model":
         """The same model with every tensor moved to ``dtype`` and/or ``device``."""
-        changes = {}
+        changes: Dict[str, Any] = {}                                # field name -> the moved tensor
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
             if isinstance(val, torch.Tensor):
@@ -210,6 +210,21 @@ class Model:
 
 
 # ---------------------------------------------------------------------- building
+class _MimicFields(TypedDict, total=False):
+    """The mimic fields of a :class:`Model` as :func:`build_model` passes them (none without
+    mimic joints)."""
+    mimic_G: torch.Tensor
+    mimic_offset: torch.Tensor
+    mimic_joints: Tuple[str, ...]
+    mimic_leader: Tuple[str, ...]
+
+
+class _MimicMap(TypedDict):
+    """The constant coordinate map of :func:`_mimic_map`: v_full = G v, q_full = G q + offset."""
+    G: np.ndarray           # (nv_full, nv)
+    offset: np.ndarray      # (nq_full,)
+
+
 def _origin_np(origin) -> Tuple[np.ndarray, np.ndarray]:
     return rpy_to_matrix(origin.rpy), np.asarray(origin.xyz, dtype=np.float64)
 
@@ -310,11 +325,11 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
 
     q_start, v_start = [], []
     nq = nv = 0
-    for t in jtype:
+    for typ in jtype:
         q_start.append(nq)
         v_start.append(nv)
-        nq += 7 if t == "free" else 1
-        nv += 6 if t == "free" else 1
+        nq += 7 if typ == "free" else 1
+        nv += 6 if typ == "free" else 1
 
     link_index = {n: i for i, n in enumerate(link_names)}
     collisions = []
@@ -343,9 +358,9 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
     lower = torch.where(cont, torch.full_like(lower, -np.inf), lower)
     upper = torch.where(cont, torch.full_like(upper, np.inf), upper)
     damping, friction = jt("damping"), jt("friction")
-    mimic = {}
+    mimic: _MimicFields = {}
     if mimic_of:
-        mimic = _mimic_map(joints, indep, mimic_of, floating_base, nq, nv)
+        coupling = _mimic_map(joints, indep, mimic_of, floating_base, nq, nv)
         # A mimic joint's viscous damping d and Coulomb friction f act on the leader through
         # the coupling: G^T (-d G v) adds multiplier^2 d, G^T (-f sign(G v)) adds |multiplier| f.
         col = {j.name: k for k, j in enumerate(indep)}
@@ -356,9 +371,9 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
                 extra_d[col[lead]] += mult * mult * j.damping
                 extra_f[col[lead]] += abs(mult) * j.friction
         damping, friction = damping + t(extra_d), friction + t(extra_f)
-        mimic = dict(mimic_G=t(mimic["G"]), mimic_offset=t(mimic["offset"]),
-                     mimic_joints=tuple(j.name for j in joints if j.name in mimic_of),
-                     mimic_leader=tuple(mimic_of[j.name][0] for j in joints if j.name in mimic_of))
+        mimic = _MimicFields(mimic_G=t(coupling["G"]), mimic_offset=t(coupling["offset"]),
+                             mimic_joints=tuple(j.name for j in joints if j.name in mimic_of),
+                             mimic_leader=tuple(mimic_of[j.name][0] for j in joints if j.name in mimic_of))
         nq, nv = nq - len(mimic_of), nv - len(mimic_of)
 
     return Model(
@@ -425,7 +440,7 @@ def _resolve_mimic(desc: RobotDescription, joints: List[Joint]) -> Dict[str, Tup
 
 
 def _mimic_map(joints: List[Joint], indep: List[Joint], mimic_of: Dict[str, Tuple[str, float, float]],
-               floating_base: bool, nq_full: int, nv_full: int) -> Dict[str, np.ndarray]:
+               floating_base: bool, nq_full: int, nv_full: int) -> _MimicMap:
     """The constant map from reduced to full coordinates: G (nv_full, nv) with v_full = G v,
     and the offsets (nq_full,) with q_full = G q + offset (base block: identity)."""
     nb_v, nb_q = (6, 7) if floating_base else (0, 0)

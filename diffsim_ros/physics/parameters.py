@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple, cast
 
 import torch
 
 from .algorithms import inertials
+from .quadrotor import RotorConfig, Rotors
 from .system import System, build_system
 
 Tensor = torch.Tensor
+#: ``apply(sys, value) -> System``: the value a tensor, or a number or list (torch.as_tensor's input).
+_Apply = Callable[[System, object], System]
 
 
 @dataclass(frozen=True)
@@ -46,14 +49,14 @@ class Parameter:
     needs: Optional[str]                  # "joints", "rotors", "ground" (contact on), "floating" or None (any)
     nominal: Callable[[System], Tensor]   # (n,) float64
     bounds: Callable[[Tensor], Tuple[Tensor, Tensor]]
-    apply: Callable[[System, Tensor], System]
+    apply: _Apply
     log_space: bool = True
     structural: bool = False              # apply() may rebuild the system (applied before the others)
     time_like: bool = False               # a time constant or a delay: a multi-start grid helps the fit
     differentiable: bool = True           # apply() keeps gradients in the value
     physical_low: bool = False            # the lower bound is the quantity's own limit (a delay is >= 0): a
                                           # fit that ends there found a value, not a bound to widen
-    per_episode: Optional[Callable[[System, Tensor], System]] = None   # apply() of one value per environment,
+    per_episode: Optional[_Apply] = None   # apply() of one value per environment,
                                           # (B, size): see apply_per_episode
 
     def applies(self, sys: System) -> bool:
@@ -278,7 +281,7 @@ def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
     if len(set(batches.values())) > 1:
         raise ValueError(f"per-episode values of different batches: {batches}")
     for n in order:
-        sys = PARAMETERS[n].per_episode(sys, values[n])
+        sys = cast(_Apply, PARAMETERS[n].per_episode)(sys, values[n])   # not None: tested above
     return sys
 
 
@@ -303,9 +306,9 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("drag_scale", "factor on the body drag (linear and quadratic)", "-", "rotors",
               _ones, _scale_bounds(1e-3, 20.0), _drag_scale(), per_episode=_drag_scale(_column)),
     Parameter("drag_linear", "linear body drag per body axis", "N s/m", "rotors",
-              lambda s: _f64(s.rotors.drag_linear.detach()), _abs_bounds(1.0), _drag_linear),
+              lambda s: _f64(cast(Rotors, s.rotors).drag_linear.detach()), _abs_bounds(1.0), _drag_linear),
     Parameter("drag_quadratic", "quadratic body drag per body axis", "N s^2/m^2", "rotors",
-              lambda s: _f64(s.rotors.drag_quadratic.detach()), _abs_bounds(0.5), _drag_quadratic),
+              lambda s: _f64(cast(Rotors, s.rotors).drag_quadratic.detach()), _abs_bounds(0.5), _drag_quadratic),
     Parameter("thrust_scale", "factor on the rotor thrusts and torques (thrust and torque coefficients)", "-",
               "rotors", _ones, _scale_bounds(0.5, 2.0), _thrust_scale),
     Parameter("actuator_lag", "first-order time constant of the joint torques", "s", "joints",
@@ -313,7 +316,7 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
               lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _lag(_scalar), structural=True,
               time_like=True, per_episode=_lag(_column)),
     Parameter("motor_time_constant", "first-order time constant of the rotor speeds", "s", "rotors",
-              lambda s: _f64([s.config.rotors.motor_time_constant]),
+              lambda s: _f64([cast(RotorConfig, s.config.rotors).motor_time_constant]),
               lambda n: (torch.full_like(n, 1e-3), 10.0 * n + 0.1), _motor_lag(_scalar), structural=True,
               time_like=True, per_episode=_motor_lag(_column)),
     Parameter("contact_stiffness", "ground contact stiffness k in lambda_n = k max(0, -gap)^2 "

@@ -16,7 +16,7 @@ the accelerations and the contact quantities.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple, cast
 
 import torch
 
@@ -71,7 +71,7 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
         # placements (calibration changes inertial parameters, never the kinematic tree).
         gravity = gravity_joint_forces(sys.nominal, kin.S, kin.inertia(sys.nominal)).T[:, nb:]
     a = actuation(sys, q, v, command, act, h, gravity)
-    tau = aerodynamics(sys, v, a.speed) if a.tau is None else a.tau
+    tau = aerodynamics(sys, v, cast(torch.Tensor, a.speed)) if a.tau is None else a.tau   # rotors: speed, no tau
     D = K = None
     if m.nj:
         qj = q[:, 7:] if nb else q
@@ -108,21 +108,21 @@ def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
     a predicted end of the substep (accelerations qdd, batch-last): each call moves them half way
     to servo_slope's secants there (relaxed, so that the iteration settles where a plain one
     would alternate between a flat and a steep secant)."""
-    nb, idx, servo = sys.nbase, sys.act_index, f.servo
-    cur = [servo.slope, servo.brake]
+    nb, idx, servo = sys.nbase, sys.act_index, cast(Servo, f.servo)   # made for a servo to re-linearise
+    cur: List[Optional[torch.Tensor]] = [servo.slope, servo.brake]
 
     def refine(qdd: torch.Tensor):
         va_next = (v + h * qdd.T)[:, nb:][:, idx]
         slope, brake = servo_slope(sys, servo, va_next, h)
         cur[0] = laws.relaxed(cur[0], slope)
-        ds = cur[0] - servo.slope
+        ds = cast(torch.Tensor, cur[0]) - servo.slope
         dd = sys.kd * ds
         if brake is not None:
             cur[1] = laws.relaxed(cur[1], brake)
-            dd = dd + (cur[1] - servo.brake)
+            dd = dd + (cast(torch.Tensor, cur[1]) - cast(torch.Tensor, servo.brake))   # only a braked servo gets one
         zero = torch.zeros_like(v[:, nb:])
-        D = f.D + _pad(sys, zero.index_add(-1, idx, dd))
-        K = f.K
+        D = cast(torch.Tensor, f.D) + _pad(sys, zero.index_add(-1, idx, dd))   # a servo comes with D and K
+        K = cast(torch.Tensor, f.K)
         if sys.config.actuator == "position":
             K = K + _pad(sys, zero.index_add(-1, idx, sys.kp * ds))
         return D.T, K.T
@@ -175,12 +175,12 @@ def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
     q, v = state.q.reshape(-1, m.nq), state.v.reshape(-1, m.nv)
     B = q.shape[0]
     if cfg.max_latency > 0:
-        commands, delay = latency_commands(sys, delay, action, state.latency)
+        commands, delay = latency_commands(sys, cast(torch.Tensor, delay), action, state.latency)   # a line of K >= 1
         commands = [c.reshape(B, na) for c in commands]
     else:
         if cfg.command_delay > 0:
-            command = delay[..., 0, :]
-            delay = torch.cat((delay[..., 1:, :], action.unsqueeze(-2)), -2)
+            command = cast(torch.Tensor, delay)[..., 0, :]            # the line holds command_delay commands
+            delay = torch.cat((cast(torch.Tensor, delay)[..., 1:, :], action.unsqueeze(-2)), -2)
         else:
             command = action
         commands = [command.reshape(B, na)] * cfg.substeps
@@ -254,10 +254,11 @@ def check_finite(state: State, where: str = "result", **extra: Optional[torch.Te
     """Raise :class:`SimulationError` naming the first environment and quantity that is not
     finite. One host synchronisation when all is well (a sum of everything: any NaN or
     infinity makes it non-finite)."""
-    items = [("action", extra.get("action")), ("qdd", extra.get("qdd")), ("q", state.q), ("v", state.v),
-             ("actuator state", state.actuator)]
-    items = [(n, x) for n, x in items if x is not None]
-    total = sum(x.detach().sum() for _, x in items)
+    named: List[Tuple[str, Optional[torch.Tensor]]] = [
+        ("action", extra.get("action")), ("qdd", extra.get("qdd")), ("q", state.q), ("v", state.v),
+        ("actuator state", state.actuator)]
+    items = [(n, x) for n, x in named if x is not None]
+    total = cast(torch.Tensor, sum(x.detach().sum() for _, x in items))   # a tensor: q and v are always there
     if bool(torch.isfinite(total)):
         return
     bshape = state.q.shape[:-1]

@@ -10,7 +10,7 @@ quat_exp, roll_pitch); test_spatial_maps checks that the two agree.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 from transforms3d import euler, quaternions
@@ -38,7 +38,7 @@ def quat_mul(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     return _xyzw(quaternions.qmult(_wxyz(a), _wxyz(b)))
 
 
-def quat_exp(phi: Sequence[float]) -> np.ndarray:
+def quat_exp(phi: Union[Sequence[float], np.ndarray]) -> np.ndarray:
     """Unit quaternion x, y, z, w of the rotation vector ``phi`` (axis times angle, rad)."""
     phi = np.asarray(phi, dtype=np.float64)
     angle = float(np.linalg.norm(phi))

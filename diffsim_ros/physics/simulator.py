@@ -28,7 +28,7 @@ environment and the quantity.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Union, cast
 
 import torch
 
@@ -43,6 +43,9 @@ from .stages.contact import contact
 from .stages.integration import integrate as _integrate
 from .state import SimulationError, State, Trajectory  # noqa: F401  (re-exported)
 from .system import System, build_system
+
+if TYPE_CHECKING:                       # for the annotations: Simulator imports .compiled when compile is asked for
+    from .compiled import CompiledStep, ExportedStep
 
 # Also importable from here, as before the pipeline had modules of its own.
 __all__ = ["ACTUATORS", "INTEGRATORS", "ConfigError", "RotorConfig", "Rotors", "SimConfig", "SimulationError",
@@ -66,8 +69,8 @@ class Simulator:
         else:
             self.system = build_system(model, config)
         self.last_data: Optional[Data] = None
-        self._compiled = None
-        self._values = None             # the varying parameters' vector the compiled graphs are called with
+        self._compiled: Optional[Union[CompiledStep, ExportedStep]] = None
+        self._values: Optional[torch.Tensor] = None   # the varying parameters' vector the compiled graphs take
         self._base = self.system        # the system those graphs hold (with_values applies values to it)
         if varying and compile is not True:
             raise ValueError("varying parameters are inputs of the compiled step: give compile=True")
@@ -83,6 +86,11 @@ class Simulator:
             if unknown:
                 raise ValueError(f"{unknown}: not parameters the compiled step can take as inputs (the registry's "
                                  "differentiable ones; a lag needs the system's structure to have one)")
+            absent = {n: PARAMETERS[n].needs for n in varying if not PARAMETERS[n].applies(self.system)}
+            if absent:
+                raise ValueError("not parameters of this system: " + ", ".join(
+                    f"'{n}' (needs {need})" for n, need in absent.items())
+                    + "; 'joints' means actuated joints without rotors")
             spec = [(n, PARAMETERS[n].size(self.system)) for n in varying]
             self._compiled = CompiledStep(self.system, varying=spec)
             if spec:
@@ -228,7 +236,7 @@ class Simulator:
             if cfg.actuator == "ctbr":
                 delay[..., 0] = weight
             elif cfg.actuator == "rotor_thrust":
-                delay[...] = (weight[..., None] if weight.dim() else weight) / self.rotors.n
+                delay[...] = (weight[..., None] if weight.dim() else weight) / cast(Rotors, self.rotors).n
             elif cfg.actuator == "position":
                 delay[...] = self.joint_positions(q)[..., self.act_index].unsqueeze(-2)
         t = torch.zeros(bshape, dtype=m.dtype, device=m.device)
@@ -268,8 +276,9 @@ class Simulator:
         """Advance by ``config.dt``: returns a new :class:`State` (the input is not changed).
         The last step's :class:`Data` is kept as ``last_data`` (eager steps only)."""
         if self._compiled is not None:
-            return self._compiled(state, action) if self._values is None else self._compiled(state, action,
-                                                                                             self._values)
+            if self._values is None:
+                return self._compiled(state, action)
+            return cast("CompiledStep", self._compiled)(state, action, self._values)   # values: a CompiledStep's
         action = batch_action(self.system, state, action)
         new, data = pure_step(self.system, state, action)
         self.last_data = data

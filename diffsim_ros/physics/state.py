@@ -36,7 +36,7 @@ class State:
         return dataclasses.replace(self, **kw)
 
     def detach(self) -> "State":
-        return State(*(None if x is None else x.detach()
+        return State(*(None if x is None else x.detach()  # type: ignore[arg-type]  # q and v are never None
                        for x in (self.q, self.v, self.actuator, self.delay, self.t, self.latency)))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -70,10 +70,10 @@ class ContactSet:
         points = [p for p, f in enumerate(self.flat_index.tolist()) if f in slot]
         keep = torch.tensor(points, dtype=torch.long, device=dev)
         flat = torch.tensor([slot[f] for f in self.flat_index[keep].tolist()], dtype=torch.long, device=dev)
-        return ContactSet(self.body[keep], self.local[keep], self.radius[keep], self.pairs,
-                          *(x.index_select(0, index) for x in (self.group_body, self.group_local, self.group_radius,
-                                                               self.group_valid, self.group_center,
-                                                               self.group_reach)), flat)
+        return ContactSet(  # type: ignore[call-arg]  # mypy cannot count the six tensors the generator unpacks
+            self.body[keep], self.local[keep], self.radius[keep], self.pairs,
+            *(x.index_select(0, index) for x in (self.group_body, self.group_local, self.group_radius,
+                                                 self.group_valid, self.group_center, self.group_reach)), flat)
 
 
 def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
@@ -81,7 +81,7 @@ def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
     when no body has that many)."""
     dt, dev = local.dtype, local.device
     bodies = body.tolist()
-    per_body = {}
+    per_body: Dict[int, List[int]] = {}     # body -> its points (flat indices)
     for i, b in enumerate(bodies):
         per_body.setdefault(b, []).append(i)
     size = max([1] + [min(8, len(v)) for v in per_body.values()])
@@ -216,13 +216,14 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
                       group_reach=greach, flat_index=flat)
 
 
-def build_system(model: Model, config: Optional[SimConfig] = None, nominal: Optional[Model] = None) -> System:
+def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = None,
+                 nominal: Optional[Model] = None) -> System:
     """Resolve a :class:`SimConfig` against a model: actuated joints by name, gains per
     joint, contact points from the collision geometry, rotors. Raises ConfigError
     naming the key at fault."""
     cfg = config or SimConfig()
     if isinstance(cfg, dict):
-        cfg = SimConfig.from_dict(cfg)
+        cfg = SimConfig.from_dict(cfg)  # type: ignore[attr-defined]  # from_dict: set by schema.section
     dt, dev = model.dtype, model.device
     model = model.replace(gravity=torch.tensor(cfg.gravity, dtype=dt, device=dev))
     nominal = model if nominal is None else nominal.replace(gravity=model.gravity)

@@ -26,7 +26,7 @@ import struct
 import sys
 import warnings
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -341,16 +341,19 @@ def _num(value, what: str, label: str, where: str, default: Optional[float] = No
     return x
 
 
-def _vec3(values, what: str, label: str, where: str, default=(0.0, 0.0, 0.0)) -> Tuple[float, float, float]:
+_Vec3 = Tuple[float, float, float]
+
+
+def _vec3(values, what: str, label: str, where: str, default=(0.0, 0.0, 0.0)) -> _Vec3:
     if values is None:
-        return tuple(float(v) for v in default)
+        return cast(_Vec3, tuple(float(v) for v in default))         # the defaults are 3-vectors
     try:
         vals = list(values)
     except TypeError:
         raise _fail(label, where, f"{what} is not a 3-vector ({values!r})") from None
     if len(vals) != 3:
         raise _fail(label, where, f"{what} has {len(vals)} numbers, expected 3")
-    return tuple(_num(v, what, label, where) for v in vals)
+    return cast(_Vec3, tuple(_num(v, what, label, where) for v in vals))   # three: checked above
 
 
 def _origin(pose, what: str, label: str, where: str) -> Origin:
@@ -383,7 +386,7 @@ def _build_links(robot, label: str, problems: Dict[str, str]) -> Dict[str, Link]
             raise _fail(label, where, "duplicate link name")
         links[name] = Link(name, _inertial(link.inertial, label, where))
         if links[name].inertial is not None:
-            problem = _inertia_problem(links[name].inertial.inertia)
+            problem = _inertia_problem(cast(Inertial, links[name].inertial).inertia)   # not None: tested
             if problem:
                 problems[name] = problem
     return links
@@ -452,7 +455,7 @@ def _build_joints(robot, label: str) -> List[Joint]:
         norm = math.sqrt(sum(a * a for a in axis))
         if jtype in MOVING_JOINT_TYPES and norm < 1e-9:
             raise _fail(label, where, f"axis is zero ({axis})")
-        axis = tuple(a / norm for a in axis) if norm >= 1e-9 else (1.0, 0.0, 0.0)
+        axis = cast(_Vec3, tuple(a / norm for a in axis)) if norm >= 1e-9 else (1.0, 0.0, 0.0)
 
         lower, upper, velocity, effort = -np.inf, np.inf, np.inf, np.inf
         lim = j.limit
@@ -684,7 +687,7 @@ def _build_collisions(robot, label, base_dir, package_dirs, load_meshes, mesh_li
                 r = _positive(g.radius, "sphere radius", label, cwhere)
                 geoms.append(Geometry(link.name, "sphere", (r,), origin))
             elif isinstance(g, Box):
-                size = _vec3(g.size, "box size", label, cwhere, default=None)
+                size: Tuple[float, ...] = _vec3(g.size, "box size", label, cwhere, default=None)
                 for s in size:
                     if s <= 0:
                         raise _fail(label, cwhere, f"box size must be positive, got {size}")
@@ -710,8 +713,8 @@ def _build_collisions(robot, label, base_dir, package_dirs, load_meshes, mesh_li
                     lo, hi = _mesh_bounds(str(path))
                 except (OSError, ValueError, struct.error) as e:
                     raise _fail(label, cwhere, f"cannot read mesh '{path}': {e}") from None
-                s = np.asarray(scale)
-                corners = np.stack([lo * s, hi * s])
+                sc = np.asarray(scale)
+                corners = np.stack([lo * sc, hi * sc])
                 lo, hi = corners.min(axis=0), corners.max(axis=0)
                 size = tuple(float(max(v, 1e-6)) for v in (hi - lo))
                 centre = (lo + hi) / 2.0
@@ -719,7 +722,8 @@ def _build_collisions(robot, label, base_dir, package_dirs, load_meshes, mesh_li
                 if not (np.all(np.isfinite(xyz)) and all(math.isfinite(v) for v in size)):
                     raise _fail(label, cwhere, f"mesh '{path}' has non-finite bounds")
                 geoms.append(Geometry(link.name, "box", size,
-                                      Origin(tuple(float(v) for v in xyz), origin.rpy), mesh=str(path)))
+                                      Origin(cast(_Vec3, tuple(float(v) for v in xyz)), origin.rpy),
+                                      mesh=str(path)))
                 mesh_links.append(link.name)
             else:
                 raise _fail(label, cwhere, f"unsupported collision geometry {type(g).__name__}")

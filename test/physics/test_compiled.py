@@ -317,3 +317,24 @@ def test_compiled_steps_evaluate_the_near_groups_and_rerun_when_another_comes_ne
     se = follow(low[:1])
     assert ex.reruns == 1 and list(ex._groups.values()) == [None] and ex.built == 2
     assert float(se.v[:, 0].abs().max()) > 1e-3
+
+
+def test_varying_parameters_are_refused_by_name_before_compiling():
+    """``Simulator(..., compile=True, varying=...)`` refuses, before any graph is traced, a name
+    the registry does not have, one it cannot take as an input, and one the system lacks (a
+    rotor's drag or motor lag on the arm, the ground's stiffness without a ground), each named
+    with what it needs; without compile=True varying is refused as well. It raised a bare
+    AttributeError from inside the registry for a parameter of another kind of robot."""
+    arm = physics.load_urdf(str(PROJECT_URDFS["arm"]), dtype=torch.float64)
+    cfg = physics.SimConfig(dt=5e-3, actuator="position", kp=30.0, kd=2.0, ground=False)
+    for names, words in ((["no_such_parameter"], ["no_such_parameter", "compiled step"]),
+                         (["drag_linear", "mass_scale"], ["'drag_linear' (needs rotors)"]),
+                         (["motor_time_constant"], ["'motor_time_constant' (needs rotors)"]),
+                         (["contact_stiffness"], ["'contact_stiffness' (needs ground)"])):
+        with pytest.raises(ValueError) as err:
+            physics.Simulator(arm, cfg, compile=True, varying=names)
+        for w in words:
+            assert w in str(err.value), (names, str(err.value))
+        assert "mass_scale" not in str(err.value)
+    with pytest.raises(ValueError, match="compile=True"):
+        physics.Simulator(arm, cfg, varying=["mass_scale"])

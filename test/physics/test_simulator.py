@@ -730,3 +730,21 @@ def test_joint_limit_penetration_at_rest():
     assert (pen > 0).all(), f"every joint should rest just past its limit: q = {q}"
     np.testing.assert_allclose(pen.numpy(), expected.numpy(), rtol=0.01)
     assert tr.final.v.abs().max() < 1e-3
+
+
+def test_gravity_compensation_on_a_body_without_joints_is_free_fall():
+    """A free box (no joints, nothing for a controller to hold) under ``gravity_compensation``
+    falls as without it, bit for bit, and as the semi-implicit Euler step integrates a constant
+    acceleration: z_n = z0 - g dt^2 n (n + 1) / 2 after n steps (to 1e-9 m; 0.1 s, before the
+    ground). It raised a TypeError on the first step (the gravity torques, absent without joints,
+    were indexed all the same)."""
+    model = physics.load_urdf(box_urdf(1.0, (0.2, 0.2, 0.2)), floating_base=True, dtype=F64)
+    finals = []
+    for compensate in (False, True):
+        sim = physics.Simulator(model, physics.SimConfig(dt=1e-3, gravity_compensation=compensate))
+        tr = _rollout(sim, sim.initial_state(_t([[0, 0, 1.0, 0, 0, 0, 1]])), torch.zeros(1, 0), 100)
+        finals.append(tr.final.q)
+    torch.testing.assert_close(finals[1], finals[0], rtol=0, atol=0)
+    dt = 1e-3
+    expected = 1.0 - G * dt * dt * 100 * 101 / 2
+    assert abs(float(finals[0][0, 2]) - expected) < 1e-9, (float(finals[0][0, 2]), expected)

@@ -13,7 +13,7 @@ the same world-frame quantities, so one substep computes the placements once.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, cast
 
 import torch
 
@@ -22,11 +22,14 @@ from ..kinematics import Kinematics
 from ..spatial import traced
 from ..system import System
 
+#: ``refine(qdd) -> (D, K)`` of :func:`acceleration`.
+Refine = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
+
 
 def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optional[torch.Tensor] = None,
                  h: float = 0.0, D: Optional[torch.Tensor] = None, K: Optional[torch.Tensor] = None,
                  vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None,
-                 refine: Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None,
+                 refine: Optional[Refine] = None,
                  iterations: int = 0, normal_blocks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """qdd (nv, B) from batch-last tau (nv, B), body wrenches f_ext (nb, 6, B) about o, and,
     for the implicit step, h, the diagonals D and K (nv, B), v (nv, B), the friction's damping
@@ -41,14 +44,14 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
         k2 = 2.0 * sys.contact_stiffness
         blocks = blocks.addcmul(normal_blocks, h * sys.contact_damping + h * h * k2)
         if not compiled:
-            # -h E (J v): the bodies' twists through the blocks, a wrench on each body.
-            f_ext = f_ext.addcmul((normal_blocks * kin.vel[:, None]).sum(2), -h * k2)
+            # -h E (J v): the bodies' twists through the blocks, a wrench on each body (f_ext: the contact's).
+            f_ext = cast(torch.Tensor, f_ext).addcmul((normal_blocks * kin.vel[:, None]).sum(2), -h * k2)
     rhs0 = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
     A0 = joint_space_inertia(m, kin.S, blocks)
     if normal_blocks is not None and compiled:
         # The same -h J^T E J v through one more composite pass: Inductor (torch 2.13, CPU)
         # compiled the gradient of the wrench form above wrong (test_compiled compares the two).
-        rhs0 = rhs0 - (h * k2) * (joint_space_inertia(m, kin.S, normal_blocks) * vf[None]).sum(1)
+        rhs0 = rhs0 - (h * k2) * (joint_space_inertia(m, kin.S, normal_blocks) * cast(torch.Tensor, vf)[None]).sum(1)
 
     def solve(D, K):
         A, rhs = A0, rhs0
@@ -64,5 +67,5 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
         return solve_spd(A, rhs)
     qdd = solve(D, K)
     for _ in range(iterations if refine is not None else 0):
-        qdd = solve(*refine(qdd))
+        qdd = solve(*cast(Refine, refine)(qdd))                   # iterations only with a refine
     return qdd

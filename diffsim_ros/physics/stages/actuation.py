@@ -8,11 +8,12 @@ Vectors are batch-first here: q (B, nq), v (B, nv), command (B, action_dim).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, cast
 
 import torch
 
 from .. import laws
+from ..quadrotor import Rotors
 from ..system import System
 
 
@@ -88,9 +89,9 @@ def servo_slope(sys: System, servo: Servo, va_next: torch.Tensor, h: float):
                               va_next, sys.kd, kp, h, sys.effort_limit, vmax, band)
 
 
-def rotor_speeds(sys: System, v: torch.Tensor, command: torch.Tensor, act_state: torch.Tensor, h: float):
+def rotor_speeds(sys: System, v: torch.Tensor, command: torch.Tensor, act_state: Optional[torch.Tensor], h: float):
     """Rotor speeds (B, n) after this substep's motor response, and the new actuator state."""
-    rot, act = sys.rotors, sys.config.actuator
+    rot, act = cast(Rotors, sys.rotors), sys.config.actuator            # a system with rotors
     if act == "ctbr":
         thrust = rot.ctbr_thrusts(command, v[..., 3:6])
     elif act == "rotor_thrust":
@@ -117,7 +118,7 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
     idx = sys.act_index
     qa, va = q[..., (7 if nb else 0):][..., idx], v[..., nb:][..., idx]   # q holds 7 base coordinates, v 6
     cmd = pd = joint_command(sys, qa, va, command)
-    if cfg.gravity_compensation:
+    if cfg.gravity_compensation and gravity is not None:   # None: no joints (_forces), nothing to hold
         cmd = cmd + gravity[..., idx]
     cmd_in = cmd
     slope = brake = None
@@ -149,5 +150,5 @@ def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tens
     servo = None
     if (cfg.servo_iterations and cfg.effort_saturation and cfg.actuator in ("velocity", "position")
             and cfg.actuator_lag == 0):
-        servo = Servo(cmd_in - pd, pd, va, cmd, slope, brake)
+        servo = Servo(cmd_in - pd, pd, va, cmd, cast(torch.Tensor, slope), brake)   # a servo's drive has a slope
     return Actuation(tau, new, None, kd, kp, servo)

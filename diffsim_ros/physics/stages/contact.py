@@ -20,7 +20,7 @@ Batch-last layout (see :mod:`..kinematics`): points (P, 3, B), wrenches (nb, 6, 
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, cast
 
 import torch
 
@@ -136,6 +136,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
             # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both.
             w = pen * (lam > 0).to(lam.dtype) if normal else None
             damping, blocks = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, w)
+    F = cast(torch.Tensor, F)                                                      # set on either branch
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
     wrench_b = _to_bodies(m.nb, gb, wrench)
     if pairs:
