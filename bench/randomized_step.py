@@ -33,7 +33,7 @@ for p in (REPO_ROOT, HERE):
         sys.path.insert(0, p)
 
 from diffsim_ros import physics  # noqa: E402
-from diffsim_ros.physics.parameters import PARAMETERS  # noqa: E402
+from diffsim_ros.physics.registry import PARAMETERS  # noqa: E402
 from step import fmt, panda_case, rate, steps_for  # noqa: E402
 
 #: name -> (low, high), as the trainer draws them (uniform; log-uniform for the ground's stiffness and damping).

@@ -41,7 +41,7 @@ import yaml
 
 from . import physics
 from .physics import ConfigError
-from .physics.schema import unknown_key
+from .schema import unknown_key
 
 PACKAGE = "diffsim_ros"
 PathLike = Union[str, os.PathLike]

@@ -1,5 +1,5 @@
 """doc/parameters.md, generated: every configuration section's keys from the schema
-(physics/schema.py), the tasks' parameters, and every node's ROS parameters from the tables the
+(diffsim_ros/schema.py), the tasks' parameters, and every node's ROS parameters from the tables the
 nodes declare them from, so the reference and ``ros2 param describe`` say the same.
 
     python -m diffsim_ros.reference --update     # doc/parameters.md and launch/README.md's tables
@@ -20,7 +20,7 @@ def _sections():
     """Every configuration section, by key path (importing the modules that declare them)."""
     from .control import excitation, supervisor  # noqa: F401  (register their sections)
     from .learning import apg, ppo, sac  # noqa: F401
-    from .physics import schema
+    from . import schema
     from .plant import perturbation  # noqa: F401
 
     return schema.sections()
@@ -30,11 +30,11 @@ def parameter_reference() -> str:
     """doc/parameters.md: every section's keys with type, unit, allowed values, default and
     documentation, from the schema; the tasks' parameters; the nodes' ROS parameters
     (test_schema checks that the file is current)."""
-    from .physics import schema
+    from . import schema
     from .tasks import TASKS
 
     out = ["# Configuration keys", "",
-           "Generated from the schema (`diffsim_ros/physics/schema.py`) by "
+           "Generated from the schema (`diffsim_ros/schema.py`) by "
            "`python -m diffsim_ros.reference > doc/parameters.md`; do not edit by hand.", "",
            "A training file (`config/<task>.yaml`, under `/**: ros__parameters:`) has the top-level keys "
            + ", ".join(f"`{k}`" for k in TRAINING_FILE_KEYS) + ". The same keys are ROS parameters of the "

@@ -38,7 +38,7 @@ from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros import config as cfgmod  # noqa: E402
 from diffsim_ros.testing.recordings import make_plant, record_bag, standard_params  # noqa: E402
 from diffsim_ros.control.excitation import ExcitationConfig, ExcitationRunner, identifiable_parameters  # noqa: E402
-from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
+from diffsim_ros.physics.registry import from_perturbation  # noqa: E402
 
 SYSID = ["--window", "3", "--max-iter", "10", "--quiet"]
 # Fit windows: 24 hold the arm's parameters, but the quadrotor's drag from 24 noisy windows

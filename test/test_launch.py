@@ -455,7 +455,7 @@ def test_deploy_launch_parameters_through_ros2_param(deployment):
     assert value("/policy_controller", "lockstep") == "Boolean value is: False"
     assert value("/mujoco_plant", "mode") == "String value is: realtime"
     # `ros2 param describe`: the description and constraints of a perturbation key are the schema's.
-    from diffsim_ros.physics.schema import entries
+    from diffsim_ros.schema import entries
     from diffsim_ros.plant.perturbation import Perturbation
 
     res = cli.until(lambda r: r.returncode == 0 and "Description" in r.stdout,

@@ -1,7 +1,7 @@
 """Physical parameters the calibration can change, and a simulator built with them.
 
 The parameters themselves (name, unit, bounds, nominal value, ``apply``) live in one
-registry, :mod:`diffsim_ros.physics.parameters`, which domain randomisation and the
+registry, :mod:`diffsim_ros.physics.registry`, which domain randomisation and the
 stand-in's perturbations read too; this module resolves names against a bag's model and
 configuration and builds the simulator.
 
@@ -16,7 +16,7 @@ from typing import Dict, List
 import torch
 
 from .. import physics
-from ..physics.parameters import EXCLUSIVE, PARAMETERS, Parameter, apply_values
+from ..physics.registry import EXCLUSIVE, PARAMETERS, Parameter, apply_values
 from .errors import AnalysisError
 
 #: The registry, under its historical name here.
@@ -35,7 +35,7 @@ def nominal_values(name: str, model: physics.Model, cfg: physics.SimConfig) -> t
 
 
 def bounds(name: str, nominal: torch.Tensor):
-    """(low, high) tensors of the registry (see :mod:`diffsim_ros.physics.parameters`)."""
+    """(low, high) tensors of the registry (see :mod:`diffsim_ros.physics.registry`)."""
     return PARAMETERS[name].bounds(nominal)
 
 

@@ -12,7 +12,7 @@ velocity. The windows of the first ``fit_fraction`` of the bag fit; the rest is 
 and only judged.
 
 Every requested parameter is fitted jointly, in one optimisation, whatever the order of the
-names (they are laid out in the registry's order, :mod:`diffsim_ros.physics.parameters`):
+names (they are laid out in the registry's order, :mod:`diffsim_ros.physics.registry`):
 
 * coordinates: the logarithm of each positive parameter (masses, inertias, damping, friction,
   drag, thrust factor, and the time constants ``actuator_lag`` / ``motor_time_constant``,
@@ -83,7 +83,7 @@ import torch
 
 from .. import config as _config
 from .. import physics
-from ..physics.parameters import PARAMETERS, apply_values
+from ..physics.registry import PARAMETERS, apply_values
 from .bag import BagData
 from .errors import AnalysisError
 from .params import SPECS, check_names, nominal_system
@@ -428,7 +428,7 @@ def convergence_line(c: Dict[str, Any]) -> str:
 
 
 # The motion that identifies each registry parameter, for the verdict's advice on those the data
-# cannot identify (every parameter of physics.parameters has one; test_sysid checks).
+# cannot identify (every parameter of physics.registry has one; test_sysid checks).
 EXCITATION = {
     "mass_scale": "accelerations against gravity (lifts, climbs, hops)",
     "link_mass_scale": "accelerations of each link against gravity (every joint lifting its load)",
@@ -531,7 +531,7 @@ def noise_floor(velocity_noise: float) -> float:
 def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int = 5, fit_fraction: float = 0.7,
               max_starts: Optional[int] = 256, max_iter: int = 30, replay: Optional[Replay] = None,
               progress=None, starts: int = 2, velocity_noise: float = 0.0, continuation: bool = True) -> SysIdResult:
-    """Fit ``names`` (see :mod:`diffsim_ros.physics.parameters`) jointly on the first
+    """Fit ``names`` (see :mod:`diffsim_ros.physics.registry`) jointly on the first
     ``fit_fraction`` of the bag; report the held-out velocity RMSE before and after, the
     uncertainties and the verdict (module doc). A diverging simulation is an AnalysisError
     naming the bag. ``velocity_noise``: the sensor's velocity noise (standard deviation), for

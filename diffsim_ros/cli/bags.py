@@ -161,7 +161,7 @@ def _add_analyze(sub) -> None:
 
 
 def _add_sysid(sub) -> None:
-    from diffsim_ros.physics.parameters import help_text
+    from diffsim_ros.physics.registry import help_text
 
     from_params = help_text()
     p = sub.add_parser(

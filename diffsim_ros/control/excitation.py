@@ -44,7 +44,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..physics.rotation import quat_to_matrix
-from ..physics.schema import ConfigError, from_mapping, normalise, option, section
+from ..schema import ConfigError, from_mapping, normalise, option, section
 
 __all__ = ["ExcitationConfig", "ExcitationError", "ArmExcitation", "QuadrotorExcitation", "ExcitationRunner",
            "SIGNALS", "identifiable_parameters"]
@@ -399,7 +399,7 @@ class QuadrotorExcitation:
 
 # ---------------------------------------------------------------------------------------- the runner
 def identifiable_parameters(floating_base: bool, rotors: bool) -> Tuple[str, ...]:
-    """The registry parameters (physics/parameters.py) an excitation recording is meant to
+    """The registry parameters (physics/registry.py) an excitation recording is meant to
     identify together on this kind of robot, one per physical quantity:
 
     * arms: ``mass_scale``, ``inertia_scale``, ``joint_damping`` (per joint), ``actuator_lag``,

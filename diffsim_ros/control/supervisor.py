@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..physics.schema import ConfigError, from_mapping, normalise, option, section
+from ..schema import ConfigError, from_mapping, normalise, option, section
 
 __all__ = ["Supervisor", "SupervisorConfig", "JointStateIn", "OdometryIn", "ImuIn", "Verdict", "Tick",
            "SupervisorConfigError"]

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from ..physics import ConfigError, SimulationError, Simulator
-from ..physics.schema import normalise, option, section
-from ..physics.parameters import apply_values, rebuild as rebuild_system
+from ..schema import normalise, option, section
+from ..physics.registry import apply_values, rebuild as rebuild_system
 from ..tasks import Task
 from .distributed import SINGLE, Context, slice_state
 from .policy import GaitReference, MLPPolicy, ReferencePolicy, ValueNet
@@ -177,7 +177,7 @@ class TrainResult:
 def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
                  rows: Optional[slice] = None) -> Dict[str, torch.Tensor]:
     """One iteration's draws of the physical parameters for its ``n`` episodes, as per-episode
-    registry values (:mod:`diffsim_ros.physics.parameters`, (n, size) each; this rank's ``rows``
+    registry values (:mod:`diffsim_ros.physics.registry`, (n, size) each; this rank's ``rows``
     kept when distributed, so each rank's episodes get what the single process would give them):
     ``mass_scale`` (every link mass and inertia; the controller's model, which gravity
     compensation and the rate loop use, stays nominal, as on a robot), ``com_offset`` (a floating

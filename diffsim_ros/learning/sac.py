@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..physics import ConfigError
-from ..physics.schema import normalise, option, section
+from ..schema import normalise, option, section
 from ..tasks import Task
 from .apg import TrainResult
 from .baseline import (Learner, SB3Actor, array, frozen_actor, learner_state, make_env, read_state,

@@ -194,11 +194,11 @@ def config_parameters(node, config_param: str = "config", sections: Sequence[str
     The file named by the ``config_param`` parameter (declared here, default "") is read
     first; then every key in ``keys`` and under ``sections`` that the node was given
     directly overrides it. Those keys are declared here with their description and constraints
-    (the simulator's schema, physics/schema.py) so that ``ros2 param describe`` explains them.
+    (the simulator's schema, diffsim_ros/schema.py) so that ``ros2 param describe`` explains them.
     Raises ConfigError (naming the file or the key) on a bad file."""
     from .. import config as cfgmod
     from ..physics import SimConfig
-    from ..physics.schema import describe, entries
+    from ..schema import describe, entries
 
     path = declare(node, config_param, "", "training/robot YAML (config/<task>.yaml): urdf, floating_base and the "
                    "simulator section; keys given to the node directly (--params-file, -p) override it")

@@ -49,7 +49,7 @@ from typing import List, Optional
 import numpy as np
 
 from .. import interfaces as ifc
-from ..physics.schema import ros_constraints, ros_parameters
+from ..schema import ros_constraints, ros_parameters
 from ..plant.perturbation import Perturbation
 from . import common
 
@@ -103,7 +103,7 @@ PARAMETERS = [
     ("initial_velocities", [0.0], "initial velocities in the simulator convention (floating base: body-frame "
                                   "linear and angular velocity first); [0.0] alone: at rest"),
 ]
-# perturbation.*: the fields of plant.Perturbation, with their documentation (physics/schema.py).
+# perturbation.*: the fields of plant.Perturbation, with their documentation (diffsim_ros/schema.py).
 PARAMETERS += ros_parameters(Perturbation, "perturbation")
 CONSTRAINTS = ros_constraints(Perturbation, "perturbation")
 PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))

@@ -78,7 +78,7 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..control.supervisor import SupervisorConfig
-from ..physics.schema import ros_constraints, ros_parameters
+from ..schema import ros_constraints, ros_parameters
 from .common import StartupError as _CommonStartupError
 from .common import EXECUTORS, resolve_path
 

@@ -17,7 +17,7 @@ from .algorithms import (aba, body_placements, body_states, crba, forward_kinema
 from .description import RobotDescription, UrdfError
 from .model import Collision, Model, build_model, load_urdf
 from .quadrotor import RotorConfig, Rotors
-from .schema import ConfigError
+from ..schema import ConfigError
 from .kinematics import Kinematics, kinematics
 from .pipeline import Data, applied_forces, check_finite, step
 from .simulator import SimConfig, SimulationError, Simulator, State, Trajectory

@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequen
 import torch
 
 from .algorithms import model_constants
-from .parameters import apply_per_episode, apply_values
+from .registry import apply_per_episode, apply_values
 from .pipeline import batch_action, guard, step as pure_step
 from .spatial import tracing
 from .stages.contact import _near_groups
@@ -244,7 +244,7 @@ class CompiledStep:
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True,
                  watch: Optional[System] = None, groups: Optional[tuple] = None, direct: Optional[bool] = None,
                  varying: Sequence[Tuple[str, int]] = ()):
-        """varying: ``(name, size)`` of the registry parameters (:mod:`.parameters`) that are inputs
+        """varying: ``(name, size)`` of the registry parameters (:mod:`.registry`) that are inputs
         of the graphs rather than constants: a call then passes their values as one vector, in this
         order (:func:`pack_values`), and the graphs apply them to ``sys`` (its structure must
         already admit them: a lag that the configuration leaves out is not made by a value).

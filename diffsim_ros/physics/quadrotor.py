@@ -19,7 +19,7 @@ from typing import Tuple
 import torch
 
 from . import laws
-from .schema import ConfigError, normalise, option, section
+from ..schema import ConfigError, normalise, option, section
 from .spatial import fast_cross as cross
 
 

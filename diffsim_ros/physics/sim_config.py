@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from .quadrotor import RotorConfig
-from .schema import ConfigError, normalise, option, section
+from ..schema import ConfigError, normalise, option, section
 
 ACTUATORS = ("effort", "velocity", "position", "rotor_thrust", "ctbr")
 INTEGRATORS = ("semi_implicit", "rk4")
@@ -15,7 +15,7 @@ INTEGRATORS = ("semi_implicit", "rk4")
 @dataclass(frozen=True)
 class SimConfig:
     """Simulator options. Units SI; every field has its documentation, unit, range and default
-    here (:mod:`.schema`), listed below and in doc/parameters.md."""
+    here in the schema's terms (:mod:`diffsim_ros.schema`), listed below and in doc/parameters.md."""
     dt: float = option(1e-3, "control step (one step call)", "s", above=0)
     substeps: int = option(1, "physics substeps per control step (each dt/substeps)", low=1)
     integrator: str = option("semi_implicit", "semi_implicit (symplectic Euler) or rk4", choices=INTEGRATORS)

@@ -37,7 +37,7 @@ from .kinematics import kinematics_record
 from .model import Model
 from .pipeline import Data, batch_action, check_finite, guard, latency_lookback, step as pure_step
 from .quadrotor import RotorConfig, Rotors  # noqa: F401  (re-exported)
-from .schema import ConfigError  # noqa: F401  (re-exported)
+from ..schema import ConfigError  # noqa: F401  (re-exported)
 from .sim_config import ACTUATORS, INTEGRATORS, SimConfig  # noqa: F401  (re-exported)
 from .stages.contact import contact
 from .stages.integration import integrate as _integrate
@@ -61,7 +61,7 @@ class Simulator:
         (Inductor; minutes the first time, then cached; differentiable); ``"aot"`` through
         :class:`~diffsim_ros.physics.compiled.ExportedStep` (compiled ahead of time, forward
         only, the fastest at one environment). Either way ``last_data`` stays None.
-        ``varying`` (with compile=True): names of registry parameters (:mod:`.parameters`) that
+        ``varying`` (with compile=True): names of registry parameters (:mod:`.registry`) that
         the compiled graphs take as inputs instead of constants; :meth:`with_values` then gives
         simulators of other values of them that share the graphs (domain randomisation)."""
         if isinstance(model, System):
@@ -81,7 +81,7 @@ class Simulator:
             self._compiled = ExportedStep(self.system)
         elif compile:
             from .compiled import CompiledStep, pack_values
-            from .parameters import PARAMETERS
+            from .registry import PARAMETERS
             unknown = [n for n in varying if n not in PARAMETERS or not PARAMETERS[n].differentiable]
             if unknown:
                 raise ValueError(f"{unknown}: not parameters the compiled step can take as inputs (the registry's "
@@ -99,13 +99,13 @@ class Simulator:
 
     def with_values(self, values: Mapping[str, object], per_episode: bool = False) -> "Simulator":
         """A simulator of this one's system with the registry ``values`` applied
-        (:func:`~.parameters.apply_values`) that steps through the same compiled graphs, the
+        (:func:`~.registry.apply_values`) that steps through the same compiled graphs, the
         values passed to them as inputs: every parameter this simulator was compiled with as
         ``varying``, and no other. ``per_episode``: each value is (B, size), one row per
-        environment (:func:`~.parameters.apply_per_episode`); the simulator then steps batches of
+        environment (:func:`~.registry.apply_per_episode`); the simulator then steps batches of
         B. Eager simulators (compiled False) take them too, applied to their system."""
         from .compiled import pack_values
-        from .parameters import apply_per_episode, apply_values
+        from .registry import apply_per_episode, apply_values
 
         apply = apply_per_episode if per_episode else apply_values
         spec = getattr(self._compiled, "varying", ())

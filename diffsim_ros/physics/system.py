@@ -22,7 +22,7 @@ import torch
 
 from .model import Model
 from .quadrotor import Rotors
-from .schema import ConfigError
+from ..schema import ConfigError
 from .sim_config import SimConfig
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..physics.schema import ConfigError, from_mapping, normalise, option, section
+from ..schema import ConfigError, from_mapping, normalise, option, section
 
 
 @section("perturbation")
@@ -63,7 +63,7 @@ class Perturbation:
     defaults to no perturbation.
 
     The fields that are physical parameters of the simulator map onto the registry of
-    :mod:`diffsim_ros.physics.parameters` (``from_perturbation``), which gives the values a
+    :mod:`diffsim_ros.physics.registry` (``from_perturbation``), which gives the values a
     calibration of a recording of this plant should find."""
     mass_scale: float = option(1.0, """factor on every link mass and inertia tensor (the centres of mass stay).
         Gravity compensation and the CTBR rate loop keep the nominal model, as a robot's controller would""",
@@ -286,7 +286,7 @@ def ros_values(perturbation: Mapping[str, Any], where: str = "perturbation") -> 
     (``perturbation.<field>``): checked and converted by the schema, vectors as lists of floats
     (``sensor_noise`` 0.001 is [0.001, 0.001]), floats as floats (an integer 0 is 0.0), and null as
     the field's stand-in (-1.0 for ``actuator_lag``). ConfigError names ``where``.<field>."""
-    from ..physics.schema import entries
+    from ..schema import entries
 
     pert = _check_fields(dict(perturbation), where)
     nulls = {e.name: e.ros_null for e in entries(Perturbation)}

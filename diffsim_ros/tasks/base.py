@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ..physics import ConfigError, Model, SimConfig, Simulator, State
-from ..physics.schema import convert_value, unknown_key
+from ..schema import convert_value, unknown_key
 
 
 #: rad (or m for prismatic joints): how close to a URDF position limit counts as at the limit.

@@ -26,13 +26,13 @@ from .. import physics
 from ..analysis.bag import BagWriter
 from ..interfaces import PREDICTED_STATE
 from ..physics.rotation import quat_to_matrix
-from ..physics.parameters import PERTURBATION_FIELDS, from_perturbation
+from ..physics.registry import PERTURBATION_FIELDS, from_perturbation
 from ..analysis.params import build_simulator
 
 
 class SimulatorPlant:
     """The differentiable simulator as a plant: batch 1, float64, with perturbations named as
-    ``diffsim_ros.plant.Perturbation``'s (those of ``physics.parameters.PERTURBATION_FIELDS``,
+    ``diffsim_ros.plant.Perturbation``'s (those of ``physics.registry.PERTURBATION_FIELDS``,
     mapped onto the registry by ``from_perturbation``; latency in s)."""
 
     def __init__(self, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,

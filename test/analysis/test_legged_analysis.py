@@ -19,7 +19,7 @@ from diffsim_ros.analysis import AnalysisError, analyze, calibrate, read_bag, si
 from diffsim_ros.analysis.bag import BagWriter
 from diffsim_ros.analysis.legged import legged_report
 from diffsim_ros.learning.deploy import PolicyRunner
-from diffsim_ros.physics.parameters import from_perturbation
+from diffsim_ros.physics.registry import from_perturbation
 from diffsim_ros.testing.recordings import make_plant, record_bag
 
 CONFIG = REPO_ROOT / "config" / "locomotion_velocity.yaml"
@@ -157,7 +157,7 @@ def test_sysid_recovers_drawn_mass_and_ground_friction_from_a_legged_bag(tmp_pat
     for n in names:
         assert r.fitted[n][0] == pytest.approx(float(truth[n][0]), rel=0.02), n
     from diffsim_ros.analysis.sysid import calibrated_params
-    from diffsim_ros.physics.parameters import PARAMETERS
+    from diffsim_ros.physics.registry import PARAMETERS
     calibrated = physics.build_system(setup.model, config.simulator_config(calibrated_params(setup, r, None)))
     assert PARAMETERS["ground_friction"].nominal(calibrated).item() == pytest.approx(r.fitted["ground_friction"][0])
 

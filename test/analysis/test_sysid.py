@@ -151,7 +151,7 @@ def test_every_registry_parameter_has_the_motion_that_identifies_it():
     """The verdict names, for each parameter the data cannot identify, the motion that would:
     every parameter of the registry has one, and a per-joint label gets its parameter's."""
     from diffsim_ros.analysis.sysid import EXCITATION, excitation_advice
-    from diffsim_ros.physics.parameters import PARAMETERS
+    from diffsim_ros.physics.registry import PARAMETERS
 
     assert set(EXCITATION) == set(PARAMETERS), set(PARAMETERS) ^ set(EXCITATION)
     advice = excitation_advice(["joint_friction[2]", "drag_scale"])

@@ -28,7 +28,7 @@ from conftest import drawn_away, drawn_seed, ros_domain  # noqa: E402
 
 from diffsim_ros import cli, physics  # noqa: E402
 from diffsim_ros import config as cfgmod  # noqa: E402
-from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
+from diffsim_ros.physics.registry import from_perturbation  # noqa: E402
 
 ROBOTS = {   # name: (URDF under example-robot-data's robots folder, init task, the sysid fits of one recording)
     # The UR5 twice on one recording: then with actuator_lag among the parameters (as `excite` suggests) on

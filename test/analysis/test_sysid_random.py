@@ -5,7 +5,7 @@ calibrates. Each parameter the verdict calls identifiable must come back within 
 drawn truth (latency within 0.15 control steps) and the held-out RMSE must fall at least 5x;
 unmodelled physics (a wind force, a payload at an offset) must end in "fit rejected".
 
-The truths are the registry's reading of the perturbation (``physics.parameters.
+The truths are the registry's reading of the perturbation (``physics.registry.
 from_perturbation``), an independent statement of what the plant was given."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytest.importorskip("mujoco")
 from diffsim_ros import cli, config, physics  # noqa: E402
 from diffsim_ros.analysis import calibrate, read_bag, sim_setup  # noqa: E402
 from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params  # noqa: E402
-from diffsim_ros.physics.parameters import from_perturbation  # noqa: E402
+from diffsim_ros.physics.registry import from_perturbation  # noqa: E402
 from diffsim_ros.analysis.sysid import convergence_line  # noqa: E402
 
 FAST = dict(window=3, max_starts=32, max_iter=12)

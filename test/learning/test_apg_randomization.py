@@ -161,7 +161,7 @@ def test_the_nominal_hover_fails_under_latency_in_the_simulator_too():
 
     from diffsim_ros.evaluation import load_checkpoint_task
     from diffsim_ros.physics import Simulator
-    from diffsim_ros.physics.parameters import rebuild
+    from diffsim_ros.physics.registry import rebuild
 
     task, policy, _, _ = load_checkpoint_task(REPO_ROOT / "test" / "data" / "hover_nominal")
     task.sim = Simulator(rebuild(task.sim.system, dataclasses.replace(task.sim.config, max_latency=2)))

@@ -18,7 +18,7 @@ from conftest import drawn_seed
 from diffsim_ros import config, physics
 from diffsim_ros.analysis.errors import AnalysisError
 from diffsim_ros.analysis.params import check_names
-from diffsim_ros.physics.parameters import PARAMETERS, apply_values, from_perturbation
+from diffsim_ros.physics.registry import PARAMETERS, apply_values, from_perturbation
 
 F64 = torch.float64
 NAMES = ("contact_stiffness", "contact_damping", "ground_friction", "friction_smoothing")

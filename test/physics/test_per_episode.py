@@ -16,7 +16,7 @@ from conftest import REPO_ROOT
 
 from diffsim_ros import config
 from diffsim_ros.physics import Simulator
-from diffsim_ros.physics.parameters import PARAMETERS, apply_per_episode, apply_values
+from diffsim_ros.physics.registry import PARAMETERS, apply_per_episode, apply_values
 
 B = 3
 

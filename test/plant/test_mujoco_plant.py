@@ -170,11 +170,11 @@ def test_drag_scale_doubles_drag_force():
 @pytest.mark.parametrize("scale", [0.85, 1.1])
 def test_thrust_scale_means_the_registry_parameter(scale):
     """perturbation.thrust_scale on the stand-in is the registry's thrust_scale in the simulator
-    (physics/parameters.py, from_perturbation): the same body-rate step and hover as above,
+    (physics/registry.py, from_perturbation): the same body-rate step and hover as above,
     the stand-in perturbed and the simulator given the registry value, agree to 1e-9; the
     unperturbed simulator is visibly off (the peer)."""
     from diffsim_ros.analysis.params import build_simulator
-    from diffsim_ros.physics.parameters import from_perturbation
+    from diffsim_ros.physics.registry import from_perturbation
 
     params = _params(HOVER_YAML)
     cmds = [[9.81, 0, 0, 0]] * 5 + [[10.5, 1.0, -0.5, 0.3]] * 20 + [[9.81, 0, 0, 0]] * 25

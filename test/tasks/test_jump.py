@@ -115,7 +115,7 @@ def test_the_drift_term_is_the_weighted_horizontal_speed_squared(task, seed, wei
     alone costs nothing. A negative weight is refused naming the key."""
     import transforms3d
 
-    from diffsim_ros.physics.schema import ConfigError
+    from diffsim_ros.schema import ConfigError
     from diffsim_ros.tasks import make_task
 
     spec = dict(task.export_parameters())

@@ -1,4 +1,4 @@
-"""The configuration schema (diffsim_ros/physics/schema.py), for every section it declares:
+"""The configuration schema (diffsim_ros/schema.py), for every section it declares:
 every wrong value names its full key path, a typo gets the nearest key, a key of another
 section names that section, the ROS form of the defaults reads back as the defaults, and
 doc/parameters.md is what the schema generates.
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from diffsim_ros import config, reference
 from diffsim_ros.physics import ConfigError
-from diffsim_ros.physics import schema
+from diffsim_ros import schema
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SECTIONS = reference._sections()
 TOP = {name: cls for name, cls in SECTIONS.items() if "." not in name}
 

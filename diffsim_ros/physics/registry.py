@@ -1,7 +1,7 @@
 """One registry of the physical parameters that calibration, domain randomisation and the
 stand-in's perturbations change, over the frozen :class:`~diffsim_ros.physics.system.System`.
 
-    from diffsim_ros.physics.parameters import PARAMETERS, apply_values
+    from diffsim_ros.physics.registry import PARAMETERS, apply_values
     p = PARAMETERS["mass_scale"]
     p.unit, p.doc, p.bounds(p.nominal(sys))          # "-", ..., (0.2, 5)
     sys2 = p.apply(sys, torch.tensor([1.2]))         # differentiable in the value
