@@ -79,7 +79,7 @@ import numpy as np
 from .. import interfaces as ifc
 from ..control.supervisor import SupervisorConfig
 from ..schema import ros_constraints, ros_parameters
-from .common import StartupError as _CommonStartupError
+from .common import StartupError
 from .common import EXECUTORS, resolve_path
 
 NODE_NAME = "policy_controller"
@@ -202,10 +202,6 @@ CONSTRAINTS: Dict[str, str] = _constraints()
 #: Element type of the list parameters (an empty default cannot say it).
 ARRAY_TYPES = {"controller_joints": "string", "target": "double", "workspace_min": "double",
                "workspace_max": "double"}
-
-
-class StartupError(_CommonStartupError):
-    """A configuration the node refuses to run with (bad parameter, checkpoint for another robot)."""
 
 
 def stamp_ns(stamp) -> int:

@@ -34,7 +34,7 @@ from typing import Any, Dict, List
 
 from .. import interfaces as ifc
 from ..training import occupied, resume_source, train_from_params  # the CLI's training path, shared
-from .common import resolve_path
+from .common import StartupError, resolve_path
 
 NODE_NAME = "train_node"
 
@@ -60,10 +60,6 @@ PARAMETERS: Dict[str, Any] = {
     "loss_topic": (ifc.TRAIN_LOSS, "std_msgs/Float64: the mean per-step training loss of each iteration"),
     "diagnostics_topic": (ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray: progress of each iteration"),
 }
-
-
-class StartupError(RuntimeError):
-    """Bad input: the node prints it and exits 2."""
 
 
 def main(argv=None) -> int:
