@@ -124,7 +124,7 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
     # Training files name their dtype; one without it runs in float32 (this script's default).
     task, _ = config.build_task(params, source, dtype=config.torch_dtype(params, source, default="float32"))
     if method == "gradient":
-        cfg = apg.TrainConfig.from_dict(dict(params.get("training") or {}))
+        cfg = apg.TrainConfig.from_mapping(dict(params.get("training") or {}))
         per_iteration = cfg.num_envs * task.horizon
         iters = cfg.iterations if budget is None else max(1, min(cfg.iterations, budget // per_iteration))
         cfg = dataclasses.replace(cfg, iterations=iters, stop_at_success=True, seed=seed)
@@ -133,7 +133,7 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
         train = apg.train
     else:
         config_class, train, iteration_steps = BASELINES[method]
-        cfg = config_class.from_dict(dict(params.get(method) or {}))
+        cfg = config_class.from_mapping(dict(params.get(method) or {}))
         if budget is not None:
             cfg = dataclasses.replace(cfg, total_timesteps=budget)
         cfg = dataclasses.replace(cfg, stop_at_success=True, seed=seed, eval_every_steps=baseline_eval_every)

@@ -49,7 +49,7 @@ def run_one(args):
     params = _apply(config.load_yaml(path), sets)
     task, _ = config.build_task(params, str(path))
     t = dict(params["training"], eval_envs=eval_envs, stop_at_success=True, seed=seed)
-    cfg = TrainConfig.from_dict(t, "training")
+    cfg = TrainConfig.from_mapping(t, "training")
     t0 = time.perf_counter()
     res = train(task, cfg, progress=False)
     fresh = task.rollout_success(res.policy, 64, torch.Generator().manual_seed(99))

@@ -162,7 +162,7 @@ def simulator_config(params: Dict[str, Any], source: str = "") -> "physics.SimCo
     """
     section = params.get("simulator")
     try:
-        return physics.SimConfig.from_dict({} if section is None else section, "simulator")
+        return physics.SimConfig.from_mapping({} if section is None else section, "simulator")
     except ConfigError as e:
         raise e.at(source) from None
 

@@ -13,7 +13,7 @@ every error.
         def check(self):                    # optional: rules between fields, relative keys
             if ...: raise ConfigError("needs 'a' or 'b'", key="")
 
-    SimConfig.from_dict({"dt": "fast"}, "simulator")
+    SimConfig.from_mapping({"dt": "fast"}, "simulator")
     # ConfigError: 'simulator.dt' must be a number, got 'fast'
 
 The field's type annotation says what a value may be: ``bool``, ``int``, ``float`` (finite),
@@ -110,18 +110,18 @@ _SECTIONS: Dict[str, type] = {}
 
 def section(name: str):
     """Class decorator: registers the dataclass as the section ``name`` (a dotted key path, e.g.
-    ``simulator.rotors``), gives it ``from_dict(mapping, where=name)`` and appends its fields'
+    ``simulator.rotors``), gives it ``from_mapping(mapping, where=name)`` and appends its fields'
     documentation to its docstring."""
 
     def register(cls):
         _SECTIONS[name] = cls
         cls.section_name = name
-        if "from_dict" not in cls.__dict__:
-            def from_dict(c, d, where: str = name):
+        if "from_mapping" not in cls.__dict__:
+            def build(c, d, where: str = name):
                 """Build from a mapping (a YAML section or node parameters); unknown keys, wrong
                 types and values out of range are a :class:`ConfigError` naming the key path."""
                 return from_mapping(c, d, where)
-            cls.from_dict = classmethod(from_dict)
+            cls.from_mapping = classmethod(build)
         lines = [f"    {e.name}: {describe(e)}" for e in entries(cls)]
         cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n    Fields (schema):\n" + "\n".join(lines) + "\n"
         return cls

@@ -58,7 +58,7 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     training = config.section(params, "training", source)
     training.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
-        cfg = TrainConfig.from_dict(training, "training")
+        cfg = TrainConfig.from_mapping(training, "training")
     except config.ConfigError as e:
         raise config.ConfigError(f"{source}: {e}") from None
     out = Path(out)

@@ -287,4 +287,4 @@ def test_rotor_config_direct_and_against_the_model():
 ])
 def test_simconfig_rejects_bad_values_up_front(section):
     with pytest.raises(ConfigError):
-        physics.SimConfig.from_dict(section)
+        physics.SimConfig.from_mapping(section)

@@ -82,7 +82,7 @@ def test_every_wrong_value_names_its_key_path(data):
     bad = data.draw(st.sampled_from(_wrong_values(tp)), label="value")
     top, mapping = _top_mapping(path, key, bad)
     with pytest.raises(ConfigError) as err:
-        TOP[top].from_dict(mapping)
+        TOP[top].from_mapping(mapping)
     assert f"'{path}.{key}'" in str(err.value), str(err.value)
     assert err.value.key.startswith(f"{path}.{key}")
     # Read from a file, the file's name leads.
@@ -107,7 +107,7 @@ def test_out_of_range_values_name_the_key_and_the_range(data):
     bad = data.draw(st.sampled_from(choices), label="value")
     top, mapping = _top_mapping(path, key, bad)
     with pytest.raises(ConfigError) as err:
-        TOP[top].from_dict(mapping)
+        TOP[top].from_mapping(mapping)
     text = str(err.value)
     assert f"'{path}.{key}' must be {schema._bounds(meta)}" in text, text
 
@@ -123,7 +123,7 @@ def test_a_typo_gets_the_nearest_key(data):
         return
     top, mapping = _top_mapping(path, typo, 1)
     with pytest.raises(ConfigError) as err:
-        TOP[top].from_dict(mapping)
+        TOP[top].from_mapping(mapping)
     text = str(err.value)
     assert f"unknown key '{path}.{typo}'" in text and "did you mean" in text, text
     suggested = text.split("did you mean ", 1)[1].split("?")[0]
@@ -139,7 +139,7 @@ def test_a_key_of_another_section_names_that_section():
                                           r"'ppo' and 'sac'"):
         config.simulator_config({"simulator": {"learning_rate": 1e-3}}, "hover.yaml")
     with pytest.raises(ConfigError, match=r"unknown key 'training\.dt'; it is a key of 'simulator'"):
-        SECTIONS["training"].from_dict({"dt": 0.01})
+        SECTIONS["training"].from_mapping({"dt": 0.01})
     with pytest.raises(ConfigError, match=r"hover\.yaml: unknown key 'learning_rate'; it is a key of 'training'"):
         config.check_keys({"learning_rate": 1e-3}, source="hover.yaml")
 
@@ -154,9 +154,9 @@ def test_the_ros_form_of_the_defaults_reads_back_as_the_defaults(name):
     flat = {p[0]: p[1] for p in params}
     mapping = config.unflatten(flat)[name]
     if name == "perturbation":
-        read = cls.from_dict(mapping)
+        read = cls.from_mapping(mapping)
     else:
-        read = cls.from_dict(mapping, name)
+        read = cls.from_mapping(mapping, name)
     assert read == cls()
     for pname, default, text in params:
         assert "default: " in text and "[" in text, (pname, text)
@@ -165,7 +165,7 @@ def test_the_ros_form_of_the_defaults_reads_back_as_the_defaults(name):
 def test_a_nested_rotor_layout_reads_from_the_flat_ros_list_and_from_triples():
     flat = {"actuator": "ctbr", "rotors": {"positions": [0.1, 0, 0, -0.1, 0, 0], "directions": [1, -1]}}
     triples = {"actuator": "ctbr", "rotors": {"positions": [[0.1, 0, 0], [-0.1, 0, 0]], "directions": [1, -1]}}
-    a, b = SECTIONS["simulator"].from_dict(flat), SECTIONS["simulator"].from_dict(triples)
+    a, b = SECTIONS["simulator"].from_mapping(flat), SECTIONS["simulator"].from_mapping(triples)
     assert a == b and a.rotors.positions == ((0.1, 0.0, 0.0), (-0.1, 0.0, 0.0))
 
 

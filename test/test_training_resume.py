@@ -479,9 +479,9 @@ def test_checkpoint_every_default_and_range():
     assert apg.TrainConfig().checkpoint_every == 10
     doc = apg.TrainConfig.__doc__
     assert "(>= 1) default: 10" in doc[doc.index("checkpoint_every:"):]    # its range and default documented
-    assert apg.TrainConfig.from_dict({"checkpoint_every": 3}).checkpoint_every == 3
+    assert apg.TrainConfig.from_mapping({"checkpoint_every": 3}).checkpoint_every == 3
     with pytest.raises(physics.ConfigError, match="training.checkpoint_every' must be >= 1, got 0"):
-        apg.TrainConfig.from_dict({"checkpoint_every": 0})
+        apg.TrainConfig.from_mapping({"checkpoint_every": 0})
 
 
 def test_device_cuda_without_cuda_is_a_clear_error(tiny_config, tmp_path, capsys, monkeypatch):

@@ -319,7 +319,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             if val is not None:
                 section[key] = val
         try:
-            cfg = getattr(module, config_class).from_dict(section)
+            cfg = getattr(module, config_class).from_mapping(section)
         except (config.ConfigError, TypeError, ValueError) as exc:
             msg = str(exc)
             raise config.ConfigError(msg if args.config in msg else f"{args.config}: {msg}") from None
@@ -430,7 +430,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
             raise CliError(f"--teacher {args.teacher}: its actions drive {meta['robot']['actuated_joints']}, the "
                            f"training file's {list(task.sim.actuated_joints)}")
         # The student's network, sensor noise and seed are the training file's (its schema, checked).
-        training = TrainConfig.from_dict(section(params, "training", args.config), "training")
+        training = TrainConfig.from_mapping(section(params, "training", args.config), "training")
         hidden = tuple(training.hidden)
         cfg = DistillConfig(iterations=args.iterations, episodes=args.episodes, sensor_noise=training.sensor_noise,
                             seed=training.seed if args.seed is None else args.seed)

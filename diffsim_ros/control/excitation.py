@@ -125,7 +125,7 @@ class ExcitationConfig:
                               "hold_max")
 
     @classmethod
-    def from_mapping(cls, values: Optional[Mapping[str, Any]]) -> "ExcitationConfig":
+    def from_mapping(cls, values: Optional[Mapping[str, Any]], where: str = "excitation") -> "ExcitationConfig":
         """From a mapping of setting names (a config file's ``excitation:`` section, the node's
         ``excitation.*`` parameters); ``steps`` may be a comma-separated string and ``none`` an
         empty list. Errors are an ExcitationError naming the key."""
@@ -135,7 +135,7 @@ class ExcitationConfig:
             st = [x.strip() for x in st.split(",")]
         if isinstance(st, (list, tuple)):
             kw["steps"] = tuple(x for x in st if not (isinstance(x, str) and x.strip() in ("", "none")))
-        return from_mapping(cls, kw, "excitation")
+        return from_mapping(cls, kw, where)
 
     def as_dict(self) -> Dict[str, Any]:
         d = asdict(self)

@@ -113,10 +113,11 @@ class SupervisorConfig:
                                         "workspace_min")
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "SupervisorConfig":
-        """From a mapping of setting names (e.g. the node's parameters); unknown names, wrong
-        types and values out of range are a SupervisorConfigError naming the setting."""
-        return from_mapping(cls, dict(values), "")
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "supervisor") -> "SupervisorConfig":
+        """From a mapping of setting names (e.g. the node's parameters, ``where=""``: they are
+        not prefixed); unknown names, wrong types and values out of range are a
+        SupervisorConfigError naming the setting under ``where``."""
+        return from_mapping(cls, dict(values), where)
 
 
 # ---------------------------------------------------------------------- inputs (plain records)

@@ -149,7 +149,7 @@ def _load_model(meta: Dict[str, Any], where: str, urdf: Optional[str], dtype: to
 
 def _build_task(meta: Dict[str, Any], where: str, model):
     try:
-        sim_cfg = SimConfig.from_dict(_finite_floats(dict(meta["simulator"])), "simulator")
+        sim_cfg = SimConfig.from_mapping(_finite_floats(dict(meta["simulator"])), "simulator")
         return make_task(model, sim_cfg, _finite_floats(_task_spec(meta, where)), "task")
     except physics.ConfigError as e:
         raise CheckpointError(f"{where}: cannot rebuild the simulator/task from its metadata: {e}") from None

@@ -357,7 +357,7 @@ def make_node_class():
                     # The lockstep stand-in stamps /joint_states and /odom of a step with the same
                     # time: a legged state is made of exactly that pair.
                     values["pair_tolerance_s"] = 0.0
-                sup_cfg = SupervisorConfig.from_mapping(values)
+                sup_cfg = SupervisorConfig.from_mapping(values, "")
             except (SupervisorConfigError, TypeError) as e:
                 raise StartupError(f"parameter {e}") from None
             self.velocity = None

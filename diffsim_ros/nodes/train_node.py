@@ -5,7 +5,7 @@
         -p robot_description_topic:=/robot_description -p out:=runs/reach
 
 The same code path as ``diffsim-ros train`` (``config.build_task``,
-``TrainConfig.from_dict``, ``learning.apg.train``, ``save_checkpoint`` with
+``TrainConfig.from_mapping``, ``learning.apg.train``, ``save_checkpoint`` with
 ``training_summary``); the node only adds where the URDF comes from (a file
 parameter, the ``robot_description`` parameter, or the latched robot_description
 topic) and progress on ROS topics: one std_msgs/Float64 on ``loss_topic`` and one

@@ -223,7 +223,7 @@ def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = 
     naming the key at fault."""
     cfg = config or SimConfig()
     if isinstance(cfg, dict):
-        cfg = SimConfig.from_dict(cfg)  # type: ignore[attr-defined]  # from_dict: set by schema.section
+        cfg = SimConfig.from_mapping(cfg)  # type: ignore[attr-defined]  # from_mapping: set by schema.section
     dt, dev = model.dtype, model.device
     model = model.replace(gravity=torch.tensor(cfg.gravity, dtype=dt, device=dev))
     nominal = model if nominal is None else nominal.replace(gravity=model.gravity)

@@ -147,7 +147,7 @@ class MujocoPlant:
         # inertia the flight controller uses, exactly as the simulator sees them.
         self.physics_model = pm = _config.load_model(params, source, dtype=torch.float64)
         try:
-            self.perturbation = Perturbation.from_dict(perturbation)
+            self.perturbation = Perturbation.from_mapping(perturbation)
         except ConfigError as e:
             raise e.at(source) from None
         self.floating_base = pm.floating_base

@@ -107,7 +107,7 @@ class Perturbation:
         normalise(self)
 
     @classmethod
-    def from_dict(cls, d: Optional[Dict[str, Any]], where: str = "perturbation") -> "Perturbation":
+    def from_mapping(cls, d: Optional[Dict[str, Any]], where: str = "perturbation") -> "Perturbation":
         """Build from a mapping (a YAML section or node parameters; None: no perturbation);
         errors name the key path under ``where``. ``actuator_lag`` or ``contact_time_constant`` < 0
         means None (ROS parameters cannot be null)."""
@@ -243,7 +243,7 @@ def perturbation_spec(spec: Union[str, Mapping[str, Any], "Perturbation", None],
 
 
 def _check_fields(fields_: Mapping[str, Any], where: str) -> Perturbation:
-    return Perturbation.from_dict(dict(fields_), where)
+    return Perturbation.from_mapping(dict(fields_), where)
 
 
 def resolve_perturbation(spec: Union[str, Mapping[str, Any], "Perturbation", None], kind: Optional[str] = None,

@@ -18,11 +18,11 @@ __all__ = ["Task", "TaskState", "ReachTask", "QuadrotorTask", "LocomotionTask", 
 
 def make_task(model: Model, sim_config: SimConfig, spec: Dict[str, Any], where: str = "task") -> Task:
     """Build a task from a mapping such as ``{type: reach, ee_link: ee_link, horizon: 100}``
-    (:meth:`Task.from_parameters` of the type's class); an unknown type or key, or a wrong
+    (:meth:`Task.from_mapping` of the type's class); an unknown type or key, or a wrong
     value, is a :class:`ConfigError` naming the key path under ``where``."""
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise ConfigError(f"must be a mapping with a 'type' ({', '.join(TASKS)}), got {spec!r}", where)
     kind = spec["type"]
     if kind not in TASKS:
         raise ConfigError(f"must be one of {', '.join(TASKS)}, got {kind!r}", f"{where}.type")
-    return TASKS[kind].from_parameters(model, sim_config, spec, where)
+    return TASKS[kind].from_mapping(model, sim_config, spec, where)

@@ -46,7 +46,7 @@ class Task:
     ``step_loss`` and ``success``.
 
     A task's parameters are its constructor's keyword arguments after ``model`` and
-    ``sim_config``: :meth:`from_parameters` builds one from a ``task:`` mapping (checked
+    ``sim_config``: :meth:`from_mapping` builds one from a ``task:`` mapping (checked
     against the constructor's annotations, errors naming the key path) and
     :meth:`export_parameters` gives the mapping that rebuilds it (what a checkpoint stores)."""
     kind = ""
@@ -78,7 +78,7 @@ class Task:
     def parameter_spec(cls) -> List[Tuple[str, Any, Any]]:
         """``(name, type hint, default)`` of the task's parameters (its constructor's keyword
         arguments after model and sim_config); the default is ``inspect.Parameter.empty`` for a
-        required one. What from_parameters converts to and the reference's task tables show."""
+        required one. What from_mapping converts to and the reference's task tables show."""
         init = inspect.unwrap(cls.__init__)
         hints = typing.get_type_hints(init)
         params = inspect.signature(init).parameters
@@ -90,7 +90,7 @@ class Task:
         return [name for name, _, _ in cls.parameter_spec()]
 
     @classmethod
-    def from_parameters(cls, model: Model, sim_config: SimConfig, spec: Mapping[str, Any],
+    def from_mapping(cls, model: Model, sim_config: SimConfig, spec: Mapping[str, Any],
                         where: str = "task") -> "Task":
         """The task of the mapping ``spec`` (its ``type`` key, if present, is ignored here). Unknown
         keys, values of the wrong type and values the task refuses are a ConfigError naming the
@@ -116,7 +116,7 @@ class Task:
 
     def export_parameters(self) -> Dict[str, Any]:
         """``{type: kind, parameter: value, ...}``: the ``task:`` mapping that rebuilds this task
-        with :meth:`from_parameters` (plain Python values: lists, numbers, strings)."""
+        with :meth:`from_mapping` (plain Python values: lists, numbers, strings)."""
         out: Dict[str, Any] = {"type": self.kind}
         for k, v in getattr(self, "_parameters", {}).items():
             if isinstance(v, torch.Tensor):

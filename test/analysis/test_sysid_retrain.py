@@ -30,7 +30,7 @@ def _train(path, out):
     # the physics around either model) is left out of both runs.
     tr = {k: v for k, v in params["training"].items() if not k.startswith("randomize_") and k != "sensor_noise"}
     tr.update(iterations=ITERATIONS, num_envs=32, stop_at_success=False, eval_every=ITERATIONS, eval_envs=32, seed=0)
-    res = train(task, TrainConfig.from_dict(tr, "training"), progress=False)
+    res = train(task, TrainConfig.from_mapping(tr, "training"), progress=False)
     save_checkpoint(res.policy, task, out, extra={"config": {"task": params.get("task")}})
     return task
 

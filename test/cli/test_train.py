@@ -55,14 +55,14 @@ def test_training_file_loads_and_builds_its_task(name):
     # Every key is a known one, and every key but the optional excitation section is there.
     assert set(config.TRAINING_FILE_KEYS) - {"excitation"} <= set(params) <= set(config.TRAINING_FILE_KEYS)
     assert model.dtype == torch.float32 and params["dtype"] == "float32"
-    TrainConfig.from_dict(params["training"])
+    TrainConfig.from_mapping(params["training"])
     assert PPO_KEYS <= set(params["ppo"])
     try:
         from diffsim_ros.learning.ppo import PPOConfig
     except ImportError:
         pass
     else:
-        PPOConfig.from_dict(params["ppo"])
+        PPOConfig.from_mapping(params["ppo"])
     ts = task.reset(2, torch.Generator().manual_seed(0))
     obs = task.observe(ts)
     assert obs.shape == (2, task.obs_dim) and torch.isfinite(obs).all()

@@ -449,7 +449,7 @@ def test_settings_are_checked():
     with pytest.raises(SupervisorConfigError, match="workspace_min"):
         SupervisorConfig(workspace_min=(0, 0, 0), workspace_max=(1, 1, -1))
     with pytest.raises(SupervisorConfigError, match=r"unknown key 'recover_state'; did you mean 'recover_states'\?"):
-        SupervisorConfig.from_mapping({"recover_state": 3})
+        SupervisorConfig.from_mapping({"recover_state": 3}, "")   # as the node reads its parameters
 
 
 def test_output_converters_against_transforms3d():

@@ -271,11 +271,11 @@ def test_contact_randomisation_draws_the_ground_within_its_ranges():
 
 def test_train_config_rejects_unknown_keys():
     with pytest.raises(physics.ConfigError, match="unknown key 'training.iteratons'"):
-        TrainConfig.from_dict({"iteratons": 3})
+        TrainConfig.from_mapping({"iteratons": 3})
     with pytest.raises(physics.ConfigError, match="randomize_mass"):
-        TrainConfig.from_dict({"randomize_mass": [1.2, 0.8]})
+        TrainConfig.from_mapping({"randomize_mass": [1.2, 0.8]})
     with pytest.raises(physics.ConfigError, match="randomize_contact_stiffness"):
-        TrainConfig.from_dict({"randomize_contact_stiffness": [1e6]})
+        TrainConfig.from_mapping({"randomize_contact_stiffness": [1e6]})
     with pytest.raises(physics.ConfigError, match="unknown key 'task.ee_lnk'"):
         make_task(_reach_task().model, physics.SimConfig(actuator="position"), {"type": "reach", "ee_lnk": "x"})
 
@@ -283,7 +283,7 @@ def test_train_config_rejects_unknown_keys():
 def test_cosine_learning_rate_schedule():
     """The cosine schedule starts at learning_rate, ends at final_learning_rate and falls in between;
     'constant' keeps the step; an unknown schedule or a non-positive rate is refused by name."""
-    cfg = TrainConfig.from_dict({"iterations": 11, "learning_rate": 1e-2, "lr_schedule": "cosine",
+    cfg = TrainConfig.from_mapping({"iterations": 11, "learning_rate": 1e-2, "lr_schedule": "cosine",
                                  "final_learning_rate": 1e-4})
     lrs = [cfg.learning_rate_at(i) for i in range(cfg.iterations)]
     assert lrs[0] == pytest.approx(1e-2) and lrs[-1] == pytest.approx(1e-4)
@@ -291,11 +291,11 @@ def test_cosine_learning_rate_schedule():
     assert all(a > b for a, b in zip(lrs, lrs[1:]))
     assert TrainConfig(iterations=11).learning_rate_at(7) == TrainConfig().learning_rate
     with pytest.raises(physics.ConfigError, match="training.lr_schedule"):
-        TrainConfig.from_dict({"lr_schedule": "step"})
+        TrainConfig.from_mapping({"lr_schedule": "step"})
     with pytest.raises(physics.ConfigError, match="training.lr_schedule"):
-        TrainConfig.from_dict({"lr_schedule": 3})
+        TrainConfig.from_mapping({"lr_schedule": 3})
     with pytest.raises(physics.ConfigError, match="training.final_learning_rate"):
-        TrainConfig.from_dict({"final_learning_rate": 0.0})
+        TrainConfig.from_mapping({"final_learning_rate": 0.0})
 
 
 def test_scheduled_step_size_reaches_the_optimiser(monkeypatch):

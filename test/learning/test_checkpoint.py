@@ -122,7 +122,7 @@ def test_metadata_round_trips(saved, arm_task):
     sim = meta["simulator"]
     assert sim["dt"] == 0.02 and sim["substeps"] == 2 and sim["actuator"] == "position"
     assert sim["kp"] == list(arm_task.sim_config.kp)
-    assert physics.SimConfig.from_dict({k: v for k, v in sim.items() if k not in ("kp", "kd")}).dt == 0.02
+    assert physics.SimConfig.from_mapping({k: v for k, v in sim.items() if k not in ("kp", "kd")}).dt == 0.02
     # normalisation: the running statistics, exactly as float32
     norm = meta["normalization"]
     assert torch.equal(torch.tensor(norm["mean"], dtype=torch.float32), policy.norm.mean)

@@ -272,7 +272,7 @@ def test_a_world_size_that_does_not_divide_num_envs_is_refused(tiny_config, tmp_
     # The trainer itself refuses too (a resumed run's num_envs is known only from its state).
     params = tiny_params()
     task, _ = config.build_task(params, "tiny")
-    cfg = apg.TrainConfig.from_dict(params["training"])
+    cfg = apg.TrainConfig.from_mapping(params["training"])
     with pytest.raises(ddp.DistributedError, match="not divisible by the world size 3"):
         apg.train(task, cfg, progress=False, distributed=ddp.Context(rank=1, world_size=3))
 

@@ -107,24 +107,24 @@ def test_sb3_wrappers_accept_the_env(task):
 
 
 def test_config_from_dict():
-    cfg = PPOConfig.from_dict({"total_timesteps": 1000, "hidden": [32, 32], "learning_rate": 1e-3,
+    cfg = PPOConfig.from_mapping({"total_timesteps": 1000, "hidden": [32, 32], "learning_rate": 1e-3,
                                "stop_at_success": False})
     assert cfg.total_timesteps == 1000 and cfg.hidden == (32, 32) and cfg.learning_rate == 1e-3
     with pytest.raises(physics.ConfigError, match="ppo.n_step"):
-        PPOConfig.from_dict({"n_step": 10})
+        PPOConfig.from_mapping({"n_step": 10})
     with pytest.raises(physics.ConfigError, match="ppo.stop_at_success"):
-        PPOConfig.from_dict({"stop_at_success": 1})
+        PPOConfig.from_mapping({"stop_at_success": 1})
     with pytest.raises(physics.ConfigError, match="ppo.num_envs"):
-        PPOConfig.from_dict({"num_envs": "many"})
+        PPOConfig.from_mapping({"num_envs": "many"})
     with pytest.raises(physics.ConfigError, match="batch_size"):
-        PPOConfig.from_dict({"num_envs": 4, "n_steps": 8, "batch_size": 64})
+        PPOConfig.from_mapping({"num_envs": 4, "n_steps": 8, "batch_size": 64})
 
 
 def test_ppo_sections_of_the_training_files_parse():
     from diffsim_ros import config
     files = [f for f in sorted(REPO_ROOT.glob("config/*.yaml")) if "ppo" in config.load_yaml(f)]
     for f in files:
-        cfg = PPOConfig.from_dict(config.load_yaml(f)["ppo"])
+        cfg = PPOConfig.from_mapping(config.load_yaml(f)["ppo"])
         assert cfg.batch_size <= cfg.rollout_steps, f
 
 

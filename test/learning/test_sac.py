@@ -45,20 +45,20 @@ def task():
 
 
 def test_config_from_dict_and_its_refusals():
-    cfg = SACConfig.from_dict({"total_timesteps": 1000, "hidden": [32, 32], "gradient_steps": 4})
+    cfg = SACConfig.from_mapping({"total_timesteps": 1000, "hidden": [32, 32], "gradient_steps": 4})
     assert cfg.total_timesteps == 1000 and cfg.hidden == (32, 32) and cfg.gradient_steps == 4
     with pytest.raises(physics.ConfigError, match=r"unknown key 'sac\.gradient_step'; did you mean 'gradient_steps'"):
-        SACConfig.from_dict({"gradient_step": 4})
+        SACConfig.from_mapping({"gradient_step": 4})
     # A PPO option in the SAC section names the section it belongs to.
     with pytest.raises(physics.ConfigError, match=r"unknown key 'sac\.n_epochs'; it is a key of 'ppo'"):
-        SACConfig.from_dict({"n_epochs": 3})
+        SACConfig.from_mapping({"n_epochs": 3})
     with pytest.raises(physics.ConfigError, match=r"'sac\.gradient_steps' must be -1 .* or at least 1, got 0"):
-        SACConfig.from_dict({"gradient_steps": 0})
+        SACConfig.from_mapping({"gradient_steps": 0})
     with pytest.raises(physics.ConfigError, match=r"'sac\.ent_coef' must be > 0 when learn_ent_coef"):
-        SACConfig.from_dict({"ent_coef": 0.0})
-    assert SACConfig.from_dict({"ent_coef": 0.0, "learn_ent_coef": False}).ent_coef == 0.0
+        SACConfig.from_mapping({"ent_coef": 0.0})
+    assert SACConfig.from_mapping({"ent_coef": 0.0, "learn_ent_coef": False}).ent_coef == 0.0
     with pytest.raises(physics.ConfigError, match=r"'sac\.tau' must be in \(0, 1\]"):
-        SACConfig.from_dict({"tau": 0.0})
+        SACConfig.from_mapping({"tau": 0.0})
 
 
 def test_sac_sections_of_the_training_files_parse():
@@ -66,7 +66,7 @@ def test_sac_sections_of_the_training_files_parse():
     assert len(files) >= 6
     for f in files:
         params = config.load_yaml(f)
-        cfg = SACConfig.from_dict(params["sac"])
+        cfg = SACConfig.from_mapping(params["sac"])
         # Each file's discount is its PPO section's (the same effective horizon for both baselines).
         assert cfg.gamma == params["ppo"].get("gamma", 0.99), f
 

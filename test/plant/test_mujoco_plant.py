@@ -286,7 +286,7 @@ def test_default_perturbation_is_none():
     p = Perturbation()
     assert p.is_identity and p.mass_scale == 1.0 and p.latency == 0.0 and p.actuator_lag is None
     assert p.sensor_noise == (0.0, 0.0)
-    assert Perturbation.from_dict({"actuator_lag": -1.0}).actuator_lag is None   # ROS: no nulls
+    assert Perturbation.from_mapping({"actuator_lag": -1.0}).actuator_lag is None   # ROS: no nulls
 
 
 # ============================================================ state and interfaces
@@ -397,7 +397,7 @@ def test_a_harder_floor_is_the_contact_time_constant():
     assert 0 < hard < 0.5 * soft < 0.5 * softer, (hard, soft, softer)
     with pytest.raises(ConfigError, match="contact_time_constant.*twice the physics substep"):
         MujocoPlant(params, perturbation={"contact_time_constant": 0.003})
-    assert Perturbation.from_dict({"contact_time_constant": -1.0}).contact_time_constant is None
+    assert Perturbation.from_mapping({"contact_time_constant": -1.0}).contact_time_constant is None
 
 
 # ============================================================ the floor's friction is Coulomb's

@@ -33,7 +33,7 @@ def test_the_hardware_preset_per_kind_and_an_override():
     assert over == dict(flying, latency=0.015, sensor_noise=[0.003, 0.003])
     assert resolve_perturbation({"preset": "hardware", "mass_scale": 1.2}, "arm") == dict(arm, mass_scale=1.2)
     for kind in KINDS:                                                      # every preset is a valid perturbation
-        Perturbation.from_dict(resolve_perturbation("hardware", kind))
+        Perturbation.from_mapping(resolve_perturbation("hardware", kind))
     assert set(PRESETS["hardware"]) == set(KINDS)
 
 
@@ -46,7 +46,7 @@ def test_the_main_jobs_default_is_a_preset_whose_actuator_is_the_hardware_ones()
     assert set(PRESETS["default"]) == set(KINDS)
     for kind in KINDS:
         got = resolve_perturbation(DEFAULT_PERTURBATION, kind)
-        Perturbation.from_dict(got)
+        Perturbation.from_mapping(got)
         hw = resolve_perturbation("hardware", kind)
         extra = {"drag_scale": 1.5} if kind == "multirotor" else {}
         assert got == dict({k: hw[k] for k in ("mass_scale", "actuator_lag")}, **extra), kind

@@ -210,7 +210,7 @@ def test_a_jump_emerges_from_the_apex_objective():
     seed = drawn_seed("jump training", "DIFFSIM_TRAIN_SEED", bits=16)
     params, task, _ = config.load_training_file(REPO_ROOT / "config" / "jump.yaml")     # float32, as trained
     t = params["training"]
-    cfg = TrainConfig.from_dict(dict(t, learning_rate=0.001, eval_envs=64, iterations=60, stop_at_success=True,
+    cfg = TrainConfig.from_mapping(dict(t, learning_rate=0.001, eval_envs=64, iterations=60, stop_at_success=True,
                                      restart_after=20, seed=seed), "training")
     torch.manual_seed(seed)
     untrained = MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(task.model.dtype)
