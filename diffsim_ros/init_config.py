@@ -425,17 +425,14 @@ def _gain_comment(p: Plan, error: float, error_name: str, samples: str, bandwidt
     return lines
 
 
-def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], bandwidth: float, zeta: float) -> None:
-    import torch
-
+def _reach_ee_link(model, actuated: List[str], ee_link: Optional[str]) -> Tuple[str, str]:
+    """The reach task's end effector and why it was chosen: ``ee_link`` when given (checked: a link
+    of the model that an actuated joint moves), else the tip of the longest chain (the demo's
+    choice), unless no actuated joint moves that tip (a finger): then the link fixed to the
+    deepest actuated body farthest from its origin."""
     from . import physics
     from .dynamics_demo import tip_position
 
-    if model.floating_base:
-        raise InitError("reach: the arm must have a fixed base")
-    idx = torch.tensor([model.joint_names.index(n) for n in actuated])
-    # End effector: the tip of the longest chain (the demo's choice), unless that tip is not moved by an
-    # actuated joint (a finger): then the link fixed to the deepest actuated body farthest from its origin.
     poses = physics.forward_kinematics(model, model.neutral_configuration()[None])[0]
     act_bodies = set(model.full_joint_names.index(n) for n in actuated)   # fixed base: body = full joint index
     if ee_link is None:
@@ -457,6 +454,18 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
         body = model.link_body[model.link_names.index(ee_link)]
         if body >= 0 and body not in act_bodies and not any(b in act_bodies for b in _chain(model, body)):
             raise InitError(f"--ee-link {ee_link}: no actuated joint moves it")
+    return ee_link, why
+
+
+def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], bandwidth: float, zeta: float) -> None:
+    import torch
+
+    from . import physics
+
+    if model.floating_base:
+        raise InitError("reach: the arm must have a fixed base")
+    idx = torch.tensor([model.joint_names.index(n) for n in actuated])
+    ee_link, why = _reach_ee_link(model, actuated, ee_link)
     p.info["ee_link"], p.info["ee_reason"] = ee_link, why
 
     horizon, dt = 100, 0.02
@@ -672,9 +681,33 @@ def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float
     il["task.action_weight"] = "loss weight on the action squared, per step"
 
 
-def _plan_multirotor(p: Plan, model, mode: str) -> None:
+def _base_half_width(model, mass: float) -> Tuple[float, str]:
+    """Half the width of a multirotor's base (m) from its collision geometry (the largest x or y
+    reach of a box, sphere or cylinder of the base body), or 0.25 m x mass^(1/3) without any, and
+    the words that say how the guessed layout's arm (2/3 of it) was sized."""
     import torch
 
+    ext = []
+    for c in model.collisions:
+        if c.body != 0:
+            continue
+        half = 0.5 * c.size.double() if c.kind == "box" else None
+        if c.kind == "sphere":
+            half = c.size.double().repeat(3)
+        if c.kind == "cylinder":
+            half = torch.stack([c.size[0], c.size[0], 0.5 * c.size[1]]).double()
+        e = (c.R.double().abs() @ half)
+        ext.append(max(abs(float(c.p[0])) + float(e[0]), abs(float(c.p[1])) + float(e[1])))
+    if ext:
+        half_width = max(ext)
+        basis = f"2/3 of the base collision geometry's half width {half_width:.3f} m"
+    else:
+        half_width = 0.25 * mass ** (1 / 3)
+        basis = f"0.25 m x mass^(1/3) ({half_width:.3f} m: no collision geometry to size it from)"
+    return half_width, basis
+
+
+def _plan_multirotor(p: Plan, model, mode: str) -> None:
     from . import physics
 
     if model.nj:
@@ -699,23 +732,7 @@ def _plan_multirotor(p: Plan, model, mode: str) -> None:
     else:
         # No rotor links: an X layout inside the base's collision footprint (2/3 of its half width, the
         # propeller's radius 1/3 of it), or sized from the mass.
-        ext = []
-        for c in model.collisions:
-            if c.body != 0:
-                continue
-            half = 0.5 * c.size.double() if c.kind == "box" else None
-            if c.kind == "sphere":
-                half = c.size.double().repeat(3)
-            if c.kind == "cylinder":
-                half = torch.stack([c.size[0], c.size[0], 0.5 * c.size[1]]).double()
-            e = (c.R.double().abs() @ half)
-            ext.append(max(abs(float(c.p[0])) + float(e[0]), abs(float(c.p[1])) + float(e[1])))
-        if ext:
-            half_width = max(ext)
-            basis = f"2/3 of the base collision geometry's half width {half_width:.3f} m"
-        else:
-            half_width = 0.25 * mass ** (1 / 3)
-            basis = f"0.25 m x mass^(1/3) ({half_width:.3f} m: no collision geometry to size it from)"
+        half_width, basis = _base_half_width(model, mass)
         arm = 2 * half_width / 3
         prop_radius = half_width / 3
         radii_known = False
