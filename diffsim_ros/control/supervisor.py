@@ -45,11 +45,11 @@ supervisor returns is finite and within the limits of the robot the checkpoint w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..schema import ConfigError, from_mapping, normalise, option, section
+from ..schema import ConfigError, normalise, option, section
 
 __all__ = ["Supervisor", "SupervisorConfig", "JointStateIn", "OdometryIn", "ImuIn", "Verdict", "Tick",
            "SupervisorConfigError"]
@@ -111,13 +111,6 @@ class SupervisorConfig:
             raise SupervisorConfigError(f"{{key}} {list(self.workspace_min)} and 'workspace_max' "
                                         f"{list(self.workspace_max)} must have min < max on every axis",
                                         "workspace_min")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], where: str = "supervisor") -> "SupervisorConfig":
-        """From a mapping of setting names (e.g. the node's parameters, ``where=""``: they are
-        not prefixed); unknown names, wrong types and values out of range are a
-        SupervisorConfigError naming the setting under ``where``."""
-        return from_mapping(cls, dict(values), where)
 
 
 # ---------------------------------------------------------------------- inputs (plain records)

@@ -56,7 +56,7 @@ class Parameter:
     differentiable: bool = True           # apply() keeps gradients in the value
     physical_low: bool = False            # the lower bound is the quantity's own limit (a delay is >= 0): a
                                           # fit that ends there found a value, not a bound to widen
-    per_episode: Optional[_Apply] = None   # apply() of one value per environment,
+    per_episode: Optional[_Apply] = None  # apply() of one value per environment,
                                           # (B, size): see apply_per_episode
 
     def applies(self, sys: System) -> bool:
