@@ -694,9 +694,9 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         z_init = queue.pop(0)
         start = {n: v.tolist() for n, v in coords.values(z_init).items()}
         try:
-            g0 = None
-            if p1 is not None:      # the record's gradient is relative to the start's on the requested windows
-                g0 = _gradient_norm(pf, coords, z_init, counter)
+            # The record's gradient is relative to the start's on the requested windows.
+            g0 = _gradient_norm(pf, coords, z_init, counter)
+            if p1 is not None:
                 z_init = _lm(p1, coords, z_init, max_iter, counter, [], progress, stage="1-step windows")[0]
             z, r, J, moving, stop = _lm(pf, coords, z_init, max_iter, counter, history, progress, g0,
                                         stage=f"{window}-step windows")
@@ -706,7 +706,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
             f = float(r @ r)
             tried.append({"start": start, "loss": f / r.numel(), "moving": moving, "stop": stop})
             if best is None or f < best[0]:
-                best = (f, z, r, J, moving, len(tried) - 1)
+                best = (f, z, r, J, moving, len(tried) - 1, g0)
         # A fit that leaves the data unexplained may be a local minimum of the time-like
         # parameters (a latency a fraction long traded against a short lag): the next grid
         # points start further fits, up to MAX_STARTS fits in all.
@@ -714,13 +714,15 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
             queue.append(reserve.pop(0))
     if best is None:
         raise AnalysisError(f"{data.path}: every start of the calibration diverged ({tried})")
-    f, z, r, J, moving, best_i = best
+    f, z, r, J, moving, best_i, g0 = best
     if moving > 0.0:
         # The best fit ran out of iterations while its loss still fell: it goes on, once, for as
         # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
         # explaining the data, two dampings 37-65 % off; at 30 every value was exact).
         try:
-            z2, r2, J2, moving, stop2 = _lm(pf, coords, z, max_iter, counter, history, progress,
+            # Its gradient is reported relative to the same start's as the first run's (relative
+            # to its own start, a continuation from near the optimum read 8e-4 while still moving).
+            z2, r2, J2, moving, stop2 = _lm(pf, coords, z, max_iter, counter, history, progress, g0,
                                             stage=f"{window}-step windows")
         except physics.SimulationError:
             pass

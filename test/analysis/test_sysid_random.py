@@ -409,4 +409,9 @@ def test_a_fit_cut_short_by_the_iteration_limit_is_rejected(tmp_path):
     c = full.convergence
     print("full fit:", convergence_line(c))
     assert c["converged"] and c["reason"] != "iteration limit" and 0 < c["iterations"] < 2 * FAST["max_iter"], c
-    assert c["gradient"] < 1e-3 < short.convergence["gradient"], (c, short.convergence)
+    print("short fit:", convergence_line(short.convergence))
+    # The report tells them apart by the step (the short fit still moving) and the gradient, both
+    # relative to the same start's: after two Levenberg-Marquardt iterations the short fit's can
+    # already be 1e-7 of it (seed 207783955), the converged fit's is smaller still.
+    assert short.convergence["step"] > 1e-5, short.convergence
+    assert c["gradient"] < 1e-3 and c["gradient"] < short.convergence["gradient"], (c, short.convergence)
