@@ -10,7 +10,9 @@
 The plant reads the same training/robot YAML as the simulator (``urdf``,
 ``floating_base`` and the ``simulator`` section; other sections are ignored), loads the
 same URDF into MuJoCo, and runs MuJoCo at the simulator's substep ``dt / substeps``
-with its gravity and integrator (semi_implicit -> MuJoCo's Euler, rk4 -> RK4). The
+(with ground contact at most :data:`CONTACT_STEP`: that substep split in as many MuJoCo
+steps as it takes, see below) with its gravity and integrator (semi_implicit -> MuJoCo's
+Euler, rk4 -> RK4). The
 rigid-body dynamics, URDF joint damping, joint limits and ground contact are MuJoCo's
 own. The URDF's Coulomb joint friction is the simulator's smoothed law ``-f tanh(v / eps)``
 applied as ``qfrc_applied``, its secant slope ``f tanh(v / eps) / v`` in MuJoCo's implicit
@@ -43,6 +45,18 @@ Conventions (as the simulator's, so the two can be compared directly):
 ``v = [v_lin (body frame), w (body frame), joints...]``; joints in the physics
 model's order (``plant.joint_names``); every boundary maps joints by name.
 
+The step with ground contact. A robot is a continuous-time system, so the stand-in's verdict
+must not depend on its integration step. MuJoCo's soft contact under a light foot (solo12's
+lower leg and foot weigh 0.04 kg) is not resolved at a 2 ms step: the shipped solo12 walker's
+feet slid 0.07-0.11 m/s in stance at 2 ms, 0.04-0.07 at 1 ms, 0.02-0.05 at 0.5 ms and
+0.017-0.037 at 0.25 ms (bench/foot_slide.py --step-refinement 1,2,4,8; the simulator's implicit penalty contact gives
+0.01-0.02 at 2 ms), the Euler step's error, not the floor's physics. With ``simulator.ground``
+on, each simulator substep is therefore split into ``step_refinement`` MuJoCo steps, by default
+as many as keep MuJoCo's step at or below ``CONTACT_STEP`` (0.5 ms); the command, the delay line
+and the drives' laws then run at that finer step. Without ground contact, or with
+``step_refinement=1``, MuJoCo steps at the simulator's substep and the unperturbed plant
+agrees with the simulator to round-off.
+
 Perturbations (:class:`Perturbation`) stand in for the reality gap; defaults are none.
 """
 from __future__ import annotations
@@ -66,6 +80,16 @@ JOINT_INTERFACES = ("position", "velocity", "effort")
 ROTOR_INTERFACES = ("ctbr", "rotor_thrust")
 INTERFACES = JOINT_INTERFACES + ROTOR_INTERFACES
 FRICTION_IMPRATIO = 100.0   # ratio of frictional to normal constraint impedance on the ground (MuJoCo opt.impratio)
+CONTACT_STEP = 5e-4         # s, the largest MuJoCo step of a plant with ground contact (module doc)
+
+
+def default_refinement(substep: float, ground: bool) -> int:
+    """MuJoCo steps per simulator substep: with ground contact as many as keep the step at or
+    below :data:`CONTACT_STEP`, else 1."""
+    if not ground:
+        return 1
+    return max(1, int(np.ceil(substep / CONTACT_STEP - 1e-9)))
+
 
 
 # ----------------------------------------------------------------------------- measured states
@@ -124,10 +148,13 @@ class MujocoPlant:
     perturbation: :class:`Perturbation` or a mapping of its fields (default: none).
     initial_q, initial_v: the state :meth:`reset` returns to (simulator convention;
         default: the model's neutral configuration at rest).
+    step_refinement: MuJoCo steps per simulator substep (default: :func:`default_refinement`,
+        more than one only with ground contact; 1: MuJoCo at the simulator's own substep).
 
     Bad configuration raises :class:`physics.ConfigError` naming the key.
 
-    Attributes: ``dt``, ``substeps``, ``h`` (substep, s), ``joint_names``, ``actuated_joints``,
+    Attributes: ``dt``, ``substeps`` (MuJoCo steps per control step: the simulator's substeps
+    times ``step_refinement``), ``h`` (MuJoCo's step, s), ``step_refinement``, ``joint_names``, ``actuated_joints``,
     ``rotor_links``, ``interfaces``, ``interface``, ``floating_base``, ``mass`` (true, kg),
     ``nominal_mass``, ``hover_thrust`` (true mass times g, N), ``delay_substeps``,
     ``last_command`` ((interface, command) that ``step(None)`` repeats), ``model``/``data``
@@ -136,7 +163,8 @@ class MujocoPlant:
 
     def __init__(self, params: Dict[str, Any], source: str = "", interface: Optional[str] = None,
                  perturbation: Union[Perturbation, Dict[str, Any], None] = None,
-                 initial_q: Optional[Sequence[float]] = None, initial_v: Optional[Sequence[float]] = None):
+                 initial_q: Optional[Sequence[float]] = None, initial_v: Optional[Sequence[float]] = None,
+                 step_refinement: Optional[int] = None):
         if not isinstance(params, dict):
             raise ConfigError(f"parameters must be a mapping, got {type(params).__name__}", source=source)
         self.source = source
@@ -153,7 +181,13 @@ class MujocoPlant:
         self.floating_base = pm.floating_base
         self.joint_names: List[str] = list(pm.joint_names)
         self.dt = float(cfg.dt)
-        self.substeps = int(cfg.substeps)
+        if step_refinement is None:
+            step_refinement = default_refinement(self.dt / int(cfg.substeps), bool(cfg.ground))
+        elif isinstance(step_refinement, bool) or not isinstance(step_refinement, int) or step_refinement < 1:
+            raise ConfigError(f"step_refinement must be a whole number of MuJoCo steps per substep (at least 1), "
+                              f"got {step_refinement!r}", source=source)
+        self.step_refinement = int(step_refinement)
+        self.substeps = int(cfg.substeps) * self.step_refinement
         self.h = self.dt / self.substeps
 
         # ---- joint actuators, by name
@@ -335,8 +369,8 @@ class MujocoPlant:
         m.geom_friction[:, 0] = m.geom_friction[:, 0] * p.ground_friction_scale
         if p.contact_time_constant is not None:
             if p.contact_time_constant < 2 * self.h:
-                raise ConfigError(f"{{key}}: {p.contact_time_constant} s is below twice the physics substep "
-                                  f"({2 * self.h:g} s), where MuJoCo's contact is no longer stable",
+                raise ConfigError(f"{{key}}: {p.contact_time_constant} s is below twice the stand-in's MuJoCo "
+                                  f"step ({2 * self.h:g} s), where MuJoCo's contact is no longer stable",
                                   "perturbation.contact_time_constant", self.source)
             m.geom_solref[:, 0] = p.contact_time_constant
         m.body_inertia[:] = m.body_inertia * p.mass_scale

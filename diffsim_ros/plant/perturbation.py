@@ -83,14 +83,15 @@ class Perturbation:
         positions (m, rad; the base orientation gets a rotation of that many rad) and on measured velocities (m/s,
         rad/s): a number (both) or [position, velocity]. The true state is not affected""", low=0, broadcast=True)
     latency: float = option(0.0, """delay between a command and its effect; rounded to whole physics substeps
-        (dt / substeps) and added to simulator.command_delay""", "s", low=0)
+        (the stand-in's MuJoCo step: dt / substeps, finer with ground contact, plant/mujoco_plant.py) and added to
+        simulator.command_delay""", "s", low=0)
     seed: int = option(0, "seed of the sensor-noise generator")
     joint_friction_scale: float = option(1.0, "factor on the URDF <dynamics friction>", low=0)
     ground_friction_scale: float = option(1.0, """factor on the Coulomb coefficient between the robot and the ground
         (simulator.friction): a slippery or grippy floor""", low=0)
     contact_time_constant: Optional[float] = option(None, """time constant of MuJoCo's soft ground contact (the
         geoms' solref[0]; MuJoCo's default 0.02 s lets a foot sink millimetres and creep): smaller is a harder
-        floor, down to twice the physics substep. null, or as a ROS parameter any negative number: MuJoCo's
+        floor, down to twice the stand-in's MuJoCo step. null, or as a ROS parameter any negative number: MuJoCo's
         default. Outside the simulator's model: its penalty contact has a stiffness instead
         (simulator.contact_stiffness, which sysid fits)""", "s", low=0, ros_null=-1.0)
     constraint_friction: bool = option(False, """the joints' Coulomb friction as MuJoCo's frictionloss constraint

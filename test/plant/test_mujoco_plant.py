@@ -380,8 +380,8 @@ def _standing(plant, params, lift):
 
 def test_a_harder_floor_is_the_contact_time_constant():
     """The quadruped standing in its stance: a smaller contact_time_constant than MuJoCo's
-    default lets its feet sink less (a harder floor), a larger one more. Below twice the substep
-    it is refused; a negative ROS value is MuJoCo's default."""
+    default lets its feet sink less (a harder floor), a larger one more. Below twice the stand-in's
+    MuJoCo step it is refused; a negative ROS value is MuJoCo's default."""
     params = config.load_yaml(REPO_ROOT / "config" / "locomotion_velocity.yaml")
     stance = np.asarray(params["task"]["stance"])
 
@@ -395,8 +395,8 @@ def test_a_harder_floor_is_the_contact_time_constant():
         return -min(float(d.geom_xpos[i][2] - plant.model.geom_size[i][0]) for i in feet)
     soft, hard, softer = sink(), sink(contact_time_constant=0.005), sink(contact_time_constant=0.05)
     assert 0 < hard < 0.5 * soft < 0.5 * softer, (hard, soft, softer)
-    with pytest.raises(ConfigError, match="contact_time_constant.*twice the physics substep"):
-        MujocoPlant(params, perturbation={"contact_time_constant": 0.003})
+    with pytest.raises(ConfigError, match=r"contact_time_constant.*twice the stand-in's MuJoCo step \(0.001 s\)"):
+        MujocoPlant(params, perturbation={"contact_time_constant": 0.0009})      # its step: 0.5 ms
     assert Perturbation.from_mapping({"contact_time_constant": -1.0}).contact_time_constant is None
 
 
@@ -499,3 +499,43 @@ def test_a_standing_legged_robot_pushed_below_its_friction_limit_keeps_its_feet(
           f"friction {default * 1e3:.1f} mm/s)")
     assert here < 1.5e-3, here
     assert default > 5e-3, default
+
+
+def test_the_stand_in_resolves_its_ground_contact():
+    """A robot is continuous in time, so the stand-in's step must not decide its verdict. solo12
+    trotting in place on drawn joint sinusoids (its lower leg and foot weigh 0.04 kg): the feet's
+    track at the simulator's 2 ms substep differs from a finer step's by far more than the
+    stand-in's default step (0.5 ms, four MuJoCo steps a substep) differs from one twice as fine,
+    the first-order convergence of the Euler step; without ground contact (the arm) MuJoCo keeps
+    the simulator's substep."""
+    from diffsim_ros.plant.mujoco_plant import CONTACT_STEP, default_refinement
+    rng = np.random.default_rng(drawn_seed("stand-in step", "DIFFSIM_TEST_STEP_SEED"))
+    params = config.load_yaml(REPO_ROOT / "config" / "locomotion_velocity_solo12.yaml")
+    stance = np.asarray(params["task"]["stance"], dtype=float)
+    amp, freq = rng.uniform(0.15, 0.3), rng.uniform(2.0, 3.5)
+    phase = np.repeat([0.0, np.pi, np.pi, 0.0], 3)            # a trot: diagonal legs together
+    gain = np.tile([0.0, 1.0, -2.0], 4) * np.repeat([1, 1, -1, -1], 3)
+    commands = [stance + amp * gain * np.maximum(0.0, np.sin(2 * np.pi * freq * 0.01 * k + phase))
+                for k in range(40)]
+
+    def feet(refinement):
+        plant = MujocoPlant(params, step_refinement=refinement)
+        _standing(plant, params, 0.0)
+        m, d = plant.model, plant.data
+        bodies = [m.body(n).id for n in ("FL_FOOT", "FR_FOOT", "HL_FOOT", "HR_FOOT")]
+        track = []
+        for c in commands:
+            plant.step(c)
+            track.append(d.xpos[bodies].copy())
+        return plant, np.array(track)
+
+    plant, default = feet(None)
+    assert plant.step_refinement == default_refinement(0.002, True) == 4 and plant.h <= CONTACT_STEP
+    tracks = {r: feet(r)[1] for r in (1, 2, 8)}
+    coarse = float(np.abs(tracks[1] - tracks[2]).max())
+    fine = float(np.abs(default - tracks[8]).max())
+    print(f"amplitude {amp:.2f} rad, {freq:.2f} Hz: feet 2 ms vs 1 ms {1e3 * coarse:.2f} mm, "
+          f"0.5 ms vs 0.25 ms {1e3 * fine:.2f} mm")
+    assert fine < 0.5 * coarse, (fine, coarse)
+    arm = MujocoPlant(_params(ARM_YAML))
+    assert arm.step_refinement == 1 and arm.h == pytest.approx(arm.dt / arm.substeps)
