@@ -65,7 +65,7 @@ def test_loop_on_the_perturbed_stand_in(tmp_path, path):
 @pytest.mark.parametrize("path", ["launch", "nodes"])
 def test_loop_names_the_node_that_ended_the_deployment(tmp_path, path):
     """A node that exits (here the stand-in refusing, at start, a contact time constant below twice
-    its physics substep: a value the schema admits, which only the plant can judge) ends the run at
+    its MuJoCo step: a value the schema admits, which only the plant can judge) ends the run at
     once with its name and what it printed, on both deployment paths; every log is kept. A value
     the schema refuses (a negative mass scale) is refused before any node starts."""
     use_launch = deploy_path(path)
@@ -74,8 +74,8 @@ def test_loop_names_the_node_that_ended_the_deployment(tmp_path, path):
                  perturbation={"contact_time_constant": 0.001}, log=lambda *_: None, domain=ros_domain(),
                  use_launch=use_launch)
     msg = str(err.value)
-    assert "mujoco_plant exited with status 2" in msg and "below twice the physics substep" in msg, msg
-    assert "below twice the physics substep" in (tmp_path / "loop" / "logs" / "plant.log").read_text()
+    assert "mujoco_plant exited with status 2" in msg and "below twice the stand-in's MuJoCo step" in msg, msg
+    assert "below twice the stand-in's MuJoCo step" in (tmp_path / "loop" / "logs" / "plant.log").read_text()
     with pytest.raises(LoopError, match="'--perturb.mass_scale' must be > 0"):
         run_loop(None, str(tmp_path / "early"), checkpoint=str(REPO_ROOT / "policies" / "hover"), duration=1.0,
                  perturbation={"mass_scale": -1.0}, log=lambda *_: None, domain=ros_domain(), use_launch=use_launch)
