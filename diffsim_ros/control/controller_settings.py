@@ -165,23 +165,24 @@ def torch_dtype(name: str):
     return dtype
 
 
+def _choice(parameter: str, value: str, allowed: Sequence[str], text: str) -> str:
+    """``value`` if it is one of ``allowed``, else a SetupError: parameter must be ``text``."""
+    if value not in allowed:
+        raise SetupError(f"parameter '{parameter}' must be {text}, got {value!r}")
+    return value
+
+
 def check_mode(mode: str) -> str:
-    if mode not in ("policy", "excite"):
-        raise SetupError(f"parameter 'mode' must be policy or excite, got {mode!r}")
-    return mode
+    return _choice("mode", mode, ("policy", "excite"), "policy or excite")
 
 
 def check_executor(kind: str, allowed: Sequence[str]) -> str:
-    if kind not in allowed:
-        raise SetupError(f"parameter 'executor' must be one of {', '.join(allowed)}, got {kind!r}")
-    return kind
+    return _choice("executor", kind, allowed, f"one of {', '.join(allowed)}")
 
 
 def check_reliability(reliability: str) -> str:
     """``state_reliability``: the QoS reliability of the state subscriptions."""
-    if reliability not in ("reliable", "best_effort"):
-        raise SetupError(f"parameter 'state_reliability' must be reliable or best_effort, got {reliability!r}")
-    return reliability
+    return _choice("state_reliability", reliability, ("reliable", "best_effort"), "reliable or best_effort")
 
 
 def urdf_path(urdf: str, config: str) -> Optional[str]:
