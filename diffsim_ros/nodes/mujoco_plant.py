@@ -39,89 +39,36 @@ command and publishes at ``publish_rate_hz`` (0: every step).
 
 ``~/reset`` (std_srvs/Trigger): back to the initial state and time 0 (the state is
 published at once).
+
+The node owns the ROS side; its parameters and their start-up checks are plant/plant_settings.py.
 """
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import sys
+from types import SimpleNamespace
 from typing import List, Optional
 
 import numpy as np
 
-from .. import interfaces as ifc
-from ..schema import ros_constraints, ros_parameters
-from ..plant.perturbation import Perturbation
+from ..plant import JOINT_INTERFACES, MujocoPlant
+from ..plant import plant_settings as ps
+from ..plant.plant_settings import CONSTRAINTS, PARAMETERS, PERTURBATION_KEYS, SetupError, perturbation_parameter
 from . import common
+
+__all__ = ["NODE_NAME", "DISCOVERY_SETTLE_S", "PARAMETERS", "CONSTRAINTS", "PERTURBATION_KEYS",
+           "perturbation_parameter", "link_transforms", "make_node_class", "main"]
 
 NODE_NAME = "mujoco_plant"
 #: s from the wait_for_subscribers gate opening to the first state (see _check_gate).
 DISCOVERY_SETTLE_S = 0.25
 
-# (name, default, description): every parameter of the node besides the configuration keys.
-PARAMETERS = [
-    ("interface", "", "command interface before the first command arrives (its hold command is applied): "
-                      "position, velocity, effort, ctbr, rotor_thrust; empty: the config's simulator.actuator. "
-                      "Afterwards each command's topic decides its interface"),
-    ("mode", "realtime", "realtime (a wall timer steps the plant) or lockstep (one control step per command "
-                         "received, then one state)"),
-    ("real_time_factor", 1.0, "realtime mode: simulated seconds per wall-clock second"),
-    ("publish_rate_hz", 0.0, "realtime mode: state publishing rate, Hz (0: after every control step)"),
-    ("lockstep_republish_s", 1.0, "lockstep mode: period (s) at which the initial state is republished until "
-                                  "the first command arrives (0: never)"),
-    ("wait_for_subscribers", 0, "publish no state and start no clock until each state topic (/joint_states, "
-                                "/odom) has at least this many matched subscriptions (a controller and a recorder: "
-                                "2), and then 0.25 s more (the subscribers' own side of the match), so that "
-                                "nothing the stand-in publishes is missed and a robot does not fall before its "
-                                "controller listens (0: start at once)"),
-    ("controller_joints", [""], "order of the entries of the Float64MultiArray commands (the ros2_control "
-                                "controller's 'joints'); empty: the config's actuated joints"),
-    ("position_command_topic", "/position_controller/commands", "arm position commands (Float64MultiArray, rad)"),
-    ("velocity_command_topic", "/velocity_controller/commands", "arm velocity commands (Float64MultiArray, rad/s)"),
-    ("effort_command_topic", "/effort_controller/commands", "arm effort commands (Float64MultiArray, N m)"),
-    ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
-     "arm JointTrajectory commands (first point's positions by joint name)"),
-    ("ctbr_topic", ifc.CMD_CTBR, "quadrotor collective thrust (twist.linear.z, N) and body rates (twist.angular, "
-                                "rad/s), TwistStamped"),
-    ("rotor_thrust_topic", ifc.CMD_ROTOR_THRUST, "quadrotor per-rotor thrust (Float64MultiArray, N, rotor_links "
-                                                "order)"),
-    ("joint_states_topic", ifc.JOINT_STATES, "sensor_msgs/JointState out (arms, and the joints of a floating base)"),
-    ("odom_topic", ifc.ODOM, "nav_msgs/Odometry out (floating base): pose in world_frame, twist in base_frame"),
-    ("imu_topic", ifc.IMU, "sensor_msgs/Imu out (floating base): orientation, body rates, body specific force"),
-    ("clock_topic", ifc.CLOCK, "rosgraph_msgs/Clock out: the simulated time (empty: not published)"),
-    ("tf_topic", ifc.TF, "tf2_msgs/TFMessage out: link poses (parent -> child) and, for a floating base, "
-                        "world_frame -> base (empty: not published)"),
-    ("publish_link_tf", True, "publish the links' transforms on tf_topic (false: robot_state_publisher does; "
-                              "a floating base's world -> base is published either way)"),
-    ("robot_description_topic", ifc.ROBOT_DESCRIPTION, "std_msgs/String out, transient local: the URDF text "
-                                                       "(empty: not published)"),
-    ("world_frame", "world", "frame_id of /odom"),
-    ("base_frame", "base_link", "child_frame_id of /odom and frame_id of /imu"),
-    ("initial_positions", [0.0], "initial state: arms: joint positions in the model's joint order (rad); floating "
-                                 "base: [x, y, z], [x, y, z, qx, qy, qz, qw] or the whole q (legged: the base "
-                                 "pose, then the joints in the model's order); [0.0] alone: the neutral "
-                                 "configuration (at the origin)"),
-    ("initial_velocities", [0.0], "initial velocities in the simulator convention (floating base: body-frame "
-                                  "linear and angular velocity first); [0.0] alone: at rest"),
-]
-# perturbation.*: the fields of plant.Perturbation, with their documentation (diffsim_ros/schema.py).
-PARAMETERS += ros_parameters(Perturbation, "perturbation")
-CONSTRAINTS = ros_constraints(Perturbation, "perturbation")
-PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))
-
-
-def perturbation_parameter(key: str, val):
-    """The value of parameter ``perturbation.<key>`` as the node declares it, from any value the
-    configuration schema accepts for the field (plant.Perturbation): one number for
-    ``sensor_noise`` (both entries), integers for doubles (``latency: 0``), a whole double for the
-    integer ``seed``, ... -> a list of floats, a float, an int, a bool. A value the schema refuses
-    (a string for a number, two numbers for three) is a ConfigError naming the parameter."""
-    from ..plant.perturbation import ros_values
-
-    if hasattr(val, "tolist") and not isinstance(val, (str, bytes)):
-        val = val.tolist()                      # rclpy's arrays (array.array)
-    if isinstance(val, tuple):
-        val = list(val)
-    return ros_values({key: val}, "perturbation")[key]
+#: What the node uses of rclpy and the message packages (module: names), imported into ``ros`` by
+#: make_node_class(): importing this module needs no rclpy.
+_ROS = {"rclpy.node": "Node", "geometry_msgs.msg": "TwistStamped", "nav_msgs.msg": "Odometry",
+        "rosgraph_msgs.msg": "Clock", "sensor_msgs.msg": "Imu JointState", "std_msgs.msg": "Float64MultiArray",
+        "std_srvs.srv": "Trigger", "trajectory_msgs.msg": "JointTrajectory"}
+ros = SimpleNamespace()
 
 
 def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):
@@ -155,300 +102,296 @@ def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):
     return out
 
 
-def _build_node_class():
-    from geometry_msgs.msg import TwistStamped
-    from nav_msgs.msg import Odometry
-    from rclpy.node import Node
-    from rosgraph_msgs.msg import Clock
-    from sensor_msgs.msg import Imu, JointState
-    from std_msgs.msg import Float64MultiArray
-    from std_srvs.srv import Trigger
-    from trajectory_msgs.msg import JointTrajectory
+def make_node_class():
+    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    for module, names in _ROS.items():
+        ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
+    return type("MujocoPlantNode", (_MujocoPlantLogic, ros.Node), {"__module__": __name__})
 
-    from ..plant import JOINT_INTERFACES, MujocoPlant
 
-    class MujocoPlantNode(Node):
-        def __init__(self, **kw):
-            super().__init__(NODE_NAME, **kw)
-            # perturbation.*: what the schema accepts (a number for sensor_noise, an integer for a
-            # double) is converted to the declared type first; anything else stops the node naming it.
-            for key in PERTURBATION_KEYS:
-                common.coerce_override(self, f"perturbation.{key}",
-                                       lambda val, key=key: perturbation_parameter(key, val))
-            p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
-            self.p = p
-            params = common.config_parameters(self)
-            if not params.get("urdf"):
-                raise common.StartupError("no robot: set parameter 'config' (a training/robot YAML) or pass its "
-                                          "keys (--params-file config/<robot>.yaml)")
-            pert = {k: p[f"perturbation.{k}"] for k in PERTURBATION_KEYS}
-            mode = p["mode"]
-            if mode not in ("realtime", "lockstep"):
-                raise common.StartupError(f"parameter 'mode' must be realtime or lockstep, got {mode!r}")
-            self.lockstep = mode == "lockstep"
-            source = common.value(self, "config") or "parameters"
-            self.plant = plant = MujocoPlant(params, source=source, interface=p["interface"] or None,
-                                             perturbation=pert)
-            self._set_initial_state(p["initial_positions"], p["initial_velocities"])
-            # ---- controller joint order -> plant order
-            cj = [j for j in p["controller_joints"] if j]
-            if cj and sorted(cj) != sorted(plant.actuated_joints):
-                raise common.StartupError(f"parameter 'controller_joints' {cj} must name exactly the actuated "
-                                          f"joints {plant.actuated_joints}")
-            self.controller_joints = cj or list(plant.actuated_joints)
-            self._to_plant = np.array([self.controller_joints.index(j) for j in plant.actuated_joints], dtype=int)
-            self.rejected = 0
-            self.commands = 0
-            # ---- publishers
-            qos = common.state_qos()
-            self.pub_js = self.pub_odom = self.pub_imu = self.pub_clock = None
-            if plant.joint_names and p["joint_states_topic"]:
-                self.pub_js = self.create_publisher(JointState, p["joint_states_topic"], qos)
-            if plant.floating_base:
-                if p["odom_topic"]:
-                    self.pub_odom = self.create_publisher(Odometry, p["odom_topic"], qos)
-                if p["imu_topic"]:
-                    self.pub_imu = self.create_publisher(Imu, p["imu_topic"], qos)
-            if p["clock_topic"]:
-                self.pub_clock = self.create_publisher(Clock, p["clock_topic"], qos)
-            self._setup_visualisation(p)
-            # ---- subscriptions (only the interfaces this robot accepts)
-            cq = common.command_qos()
-            topics = []
-            for iface, key in (("position", "position_command_topic"), ("velocity", "velocity_command_topic"),
-                               ("effort", "effort_command_topic"), ("rotor_thrust", "rotor_thrust_topic")):
-                if iface in plant.interfaces and p[key]:
-                    self.create_subscription(Float64MultiArray, p[key],
-                                             lambda msg, i=iface: self._on_array(msg, i), cq)
-                    topics.append(p[key])
-            if "position" in plant.interfaces and p["trajectory_topic"]:
-                self.create_subscription(JointTrajectory, p["trajectory_topic"], self._on_trajectory, cq)
-                topics.append(p["trajectory_topic"])
-            if "ctbr" in plant.interfaces and p["ctbr_topic"]:
-                self.create_subscription(TwistStamped, p["ctbr_topic"], self._on_ctbr, cq)
-                topics.append(p["ctbr_topic"])
-            self.create_service(Trigger, "~/reset", self._on_reset)
-            # ---- timing
-            self._got_command = False
-            self.idle_timer = self.timer = None
-            if not self.lockstep:
-                rtf = float(p["real_time_factor"])
-                if not rtf > 0:
-                    raise common.StartupError(f"parameter 'real_time_factor' must be > 0, got {rtf}")
-                rate = float(p["publish_rate_hz"])
-                if rate < 0:
-                    raise common.StartupError(f"parameter 'publish_rate_hz' must be >= 0, got {rate}")
-                self.publish_every = max(1, int(round(1.0 / (rate * plant.dt)))) if rate > 0 else 1
-                self._period = plant.dt / rtf
-            self.wait_subs = int(p["wait_for_subscribers"])
-            if self.wait_subs < 0:
-                raise common.StartupError(f"parameter 'wait_for_subscribers' must be >= 0, got {self.wait_subs}")
-            self.get_logger().info(
-                f"{plant.physics_model.name}: {mode}, dt {plant.dt:g} s in {plant.substeps} substeps, interfaces "
-                f"{', '.join(plant.interfaces)} (start: {plant.interface}), joints {plant.joint_names}; "
-                f"commands on {', '.join(topics)}; perturbation {plant.perturbation.to_dict()}")
-            self.gate_timer = None
-            if self._subscribers_matched():
-                self._start()
-            else:
-                self.gate_timer = self.create_timer(0.02, self._check_gate)
+_build_node_class = make_node_class     # the name the tests build the node by
 
-        def _subscribers_matched(self) -> bool:
-            """wait_for_subscribers: every state publisher has that many matched subscriptions."""
-            pubs = [pub for pub in (self.pub_js, self.pub_odom) if pub is not None]
-            return all(pub.get_subscription_count() >= self.wait_subs for pub in pubs)
 
-        def _check_gate(self):
-            if self._subscribers_matched():
-                self.gate_timer.cancel()
-                self.get_logger().info(f"state subscribers matched ({self.wait_subs} each): starting")
-                # The count is the writer's view: a subscriber's reader may match this writer a
-                # moment later, and a volatile reader drops what was sent before (a CI run's
-                # recorder lost one lockstep state of 150 that the controller got). So the first
-                # state waits DISCOVERY_SETTLE_S more.
-                self.settle_timer = self.create_timer(DISCOVERY_SETTLE_S, self._settled)
+class _MujocoPlantLogic:
+    """The node's side of mujoco_plant (parameters, publishers, subscriptions, timers), mixed into
+    rclpy's Node by make_node_class(); the robot is plant.MujocoPlant, the parameters' table and
+    checks plant/plant_settings.py."""
 
-        def _settled(self):
-            self.settle_timer.cancel()
+    def __init__(self, **kw):
+        super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
+        try:
+            params = self._declare()
+            self._make_plant(params)
+            self._map_joints()
+            self._advertise()
+            self._setup_visualisation(self.p)
+            topics = self._subscribe()
+            self._read_timing()
+        except SetupError as e:
+            raise common.StartupError(str(e)) from None
+        plant = self.plant
+        self.get_logger().info(
+            f"{plant.physics_model.name}: {self.p['mode']}, dt {plant.dt:g} s in {plant.substeps} substeps, "
+            f"interfaces {', '.join(plant.interfaces)} (start: {plant.interface}), joints {plant.joint_names}; "
+            f"commands on {', '.join(topics)}; perturbation {plant.perturbation.to_dict()}")
+        self._open_gate()
+
+    # ------------------------------------------------------------------ start-up
+    def _declare(self):
+        """Every parameter, into ``self.p``; returns the robot's configuration (config_parameters)."""
+        # perturbation.*: what the schema accepts (a number for sensor_noise, an integer for a
+        # double) is converted to the declared type first; anything else stops the node naming it.
+        for key in PERTURBATION_KEYS:
+            common.coerce_override(self, f"perturbation.{key}",
+                                   lambda val, key=key: perturbation_parameter(key, val))
+        self.p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
+        params = common.config_parameters(self)
+        ps.check_robot(params)
+        return params
+
+    def _make_plant(self, params):
+        p = self.p
+        pert = {k: p[f"perturbation.{k}"] for k in PERTURBATION_KEYS}
+        self.lockstep = ps.check_mode(p["mode"])
+        source = common.value(self, "config") or "parameters"
+        self.plant = MujocoPlant(params, source=source, interface=p["interface"] or None, perturbation=pert)
+        self._set_initial_state(p["initial_positions"], p["initial_velocities"])
+
+    def _map_joints(self):
+        """Controller joint order -> plant order."""
+        self.controller_joints, self._to_plant = ps.controller_order(self.p["controller_joints"],
+                                                                     self.plant.actuated_joints)
+        self.rejected = 0
+        self.commands = 0
+
+    def _advertise(self):
+        """The state publishers."""
+        p, plant = self.p, self.plant
+        qos = common.state_qos()
+        self.pub_js = self.pub_odom = self.pub_imu = self.pub_clock = None
+        if plant.joint_names and p["joint_states_topic"]:
+            self.pub_js = self.create_publisher(ros.JointState, p["joint_states_topic"], qos)
+        if plant.floating_base:
+            if p["odom_topic"]:
+                self.pub_odom = self.create_publisher(ros.Odometry, p["odom_topic"], qos)
+            if p["imu_topic"]:
+                self.pub_imu = self.create_publisher(ros.Imu, p["imu_topic"], qos)
+        if p["clock_topic"]:
+            self.pub_clock = self.create_publisher(ros.Clock, p["clock_topic"], qos)
+
+    def _subscribe(self) -> List[str]:
+        """The command subscriptions (only the interfaces this robot accepts) and ~/reset; their topics."""
+        p, plant = self.p, self.plant
+        cq = common.command_qos()
+        topics = []
+        for iface, key in (("position", "position_command_topic"), ("velocity", "velocity_command_topic"),
+                           ("effort", "effort_command_topic"), ("rotor_thrust", "rotor_thrust_topic")):
+            if iface in plant.interfaces and p[key]:
+                self.create_subscription(ros.Float64MultiArray, p[key],
+                                         lambda msg, i=iface: self._on_array(msg, i), cq)
+                topics.append(p[key])
+        if "position" in plant.interfaces and p["trajectory_topic"]:
+            self.create_subscription(ros.JointTrajectory, p["trajectory_topic"], self._on_trajectory, cq)
+            topics.append(p["trajectory_topic"])
+        if "ctbr" in plant.interfaces and p["ctbr_topic"]:
+            self.create_subscription(ros.TwistStamped, p["ctbr_topic"], self._on_ctbr, cq)
+            topics.append(p["ctbr_topic"])
+        self.create_service(ros.Trigger, "~/reset", self._on_reset)
+        return topics
+
+    def _read_timing(self):
+        p = self.p
+        self._got_command = False
+        self.idle_timer = self.timer = None
+        if not self.lockstep:
+            self.publish_every, self._period = ps.realtime_timing(self.plant.dt, p["real_time_factor"],
+                                                                  p["publish_rate_hz"])
+        self.wait_subs = ps.subscriber_count(p["wait_for_subscribers"])
+
+    def _open_gate(self):
+        """Start now, or once every state topic has wait_for_subscribers matched subscriptions."""
+        self.gate_timer = None
+        if self._subscribers_matched():
             self._start()
+        else:
+            self.gate_timer = self.create_timer(0.02, self._check_gate)
 
-        def _start(self):
-            """The first state out; then the clock runs (realtime) or waits for commands (lockstep)."""
-            if self.lockstep:
-                period = float(self.p["lockstep_republish_s"])
-                self.idle_timer = self.create_timer(period, self._republish_idle) if period > 0 else None
+    def _subscribers_matched(self) -> bool:
+        """wait_for_subscribers: every state publisher has that many matched subscriptions."""
+        pubs = [pub for pub in (self.pub_js, self.pub_odom) if pub is not None]
+        return all(pub.get_subscription_count() >= self.wait_subs for pub in pubs)
+
+    def _check_gate(self):
+        if self._subscribers_matched():
+            self.gate_timer.cancel()
+            self.get_logger().info(f"state subscribers matched ({self.wait_subs} each): starting")
+            # The count is the writer's view: a subscriber's reader may match this writer a
+            # moment later, and a volatile reader drops what was sent before (a CI run's
+            # recorder lost one lockstep state of 150 that the controller got). So the first
+            # state waits DISCOVERY_SETTLE_S more.
+            self.settle_timer = self.create_timer(DISCOVERY_SETTLE_S, self._settled)
+
+    def _settled(self):
+        self.settle_timer.cancel()
+        self._start()
+
+    def _start(self):
+        """The first state out; then the clock runs (realtime) or waits for commands (lockstep)."""
+        if self.lockstep:
+            period = float(self.p["lockstep_republish_s"])
+            self.idle_timer = self.create_timer(period, self._republish_idle) if period > 0 else None
+        else:
+            self.timer = self.create_timer(self._period, self._tick)
+        self._publish()
+
+    # ------------------------------------------------------------------ state
+    def _set_initial_state(self, positions, velocities):
+        q, v = ps.initial_state(self.plant, positions, velocities)
+        self.plant.set_initial_state(q, v)
+        self.plant.reset()
+
+    def _setup_visualisation(self, p):
+        """/tf and the latched /robot_description (RViz, Foxglove)."""
+        import mujoco
+
+        from ..physics.urdf import _read_source
+
+        plant = self.plant
+        self.pub_tf = None
+        if p["tf_topic"]:
+            if common.have_tf2_msgs():
+                from tf2_msgs.msg import TFMessage
+
+                self.pub_tf = self.create_publisher(TFMessage, p["tf_topic"], common.state_qos())
+                self._tf_scratch = mujoco.MjData(plant.model)
+                names = set(plant.physics_model.link_names)
+                if not p["publish_link_tf"]:       # only world -> base (robot_state_publisher does the rest)
+                    names = {plant.physics_model.body_names[0]} if plant.floating_base else set()
+                self._tf_links = names
             else:
-                self.timer = self.create_timer(self._period, self._tick)
-            self._publish()
+                self.get_logger().warning(
+                    f"tf2_msgs is not installed (it comes with a ROS 2 install; the PyPI ROS wheels have no "
+                    f"ros-tf2-msgs, scripts/bootstrap.sh builds it where cmake and c++ exist): "
+                    f"{p['tf_topic']} is not published")
+        if p["robot_description_topic"]:
+            text, _ = _read_source(str(plant.urdf_path), str(plant.urdf_path), None)
+            self.pub_description = self.create_publisher(type(common.string_msg("")),
+                                                         p["robot_description_topic"], common.latched_qos())
+            self.pub_description.publish(common.string_msg(text))
 
-        # ------------------------------------------------------------------ state
-        def _set_initial_state(self, positions, velocities):
-            plant = self.plant
-            pos = [float(x) for x in positions]
-            vel = [float(x) for x in velocities]
-            q = plant.physics_model.neutral_configuration().numpy()
-            if pos != [0.0]:
-                if plant.floating_base and len(pos) in (3, 7, plant.nq):
-                    q[:len(pos)] = pos          # a legged robot's full q: base pose, then its joints
-                elif not plant.floating_base and len(pos) == plant.nq:
-                    q[:] = pos
-                else:
-                    need = (f"[x, y, z], [x, y, z, qx, qy, qz, qw] or all {plant.nq} of q" if plant.floating_base
-                            else f"{plant.nq} joint positions ({', '.join(plant.joint_names)})")
-                    raise common.StartupError(f"parameter 'initial_positions' has {len(pos)} entries; it needs {need}")
-            v = np.zeros(plant.nv)
-            if vel != [0.0]:
-                if len(vel) != plant.nv:
-                    raise common.StartupError(f"parameter 'initial_velocities' has {len(vel)} entries; it needs "
-                                              f"{plant.nv}")
-                v[:] = vel
-            plant.set_initial_state(q, v)
-            plant.reset()
+    def _publish(self):
+        plant = self.plant
+        s = plant.measured()
+        t = plant.time
+        if self.pub_tf is not None and self._tf_links:
+            self.pub_tf.publish(common.tf_message(t, link_transforms(
+                plant.model, plant.data.qpos, self._tf_scratch, self._tf_links, self.p["world_frame"])))
+        if plant.floating_base:
+            if self.pub_odom is not None:
+                self.pub_odom.publish(common.odometry_msg(t, s.position, s.orientation, s.linear_velocity_body,
+                                                          s.angular_velocity, self.p["world_frame"],
+                                                          self.p["base_frame"]))
+            if self.pub_imu is not None:
+                self.pub_imu.publish(common.imu_msg(t, s.orientation, s.angular_velocity, s.specific_force,
+                                                    self.p["base_frame"]))
+            js = s.joints
+        else:
+            js = s
+        if self.pub_js is not None and js is not None:
+            self.pub_js.publish(common.joint_state_msg(js.names, js.position, js.velocity, js.effort, t))
+        if self.pub_clock is not None:
+            self.pub_clock.publish(common.clock_msg(t))
 
-        def _setup_visualisation(self, p):
-            """/tf and the latched /robot_description (RViz, Foxglove)."""
-            import mujoco
-
-            from ..physics.urdf import _read_source
-
-            plant = self.plant
-            self.pub_tf = None
-            if p["tf_topic"]:
-                if common.have_tf2_msgs():
-                    from tf2_msgs.msg import TFMessage
-
-                    self.pub_tf = self.create_publisher(TFMessage, p["tf_topic"], common.state_qos())
-                    self._tf_scratch = mujoco.MjData(plant.model)
-                    names = set(plant.physics_model.link_names)
-                    if not p["publish_link_tf"]:       # only world -> base (robot_state_publisher does the rest)
-                        names = {plant.physics_model.body_names[0]} if plant.floating_base else set()
-                    self._tf_links = names
-                else:
-                    self.get_logger().warning(
-                        f"tf2_msgs is not installed (it comes with a ROS 2 install; the PyPI ROS wheels have no "
-                        f"ros-tf2-msgs, scripts/bootstrap.sh builds it where cmake and c++ exist): "
-                        f"{p['tf_topic']} is not published")
-            if p["robot_description_topic"]:
-                text, _ = _read_source(str(plant.urdf_path), str(plant.urdf_path), None)
-                self.pub_description = self.create_publisher(type(common.string_msg("")),
-                                                             p["robot_description_topic"], common.latched_qos())
-                self.pub_description.publish(common.string_msg(text))
-
-        def _publish(self):
-            plant = self.plant
-            s = plant.measured()
-            t = plant.time
-            if self.pub_tf is not None and self._tf_links:
-                self.pub_tf.publish(common.tf_message(t, link_transforms(
-                    plant.model, plant.data.qpos, self._tf_scratch, self._tf_links, self.p["world_frame"])))
-            if plant.floating_base:
-                if self.pub_odom is not None:
-                    self.pub_odom.publish(common.odometry_msg(t, s.position, s.orientation, s.linear_velocity_body,
-                                                              s.angular_velocity, self.p["world_frame"],
-                                                              self.p["base_frame"]))
-                if self.pub_imu is not None:
-                    self.pub_imu.publish(common.imu_msg(t, s.orientation, s.angular_velocity, s.specific_force,
-                                                        self.p["base_frame"]))
-                js = s.joints
-            else:
-                js = s
-            if self.pub_js is not None and js is not None:
-                self.pub_js.publish(common.joint_state_msg(js.names, js.position, js.velocity, js.effort, t))
-            if self.pub_clock is not None:
-                self.pub_clock.publish(common.clock_msg(t))
-
-        def _advance(self, command=None, interface=None):
-            """One control step (with the last valid command when ``command`` is None)."""
-            try:
-                self.plant.step(command, interface)
-            except FloatingPointError as e:
-                self.get_logger().error(f"{e}; resetting to the initial state")
-                self.plant.reset()
-
-        # ------------------------------------------------------------------ commands
-        def _reject(self, why: str):
-            self.rejected += 1
-            self.get_logger().warning(f"rejected command ({self.rejected} so far): {why}; keeping the last valid "
-                                      f"command", throttle_duration_sec=1.0)
-
-        def _accept(self, interface: str, command):
-            """Check a command; lockstep: step once (with it, or the last valid one) and publish."""
-            self.commands += 1
-            self._got_command = True
-            try:
-                cmd = self.plant.check_command(command, interface)
-            except ValueError as e:
-                self._reject(str(e))
-                cmd = None
-            if cmd is not None:
-                self.plant.last_command = (interface, cmd)
-            if self.lockstep:
-                self._advance()
-                self._publish()
-
-        def _on_array(self, msg, interface: str):
-            try:
-                n = len(self.plant.command_names(interface))
-                data = common.float64_array(msg, n, f"{interface} command")
-            except (ValueError, TypeError) as e:
-                return self._accept_bad(str(e))
-            if interface in JOINT_INTERFACES:
-                data = data[self._to_plant]
-            self._accept(interface, data)
-
-        def _accept_bad(self, why: str):
-            self.commands += 1
-            self._got_command = True
-            self._reject(why)
-            if self.lockstep:
-                self._advance()
-                self._publish()
-
-        def _on_trajectory(self, msg):
-            try:
-                pos, _ = common.trajectory_point(msg, self.plant.actuated_joints)
-            except (ValueError, TypeError) as e:
-                return self._accept_bad(str(e))
-            self._accept("position", pos)
-
-        def _on_ctbr(self, msg):
-            t = msg.twist
-            self._accept("ctbr", [t.linear.z, t.angular.x, t.angular.y, t.angular.z])
-
-        # ------------------------------------------------------------------ timers and services
-        def _tick(self):
-            self._advance()
-            if self.plant._steps % self.publish_every == 0:
-                self._publish()
-
-        def _republish_idle(self):
-            if self._got_command:
-                self.idle_timer.cancel()
-                return
-            self._publish()
-
-        def _on_reset(self, request, response):
+    def _advance(self, command=None, interface=None):
+        """One control step (with the last valid command when ``command`` is None)."""
+        try:
+            self.plant.step(command, interface)
+        except FloatingPointError as e:
+            self.get_logger().error(f"{e}; resetting to the initial state")
             self.plant.reset()
+
+    # ------------------------------------------------------------------ commands
+    def _reject(self, why: str):
+        self.rejected += 1
+        self.get_logger().warning(f"rejected command ({self.rejected} so far): {why}; keeping the last valid "
+                                  f"command", throttle_duration_sec=1.0)
+
+    def _accept(self, interface: str, command):
+        """Check a command; lockstep: step once (with it, or the last valid one) and publish."""
+        self.commands += 1
+        self._got_command = True
+        try:
+            cmd = self.plant.check_command(command, interface)
+        except ValueError as e:
+            self._reject(str(e))
+            cmd = None
+        if cmd is not None:
+            self.plant.last_command = (interface, cmd)
+        if self.lockstep:
+            self._advance()
             self._publish()
-            response.success = True
-            response.message = "reset to the initial state, t = 0"
-            return response
 
-        def close(self):
-            """Called once by run_node at shutdown: a recorder gets the last states before the exit."""
-            for t in (self.timer, self.idle_timer):
-                if t is not None:
-                    t.cancel()
-            late = common.flush_publishers((self.pub_js, self.pub_odom, self.pub_imu, self.pub_clock))
-            if late:
-                self.get_logger().warning(f"shutting down with states a subscriber has not acknowledged on {late}")
+    def _on_array(self, msg, interface: str):
+        try:
+            n = len(self.plant.command_names(interface))
+            data = common.float64_array(msg, n, f"{interface} command")
+        except (ValueError, TypeError) as e:
+            return self._accept_bad(str(e))
+        if interface in JOINT_INTERFACES:
+            data = data[self._to_plant]
+        self._accept(interface, data)
 
-    return MujocoPlantNode
+    def _accept_bad(self, why: str):
+        self.commands += 1
+        self._got_command = True
+        self._reject(why)
+        if self.lockstep:
+            self._advance()
+            self._publish()
+
+    def _on_trajectory(self, msg):
+        try:
+            pos, _ = common.trajectory_point(msg, self.plant.actuated_joints)
+        except (ValueError, TypeError) as e:
+            return self._accept_bad(str(e))
+        self._accept("position", pos)
+
+    def _on_ctbr(self, msg):
+        t = msg.twist
+        self._accept("ctbr", [t.linear.z, t.angular.x, t.angular.y, t.angular.z])
+
+    # ------------------------------------------------------------------ timers and services
+    def _tick(self):
+        self._advance()
+        if self.plant._steps % self.publish_every == 0:
+            self._publish()
+
+    def _republish_idle(self):
+        if self._got_command:
+            self.idle_timer.cancel()
+            return
+        self._publish()
+
+    def _on_reset(self, request, response):
+        self.plant.reset()
+        self._publish()
+        response.success = True
+        response.message = "reset to the initial state, t = 0"
+        return response
+
+    def close(self):
+        """Called once by run_node at shutdown: a recorder gets the last states before the exit."""
+        for t in (self.timer, self.idle_timer):
+            if t is not None:
+                t.cancel()
+        late = common.flush_publishers((self.pub_js, self.pub_odom, self.pub_imu, self.pub_clock))
+        if late:
+            self.get_logger().warning(f"shutting down with states a subscriber has not acknowledged on {late}")
 
 
 def main(args: Optional[List[str]] = None) -> int:
     def factory():
-        return _build_node_class()()
+        return make_node_class()()
     status = common.run_node(factory, args=args, name=NODE_NAME)
     sys.exit(status)
 

@@ -21,13 +21,25 @@ with ``replay: error: ...`` naming the problem (exit status 2).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import time
+from types import SimpleNamespace
 from typing import List, Optional
 
 import numpy as np
 
 from . import common
+
+__all__ = ["NODE_NAME", "PARAMETERS", "Playback", "make_node_class", "main"]
+
+NODE_NAME = "replay"
+
+#: What the node uses of rclpy, imported into ``ros`` by make_node_class(): importing this module
+#: needs no rclpy. The message class (sensor_msgs/JointState for an arm, geometry_msgs/TwistStamped
+#: otherwise) is imported once the bag's robot is known.
+_ROS = {"rclpy": "try_shutdown", "rclpy.node": "Node"}
+ros = SimpleNamespace()
 
 PARAMETERS = [
     ("bag", "", "rosbag2 directory to play (MCAP or sqlite3; layout of doc/interfaces.md). Required."),
@@ -93,95 +105,113 @@ class Playback:
 
 
 def make_node_class():
-    from rclpy.node import Node
+    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    for module, names in _ROS.items():
+        ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
+    return type("ReplayNode", (_ReplayLogic, ros.Node), {"__module__": __name__})
 
-    class ReplayNode(Node):
-        """Publishes a :class:`Playback` on a wall timer at ``rate`` times real time."""
 
-        def __init__(self, **kw):
-            super().__init__("replay", **kw)
-            p = common.declare_all(self, PARAMETERS)
-            self.p = p
-            if not p["bag"]:
-                raise common.StartupError("parameter 'bag' is required (-p bag:=PATH)")
-            if not p["rate"] > 0:
-                raise common.StartupError(f"parameter 'rate' must be > 0, got {p['rate']}")
-            if p["start_delay"] < 0:
-                raise common.StartupError(f"parameter 'start_delay' must be >= 0, got {p['start_delay']}")
-            from ..analysis import AnalysisError
-            from ..physics import ConfigError
+class _ReplayLogic:
+    """Publishes a :class:`Playback` on a wall timer at ``rate`` times real time (mixed into rclpy's
+    Node by make_node_class())."""
 
-            try:
-                self.play = Playback(p["bag"], p["config"], p["source"], p["horizon"], p["state_topic"],
-                                     p["command_topic"])
-            except (AnalysisError, ConfigError) as e:
-                raise common.StartupError(str(e)) from None
-            if self.play.kind == "arm":
-                from sensor_msgs.msg import JointState as Msg
+    def __init__(self, **kw):
+        super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
+        p = common.declare_all(self, PARAMETERS)
+        self.p = p
+        self._check_parameters()
+        self._load()
+        self._advertise()
+        self._start_timer()
+        self.get_logger().info(
+            f"playing {self.play.count} samples of {p['bag']} ({self.play.kind}, predictions from "
+            f"{p['source']}{'' if p['source'] == 'bag' else ', %d step(s) ahead' % p['horizon']}) at "
+            f"{p['rate']:g}x real time on {p['actual_topic']}, {p['predicted_topic']}, {p['error_topic']}")
+
+    # -------------------------------------------------------------- start-up
+    def _check_parameters(self):
+        p = self.p
+        if not p["bag"]:
+            raise common.StartupError("parameter 'bag' is required (-p bag:=PATH)")
+        if not p["rate"] > 0:
+            raise common.StartupError(f"parameter 'rate' must be > 0, got {p['rate']}")
+        if p["start_delay"] < 0:
+            raise common.StartupError(f"parameter 'start_delay' must be >= 0, got {p['start_delay']}")
+
+    def _load(self):
+        """The bag read and its predictions made (a Playback); a bag that cannot be used is a StartupError."""
+        from ..analysis import AnalysisError
+        from ..physics import ConfigError
+
+        p = self.p
+        try:
+            self.play = Playback(p["bag"], p["config"], p["source"], p["horizon"], p["state_topic"],
+                                 p["command_topic"])
+        except (AnalysisError, ConfigError) as e:
+            raise common.StartupError(str(e)) from None
+
+    def _advertise(self):
+        if self.play.kind == "arm":
+            from sensor_msgs.msg import JointState as Msg
+        else:
+            from geometry_msgs.msg import TwistStamped as Msg
+        self._Msg = Msg
+        qos = common.state_qos(100)
+        self.pubs = {k: self.create_publisher(Msg, self.p[f"{k}_topic"], qos) for k in ("actual", "predicted", "error")}
+
+    def _start_timer(self):
+        self.index = 0
+        self.published = 0
+        self.done = False
+        self._t0_wall = time.monotonic() + float(self.p["start_delay"])
+        period = float(np.median(np.diff(self.play.t))) * 1e-9 / self.p["rate"] if self.play.count > 1 else 0.01
+        self.timer = self.create_timer(min(max(period, 1e-3), 0.02), self._tick)
+
+    # -------------------------------------------------------------- playback
+    def _msg(self, t_ns: int, v: np.ndarray, q: Optional[np.ndarray] = None):
+        m = self._Msg()
+        m.header.stamp = common.stamp_from_ns(t_ns) if self.p["use_bag_stamps"] else self.get_clock().now().to_msg()
+        if self.play.kind == "arm":
+            m.header.frame_id = ""
+            m.name = list(self.play.names)
+            m.velocity = [float(x) for x in v]
+            m.position = [] if q is None else [float(x) for x in q]
+        else:
+            m.header.frame_id = "base_link"
+            lin, ang = m.twist.linear, m.twist.angular
+            lin.x, lin.y, lin.z, ang.x, ang.y, ang.z = (float(x) for x in v)
+        return m
+
+    def _tick(self):
+        if self.done:
+            return
+        pl = self.play
+        now = time.monotonic()
+        # Publish every sample whose time (bag clock / rate, from the start) has come.
+        due_ns = (now - self._t0_wall) * self.p["rate"] * 1e9 + pl.t[0]
+        while self.index < pl.count and pl.t[self.index] <= due_ns:
+            i = self.index
+            self.pubs["actual"].publish(self._msg(pl.t[i], pl.actual[i], pl.positions[i] if pl.kind == "arm"
+                                                  else None))
+            if np.isfinite(pl.predicted[i]).all():
+                self.pubs["predicted"].publish(self._msg(pl.t[i], pl.predicted[i]))
+                self.pubs["error"].publish(self._msg(pl.t[i], pl.predicted[i] - pl.actual[i]))
+            self.index += 1
+            self.published += 1
+        if self.index >= pl.count:
+            if self.p["loop"]:
+                self.index = 0
+                self._t0_wall = time.monotonic()
             else:
-                from geometry_msgs.msg import TwistStamped as Msg
-            self._Msg = Msg
-            qos = common.state_qos(100)
-            self.pubs = {k: self.create_publisher(Msg, p[f"{k}_topic"], qos) for k in ("actual", "predicted", "error")}
-            self.index = 0
-            self.published = 0
-            self.done = False
-            self._t0_wall = time.monotonic() + float(p["start_delay"])
-            period = float(np.median(np.diff(self.play.t))) * 1e-9 / p["rate"] if self.play.count > 1 else 0.01
-            self.timer = self.create_timer(min(max(period, 1e-3), 0.02), self._tick)
-            self.get_logger().info(
-                f"playing {self.play.count} samples of {p['bag']} ({self.play.kind}, predictions from "
-                f"{p['source']}{'' if p['source'] == 'bag' else ', %d step(s) ahead' % p['horizon']}) at "
-                f"{p['rate']:g}x real time on {p['actual_topic']}, {p['predicted_topic']}, {p['error_topic']}")
-
-        def _msg(self, t_ns: int, v: np.ndarray, q: Optional[np.ndarray] = None):
-            m = self._Msg()
-            m.header.stamp = common.stamp_from_ns(t_ns) if self.p["use_bag_stamps"] else self.get_clock().now().to_msg()
-            if self.play.kind == "arm":
-                m.header.frame_id = ""
-                m.name = list(self.play.names)
-                m.velocity = [float(x) for x in v]
-                m.position = [] if q is None else [float(x) for x in q]
-            else:
-                m.header.frame_id = "base_link"
-                lin, ang = m.twist.linear, m.twist.angular
-                lin.x, lin.y, lin.z, ang.x, ang.y, ang.z = (float(x) for x in v)
-            return m
-
-        def _tick(self):
-            if self.done:
-                return
-            pl = self.play
-            now = time.monotonic()
-            # Publish every sample whose time (bag clock / rate, from the start) has come.
-            due_ns = (now - self._t0_wall) * self.p["rate"] * 1e9 + pl.t[0]
-            while self.index < pl.count and pl.t[self.index] <= due_ns:
-                i = self.index
-                self.pubs["actual"].publish(self._msg(pl.t[i], pl.actual[i], pl.positions[i] if pl.kind == "arm"
-                                                      else None))
-                if np.isfinite(pl.predicted[i]).all():
-                    self.pubs["predicted"].publish(self._msg(pl.t[i], pl.predicted[i]))
-                    self.pubs["error"].publish(self._msg(pl.t[i], pl.predicted[i] - pl.actual[i]))
-                self.index += 1
-                self.published += 1
-            if self.index >= pl.count:
-                if self.p["loop"]:
-                    self.index = 0
-                    self._t0_wall = time.monotonic()
-                else:
-                    self.done = True
-                    self.get_logger().info(f"end of the bag: {self.published} samples published")
-                    if self.p["exit_at_end"]:
-                        import rclpy
-
-                        rclpy.try_shutdown(context=self.context)
-
-    return ReplayNode
+                self.done = True
+                self.get_logger().info(f"end of the bag: {self.published} samples published")
+                if self.p["exit_at_end"]:
+                    ros.try_shutdown(context=self.context)
 
 
 def main(args: Optional[List[str]] = None) -> int:
     cls = make_node_class()
-    return common.run_node(cls, args=args if args is not None else sys.argv, name="replay")
+    return common.run_node(cls, args=args if args is not None else sys.argv, name=NODE_NAME)
 
 
 if __name__ == "__main__":

@@ -26,17 +26,28 @@ for any other robot.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import interfaces as ifc
 from ..training import occupied, resume_source, train_from_params  # the CLI's training path, shared
 from .common import StartupError, resolve_path
 
+__all__ = ["NODE_NAME", "PARAMETERS", "make_node_class", "main"]
+
 NODE_NAME = "train_node"
+
+#: What the node uses of rclpy and the message packages (module: names), imported into ``ros`` by
+#: make_node_class(): importing this module needs no rclpy.
+_ROS = {"rclpy": "init spin_once try_shutdown", "rclpy.node": "Node", "rclpy.executors": "ExternalShutdownException",
+        "rclpy.qos": "DurabilityPolicy QoSProfile", "rcl_interfaces.msg": "ParameterDescriptor",
+        "diagnostic_msgs.msg": "DiagnosticArray DiagnosticStatus KeyValue", "std_msgs.msg": "Float64 String"}
+ros = SimpleNamespace()
 
 PARAMETERS: Dict[str, Any] = {
     "config": ("config/hover.yaml", "training file (config/<task>.yaml: urdf, simulator, task, training): absolute, "
@@ -62,33 +73,64 @@ PARAMETERS: Dict[str, Any] = {
 }
 
 
-def main(argv=None) -> int:
-    import rclpy
-    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-    from rcl_interfaces.msg import ParameterDescriptor
-    from rclpy.executors import ExternalShutdownException
-    from rclpy.qos import DurabilityPolicy, QoSProfile
-    from std_msgs.msg import Float64, String
+def make_node_class():
+    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    for module, names in _ROS.items():
+        ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
+    return type("TrainNode", (_TrainNodeLogic, ros.Node), {"__module__": __name__})
 
-    rclpy.init(args=argv)
-    node = rclpy.create_node(NODE_NAME)
-    for name, (default, desc) in PARAMETERS.items():
-        node.declare_parameter(name, default, ParameterDescriptor(description=desc))
-    p = lambda name: node.get_parameter(name).value  # noqa: E731
-    log = node.get_logger()
-    pub_loss = node.create_publisher(Float64, p("loss_topic"), 10)
-    pub_diag = node.create_publisher(DiagnosticArray, p("diagnostics_topic"), 10)
-    code = 0
-    try:
+
+class _TrainNodeLogic:
+    """The node's side of train_node (parameters, the URDF topic, progress topics), mixed into rclpy's
+    Node by make_node_class(); the training is the CLI's (training.train_from_params)."""
+
+    def __init__(self, **kw):
+        super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
+        for name, (default, desc) in PARAMETERS.items():
+            self.declare_parameter(name, default, ros.ParameterDescriptor(description=desc))
+        self.pub_loss = self.create_publisher(ros.Float64, self._p("loss_topic"), 10)
+        self.pub_diag = self.create_publisher(ros.DiagnosticArray, self._p("diagnostics_topic"), 10)
+        self._params: Dict[str, Any] = {}
+
+    def _p(self, name: str):
+        return self.get_parameter(name).value
+
+    def train(self) -> None:
+        """The whole run: the checkpoint written into ``out``; bad input is a StartupError."""
         import torch
 
-        from .. import config
         from ..learning.checkpoint import CheckpointError
         from ..physics import ConfigError, SimulationError, UrdfError
 
+        p = self._p
         torch.set_num_threads(max(1, int(p("threads"))))
         out = Path(p("out"))
         resume = bool(p("resume"))
+        params, cfg_path = self._configuration(out, resume)
+        self._params = params
+        self._place_urdf(params, out, resume)
+        overrides = {"iterations": int(p("iterations")) or None, "num_envs": int(p("num_envs")) or None,
+                     "seed": None if int(p("seed")) < 0 else int(p("seed"))}
+        t0 = time.monotonic()
+        try:
+            task, result, files = train_from_params(params, str(cfg_path), out, overrides, self._progress,
+                                                    resume=resume)
+        except (ConfigError, UrdfError, CheckpointError, SimulationError) as e:
+            raise StartupError(str(e)) from None
+        self._report(task, result, files, t0)
+        # Give reliable subscribers a moment to take the last messages before the process ends.
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            ros.spin_once(self, timeout_sec=0.05)
+
+    # -------------------------------------------------------------- what is trained
+    def _configuration(self, out: Path, resume: bool) -> Tuple[Dict[str, Any], Path]:
+        """(the configuration, its file): the unfinished run's own in ``out`` (resume), else parameter
+        'config' (an ``out`` holding an earlier run refused unless force)."""
+        from .. import config
+        from ..physics import ConfigError
+
+        p = self._p
         if resume and bool(p("force")):
             raise StartupError("parameters 'force' and 'resume' exclude each other: force starts afresh in out, "
                                "resume continues the run there")
@@ -97,36 +139,29 @@ def main(argv=None) -> int:
                 params, source, done = resume_source(out)
             except ConfigError as e:      # no resume state there, or a finished run
                 raise StartupError(f"parameter 'resume': {e}") from None
-            cfg_path = Path(source)
-            log.info(f"resuming {out} after iteration {done} (configuration {source})")
-        else:
-            left = occupied(out)
-            if left is not None and not bool(p("force")):
-                what = ("a trained policy (policy.pt);" if left == "policy" else
-                        "an unfinished training run (checkpoints/latest); continue it with resume:=true, or")
-                raise StartupError(f"parameter 'out': {out} holds {what} pass force:=true to replace it, or "
-                                   f"choose another folder")
-            cfg_path = resolve_path(p("config"))
-            if not cfg_path.is_file():
-                raise StartupError(f"parameter 'config': no such file {p('config')}")
-            try:
-                params = config.load_yaml(cfg_path)
-            except ConfigError as e:
-                raise StartupError(str(e)) from None
-        # Where the URDF comes from: topic > XML parameter > file parameter > the config's.
-        xml = None
+            self.get_logger().info(f"resuming {out} after iteration {done} (configuration {source})")
+            return params, Path(source)
+        left = occupied(out)
+        if left is not None and not bool(p("force")):
+            what = ("a trained policy (policy.pt);" if left == "policy" else
+                    "an unfinished training run (checkpoints/latest); continue it with resume:=true, or")
+            raise StartupError(f"parameter 'out': {out} holds {what} pass force:=true to replace it, or "
+                               f"choose another folder")
+        cfg_path = resolve_path(p("config"))
+        if not cfg_path.is_file():
+            raise StartupError(f"parameter 'config': no such file {p('config')}")
+        try:
+            return config.load_yaml(cfg_path), cfg_path
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
+
+    def _place_urdf(self, params: Dict[str, Any], out: Path, resume: bool) -> None:
+        """Where the URDF comes from: topic > XML parameter > file parameter > the config's. A URDF
+        received is written to ``out``/robot_description.urdf and trained on."""
+        p = self._p
+        xml: Optional[str] = None
         if p("robot_description_topic"):
-            got: List[str] = []
-            qos = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-            node.create_subscription(String, p("robot_description_topic"), lambda m: got.append(m.data), qos)
-            end = time.monotonic() + float(p("robot_description_timeout_s"))
-            log.info(f"waiting for the URDF on {p('robot_description_topic')}")
-            while not got and time.monotonic() < end:
-                rclpy.spin_once(node, timeout_sec=0.1)
-            if not got:
-                raise StartupError(f"no URDF on {p('robot_description_topic')} within "
-                                   f"{p('robot_description_timeout_s'):g} s")
-            xml = got[-1]
+            xml = self._wait_urdf()
         elif p("robot_description"):
             xml = p("robot_description")
         if xml is not None:
@@ -142,56 +177,73 @@ def main(argv=None) -> int:
         elif p("urdf"):
             params["urdf"] = str(resolve_path(p("urdf")).resolve())
 
-        overrides = {"iterations": int(p("iterations")) or None, "num_envs": int(p("num_envs")) or None,
-                     "seed": None if int(p("seed")) < 0 else int(p("seed"))}
-        t0 = time.monotonic()
+    def _wait_urdf(self) -> str:
+        """The URDF on the latched robot_description_topic, waited for robot_description_timeout_s."""
+        p = self._p
+        got: List[str] = []
+        qos = ros.QoSProfile(depth=1, durability=ros.DurabilityPolicy.TRANSIENT_LOCAL)
+        self.create_subscription(ros.String, p("robot_description_topic"), lambda m: got.append(m.data), qos)
+        end = time.monotonic() + float(p("robot_description_timeout_s"))
+        self.get_logger().info(f"waiting for the URDF on {p('robot_description_topic')}")
+        while not got and time.monotonic() < end:
+            ros.spin_once(self, timeout_sec=0.1)
+        if not got:
+            raise StartupError(f"no URDF on {p('robot_description_topic')} within "
+                               f"{p('robot_description_timeout_s'):g} s")
+        return got[-1]
 
-        def progress(row: Dict[str, float]) -> None:
-            # Called by the trainer after every iteration, on this thread.
-            loss = float(row["loss"])
-            pub_loss.publish(Float64(data=loss))
-            st = DiagnosticStatus(name=f"{NODE_NAME}: {node.get_fully_qualified_name()}",
-                                  hardware_id=str(params.get("urdf", "")),
+    # -------------------------------------------------------------- progress
+    def _progress(self, row: Dict[str, float]) -> None:
+        """Called by the trainer after every iteration, on this thread: the loss and a diagnostic."""
+        loss = float(row["loss"])
+        self.pub_loss.publish(ros.Float64(data=loss))
+        st = ros.DiagnosticStatus(name=f"{NODE_NAME}: {self.get_fully_qualified_name()}",
+                                  hardware_id=str(self._params.get("urdf", "")),
                                   message=f"iteration {int(row['iteration'])}: loss {loss:.5g}")
-            st.level = DiagnosticStatus.OK if math.isfinite(loss) else DiagnosticStatus.ERROR
-            st.values = [KeyValue(key=k, value=f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in row.items()]
-            arr = DiagnosticArray(status=[st])
-            arr.header.stamp = node.get_clock().now().to_msg()
-            pub_diag.publish(arr)
-            log.info(st.message + (f", eval success {row['eval_success']:.3f}"
-                                   if not math.isnan(row.get("eval_success", float("nan"))) else ""))
+        st.level = ros.DiagnosticStatus.OK if math.isfinite(loss) else ros.DiagnosticStatus.ERROR
+        st.values = [ros.KeyValue(key=k, value=f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in row.items()]
+        arr = ros.DiagnosticArray(status=[st])
+        arr.header.stamp = self.get_clock().now().to_msg()
+        self.pub_diag.publish(arr)
+        self.get_logger().info(st.message + (f", eval success {row['eval_success']:.3f}"
+                                             if not math.isnan(row.get("eval_success", float("nan"))) else ""))
 
-        try:
-            task, result, files = train_from_params(params, str(cfg_path), out, overrides, progress, resume=resume)
-        except (ConfigError, UrdfError, CheckpointError, SimulationError) as e:
-            raise StartupError(str(e)) from None
+    def _report(self, task, result, files, t0: float) -> None:
+        """The end of the run: the log, a last diagnostic, a line on stderr."""
         hist = result.history
         solved = result.solved_env_steps
-        log.info(f"trained {task.name}: {len(hist)} iterations in {time.monotonic() - t0:.1f} s, "
-                 f"{'solved after %d env steps' % solved if solved is not None else 'not solved'}; "
-                 f"checkpoint {files['policy'].parent}")
-        st = DiagnosticStatus(name=f"{NODE_NAME}: {node.get_fully_qualified_name()}", level=DiagnosticStatus.OK,
-                              message=f"done: checkpoint in {files['policy'].parent}")
-        st.values = [KeyValue(key="iterations", value=str(len(hist))),
-                     KeyValue(key="solved", value=str(solved is not None).lower()),
-                     KeyValue(key="checkpoint", value=str(files["policy"].parent))]
-        pub_diag.publish(DiagnosticArray(status=[st]))
+        self.get_logger().info(f"trained {task.name}: {len(hist)} iterations in {time.monotonic() - t0:.1f} s, "
+                               f"{'solved after %d env steps' % solved if solved is not None else 'not solved'}; "
+                               f"checkpoint {files['policy'].parent}")
+        st = ros.DiagnosticStatus(name=f"{NODE_NAME}: {self.get_fully_qualified_name()}", level=ros.DiagnosticStatus.OK,
+                                  message=f"done: checkpoint in {files['policy'].parent}")
+        st.values = [ros.KeyValue(key="iterations", value=str(len(hist))),
+                     ros.KeyValue(key="solved", value=str(solved is not None).lower()),
+                     ros.KeyValue(key="checkpoint", value=str(files["policy"].parent))]
+        self.pub_diag.publish(ros.DiagnosticArray(status=[st]))
         print(f"{NODE_NAME}: published {len(hist)} loss messages; checkpoint {files['policy'].parent}",
               file=sys.stderr, flush=True)
-        # Give reliable subscribers a moment to take the last messages before the process ends.
-        end = time.monotonic() + 0.3
-        while time.monotonic() < end:
-            rclpy.spin_once(node, timeout_sec=0.05)
+
+
+def main(argv=None) -> int:
+    """Console script: trains, writes the checkpoint and exits 0; bad input prints
+    ``train_node: error: ...`` and exits 2; SIGINT exits 130."""
+    cls = make_node_class()
+    ros.init(args=argv)
+    node = cls()
+    code = 0
+    try:
+        node.train()
     except StartupError as e:
         print(f"{NODE_NAME}: error: {e}", file=sys.stderr, flush=True)
         code = 2
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except (KeyboardInterrupt, ros.ExternalShutdownException):
         print(f"{NODE_NAME}: interrupted; no final checkpoint written (where the run wrote "
               f"checkpoints/latest, resume:=true continues it)", file=sys.stderr, flush=True)
         code = 130
     finally:
         node.destroy_node()
-        rclpy.try_shutdown()
+        ros.try_shutdown()
     return code
 
 

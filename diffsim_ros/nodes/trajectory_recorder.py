@@ -35,12 +35,19 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Sequence
 
 from .. import interfaces as ifc
 from . import common
 
 NODE_NAME = "trajectory_recorder"
+
+#: What the node uses of rclpy (and the bag writer), imported into ``ros`` by make_node_class():
+#: importing this module needs no rclpy.
+_ROS = {"rclpy.node": "Node", "rclpy.qos": "DurabilityPolicy ReliabilityPolicy",
+        "diffsim_ros.analysis.bagfile": "McapBagWriter"}
+ros = SimpleNamespace()
 
 # doc/interfaces.md: states, commands, predictions, bookkeeping.
 DEFAULT_TOPICS = [
@@ -86,6 +93,22 @@ def prepare_output(path: Path, overwrite: bool) -> None:
         raise common.StartupError(f"parameter 'output_dir': {path} exists and is not a bag (no metadata.yaml or "
                                   f"*.mcap); not removing it even with overwrite:=true")
     shutil.rmtree(path)
+
+
+def given_types(entries: Sequence[str], topics: List[str]) -> Dict[str, str]:
+    """{topic: 'package/msg/Type'} of parameter 'types' ('topic:package/msg/Type' entries; empty
+    ones skipped); each topic not in ``topics`` is appended to it."""
+    given: Dict[str, str] = {}
+    for entry in entries:
+        if not entry:
+            continue
+        topic, sep, msgtype = entry.rpartition(":")
+        if not sep or not topic or msgtype.count("/") != 2:
+            raise common.StartupError(f"parameter 'types': '{entry}' is not 'topic:package/msg/Type'")
+        given[topic] = msgtype
+        if topic not in topics:
+            topics.append(topic)
+    return given
 
 
 def make_typestore(name: str):
@@ -162,136 +185,144 @@ def _qos_to_rosbags(qos):
     return Qos(hist, int(qos.depth), rel, dur, zero, zero, QosLiveliness.AUTOMATIC, zero, False)
 
 
-def _build_node_class():
-    from rclpy.node import Node
-    from rclpy.qos import DurabilityPolicy, ReliabilityPolicy
+def make_node_class():
+    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    for module, names in _ROS.items():
+        ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
+    return type("TrajectoryRecorder", (_TrajectoryRecorderLogic, ros.Node), {"__module__": __name__})
 
-    from diffsim_ros.analysis.bagfile import McapBagWriter
 
-    class TrajectoryRecorder(Node):
-        def __init__(self, **kw):
-            super().__init__(NODE_NAME, **kw)
-            p = common.declare_all(self, PARAMETERS)
-            self.p = p
-            out = Path(p["output_dir"] or default_output_dir())
-            prepare_output(out, bool(p["overwrite"]))
-            self.typestore = make_typestore(p["typestore"])
-            self.topics = [t for t in p["topics"] if t]
-            self.latched = set(t for t in p["latched_topics"] if t)
-            self.depth = int(p["qos_depth"])
-            if self.depth < 1:
-                raise common.StartupError(f"parameter 'qos_depth' must be >= 1, got {self.depth}")
-            self.given: Dict[str, str] = {}
-            for entry in p["types"]:
-                if not entry:
-                    continue
-                topic, sep, msgtype = entry.rpartition(":")
-                if not sep or not topic or msgtype.count("/") != 2:
-                    raise common.StartupError(f"parameter 'types': '{entry}' is not 'topic:package/msg/Type'")
-                self.given[topic] = msgtype
-                if topic not in self.topics:
-                    self.topics.append(topic)
-            self.drain_seconds = float(p["drain_s"])
-            self.path = out
-            flush_period = float(p["flush_period_s"])
-            if not flush_period > 0:
-                raise common.StartupError(f"parameter 'flush_period_s' must be > 0, got {flush_period}")
-            self.writer = McapBagWriter(out, flush_period_s=flush_period)
-            self.writer.open()
-            self.subs = {}
-            self.connections = {}
-            self.counts: Dict[str, int] = {}
-            self.closed = False
-            for topic, msgtype in self.given.items():
-                self._subscribe(topic, msgtype, None)
-            period = float(p["discovery_period_s"])
-            if not period > 0:
-                raise common.StartupError(f"parameter 'discovery_period_s' must be > 0, got {period}")
-            self._discover()
-            self.discovery = self.create_timer(period, self._discover)
-            # Flushes when messages stop coming (write() flushes while they come).
-            self.flush_timer = self.create_timer(flush_period / 4, self._tick)
-            self.get_logger().info(f"recording to {out} (MCAP): {', '.join(self.topics)}")
+class _TrajectoryRecorderLogic:
+    """The node's side of trajectory_recorder (parameters, subscriptions, timers), mixed into rclpy's
+    Node by make_node_class(); the bag is analysis.bagfile.McapBagWriter's."""
 
-        # -------------------------------------------------------------- subscriptions
-        def _subscribe(self, topic: str, msgtype: str, publishers) -> None:
-            try:
-                ensure_type(self.typestore, msgtype)
-                cls = message_class(msgtype)
-            except (LookupError, ImportError, AttributeError, ValueError) as e:
-                self.get_logger().error(f"not recording {topic}: {e}")
-                self.subs[topic] = None
-                return
-            qos = common.recorder_qos(self.depth, transient_local=topic in self.latched)
-            offered = [i.qos_profile for i in publishers or []]
-            if offered:
-                # Match what is offered: a reliable subscription would not match a best-effort
-                # publisher, nor a transient-local one a volatile publisher.
-                if any(q.reliability == ReliabilityPolicy.BEST_EFFORT for q in offered):
-                    qos.reliability = ReliabilityPolicy.BEST_EFFORT
-                if all(q.durability == DurabilityPolicy.TRANSIENT_LOCAL for q in offered):
-                    qos.durability = DurabilityPolicy.TRANSIENT_LOCAL
-                elif qos.durability == DurabilityPolicy.TRANSIENT_LOCAL:
-                    qos.durability = DurabilityPolicy.VOLATILE
-            conn = self.writer.add_connection(topic, msgtype, typestore=self.typestore,
-                                              offered_qos_profiles=[_qos_to_rosbags(q) for q in offered] or
-                                              [_qos_to_rosbags(qos)])
-            self.connections[topic] = conn
-            self.counts[topic] = 0
-            self.subs[topic] = self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data),
-                                                        qos, raw=True)
-            self.get_logger().info(f"recording {topic} [{msgtype}]")
+    def __init__(self, **kw):
+        super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
+        p = common.declare_all(self, PARAMETERS)
+        self.p = p
+        out = Path(p["output_dir"] or default_output_dir())
+        prepare_output(out, bool(p["overwrite"]))
+        self._read_topics()
+        self.drain_seconds = float(p["drain_s"])
+        self.path = out
+        flush_period = self._open_writer(out)
+        self._start_discovery(flush_period)
+        self.get_logger().info(f"recording to {out} (MCAP): {', '.join(self.topics)}")
 
-        def _discover(self) -> None:
-            pending = [t for t in self.topics if t not in self.subs]
-            if not pending:
-                self.discovery.cancel() if hasattr(self, "discovery") else None
-                return
-            for topic in pending:
-                pubs = self.get_publishers_info_by_topic(topic)
-                if not pubs:
-                    continue
-                types = sorted(set(i.topic_type for i in pubs))
-                if len(types) > 1:
-                    self.get_logger().warning(f"{topic} is published with several types {types}; recording "
-                                              f"{types[0]}", throttle_duration_sec=10.0)
-                self._subscribe(topic, types[0], pubs)
+    # -------------------------------------------------------------- start-up
+    def _read_topics(self) -> None:
+        """The typestore, the topics to record, the latched ones, the depth and the types given."""
+        p = self.p
+        self.typestore = make_typestore(p["typestore"])
+        self.topics = [t for t in p["topics"] if t]
+        self.latched = set(t for t in p["latched_topics"] if t)
+        self.depth = int(p["qos_depth"])
+        if self.depth < 1:
+            raise common.StartupError(f"parameter 'qos_depth' must be >= 1, got {self.depth}")
+        self.given: Dict[str, str] = given_types(p["types"], self.topics)
 
-        def _on_message(self, topic: str, data: bytes) -> None:
-            if self.closed:
-                return
-            stamp = self.get_clock().now().nanoseconds
-            try:
-                self.writer.write(self.connections[topic], stamp, data)
-                self.counts[topic] += 1
-            except Exception as e:  # never let one bad write stop the recording
-                self.get_logger().error(f"{topic}: write failed: {e}", throttle_duration_sec=1.0)
+    def _open_writer(self, out: Path) -> float:
+        """The bag opened (metadata.yaml written); returns the flush period, s."""
+        flush_period = float(self.p["flush_period_s"])
+        if not flush_period > 0:
+            raise common.StartupError(f"parameter 'flush_period_s' must be > 0, got {flush_period}")
+        self.writer = ros.McapBagWriter(out, flush_period_s=flush_period)
+        self.writer.open()
+        self.subs = {}
+        self.connections = {}
+        self.counts: Dict[str, int] = {}
+        self.closed = False
+        return flush_period
 
-        def _tick(self) -> None:
-            if self.closed:
-                return
-            try:
-                self.writer.tick()
-            except Exception as e:
-                self.get_logger().error(f"flush failed: {e}", throttle_duration_sec=1.0)
+    def _start_discovery(self, flush_period: float) -> None:
+        """The given types subscribed at once, the others when a publisher appears (the discovery timer)."""
+        for topic, msgtype in self.given.items():
+            self._subscribe(topic, msgtype, None)
+        period = float(self.p["discovery_period_s"])
+        if not period > 0:
+            raise common.StartupError(f"parameter 'discovery_period_s' must be > 0, got {period}")
+        self._discover()
+        self.discovery = self.create_timer(period, self._discover)
+        # Flushes when messages stop coming (write() flushes while they come).
+        self.flush_timer = self.create_timer(flush_period / 4, self._tick)
 
-        # -------------------------------------------------------------- shutdown
-        def close(self) -> None:
-            """Flush and close the bag (run_node calls this after SIGINT/SIGTERM and the drain)."""
-            if self.closed:
-                return
-            self.closed = True
-            self.writer.close()
-            total = sum(self.counts.values())
-            detail = ", ".join(f"{t}: {n}" for t, n in self.counts.items())
-            self.get_logger().info(f"closed {self.path}: {total} messages ({detail})")
+    # -------------------------------------------------------------- subscriptions
+    def _subscribe(self, topic: str, msgtype: str, publishers) -> None:
+        try:
+            ensure_type(self.typestore, msgtype)
+            cls = message_class(msgtype)
+        except (LookupError, ImportError, AttributeError, ValueError) as e:
+            self.get_logger().error(f"not recording {topic}: {e}")
+            self.subs[topic] = None
+            return
+        qos = common.recorder_qos(self.depth, transient_local=topic in self.latched)
+        offered = [i.qos_profile for i in publishers or []]
+        if offered:
+            # Match what is offered: a reliable subscription would not match a best-effort
+            # publisher, nor a transient-local one a volatile publisher.
+            if any(q.reliability == ros.ReliabilityPolicy.BEST_EFFORT for q in offered):
+                qos.reliability = ros.ReliabilityPolicy.BEST_EFFORT
+            if all(q.durability == ros.DurabilityPolicy.TRANSIENT_LOCAL for q in offered):
+                qos.durability = ros.DurabilityPolicy.TRANSIENT_LOCAL
+            elif qos.durability == ros.DurabilityPolicy.TRANSIENT_LOCAL:
+                qos.durability = ros.DurabilityPolicy.VOLATILE
+        conn = self.writer.add_connection(topic, msgtype, typestore=self.typestore,
+                                          offered_qos_profiles=[_qos_to_rosbags(q) for q in offered] or
+                                          [_qos_to_rosbags(qos)])
+        self.connections[topic] = conn
+        self.counts[topic] = 0
+        self.subs[topic] = self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data),
+                                                    qos, raw=True)
+        self.get_logger().info(f"recording {topic} [{msgtype}]")
 
-    return TrajectoryRecorder
+    def _discover(self) -> None:
+        pending = [t for t in self.topics if t not in self.subs]
+        if not pending:
+            self.discovery.cancel() if hasattr(self, "discovery") else None
+            return
+        for topic in pending:
+            pubs = self.get_publishers_info_by_topic(topic)
+            if not pubs:
+                continue
+            types = sorted(set(i.topic_type for i in pubs))
+            if len(types) > 1:
+                self.get_logger().warning(f"{topic} is published with several types {types}; recording "
+                                          f"{types[0]}", throttle_duration_sec=10.0)
+            self._subscribe(topic, types[0], pubs)
+
+    def _on_message(self, topic: str, data: bytes) -> None:
+        if self.closed:
+            return
+        stamp = self.get_clock().now().nanoseconds
+        try:
+            self.writer.write(self.connections[topic], stamp, data)
+            self.counts[topic] += 1
+        except Exception as e:  # never let one bad write stop the recording
+            self.get_logger().error(f"{topic}: write failed: {e}", throttle_duration_sec=1.0)
+
+    def _tick(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.writer.tick()
+        except Exception as e:
+            self.get_logger().error(f"flush failed: {e}", throttle_duration_sec=1.0)
+
+    # -------------------------------------------------------------- shutdown
+    def close(self) -> None:
+        """Flush and close the bag (run_node calls this after SIGINT/SIGTERM and the drain)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.writer.close()
+        total = sum(self.counts.values())
+        detail = ", ".join(f"{t}: {n}" for t, n in self.counts.items())
+        self.get_logger().info(f"closed {self.path}: {total} messages ({detail})")
 
 
 def main(args: Optional[List[str]] = None) -> int:
     def factory():
-        return _build_node_class()()
+        return make_node_class()()
     sys.exit(common.run_node(factory, args=args, name=NODE_NAME))
 
 

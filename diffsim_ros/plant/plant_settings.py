@@ -1,0 +1,158 @@
+"""mujoco_plant's settings, ROS-free: the parameters the node declares and the checks their values
+pass at start (nodes/mujoco_plant.py is the node).
+
+Each check raises :class:`SetupError` naming the parameter; the node turns it into its
+StartupError (the message printed, exit status 2). The node calls the checks in the order it reads
+the parameters, so a node with several bad parameters names the same one first.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from .. import interfaces as ifc
+from ..schema import ros_constraints, ros_parameters
+from .perturbation import Perturbation, ros_values
+
+__all__ = ["SetupError", "PARAMETERS", "CONSTRAINTS", "PERTURBATION_KEYS", "perturbation_parameter", "check_robot",
+           "check_mode", "initial_state", "controller_order", "realtime_timing", "subscriber_count"]
+
+
+class SetupError(ValueError):
+    """A parameter the stand-in cannot start with; the text names it."""
+
+
+# (name, default, description): every parameter of the node besides the configuration keys.
+PARAMETERS = [
+    ("interface", "", "command interface before the first command arrives (its hold command is applied): "
+                      "position, velocity, effort, ctbr, rotor_thrust; empty: the config's simulator.actuator. "
+                      "Afterwards each command's topic decides its interface"),
+    ("mode", "realtime", "realtime (a wall timer steps the plant) or lockstep (one control step per command "
+                         "received, then one state)"),
+    ("real_time_factor", 1.0, "realtime mode: simulated seconds per wall-clock second"),
+    ("publish_rate_hz", 0.0, "realtime mode: state publishing rate, Hz (0: after every control step)"),
+    ("lockstep_republish_s", 1.0, "lockstep mode: period (s) at which the initial state is republished until "
+                                  "the first command arrives (0: never)"),
+    ("wait_for_subscribers", 0, "publish no state and start no clock until each state topic (/joint_states, "
+                                "/odom) has at least this many matched subscriptions (a controller and a recorder: "
+                                "2), and then 0.25 s more (the subscribers' own side of the match), so that "
+                                "nothing the stand-in publishes is missed and a robot does not fall before its "
+                                "controller listens (0: start at once)"),
+    ("controller_joints", [""], "order of the entries of the Float64MultiArray commands (the ros2_control "
+                                "controller's 'joints'); empty: the config's actuated joints"),
+    ("position_command_topic", "/position_controller/commands", "arm position commands (Float64MultiArray, rad)"),
+    ("velocity_command_topic", "/velocity_controller/commands", "arm velocity commands (Float64MultiArray, rad/s)"),
+    ("effort_command_topic", "/effort_controller/commands", "arm effort commands (Float64MultiArray, N m)"),
+    ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
+     "arm JointTrajectory commands (first point's positions by joint name)"),
+    ("ctbr_topic", ifc.CMD_CTBR, "quadrotor collective thrust (twist.linear.z, N) and body rates (twist.angular, "
+                                "rad/s), TwistStamped"),
+    ("rotor_thrust_topic", ifc.CMD_ROTOR_THRUST, "quadrotor per-rotor thrust (Float64MultiArray, N, rotor_links "
+                                                "order)"),
+    ("joint_states_topic", ifc.JOINT_STATES, "sensor_msgs/JointState out (arms, and the joints of a floating base)"),
+    ("odom_topic", ifc.ODOM, "nav_msgs/Odometry out (floating base): pose in world_frame, twist in base_frame"),
+    ("imu_topic", ifc.IMU, "sensor_msgs/Imu out (floating base): orientation, body rates, body specific force"),
+    ("clock_topic", ifc.CLOCK, "rosgraph_msgs/Clock out: the simulated time (empty: not published)"),
+    ("tf_topic", ifc.TF, "tf2_msgs/TFMessage out: link poses (parent -> child) and, for a floating base, "
+                        "world_frame -> base (empty: not published)"),
+    ("publish_link_tf", True, "publish the links' transforms on tf_topic (false: robot_state_publisher does; "
+                              "a floating base's world -> base is published either way)"),
+    ("robot_description_topic", ifc.ROBOT_DESCRIPTION, "std_msgs/String out, transient local: the URDF text "
+                                                       "(empty: not published)"),
+    ("world_frame", "world", "frame_id of /odom"),
+    ("base_frame", "base_link", "child_frame_id of /odom and frame_id of /imu"),
+    ("initial_positions", [0.0], "initial state: arms: joint positions in the model's joint order (rad); floating "
+                                 "base: [x, y, z], [x, y, z, qx, qy, qz, qw] or the whole q (legged: the base "
+                                 "pose, then the joints in the model's order); [0.0] alone: the neutral "
+                                 "configuration (at the origin)"),
+    ("initial_velocities", [0.0], "initial velocities in the simulator convention (floating base: body-frame "
+                                  "linear and angular velocity first); [0.0] alone: at rest"),
+]
+# perturbation.*: the fields of plant.Perturbation, with their documentation (diffsim_ros/schema.py).
+PARAMETERS += ros_parameters(Perturbation, "perturbation")
+CONSTRAINTS = ros_constraints(Perturbation, "perturbation")
+PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))
+
+
+def perturbation_parameter(key: str, val):
+    """The value of parameter ``perturbation.<key>`` as the node declares it, from any value the
+    configuration schema accepts for the field (plant.Perturbation): one number for
+    ``sensor_noise`` (both entries), integers for doubles (``latency: 0``), a whole double for the
+    integer ``seed``, ... -> a list of floats, a float, an int, a bool. A value the schema refuses
+    (a string for a number, two numbers for three) is a ConfigError naming the parameter."""
+    if hasattr(val, "tolist") and not isinstance(val, (str, bytes)):
+        val = val.tolist()                      # rclpy's arrays (array.array)
+    if isinstance(val, tuple):
+        val = list(val)
+    return ros_values({key: val}, "perturbation")[key]
+
+
+def check_robot(params: Mapping[str, Any]) -> None:
+    """The configuration (``config_parameters``) names a robot."""
+    if not params.get("urdf"):
+        raise SetupError("no robot: set parameter 'config' (a training/robot YAML) or pass its "
+                         "keys (--params-file config/<robot>.yaml)")
+
+
+def check_mode(mode: str) -> bool:
+    """Whether parameter ``mode`` is lockstep (else realtime)."""
+    if mode not in ("realtime", "lockstep"):
+        raise SetupError(f"parameter 'mode' must be realtime or lockstep, got {mode!r}")
+    return mode == "lockstep"
+
+
+def initial_state(plant, positions: Sequence[float], velocities: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
+    """(q, v) of parameters ``initial_positions`` and ``initial_velocities`` for ``plant`` (a MujocoPlant):
+    [0.0] alone is the neutral configuration, at rest."""
+    pos = [float(x) for x in positions]
+    vel = [float(x) for x in velocities]
+    q = plant.physics_model.neutral_configuration().numpy()
+    if pos != [0.0]:
+        if plant.floating_base and len(pos) in (3, 7, plant.nq):
+            q[:len(pos)] = pos          # a legged robot's full q: base pose, then its joints
+        elif not plant.floating_base and len(pos) == plant.nq:
+            q[:] = pos
+        else:
+            need = (f"[x, y, z], [x, y, z, qx, qy, qz, qw] or all {plant.nq} of q" if plant.floating_base
+                    else f"{plant.nq} joint positions ({', '.join(plant.joint_names)})")
+            raise SetupError(f"parameter 'initial_positions' has {len(pos)} entries; it needs {need}")
+    v = np.zeros(plant.nv)
+    if vel != [0.0]:
+        if len(vel) != plant.nv:
+            raise SetupError(f"parameter 'initial_velocities' has {len(vel)} entries; it needs "
+                             f"{plant.nv}")
+        v[:] = vel
+    return q, v
+
+
+def controller_order(controller_joints: Sequence[str], actuated_joints) -> Tuple[List[str], np.ndarray]:
+    """(the command arrays' joint order, the index taking a command in that order to the plant's
+    ``actuated_joints`` order) of parameter ``controller_joints`` (empty: the plant's order)."""
+    cj = [j for j in controller_joints if j]
+    if cj and sorted(cj) != sorted(actuated_joints):
+        raise SetupError(f"parameter 'controller_joints' {cj} must name exactly the actuated "
+                         f"joints {actuated_joints}")
+    joints = cj or list(actuated_joints)
+    return joints, np.array([joints.index(j) for j in actuated_joints], dtype=int)
+
+
+def realtime_timing(dt: float, real_time_factor, publish_rate_hz) -> Tuple[int, float]:
+    """Realtime mode: (control steps per published state, the wall timer's period in s)."""
+    rtf = float(real_time_factor)
+    if not rtf > 0:
+        raise SetupError(f"parameter 'real_time_factor' must be > 0, got {rtf}")
+    rate = float(publish_rate_hz)
+    if rate < 0:
+        raise SetupError(f"parameter 'publish_rate_hz' must be >= 0, got {rate}")
+    publish_every = max(1, int(round(1.0 / (rate * dt)))) if rate > 0 else 1
+    return publish_every, dt / rtf
+
+
+def subscriber_count(wait_for_subscribers) -> int:
+    """Parameter ``wait_for_subscribers``: matched subscriptions each state topic waits for."""
+    wait = int(wait_for_subscribers)
+    if wait < 0:
+        raise SetupError(f"parameter 'wait_for_subscribers' must be >= 0, got {wait}")
+    return wait
