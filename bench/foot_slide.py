@@ -50,7 +50,7 @@ def run(args, refinement):
 
     import mujoco
 
-    from diffsim_ros.evaluation import _measured_qv, _standin_params
+    from diffsim_ros.workflows.evaluation import _measured_qv, _standin_params
     from diffsim_ros.learning.deploy import PolicyRunner
     from diffsim_ros.plant.mujoco_plant import MujocoPlant
     from diffsim_ros.plant.perturbation import perturbation_spec, resolve_perturbation, robot_kind

@@ -131,7 +131,7 @@ def _robot(get):
         checkpoint = checkpoint or _share(ckpt_rel)
         config = config or _share(cfg_rel)
     from diffsim_ros.learning.checkpoint import CheckpointError, load_metadata, robot_kind
-    from diffsim_ros.loop import LoopError, checkpoint_config
+    from diffsim_ros.workflows.loop import LoopError, checkpoint_config
 
     try:
         meta = load_metadata(checkpoint)
@@ -252,7 +252,7 @@ def _setup(context, *args, **kwargs):
     # hardware: the robot's own drivers publish the states and take the commands.
 
     if _bool(get("record")):
-        from diffsim_ros.loop import recorded_types
+        from diffsim_ros.workflows.loop import recorded_types
 
         actions.append(Node(package=PACKAGE, executable="trajectory_recorder", name="trajectory_recorder",
                             output="screen", on_exit=on_exit, parameters=[{

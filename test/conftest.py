@@ -91,7 +91,7 @@ def _one_thread():
 
 def console_script(name: str) -> str:
     """The console script ``name`` next to this interpreter, else on PATH (the loop's lookup)."""
-    from diffsim_ros.loop import console_script as lookup
+    from diffsim_ros.workflows.loop import console_script as lookup
 
     return lookup(name)
 

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.ros
 
 from conftest import REPO_ROOT, console_script, ros_domain  # noqa: E402
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
-from diffsim_ros.loop import die_with_parent  # noqa: E402
+from diffsim_ros.workflows.loop import die_with_parent  # noqa: E402
 from diffsim_ros.physics import State  # noqa: E402
 from diffsim_ros.tasks.base import TaskState  # noqa: E402
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffsim_ros import config, evaluation
+from diffsim_ros import config
+from diffsim_ros.workflows import evaluation
 from diffsim_ros.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from conftest import PROJECT_URDFS, REPO_ROOT
-from diffsim_ros import cli, config, init_config
+from diffsim_ros import cli, config
+from diffsim_ros.workflows import init_config
 
 ROBOTS = {   # name: (URDF, relative to example-robot-data's robots folder unless a project robot; task)
     "arm": ("project:arm", "reach"),

@@ -31,7 +31,7 @@ import pytest
 
 from conftest import REPO_ROOT, ros_domain
 
-from diffsim_ros.loop import launch_unavailable, ros2_executable
+from diffsim_ros.workflows.loop import launch_unavailable, ros2_executable
 
 LAUNCH_DIR = REPO_ROOT / "launch"
 LAUNCH_FILES = sorted(LAUNCH_DIR.glob("*.launch.py"))
@@ -720,7 +720,7 @@ def test_deploy_launch_excite_mode_records_a_bag_sysid_reads(ros_tooling, tmp_pa
     lockstep on the stand-in; the motion runs to its end, Ctrl-C closes the bag, and the bag holds
     every command the controller sent and the metadata `diffsim-ros sysid` rebuilds the robot from."""
     from diffsim_ros.analysis import read_bag, sim_setup
-    from diffsim_ros.loop import _launch_preexec, bag_counts
+    from diffsim_ros.workflows.loop import _launch_preexec, bag_counts
 
     exc = tmp_path / "excite.yaml"
     exc.write_text("policy_controller:\n  ros__parameters:\n    state_timeout_s: 5.0\n    stats_file: "

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.ros
 from conftest import REPO_ROOT, ros_domain  # noqa: E402
 
 from diffsim_ros import cli  # noqa: E402
-from diffsim_ros.loop import LoopError, launch_unavailable, run_loop  # noqa: E402
+from diffsim_ros.workflows.loop import LoopError, launch_unavailable, run_loop  # noqa: E402
 
 
 def deploy_path(path: str) -> bool:
@@ -86,7 +86,7 @@ def test_loop_deploys_an_old_checkpoint_from_the_training_file_it_names(tmp_path
     """test/data/hover_nominal (the hover shipped before 2026-12-04) records only its training file and
     task ({file, task}): the loop finds that file (or the package's file of the same name) and refuses
     one whose task section differs."""
-    from diffsim_ros.loop import checkpoint_config
+    from diffsim_ros.workflows.loop import checkpoint_config
 
     old_hover = REPO_ROOT / "test" / "data" / "hover_nominal"
     path = checkpoint_config(old_hover, tmp_path)
@@ -380,7 +380,7 @@ def test_nodes_die_with_a_killed_loop(tmp_path):
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from diffsim_ros.loop import die_with_parent\n"
+        "from diffsim_ros.workflows.loop import die_with_parent\n"
         f"p = subprocess.Popen(['sleep', '60'], start_new_session=True, preexec_fn=die_with_parent)\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(60)\n")])

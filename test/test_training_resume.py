@@ -166,7 +166,7 @@ def test_tensorboard_scalars_equal_the_csv(uninterrupted):
 def test_tensorboard_after_a_resume_shows_each_step_once(tiny_config, tmp_path):
     """A run stopped after its row 5 (checkpoint at 4) and resumed: the first event file's step 5
     is purged by the second, so the scalars still equal the final csv."""
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     class Stop(Exception):
         pass
@@ -205,7 +205,7 @@ def test_best_checkpoint_is_the_best_evaluation(uninterrupted):
 
 
 def test_csv_is_written_as_each_iteration_ends(tiny_config, tmp_path):
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     seen = []
 
@@ -316,7 +316,7 @@ def test_killed_ppo_run_resumes_bit_for_bit(tmp_path, capsys):
 @pytest.fixture
 def stopped_run(tiny_config, tmp_path):
     """A run stopped after 3 iterations (checkpoint at 2), ready to resume."""
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     class Stop(Exception):
         pass
@@ -376,7 +376,7 @@ def test_resume_refuses_a_changed_urdf(tmp_path, capsys):
     params = tiny_params()
     params["urdf"] = str(urdf)
     cfg = write_config(tmp_path / "arm.yaml", params)
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     def stop(row):
         if row["iteration"] == 2:
@@ -394,7 +394,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
     with an error naming the iteration and the quantity, and checkpoints/latest holds iteration 4 (the
     periodic checkpoint was at 3), loadable and resumable."""
     from diffsim_ros.physics import SimulationError
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     # No evaluation on the way (its rollouts would step the task too): task.step counts training steps.
     params = tiny_params(iterations=10, checkpoint_every=3, critic=False, randomize_mass=[], eval_every=100)
@@ -445,7 +445,7 @@ def test_the_loop_retrains_into_its_own_folder(tiny_config, tmp_path, capsys):
     """The main job trains into its own folder (diffsim-ros loop's policy/), through the training
     function itself: a rerun into the same folder is a fresh run (the first run's event file and
     rows do not mix with the second's), as `diffsim-ros train --force` is."""
-    from diffsim_ros.loop import train_policy
+    from diffsim_ros.workflows.loop import train_policy
 
     out = tmp_path / "policy"
     for iterations in (2, 3):
@@ -461,7 +461,7 @@ def test_the_loop_retrains_into_its_own_folder(tiny_config, tmp_path, capsys):
 def test_the_loop_names_what_is_wrong_with_a_training_file(tiny_config, tmp_path):
     """A bad training file stops the main job's training step with the CLI's one line (the file,
     the key), not a traceback."""
-    from diffsim_ros.loop import LoopError, train_policy
+    from diffsim_ros.workflows.loop import LoopError, train_policy
 
     doc = yaml.safe_load(Path(tiny_config).read_text())
     doc["/**"]["ros__parameters"]["training"]["iteratoins"] = 3

@@ -2,13 +2,14 @@
 
 Installed as the ``diffsim-ros`` console script (see setup.py) and runnable as
 ``python -m diffsim_ros.cli``. One module per command, argument handling only: each
-registers its subparser (``_add_*`` / ``add_parser``) and hands the parsed options to the
-library; heavy imports (torch, the physics core) happen inside the command so that
+registers its subparser (``_add_*``) and hands the parsed options to the library (the workflows,
+diffsim_ros.workflows, and the layers below; no library module imports cli/); heavy imports
+(torch, the physics core) happen inside the command so that
 ``--help`` stays fast. :mod:`.common` holds what they share (``CliError``: exit status 2).
 
-Modules: :mod:`.demo`, :mod:`.train` (train, baseline), :mod:`.bags` (analyze, sysid, bag
-repair), :mod:`.loop`; ``excite``, ``eval`` and ``init`` register themselves from
-diffsim_ros.excite, diffsim_ros.evaluation and diffsim_ros.init_config.
+Modules: :mod:`.demo`, :mod:`.train` (train, baseline, distill), :mod:`.bags` (analyze, sysid, bag
+repair), :mod:`.loop`, :mod:`.excite`, :mod:`.evaluate` (eval), :mod:`.init`, :mod:`.export`,
+:mod:`.preflight`.
 
 Commands: ``demo`` (the dynamics core on a URDF), ``train`` (a policy by gradients
 through the simulator, exported as a checkpoint), ``baseline`` (the PPO or SAC baseline),
@@ -28,11 +29,13 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from . import common
 from .bags import _add_analyze, _add_bag, _add_sysid
 from .common import DEFAULT_ROBOT, CliError, default_urdf
 from .demo import _add_demo
+from .evaluate import _add_eval
+from .excite import _add_excite
 from .export import _add_export
+from .init import _add_init
 from .preflight import _add_preflight
 from .loop import _add_loop
 from .train import _add_baseline, _add_distill, _add_train
@@ -52,12 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     _add_sysid(sub)
     _add_loop(sub)
-    from diffsim_ros import evaluation, excite, init_config   # torch loads inside their commands
-
-    excite.add_parser(sub, common)          # diffsim-ros excite: an identification motion, recorded
+    _add_excite(sub)                        # diffsim-ros excite: an identification motion, recorded
     _add_bag(sub)
-    evaluation.add_parser(sub, common)      # diffsim-ros eval
-    init_config.add_parser(sub, common)     # diffsim-ros init: a training file for a URDF
+    _add_eval(sub)                          # diffsim-ros eval
+    _add_init(sub)                          # diffsim-ros init: a training file for a URDF
     _add_export(sub)
     _add_preflight(sub)
     return parser

@@ -1,12 +1,12 @@
 """``diffsim-ros loop``: the whole loop (train, deploy on the MuJoCo stand-in over ROS 2, record,
-analyse) in one command (diffsim_ros.loop)."""
+analyse) in one command (diffsim_ros.workflows.loop)."""
 from __future__ import annotations
 
 import argparse
 import os
 import time
 
-from diffsim_ros.evaluation import PERTURB_HELP
+from diffsim_ros.workflows.evaluation import PERTURB_HELP
 
 from .common import CliError, _describe, _input_errors, _perturbation, _positive
 
@@ -15,7 +15,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
     _positive("--threads", args.threads)
     if not args.duration > 0:
         raise CliError(f"--duration must be positive, got {args.duration}")
-    from diffsim_ros.loop import DEFAULT_PERTURBATION, LoopError, run_loop
+    from diffsim_ros.workflows.loop import DEFAULT_PERTURBATION, LoopError, run_loop
     from diffsim_ros.analysis import AnalysisError
 
     pert = dict(DEFAULT_PERTURBATION) if args.perturb is None else _perturbation(args.perturb)

@@ -1,5 +1,6 @@
 """``diffsim-ros preflight CHECKPOINT``: GO or NO-GO for a checkpoint on a live robot's topics or a bag
-(the checks: diffsim_ros/control/preflight.py; the gathering: diffsim_ros/preflight.py)."""
+(the checks: diffsim_ros/control/preflight.py; the gathering:
+diffsim_ros/workflows/preflight.py)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         raise CliError(f"{args.bag}: no such bag")
     from diffsim_ros.analysis.errors import AnalysisError
     from diffsim_ros.learning.checkpoint import CheckpointError
-    from diffsim_ros.preflight import run_preflight
+    from diffsim_ros.workflows.preflight import run_preflight
 
     try:
         rep = run_preflight(args.checkpoint, bag=args.bag, seconds=args.seconds,

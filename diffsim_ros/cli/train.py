@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 
-from diffsim_ros.training import print_summary, written_files
+from diffsim_ros.workflows.training import print_summary, written_files
 
 from .common import CliError, _describe, _device, _input_errors, _positive
 
@@ -39,7 +39,7 @@ def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
 
 def _refuse_overwrite(out: str, force: bool, command: str = "train") -> None:
     """--out must not hold a policy or an unfinished run already, unless --force."""
-    from diffsim_ros.training import occupied
+    from diffsim_ros.workflows.training import occupied
 
     if force:
         return
@@ -170,7 +170,7 @@ def _train_folder(args: argparse.Namespace):
     if args.resume is not None:
         if not os.path.isdir(args.resume):
             raise CliError(f"--resume {args.resume}: no such folder")
-        from diffsim_ros.training import resume_source
+        from diffsim_ros.workflows.training import resume_source
 
         return resume_source(args.resume), set(os.listdir(args.out))
     _refuse_overwrite(args.out, args.force)
@@ -212,7 +212,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
         # rank 0 alone looks at the folder (a node of a multi-node run may have none); the others
         # raise what it raised
         resumed, before = ctx.from_rank0(lambda: _train_folder(args))
-        from diffsim_ros.training import train_from_params
+        from diffsim_ros.workflows.training import train_from_params
 
         if resumed is not None:
             stored, stored_file, done = resumed
@@ -298,7 +298,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
         from diffsim_ros import config
         from diffsim_ros.learning.checkpoint import json_safe, save_checkpoint, training_summary
-        from diffsim_ros.training import check_same_run
+        from diffsim_ros.workflows.training import check_same_run
 
         state = None
         if args.resume is not None:

@@ -496,7 +496,7 @@ def run_node(factory: Callable[[], Any], args: Optional[List[str]] = None, name:
 
     if os.environ.get("DIFFSIM_DIE_WITH_PARENT") == "1":
         # Started by `diffsim-ros loop` through ros2 launch: SIGTERM when launch dies, even by SIGKILL.
-        from ..loop import die_with_parent
+        from ..workflows.loop import die_with_parent
 
         die_with_parent()
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import interfaces as ifc
-from ..training import occupied, resume_source, train_from_params  # the CLI's training path, shared
+from ..workflows.training import occupied, resume_source, train_from_params  # the CLI's training path, shared
 from .common import StartupError, resolve_path
 
 __all__ = ["NODE_NAME", "PARAMETERS", "make_node_class", "main"]
@@ -82,7 +82,7 @@ def make_node_class():
 
 class _TrainNodeLogic:
     """The node's side of train_node (parameters, the URDF topic, progress topics), mixed into rclpy's
-    Node by make_node_class(); the training is the CLI's (training.train_from_params)."""
+    Node by make_node_class(); the training is the CLI's (workflows.training.train_from_params)."""
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class

@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from diffsim_ros import config, evaluation
+from diffsim_ros import config
+from diffsim_ros.workflows import evaluation
 from diffsim_ros.analysis import video
 from diffsim_ros.cli import main
 
@@ -186,7 +187,7 @@ def small_training(tmp_path):
 
 
 def test_train_writes_a_small_rollout_video(tmp_path, monkeypatch, capsys):
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     monkeypatch.delenv("DIFFSIM_NO_VIDEO", raising=False)
     params = small_training(tmp_path)
@@ -205,7 +206,7 @@ def test_train_writes_a_small_rollout_video(tmp_path, monkeypatch, capsys):
 
 
 def test_a_failing_video_is_a_warning_not_a_failed_training(tmp_path, monkeypatch, capsys):
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     monkeypatch.delenv("DIFFSIM_NO_VIDEO", raising=False)
 

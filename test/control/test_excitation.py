@@ -308,7 +308,7 @@ def test_excitation_config_errors_name_the_key():
 
 
 def test_policy_controller_in_excite_mode_needs_a_config():
-    from diffsim_ros.loop import console_script
+    from diffsim_ros.workflows.loop import console_script
 
     r = subprocess.run([console_script("policy_controller"), "--ros-args", "-p", "mode:=excite"],
                        capture_output=True, text=True, timeout=120)

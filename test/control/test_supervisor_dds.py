@@ -31,7 +31,7 @@ from conftest import ros_context, ros_domain  # noqa: E402
 from test_supervisor import ARM_BAD, QUAD_BAD, SKEW_S, TARGET, Harness  # noqa: E402
 
 from diffsim_ros.learning.deploy import PolicyRunner  # noqa: E402
-from diffsim_ros.loop import die_with_parent  # noqa: E402
+from diffsim_ros.workflows.loop import die_with_parent  # noqa: E402
 
 DOMAIN = ros_domain(1)
 RECOVER = 3

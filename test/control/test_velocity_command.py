@@ -150,7 +150,7 @@ def _walk_stop_walk(runner, perturbation, speeds, stand: bool, seed: int):
     Per phase (its last second): mean forward speed, its largest magnitude, the largest tilt."""
     import torch
 
-    from diffsim_ros.evaluation import _standin_params
+    from diffsim_ros.workflows.evaluation import _standin_params
     from diffsim_ros.plant.mujoco_plant import MujocoPlant
 
     plant = MujocoPlant(_standin_params(runner.meta, "walker"), perturbation=perturbation)

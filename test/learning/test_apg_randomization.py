@@ -95,7 +95,7 @@ def test_randomised_hover_transfers_where_the_nominally_trained_one_does_not():
     the simulator with that latency (tested with it below)."""
     import random
 
-    from diffsim_ros.evaluation import evaluate_on_standin
+    from diffsim_ros.workflows.evaluation import evaluate_on_standin
     from diffsim_ros.plant.perturbation import PRESETS
 
     seed = drawn_seed("hardware-like stand-in", "DIFFSIM_TRANSFER_SEED")
@@ -134,7 +134,7 @@ def test_the_randomised_jumps_transfer_under_drawn_imperfections(name):
     import random
 
     from conftest import example_robot_data_dir
-    from diffsim_ros.evaluation import evaluate_on_standin
+    from diffsim_ros.workflows.evaluation import evaluate_on_standin
     from diffsim_ros.plant.perturbation import PRESETS
 
     if name == "jump_solo12" and example_robot_data_dir() is None:
@@ -159,7 +159,7 @@ def test_the_nominal_hover_fails_under_latency_in_the_simulator_too():
     setpoint as the stand-in does, while without latency it settles within a centimetre."""
     import dataclasses
 
-    from diffsim_ros.evaluation import load_checkpoint_task
+    from diffsim_ros.workflows.evaluation import load_checkpoint_task
     from diffsim_ros.physics import Simulator
     from diffsim_ros.physics.registry import rebuild
 

@@ -311,7 +311,7 @@ def test_a_checkpoint_from_another_clone_finds_its_urdf_here(tmp_path, name):
     entry (package://example-robot-data/... for solo12) or the file of that name in this package's
     urdf folder (the hover) is the same robot: the checkpoint loads and is the robot it was trained
     on. With none of them, the error names what it looked for."""
-    from diffsim_ros import evaluation
+    from diffsim_ros.workflows import evaluation
     from diffsim_ros.learning.deploy import resolve_urdf_source
 
     folder = tmp_path / name

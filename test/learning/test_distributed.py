@@ -187,7 +187,7 @@ def tiny_config(tmp_path_factory) -> Path:
 def single(tiny_config, tmp_path_factory):
     """The reference: one process over all 8 environments, the injected divergence at the same step;
     (its folder, a copy of the folder as it was right after the checkpoint of iteration 2)."""
-    from diffsim_ros.training import train_from_params
+    from diffsim_ros.workflows.training import train_from_params
 
     base = tmp_path_factory.mktemp("single")
     out, stopped = base / "run", base / "stopped"

@@ -489,7 +489,7 @@ def test_excite_mode_sends_the_excitation_through_the_same_path(ros):
 
 
 def _ros2_or_skip() -> str:
-    from diffsim_ros.loop import ros2_executable
+    from diffsim_ros.workflows.loop import ros2_executable
 
     exe = ros2_executable()
     if exe is None:

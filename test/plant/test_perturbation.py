@@ -41,7 +41,7 @@ def test_the_main_jobs_default_is_a_preset_whose_actuator_is_the_hardware_ones()
     """The loop's default perturbation takes its values from the robot's kind: the hardware preset's
     mass error and slower actuator (a 5 ms joint torque lag for arms and legged robots, not the
     rotors' 30 ms), nothing of its latency, noise or floor; a multirotor also gets 50 % more drag."""
-    from diffsim_ros.loop import DEFAULT_PERTURBATION
+    from diffsim_ros.workflows.loop import DEFAULT_PERTURBATION
 
     assert set(PRESETS["default"]) == set(KINDS)
     for kind in KINDS:
@@ -123,7 +123,7 @@ def test_coerce_value_converts_what_loses_nothing():
 def test_the_preset_is_documented_with_its_values():
     """README.md (Evaluating a checkpoint) and the --perturb help of eval and loop give every
     value of the preset for every kind."""
-    from diffsim_ros.evaluation import PERTURB_HELP
+    from diffsim_ros.workflows.evaluation import PERTURB_HELP
 
     readme = (REPO_ROOT / "README.md").read_text()
     section = readme[readme.index("### Evaluating a checkpoint"):]

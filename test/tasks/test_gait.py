@@ -213,7 +213,7 @@ def test_the_gait_report_makes_its_folder_and_reports_each_commanded_speed(tmp_p
     duty factors of the contact timeline it drew, and the footfall diagram."""
     import json
 
-    from diffsim_ros import evaluation
+    from diffsim_ros.workflows import evaluation
     from diffsim_ros.tasks.gait import rollout_contacts, write_gait_report
 
     task, policy = evaluation.load_checkpoint_task(str(REPO_ROOT / "policies" / "locomotion_velocity"))[:2]
@@ -232,7 +232,8 @@ def test_the_gait_report_of_a_task_on_a_compiled_step_runs_the_eager_step(tmp_pa
     keeps no contact data (it failed there after the last iteration, exporting nothing): the
     report runs the episode on the eager step of the same system, the same contacts as the
     eager task's, and gives the task its compiled simulator back."""
-    from diffsim_ros import evaluation, physics
+    from diffsim_ros import physics
+    from diffsim_ros.workflows import evaluation
     from diffsim_ros.tasks.gait import rollout_contacts, write_gait_report
 
     class NoContactData(physics.Simulator):        # what a compiled step looks like to the report

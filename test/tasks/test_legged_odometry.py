@@ -134,7 +134,7 @@ def test_the_estimate_follows_the_standins_true_velocity_from_the_topics_alone()
     the hardware preset (its sensor noise included): the estimate computed from the measured joint
     state and the IMU's orientation and rates, the base's position and linear velocity zeroed as
     policy_controller holds them, against MuJoCo's true body-frame forward velocity."""
-    from diffsim_ros.evaluation import _measured_qv, _standin_params
+    from diffsim_ros.workflows.evaluation import _measured_qv, _standin_params
     from diffsim_ros.learning.deploy import PolicyRunner
     from diffsim_ros.plant.mujoco_plant import MujocoPlant
     from diffsim_ros.plant.perturbation import resolve_perturbation

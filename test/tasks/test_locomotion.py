@@ -180,7 +180,7 @@ def test_the_shipped_walking_policy_walks_by_the_metric_on_recorded_arrays():
     least 0.8 of them; 8 of the same episodes standing all fail. The walker it replaced
     (test/data/quadruped_sliding) tracked the command upright, but its feet slid in contact at
     0.3-0.42 m/s against 0.1 allowed."""
-    from diffsim_ros import evaluation
+    from diffsim_ros.workflows import evaluation
     from diffsim_ros.learning.checkpoint import load_checkpoint
 
     _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml")
@@ -358,7 +358,7 @@ def test_the_dragging_solo12_walker_fails_the_gait_rules_in_the_simulator():
     The rule can fail: it fails the walker the strict metric passed in 256 of 256 episodes
     (policies/README.md)."""
     from conftest import example_robot_data_dir
-    from diffsim_ros import evaluation
+    from diffsim_ros.workflows import evaluation
 
     if example_robot_data_dir() is None:
         pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
@@ -522,7 +522,7 @@ def test_the_shipped_solo12_walker_steps_upright_at_the_command_on_the_standin()
     (0.1 allowed; 0.01-0.02 in the simulator), held here below 0.2 on the plain stand-in, where
     the dragging walker it replaced (test/data/solo12_dragging) slid 0.15-0.71."""
     from conftest import drawn_seed, example_robot_data_dir
-    from diffsim_ros.evaluation import evaluate_on_standin
+    from diffsim_ros.workflows.evaluation import evaluate_on_standin
 
     if example_robot_data_dir() is None:
         pytest.skip("example-robot-data (pip package 'example-robot-data') is not installed")
@@ -547,7 +547,7 @@ def test_the_shipped_quadruped_walker_walks_on_the_standin_where_the_sliding_one
     asserted. The sliding walker it replaced (test/data/quadruped_sliding) fails the plain
     stand-in's episodes."""
     from conftest import drawn_seed
-    from diffsim_ros.evaluation import evaluate_on_standin
+    from diffsim_ros.workflows.evaluation import evaluate_on_standin
 
     seed = drawn_seed("quadruped walker on the stand-in", "DIFFSIM_WALK_SEED") % 1000
     for pert in (None, "hardware"):

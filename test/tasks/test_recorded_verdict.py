@@ -16,7 +16,7 @@ import torch
 
 from conftest import REPO_ROOT, drawn_seed
 
-from diffsim_ros import evaluation
+from diffsim_ros.workflows import evaluation
 from diffsim_ros.physics.spatial import roll_pitch
 
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional, Union
 
-from . import interfaces as ifc
-from .control.preflight import FrameSample, JointSample, Observed, PreflightReport, preflight
+from .. import interfaces as ifc
+from ..control.preflight import FrameSample, JointSample, Observed, PreflightReport, preflight
 
 __all__ = ["run_preflight", "observe_live", "observe_bag", "default_command_topic"]
 
@@ -57,7 +57,7 @@ def _joints(t: int, m) -> JointSample:
 def observe_bag(path: Union[str, os.PathLike], joint_states_topic: str = ifc.JOINT_STATES,
                 imu_topic: str = ifc.IMU, odom_topic: str = ifc.ODOM, command_topic: str = "") -> Observed:
     """What a bag's state topics held, receive times from the bag."""
-    from .analysis.bag import _messages, _opened
+    from ..analysis.bag import _messages, _opened
 
     path = Path(os.fspath(path))
     seen = Observed(duration_s=0.0, command_topic=command_topic, source=f"bag {path}")
@@ -124,7 +124,7 @@ def run_preflight(checkpoint: Union[str, os.PathLike], bag: Optional[Union[str, 
                   odom_topic: str = ifc.ODOM, command_topic: Optional[str] = None, **limits) -> PreflightReport:
     """Load the checkpoint (a PolicyRunner: refuses another robot's URDF), gather the topics (a bag,
     else live for ``seconds``) and judge them (control.preflight.preflight; ``limits`` its settings)."""
-    from .learning.deploy import PolicyRunner
+    from ..learning.deploy import PolicyRunner
 
     runner = PolicyRunner(checkpoint)
     topic = default_command_topic(runner) if command_topic is None else command_topic

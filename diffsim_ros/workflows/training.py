@@ -47,10 +47,10 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     weights (fine-tuning; :func:`~diffsim_ros.learning.checkpoint.initial_weights` says what must
     match, a CheckpointError otherwise); policy.json records it as ``training.initialized_from``.
     Ignored when resuming (the run continues from its own weights)."""
-    from . import config
-    from .learning.apg import TrainConfig, load_resume_state, train
-    from .learning.checkpoint import initial_weights, json_safe, save_checkpoint, training_summary
-    from .learning.distributed import SINGLE
+    from .. import config
+    from ..learning.apg import TrainConfig, load_resume_state, train
+    from ..learning.checkpoint import initial_weights, json_safe, save_checkpoint, training_summary
+    from ..learning.distributed import SINGLE
 
     if task is None:
         config.check_keys(params, config.TRAINING_FILE_KEYS, source)
@@ -106,7 +106,7 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     extra = {"training": summary(result), "config": json_safe(params), "config_file": os.path.abspath(source)}
     files = save_checkpoint(result.policy, task, out, extra=extra)
     # rollout.gif beside learning_curve.png: one episode of the final policy, 160x120, <= 40 frames
-    # (diffsim_ros.evaluation.training_video). DIFFSIM_NO_VIDEO=1 skips it; a rendering problem is
+    # (diffsim_ros.workflows.evaluation.training_video). DIFFSIM_NO_VIDEO=1 skips it; a rendering problem is
     # a warning, never a failed training run.
     if os.environ.get("DIFFSIM_NO_VIDEO", "").strip().lower() not in ("1", "true", "yes"):
         try:
@@ -135,7 +135,7 @@ def resume_source(out: Union[str, os.PathLike]) -> Tuple[Dict[str, Any], str, in
     """(parameters, training file, iterations done) of the run in ``out``, from its resume state
     (``out/checkpoints/latest/resume.pt``): the parameters as the run trained with them; a
     ResumeError when there is none."""
-    from .learning.apg import ResumeError, load_resume_state
+    from ..learning.apg import ResumeError, load_resume_state
 
     state = load_resume_state(out)
     if state["finished"]:
@@ -179,8 +179,8 @@ def _summarise(names: List[str], per_section: int = 3) -> str:
 def check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
     """A ResumeError naming what differs when ``run_info`` (the configuration given now) is not
     the one the run in ``state`` started with: another parameter, or a URDF whose content changed."""
-    from .learning.apg import ResumeError
-    from .learning.checkpoint import json_safe
+    from ..learning.apg import ResumeError
+    from ..learning.checkpoint import json_safe
 
     where = state["path"]
     then = state.get("run_info") or {}

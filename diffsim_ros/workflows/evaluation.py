@@ -40,10 +40,8 @@ No rclpy here.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -51,7 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["DEFAULT_SEED", "DEFAULT_EPISODES", "EvalError", "Rollout", "EvalReport", "wilson_interval", "rollout",
            "failure_modes", "evaluate_task", "load_checkpoint_task", "evaluate_checkpoint", "rollout_video",
-           "training_video", "mujoco_scene", "format_report", "add_parser", "cmd_eval", "evaluate_on_standin",
+           "training_video", "mujoco_scene", "format_report", "evaluate_on_standin",
            "format_standin_report"]
 
 DEFAULT_SEED = 2024
@@ -144,8 +142,8 @@ def _fall(task, roll: Rollout, crash_height: float):
     """(B,) bool per episode and the criterion in words; None for a fixed base."""
     import torch
 
-    from .physics.spatial import quat_to_matrix, roll_pitch
-    from .tasks.locomotion import LocomotionTask
+    from ..physics.spatial import quat_to_matrix, roll_pitch
+    from ..tasks.locomotion import LocomotionTask
 
     if not task.model.floating_base:
         return None, "fixed base"
@@ -174,7 +172,7 @@ def failure_modes(task, roll: Rollout, limit_margin: float = 0.01, crash_height:
 
     if not limit_margin >= 0:
         raise EvalError(f"limit_margin must be >= 0 (rad or m), got {limit_margin}")
-    from .tasks.base import actuated_limits, has_velocity_limit, joint_limit_flags
+    from ..tasks.base import actuated_limits, has_velocity_limit, joint_limit_flags
 
     # The joints the policy drives (simulator.actuated_joints): a passive joint resting on its stop
     # (a gripper finger at 0) is no failure of the policy.
@@ -321,9 +319,9 @@ def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu
     can read (urdf resolved on this machine, floating_base, simulator)."""
     import torch
 
-    from . import config
-    from .learning import deploy
-    from .learning.checkpoint import load_checkpoint, load_metadata
+    from .. import config
+    from ..learning import deploy
+    from ..learning.checkpoint import load_checkpoint, load_metadata
 
     where = os.fspath(checkpoint)
     meta = load_metadata(checkpoint)
@@ -341,7 +339,7 @@ def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu
 def _standin_params(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
     """The parameters the MuJoCo stand-in reads from a checkpoint's metadata: the URDF resolved
     on this machine, the floating base, the simulator section."""
-    from .learning import deploy
+    from ..learning import deploy
 
     return {"urdf": deploy.resolve_urdf_source(meta, where), "floating_base": bool(meta["robot"]["floating_base"]),
             "simulator": deploy._finite_floats(dict(meta["simulator"]))}
@@ -355,7 +353,7 @@ def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEF
     """Evaluate a checkpoint folder (or its policy.pt / policy.json); with ``video`` (a .gif or .mp4
     path) also draw its first ``video_episodes`` episodes. Bad input raises CheckpointError,
     EvalError or VideoError naming what is wrong, before anything runs."""
-    from .analysis.video import RENDERERS, VideoError, check_video_path
+    from ..analysis.video import RENDERERS, VideoError, check_video_path
 
     if episodes < 1:
         raise EvalError(f"episodes must be at least 1, got {episodes}")
@@ -419,9 +417,9 @@ def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32,
     import numpy as np
     import torch
 
-    from .learning.deploy import PolicyRunner
-    from .plant.mujoco_plant import MujocoPlant
-    from .plant.perturbation import PRESET_KEY, perturbation_spec, resolve_perturbation, robot_kind
+    from ..learning.deploy import PolicyRunner
+    from ..plant.mujoco_plant import MujocoPlant
+    from ..plant.perturbation import PRESET_KEY, perturbation_spec, resolve_perturbation, robot_kind
 
     if episodes < 1:
         raise EvalError(f"episodes must be at least 1, got {episodes}")
@@ -511,8 +509,8 @@ def mujoco_scene(params: Dict[str, Any], source: str = ""):
     """A :class:`~diffsim_ros.analysis.video.MujocoScene` of the robot of ``params`` (urdf,
     floating_base, simulator): the MuJoCo stand-in's model of the same URDF, with the collision
     primitives as geoms and a ground plane (drawn only: nothing is stepped)."""
-    from .analysis.video import MujocoScene
-    from .plant.mujoco_plant import MujocoPlant
+    from ..analysis.video import MujocoScene
+    from ..plant.mujoco_plant import MujocoPlant
 
     sim = dict(params.get("simulator") or {})
     sim["ground"] = True           # the plant adds its geoms (collision primitives) with the ground
@@ -523,7 +521,7 @@ def mujoco_scene(params: Dict[str, Any], source: str = ""):
 
 def _marks(task, target) -> Tuple[Optional[List[float]], float, str]:
     """(point to draw or None, its radius m, caption) of one episode's goal."""
-    from .tasks import JumpTask, LocomotionTask, QuadrotorTask, ReachTask
+    from ..tasks import JumpTask, LocomotionTask, QuadrotorTask, ReachTask
 
     t = [float(x) for x in target.reshape(-1).tolist()]
     xyz = lambda v: "(" + ", ".join(f"{x:.2f}" for x in v) + ")"  # noqa: E731
@@ -549,7 +547,7 @@ def rollout_video(task, roll: Rollout, path: Union[str, os.PathLike], params: Op
     """Draw the recorded ``episodes`` (indices) of ``roll`` into ``path`` (.gif or .mp4); returns
     {path, frames, width, height, fps, renderer, fallback_reason, episodes}. ``params`` (urdf,
     floating_base, simulator) lets MuJoCo draw; without it only matplotlib can."""
-    from .analysis.video import Episode, render_episodes, save_video
+    from ..analysis.video import Episode, render_episodes, save_video
 
     eps = []
     for b in episodes:
@@ -583,131 +581,3 @@ def training_video(task, policy: Callable, params: Dict[str, Any], out_dir: Unio
     info = rollout_video(task, roll, path, params, source, list(range(episodes)), None, "auto", width, height,
                          25.0, max_frames)
     return Path(info["path"])
-
-
-# ---------------------------------------------------------------------------- CLI
-def _size(text: str, CliError) -> Tuple[int, int]:
-    try:
-        w, h = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise CliError(f"--size takes WIDTHxHEIGHT in pixels (e.g. 320x240), got {text!r}") from None
-    if w < 16 or h < 16 or w > 4096 or h > 4096 or w % 2 or h % 2:
-        raise CliError(f"--size {text}: width and height must be even numbers of pixels in 16..4096")
-    return w, h
-
-
-def cmd_eval(args, cli=None) -> int:
-    """``diffsim-ros eval``: see :func:`add_parser`. ``cli``: the CLI module whose CliError its
-    ``main`` catches (default diffsim_ros.cli.common)."""
-    if cli is None:
-        from .cli import common as cli
-    CliError, _describe, _device, _input_errors, _positive = (cli.CliError, cli._describe, cli._device,
-                                                              cli._input_errors, cli._positive)
-    _positive("--episodes", args.episodes)
-    _positive("--threads", args.threads)
-    _positive("--video-episodes", args.video_episodes)
-    if not args.fps > 0:
-        raise CliError(f"--fps must be positive, got {args.fps}")
-    width, height = _size(args.size, CliError)
-    if not os.path.exists(args.checkpoint):
-        raise CliError(f"{args.checkpoint}: no such checkpoint (give a folder written by diffsim-ros train, "
-                       "or its policy.pt / policy.json)")
-    from .analysis.video import VideoError
-
-    if args.video is not None:
-        try:
-            from .analysis.video import check_video_path
-            check_video_path(args.video)
-        except VideoError as exc:
-            raise CliError(f"--video {exc}") from None
-    import torch
-
-    torch.set_num_threads(args.threads)
-    device = _device(args.device)
-    errors = _input_errors() + (EvalError, VideoError)
-    if args.plant == "mujoco":
-        if args.video is not None or str(device) != "cpu":
-            raise CliError("--plant mujoco runs on the CPU and draws no video (leave out --video and --device)")
-        pert = cli._perturbation(args.perturb or "")
-        try:
-            rep = evaluate_on_standin(args.checkpoint, args.episodes, args.seed, pert)
-        except errors as exc:
-            raise CliError(_describe(exc, args.checkpoint)) from None
-        print(format_standin_report(rep))
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(rep, indent=2, default=str) + "\n")
-            print(f"json            {args.json}")
-        return 0
-    if args.perturb:
-        raise CliError("--perturb perturbs the MuJoCo stand-in: use it with --plant mujoco")
-    import warnings
-
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            report = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, str(device), args.video,
-                                         args.video_episodes, args.renderer, width, height, args.fps,
-                                         args.limit_margin, args.crash_height)
-    except errors as exc:
-        raise CliError(_describe(exc, args.checkpoint)) from None
-    seen = set()
-    for w in caught:
-        if issubclass(w.category, UserWarning) and str(w.message) not in seen:
-            seen.add(str(w.message))
-            print(f"warning: {w.message}", file=sys.stderr)
-    print(format_report(report))
-    if args.json:
-        from .learning.checkpoint import json_safe
-
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(json_safe(report.to_dict()), indent=2) + "\n")
-        except OSError as exc:
-            raise CliError(f"--json {args.json}: {exc.strerror or exc}") from None
-        print(f"json            {args.json}")
-    sys.stdout.flush()
-    return 0
-
-
-def add_parser(sub, cli=None) -> None:
-    """Register ``diffsim-ros eval`` on the CLI's subparsers. ``cli``: the module of the CLI's shared
-    helpers (diffsim_ros.cli.common), whose CliError its main catches."""
-    p = sub.add_parser(
-        "eval", help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
-        description="Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros train, run "
-                    "the policy on fresh episodes, and print the task's own success rate with its 95 % Wilson "
-                    "interval and how many episodes put a joint at its URDF position limit, over its URDF "
-                    "velocity limit, fell (floating base) or went non-finite. --video draws a few of the "
-                    "episodes (MuJoCo's offscreen renderer where EGL or OSMesa works, else matplotlib). "
-                    "--plant mujoco runs the same episodes on the MuJoCo stand-in as well (--perturb hardware: "
-                    "with a robot's usual imperfections) and prints both success rates and their ratio.")
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder (or its policy.pt / policy.json)")
-    p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, metavar="N",
-                   help=f"fresh episodes (default {DEFAULT_EPISODES})")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                   help=f"seed of the episodes' reset draws (default {DEFAULT_SEED}; the trainer's own evaluation "
-                        "uses 12345)")
-    p.add_argument("--device", default="cpu", help="torch device of the simulation (default cpu; e.g. cuda)")
-    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch intra-op threads (default 1)")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
-    p.add_argument("--video", default=None, metavar="FILE", help="write a video of the first episodes: .gif or .mp4")
-    p.add_argument("--video-episodes", type=int, default=DEFAULT_VIDEO_EPISODES, metavar="N",
-                   help=f"episodes in the video (default {DEFAULT_VIDEO_EPISODES})")
-    p.add_argument("--renderer", choices=RENDERER_CHOICES, default="auto",
-                   help="auto (MuJoCo where OpenGL works, else matplotlib), mujoco or matplotlib (default auto)")
-    p.add_argument("--size", default="320x240", metavar="WxH", help="video frame size in pixels (default 320x240)")
-    p.add_argument("--fps", type=float, default=25.0,
-                   help="frames per second of simulated time (default 25; played in real time)")
-    p.add_argument("--limit-margin", type=float, default=0.01, metavar="RAD",
-                   help="distance to a URDF position limit counted as at the limit, rad or m (default 0.01)")
-    p.add_argument("--crash-height", type=float, default=0.1, metavar="M",
-                   help="quadrotor: base height above the ground counted as a crash, m (default 0.1)")
-    p.add_argument("--plant", choices=("simulator", "mujoco"), default="simulator",
-                   help="where the episodes run: the simulator the policy was trained in (default), or the MuJoCo "
-                        "stand-in (another engine, no ROS; the task's verdict on each recorded episode: reach, "
-                        "quadrotor tasks, the jump and velocity-command locomotion), printed beside the simulator's "
-                        "success on the same episodes with the ratio stand-in / simulator")
-    p.add_argument("--perturb", default=None, metavar="[PRESET,]KEY=VALUE,...",
-                   help="with --plant mujoco: the stand-in's perturbation, " + PERTURB_HELP.replace("%", "%%"))
-    p.set_defaults(func=lambda args: cmd_eval(args, cli))

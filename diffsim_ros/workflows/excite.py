@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from . import interfaces
+from .. import interfaces
 from .loop import (LoopError, _Clock, _Processes, bag_counts, check_exits, recorded_types, stop_nodes)
 
 
 def excitation_settings(params: Dict[str, Any], overrides: Dict[str, Any], source: str = ""):
     """The ExcitationConfig of a config file's ``excitation:`` section with ``overrides`` (CLI
     options) on top; an ExcitationError names the bad key."""
-    from .control.excitation import ExcitationConfig, ExcitationError
+    from ..control.excitation import ExcitationConfig, ExcitationError
 
     sec = params.get("excitation", {}) or {}
     if not isinstance(sec, dict):
@@ -45,8 +45,8 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     """Run the excitation of ``config`` on the stand-in and record it into ``out/bag``; returns
     the summary written to ``out/excite.json``. Bad settings raise ExcitationError (before any
     process starts); a node that fails raises LoopError naming it and its log."""
-    from . import config as cfgmod
-    from .control.excitation import ExcitationRunner, identifiable_parameters
+    from .. import config as cfgmod
+    from ..control.excitation import ExcitationRunner, identifiable_parameters
 
     out_dir = Path(out)
     bag = out_dir / "bag"
@@ -60,7 +60,7 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     floating = runner.model.floating_base
     # The stand-in's parameters as mujoco_plant declares them (a number for sensor_noise: both
     # entries); a preset takes the values of the robot's kind.
-    from .plant.perturbation import resolve_perturbation, ros_values
+    from ..plant.perturbation import resolve_perturbation, ros_values
 
     kind = "arm" if not floating else ("multirotor" if (params.get("simulator") or {}).get("rotors") else "legged")
     perturbation = resolve_perturbation(perturbation or {}, kind)
@@ -164,53 +164,3 @@ def params_file(params: Dict[str, Any], out_dir: Path) -> str:
     path.write_text("# written by diffsim-ros excite\n"
                     + yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
     return str(path.resolve())
-
-
-def cmd_excite(args, cli) -> int:
-    from .analysis import AnalysisError
-    from .control.excitation import ExcitationError
-
-    overrides = {"duration": args.duration, "amplitude": args.amplitude, "seed": args.seed, "signal": args.signal,
-                 "steps": args.steps}
-    pert = cli._perturbation(args.perturb) if args.perturb else {}
-    try:
-        summary = run_excite(args.config, args.out, overrides, pert, domain=args.domain_id, timeout=args.timeout)
-    except ExcitationError as exc:
-        raise cli.CliError(f"{args.config}: {exc}" if args.config not in str(exc) else str(exc)) from None
-    except (LoopError, AnalysisError) as exc:
-        raise cli.CliError(str(exc)) from None
-    except cli._input_errors() as exc:
-        raise cli.CliError(cli._describe(exc, args.config)) from None
-    return 1 if summary["lost"] or summary["controller"].get("safe_commands") else 0
-
-
-def add_parser(sub, cli) -> None:
-    p = sub.add_parser(
-        "excite", help="drive an identification motion on the MuJoCo stand-in and record a bag for sysid",
-        description="Run policy_controller in excitation mode (multisine or chirp joint targets inside the URDF "
-                    "limits for arms; attitude, thrust and rate steps around hover with a position hold for "
-                    "multirotors; bounded by --amplitude, through the same safety supervisor and outputs as a "
-                    "policy) against the mujoco_plant stand-in in lockstep, with trajectory_recorder, and write "
-                    "OUT/bag for `diffsim-ros sysid`. The config's 'excitation:' section holds the other settings "
-                    "(control/excitation.py). Exit status 0: recorded, every command in the bag and no safe "
-                    "command; 1: a safe command or a lost message; 2: bad input.")
-    p.add_argument("--config", required=True, metavar="YAML",
-                   help="the robot's training/robot file (urdf, floating_base, simulator; optional excitation:)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (bag/, logs/, excite.json)")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="seconds of motion (default: the config's excitation.duration, else 12)")
-    p.add_argument("--amplitude", type=float, default=None, metavar="A",
-                   help="fraction (0, 1] of the bounds: arms the safe joint range, multirotors the tilt/thrust/rate "
-                        "steps (default 0.5)")
-    p.add_argument("--seed", type=int, default=None, metavar="N", help="seed of the signal (default 0)")
-    p.add_argument("--signal", choices=("multisine", "chirp"), default=None,
-                   help="arms: the signal (default multisine)")
-    p.add_argument("--steps", default=None, metavar="KIND,...",
-                   help="multirotors: step kinds among attitude,thrust,rate (default all); none: a hover")
-    p.add_argument("--perturb", default=None, metavar="KEY=VALUE,...",
-                   help="stand-in perturbation (mass_scale, joint_damping_scale, drag_scale, actuator_lag, latency, "
-                        "sensor_noise, ...; a preset: hardware, with the values of the robot's kind, see diffsim-ros "
-                        "eval --help; default none)")
-    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wall-clock limit (default 600)")
-    p.set_defaults(func=lambda args: cmd_excite(args, cli))

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from . import interfaces
+from .. import interfaces
 
 #: The stand-in's default deviation from the simulator: the preset ``default`` of the robot's
 #: kind (10 % heavier and a slower actuator; a multirotor also 50 % more drag). Enough for the
@@ -409,7 +409,7 @@ def _recorded_training_file(ckpt: Path, recorded: Dict[str, Any]) -> Dict[str, A
     """The parameters of the training file an older checkpoint names (``config: {file, task}``): that
     path, else the file of the same name in this package's config/, accepted only when its task
     section is the one recorded (another task's file would deploy the policy on the wrong task)."""
-    from . import config as cfgmod
+    from .. import config as cfgmod
 
     name = Path(recorded["file"])
     share = cfgmod.package_share()
@@ -430,8 +430,8 @@ def checkpoint_config(ckpt: Path, out: Path) -> str:
     (robot, simulator, task), with the URDF the checkpoint names resolved to a path."""
     import yaml
 
-    from .learning.checkpoint import CheckpointError, load_metadata
-    from .learning.deploy import resolve_urdf_source
+    from ..learning.checkpoint import CheckpointError, load_metadata
+    from ..learning.deploy import resolve_urdf_source
 
     meta = load_metadata(ckpt)
     params = meta.get("config")
@@ -458,8 +458,8 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     import numpy as np
     import torch
 
-    from .analysis.bag import read_legged_states
-    from .tasks.base import TaskState
+    from ..analysis.bag import read_legged_states
+    from ..tasks.base import TaskState
 
     stamps, qb, vb, names, _ = read_legged_states(Path(bag))      # at least two pairs, or AnalysisError
     states = [runner.legged_state(names, qb[i, 7:].tolist(), vb[i, 6:].tolist(), qb[i, 0:3].tolist(),
@@ -487,7 +487,7 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
            float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
            "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
            "steps_recorded": len(states)}
-    from .tasks.jump import JumpTask
+    from ..tasks.jump import JumpTask
 
     if isinstance(task, JumpTask):
         # The jump's metric on the recorded arrays of the first episode (base pose, contact from
@@ -521,7 +521,7 @@ def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
     import numpy as np
     import torch
 
-    from .tasks.base import TaskState
+    from ..tasks.base import TaskState
 
     task = runner.task
     t = (data.t_state - data.t_state[0]) * 1e-9
@@ -548,14 +548,14 @@ def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
 
 def train_policy(config: str, out: Path, threads: int, iterations: Optional[int] = None) -> Path:
     """Train with the training file ``config`` into ``out`` in this process (the training path of
-    ``diffsim-ros train``, :func:`diffsim_ros.training.train_from_params`) and print its summary;
+    ``diffsim-ros train``, :func:`diffsim_ros.workflows.training.train_from_params`) and print its summary;
     returns the checkpoint folder. ``out`` is the loop's own policy/ folder: a rerun into the same
     --out retrains it from the start (a fresh run, as ``diffsim-ros train --force``)."""
     import warnings
 
     import torch
 
-    from . import config as _config
+    from .. import config as _config
     from .training import print_summary, train_from_params, written_files
 
     torch.set_num_threads(threads)
@@ -607,8 +607,8 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     bag = out_dir / "bag"
     if bag.exists():
         raise LoopError(f"{bag} already exists: choose another --out (a recorded bag is never overwritten)")
-    from .physics import ConfigError
-    from .plant.perturbation import perturbation_spec, resolve_perturbation, robot_kind, ros_values
+    from ..physics import ConfigError
+    from ..plant.perturbation import perturbation_spec, resolve_perturbation, robot_kind, ros_values
 
     try:
         # Checked before anything runs; a preset's values follow the robot's kind (below).
@@ -631,7 +631,7 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
         log(f"[loop] 1/4 using the checkpoint {ckpt}")
     t_train = time.perf_counter() - t0
 
-    from .learning.deploy import PolicyRunner
+    from ..learning.deploy import PolicyRunner
 
     runner = PolicyRunner(str(ckpt))
     task = runner.task
@@ -786,7 +786,7 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     check_exits(statuses, logs)
 
     log(f"[loop] 3/4 analysing {bag}")
-    from . import analysis
+    from .. import analysis
 
     summary = _run_summary(ckpt, bag, perturbation, logs, {"train": t_train, "deploy": t_deploy},
                            " ".join(procs.command) if isinstance(procs, _Launch) else "nodes started one by one")
@@ -814,7 +814,7 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
 
 def _check_same_robot(config: str, runner) -> None:
     """Refuse a configuration whose robot is not the checkpoint's before anything starts."""
-    from . import config as cfgmod
+    from .. import config as cfgmod
 
     try:
         params = cfgmod.load_yaml(config)
@@ -849,8 +849,8 @@ def _run_summary(ckpt: Path, bag: Path, perturbation: Dict[str, Any], logs: Path
 def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
     """Summary of a legged run: the task's verdict from the bag, its gait, the sim-vs-real velocity
     comparison (base twist and joints) and the bag's completeness."""
-    from . import analysis
-    from .analysis.legged import legged_report
+    from .. import analysis
+    from ..analysis.legged import legged_report
 
     res = _legged_result(bag, runner)
     rep = legged_report(bag, out_dir / "analysis")
@@ -914,8 +914,8 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
 
 def _contact_free_mass(bag) -> Dict[str, Any]:
     """The contact-free mass estimate of a legged bag (analysis/contact_free.py), or why not."""
-    from . import analysis
-    from .analysis.contact_free import contact_free_mass
+    from .. import analysis
+    from ..analysis.contact_free import contact_free_mass
 
     try:
         data = analysis.read_bag(str(bag))

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,7 +102,7 @@ class Plan:
 def urdf_reference(path: Path) -> str:
     """How the training file names ``path``: relative to this package's share folder, as
     ``package://example-robot-data/...``, or absolute."""
-    from .config import package_share
+    from ..config import package_share
 
     path = path.resolve()
     parts = path.parts
@@ -123,7 +122,7 @@ def urdf_reference(path: Path) -> str:
 
 
 def _find_urdf(arg: str) -> Path:
-    from . import config
+    from .. import config
 
     if os.path.isfile(arg):
         return Path(arg).resolve()
@@ -229,7 +228,7 @@ def lowest_points(model, q) -> List[Tuple[float, str, int]]:
     lowest box corner, the lowest point of a cylinder's rim."""
     import torch
 
-    from . import physics
+    from .. import physics
 
     R, p = physics.body_placements(model, torch.as_tensor(q, dtype=model.dtype).reshape(1, -1))
     R, p = R[0].double(), p[0].double()
@@ -272,7 +271,7 @@ def heuristic_stance(model, actuated: Sequence[str]) -> Tuple[List[float], str]:
     back under the hip for equal segments), the sign chosen so both stay within their limits."""
     import torch
 
-    from . import physics
+    from .. import physics
 
     q = model.neutral_configuration()
     qj = q[7:].clone()
@@ -306,7 +305,7 @@ def heuristic_stance(model, actuated: Sequence[str]) -> Tuple[List[float], str]:
 # ---------------------------------------------------------------------------- gains
 def inertia_diagonal(model, qs):
     """(N, nj) diagonal joint-space inertia of the joints at configurations ``qs`` (N, nq)."""
-    from . import physics
+    from .. import physics
 
     M = physics.crba(model, qs).diagonal(dim1=-2, dim2=-1)
     return M[:, model.nv - model.nj:]
@@ -355,8 +354,8 @@ def plan(urdf: str, task: str, floating_base: Optional[bool] = None, ee_link: Op
     robot or option it cannot serve."""
     import torch
 
-    from . import physics
-    from .physics.urdf import parse_urdf
+    from .. import physics
+    from ..physics.urdf import parse_urdf
 
     if task in UNAVAILABLE_TASKS:
         raise InitError(f"--task {task}: diffsim_ros.tasks has no '{task}' task (available: "
@@ -430,8 +429,8 @@ def _reach_ee_link(model, actuated: List[str], ee_link: Optional[str]) -> Tuple[
     of the model that an actuated joint moves), else the tip of the longest chain (the demo's
     choice), unless no actuated joint moves that tip (a finger): then the link fixed to the
     deepest actuated body farthest from its origin."""
-    from . import physics
-    from .dynamics_demo import tip_position
+    from .. import physics
+    from ..dynamics_demo import tip_position
 
     poses = physics.forward_kinematics(model, model.neutral_configuration()[None])[0]
     act_bodies = set(model.full_joint_names.index(n) for n in actuated)   # fixed base: body = full joint index
@@ -460,7 +459,7 @@ def _reach_ee_link(model, actuated: List[str], ee_link: Optional[str]) -> Tuple[
 def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], bandwidth: float, zeta: float) -> None:
     import torch
 
-    from . import physics
+    from .. import physics
 
     if model.floating_base:
         raise InitError("reach: the arm must have a fixed base")
@@ -584,7 +583,7 @@ def _as_jump(p: Plan) -> None:
 def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float, zeta: float) -> None:
     import torch
 
-    from . import physics
+    from .. import physics
 
     feet = foot_bodies(model)
     if not feet:
@@ -708,7 +707,7 @@ def _base_half_width(model, mass: float) -> Tuple[float, str]:
 
 
 def _plan_multirotor(p: Plan, model, mode: str) -> None:
-    from . import physics
+    from .. import physics
 
     if model.nj:
         raise InitError(f"--task {mode}: the quadrotor tasks fly a rigid multirotor; '{model.name}' has moving "
@@ -1048,83 +1047,3 @@ def report(p: Plan) -> List[str]:
         out.append(f"gain {g.joint}: M_ii {g.inertia:.4g}, kp {g.kp:.4g}, kd {g.kd:.4g}"
                    + (f" ({g.bound})" if g.bound else ""))
     return out
-
-
-# ---------------------------------------------------------------------------- command line
-def _joint_list(text: Optional[str]) -> List[str]:
-    return [s.strip() for s in (text or "").split(",") if s.strip()]
-
-
-def cmd_init(args, cli=None) -> int:
-    error = getattr(cli, "CliError", None) or InitError
-    from .physics import ConfigError, UrdfError
-
-    try:
-        p = plan(args.urdf, args.task, floating_base=args.floating_base, ee_link=args.ee_link,
-                 include_joints=_joint_list(args.include_joints), bandwidth=args.bandwidth,
-                 damping_ratio=args.damping_ratio)
-        cpath = controllers_path(args.out)
-        multirotor = "rotors" in p.params.get("simulator", {})
-        if not multirotor and os.path.exists(cpath) and not args.force:
-            raise InitError(f"{cpath}: the file exists; pass --force to overwrite it")
-        write(p, args.out, args.force)
-    except (InitError, UrdfError, ConfigError) as exc:
-        raise error(str(exc)) from None
-    except OSError as exc:
-        raise error(f"--out {args.out}: {exc.strerror or exc}") from None
-    for line in report(p):
-        print(line)
-    # The file must load as a training file; say so now rather than at train time.
-    from . import config
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _, task, _ = config.load_training_file(args.out)
-    except (ConfigError, UrdfError) as exc:
-        raise error(f"{args.out} was written but does not load: {exc}") from None
-    controllers = ros2_controllers(p, list(task.sim.actuated_joints), args.out)
-    if controllers is not None:
-        from .analysis.bagfile import write_atomically
-
-        try:
-            write_atomically(Path(cpath), controllers, fsync=False)
-        except OSError as exc:
-            raise error(f"{cpath}: {exc.strerror or exc}") from None
-    print(f"wrote {args.out}; train it with: diffsim-ros train --config {args.out} --out runs/"
-          f"{Path(args.out).stem}")
-    if controllers is not None:
-        print(f"wrote {cpath}: the ros2_control controllers for the robot (doc/hardware.md)")
-    else:
-        print("no ros2_controllers.yaml: a multirotor takes its commands through PX4 or its own driver "
-              "(doc/hardware.md)")
-    sys.stdout.flush()
-    return 0
-
-
-def add_parser(sub, cli=None) -> None:
-    """Register ``diffsim-ros init`` on the CLI's subparsers (``cli``: the module whose CliError
-    its main catches)."""
-    p = sub.add_parser(
-        "init", help="write a commented training file for a URDF and a task",
-        description="Derive a training file (config/<task>.yaml layout) from a URDF: the actuated joints "
-                    "(gripper and mimic joints left out, with the reason printed), PD gains from the mass "
-                    "matrix and the effort limits, the end effector and target range (reach), the stance and "
-                    "base height from the collision geometry (locomotion), a rotor layout template "
-                    "(multirotors). The file loads and trains as written.")
-    p.add_argument("--urdf", required=True, metavar="PATH", help="URDF or xacro file (or package://...)")
-    p.add_argument("--floating-base", action="store_true",
-                   help="the root link gets a free-flyer joint (implied by hover, waypoint, velocity, locomotion)")
-    p.add_argument("--task", required=True, metavar="TASK",
-                   help=f"one of {', '.join(TASK_CHOICES)}")
-    p.add_argument("--ee-link", default=None, metavar="LINK",
-                   help="reach: the link brought to the target (default: the tip of the longest actuated chain)")
-    p.add_argument("--include-joints", default=None, metavar="J1,J2",
-                   help="actuate these joints too (e.g. a gripper's); mimic joints never are")
-    p.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH_HZ, metavar="HZ",
-                   help=f"servo bandwidth the gains are derived for (default {DEFAULT_BANDWIDTH_HZ:g} Hz)")
-    p.add_argument("--damping-ratio", type=float, default=DEFAULT_DAMPING_RATIO, metavar="ZETA",
-                   help=f"servo damping ratio (default {DEFAULT_DAMPING_RATIO:g})")
-    p.add_argument("--out", required=True, metavar="FILE", help="training file to write (.yaml)")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.set_defaults(func=lambda args: cmd_init(args, cli))
