@@ -73,6 +73,21 @@ def _rows(raws: Sequence[bytes]) -> Optional[Tuple[bytes, np.ndarray, int]]:
     return buf, np.frombuffer(buf, dtype=np.uint8).reshape(len(raws), L), L
 
 
+def _shared_layout(raws: Sequence[bytes], w: _Walker, end: int) -> Optional[Tuple[bytes, int, int]]:
+    """(buffer, N, L) of :func:`_rows` when ``w`` has walked the whole first message and every message repeats its
+    bytes from the frame id up to ``end`` (names, lengths: then every later field sits at the same offset), else
+    None."""
+    if w.o != len(raws[0]):
+        return None
+    rows = _rows(raws)
+    if rows is None:
+        return None
+    buf, arr, L = rows
+    if not (arr[:, 12:end] == arr[0, 12:end]).all():
+        return None
+    return buf, len(raws), L
+
+
 def _f64(buf: bytes, n_rows: int, L: int, off: int, n: int) -> np.ndarray:
     return np.ndarray((n_rows, n), dtype="<f8", buffer=buf, offset=off, strides=(L, 8)).copy()
 
@@ -110,19 +125,13 @@ def joint_states(raws: Sequence[bytes]):
             n = w.u32()
             counts.append((cnt_off, n))
             offs.append(w.doubles(n))
-        if w.o != len(raws[0]):
-            return None
     except (ValueError, struct.error, UnicodeDecodeError):
         return None
-    rows = _rows(raws)
-    if rows is None:
+    layout = _shared_layout(raws, w, names_end)       # the same frame id and names in every message
+    if layout is None:
         return None
-    buf, arr, L = rows
-    N = len(raws)
-    # Same frame id, names and sequence counts in every message (then every offset is shared).
-    if not (arr[:, 12:names_end] == arr[0, 12:names_end]).all():
-        return None
-    for cnt_off, n in counts:
+    buf, N, L = layout
+    for cnt_off, n in counts:                          # and the same sequence counts
         if not (_u32(buf, N, L, cnt_off) == n).all():
             return None
     n = len(names)
@@ -139,17 +148,12 @@ def odometry(raws: Sequence[bytes]):
         w.header()
         w.string()                                   # child_frame_id
         base = w.doubles(7 + 36 + 6 + 36)
-        if w.o != len(raws[0]):
-            return None
     except (ValueError, struct.error):
         return None
-    rows = _rows(raws)
-    if rows is None:
+    layout = _shared_layout(raws, w, base)            # the same frame ids in every message
+    if layout is None:
         return None
-    buf, arr, L = rows
-    N = len(raws)
-    if not (arr[:, 12:base] == arr[0, 12:base]).all():
-        return None
+    buf, N, L = layout
     block = _f64(buf, N, L, base, 7 + 36 + 6 + 36)
     return _stamps(buf, N, L), block[:, 0:7], block[:, 43:49]
 

@@ -620,12 +620,36 @@ def _fit_problems(rp: Replay, cfg, names: Sequence[str], window: int, fit_fracti
                         _Problem(rp, names, held, window, scale, float(cfg.command_delay)), held, at_limit)
 
 
-def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
-               n_starts, velocity_noise, continuation: bool = True, thorough: bool = True) -> SysIdResult:
-    """:func:`calibrate` of one model; ``thorough``: while the best fit leaves the fit windows
-    unexplained, start further fits from the next grid points (up to ``MAX_STARTS``); without, the
-    first starts' fits only. Either way a best fit still improving at ``max_iter`` goes on once."""
-    t_start = time.perf_counter()
+@dataclass
+class _BestFit:
+    """The best fit of the starts so far: its loss ``f`` (sum of squares), coordinates ``z``,
+    residual ``r`` and Jacobian ``J``, ``moving`` (as :func:`_lm` returns it), the index of its
+    start in the record of the starts tried and the gradient norm ``g0`` its record is relative to."""
+    f: float
+    z: torch.Tensor
+    r: torch.Tensor
+    J: torch.Tensor
+    moving: float
+    index: int
+    g0: float
+
+
+@dataclass
+class _Identifiability:
+    """Per parameter (lists per entry) the fit's standard deviation, relative standard deviation and
+    sensitivity; the coordinates that ended at a bound; those the data do not identify; and the
+    parameter combinations the data cannot see (:func:`_blind_combinations`)."""
+    std: Dict[str, List[float]]
+    rel_std: Dict[str, List[float]]
+    sensitivity: Dict[str, List[float]]
+    at_bound: List[str]
+    unidentifiable: List[str]
+    blind: List[List[str]]
+
+
+def _requested(names, window: int, fit_fraction: float) -> List[str]:
+    """The names asked for, each once in the order given; an AnalysisError for no name, a window
+    below 1 or a fit fraction outside [0.1, 0.95]."""
     requested = list(dict.fromkeys(names))
     if not requested:
         raise AnalysisError("--params: name at least one parameter (known: " + ", ".join(SPECS) + ")")
@@ -633,62 +657,60 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         raise AnalysisError(f"--window must be at least 1, got {window}")
     if not 0.1 <= fit_fraction <= 0.95:
         raise AnalysisError(f"--fit-fraction must be within [0.1, 0.95], got {fit_fraction}")
-    if setup.model.dtype != torch.float64:
-        setup = SimSetup(setup.params, setup.model.to(torch.float64), setup.sim_config, setup.source, setup.notes)
-    rp = replay if replay is not None else Replay(data, setup)
-    cfg = setup.sim_config
-    check_names(requested, rp.model, cfg)
-    fp = _fit_problems(rp, cfg, requested, window, fit_fraction, max_starts)
-    names, sys0, nominal, bnd, coords = fp.names, fp.system, fp.nominal, fp.bounds, fp.coords
-    pf, ph, fit, held, at_limit = fp.fit, fp.heldout, fp.fit.starts, fp.held, fp.at_limit
-    scale = pf.scale
-    # Each start fits the one-step prediction first (see the module doc, "horizon continuation").
-    p1 = _Problem(rp, names, fit, 1, scale, float(cfg.command_delay)) if window > 1 and continuation else None
-    counter = [0]
-    history: List[float] = []
+    return requested
 
-    with torch.no_grad():
-        r_nom = pf.residual({})
-    loss_before = float(r_nom @ r_nom) / r_nom.numel()
 
-    # Starts: the grid of the time-like parameters, the others nominal.
+def _grid_starts(pf: _Problem, coords: _Coords, names: List[str], n_starts: int, thorough: bool,
+                 counter: List[int]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The starts of the fit and the reserve: the grid of the time-like parameters (``GRID``, the
+    others nominal) evaluated on the fit windows, the best ``n_starts`` points within a factor 4 of
+    the best loss to start with, and the rest in order of their loss in reserve (none unless
+    ``thorough``). Without a time-like parameter: the nominal values alone, no reserve."""
     timed = [n for n in names if PARAMETERS[n].time_like]
-    cands = [coords.z0]
-    if timed:
-        grid = []
-        for combo in itertools.product(*[GRID[n] for n in timed]):
-            z = coords.z0
-            for n, val in zip(timed, combo):
-                z = coords.set(z, n, val)
-            with torch.no_grad():
-                try:
-                    r = pf.residual(coords.values(z))
-                    loss = float(r @ r)
-                except physics.SimulationError:
-                    loss = math.inf
-            counter[0] += 1
-            grid.append((loss if math.isfinite(loss) else math.inf, tuple(z.tolist())))
-        grid.sort()
-        # The best grid points, those within a factor 4 of the best loss; the rest in order of
-        # their loss are the reserve, tried while the best fit leaves the data unexplained.
-        ranked = [torch.tensor(zz, dtype=torch.float64) for loss, zz in grid if math.isfinite(loss)]
-        cands = [z for (loss, _), z in zip(grid[:max(1, n_starts)], ranked) if loss <= 4.0 * grid[0][0]]
-        reserve = ranked[len(cands):] if thorough else []
-    else:
-        reserve = []
-    floor = noise_floor(velocity_noise)
+    if not timed:
+        return [coords.z0], []
+    grid = []
+    for combo in itertools.product(*[GRID[n] for n in timed]):
+        z = coords.z0
+        for n, val in zip(timed, combo):
+            z = coords.set(z, n, val)
+        with torch.no_grad():
+            try:
+                r = pf.residual(coords.values(z))
+                loss = float(r @ r)
+            except physics.SimulationError:
+                loss = math.inf
+        counter[0] += 1
+        grid.append((loss if math.isfinite(loss) else math.inf, tuple(z.tolist())))
+    grid.sort()
+    # The best grid points, those within a factor 4 of the best loss; the rest in order of
+    # their loss are the reserve, tried while the best fit leaves the data unexplained.
+    ranked = [torch.tensor(zz, dtype=torch.float64) for loss, zz in grid if math.isfinite(loss)]
+    cands = [z for (loss, _), z in zip(grid[:max(1, n_starts)], ranked) if loss <= 4.0 * grid[0][0]]
+    reserve = ranked[len(cands):] if thorough else []
+    return cands, reserve
 
-    def unexplained_fit(r: torch.Tensor) -> bool:
-        """The fit windows' residual above ESCALATE_UNEXPLAINED of the velocity change and above
-        the noise floor: a local minimum leaves it so (some accepted by the verdict's looser
-        limit, 8 % off on clean data), the truth does not. At 2 % an arm draw with joint friction
-        stopped at 1.6 % with its damping 6.8 % off; at 0.5 % the third start found the truth
-        (without a noise level given, a fit on real data then tries up to MAX_STARTS starts)."""
-        rmse = float((r.reshape(-1, scale.numel()) * scale).pow(2).mean().sqrt())
-        return rmse > ESCALATE_UNEXPLAINED * pf.dv_rms_raw and rmse > NOISE_FACTOR * floor
 
-    best = None
-    tried = []
+def _unexplained_fit(r: torch.Tensor, pf: _Problem, floor: float) -> bool:
+    """The fit windows' residual above ESCALATE_UNEXPLAINED of the velocity change and above
+    the noise floor: a local minimum leaves it so (some accepted by the verdict's looser
+    limit, 8 % off on clean data), the truth does not. At 2 % an arm draw with joint friction
+    stopped at 1.6 % with its damping 6.8 % off; at 0.5 % the third start found the truth
+    (without a noise level given, a fit on real data then tries up to MAX_STARTS starts)."""
+    scale = pf.scale
+    rmse = float((r.reshape(-1, scale.numel()) * scale).pow(2).mean().sqrt())
+    return rmse > ESCALATE_UNEXPLAINED * pf.dv_rms_raw and rmse > NOISE_FACTOR * floor
+
+
+def _fit_starts(pf: _Problem, p1: Optional[_Problem], coords: _Coords, cands: List[torch.Tensor],
+                reserve: List[torch.Tensor], window: int, max_iter: int, counter: List[int], history: List[float],
+                progress, floor: float) -> Tuple[Optional[_BestFit], List[Dict[str, Any]]]:
+    """A full fit from each start (on one-step windows first where ``p1`` is given), further starts
+    taken from ``reserve`` while the best fit leaves the fit windows unexplained (up to
+    ``MAX_STARTS`` in all); returns the best fit (None where every start diverged) and the record
+    of every start tried."""
+    best: Optional[_BestFit] = None
+    tried: List[Dict[str, Any]] = []
     queue = list(cands)
     while queue:
         z_init = queue.pop(0)
@@ -705,36 +727,47 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
         else:
             f = float(r @ r)
             tried.append({"start": start, "loss": f / r.numel(), "moving": moving, "stop": stop})
-            if best is None or f < best[0]:
-                best = (f, z, r, J, moving, len(tried) - 1, g0)
+            if best is None or f < best.f:
+                best = _BestFit(f, z, r, J, moving, len(tried) - 1, g0)
         # A fit that leaves the data unexplained may be a local minimum of the time-like
         # parameters (a latency a fraction long traded against a short lag): the next grid
         # points start further fits, up to MAX_STARTS fits in all.
-        if not queue and reserve and len(tried) < MAX_STARTS and (best is None or unexplained_fit(best[2])):
+        if not queue and reserve and len(tried) < MAX_STARTS and (best is None or _unexplained_fit(best.r, pf, floor)):
             queue.append(reserve.pop(0))
-    if best is None:
-        raise AnalysisError(f"{data.path}: every start of the calibration diverged ({tried})")
-    f, z, r, J, moving, best_i, g0 = best
-    if moving > 0.0:
-        # The best fit ran out of iterations while its loss still fell: it goes on, once, for as
-        # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
-        # explaining the data, two dampings 37-65 % off; at 30 every value was exact).
-        try:
-            # Its gradient is reported relative to the same start's as the first run's (relative
-            # to its own start, a continuation from near the optimum read 8e-4 while still moving).
-            z2, r2, J2, moving, stop2 = _lm(pf, coords, z, max_iter, counter, history, progress, g0,
-                                            stage=f"{window}-step windows")
-        except physics.SimulationError:
-            pass
-        else:
-            if float(r2 @ r2) <= f:
-                f, z, r, J = float(r2 @ r2), z2, r2, J2
-            stop2 = dict(stop2, iterations=tried[best_i]["stop"]["iterations"] + stop2["iterations"])
-            tried[best_i].update(continued_loss=f / r.numel(), moving=moving, stop=stop2)
-    final = {n: v.detach() for n, v in coords.values(z).items()}
-    loss_after = f / r.numel()
+    return best, tried
 
-    # ---- uncertainty and identifiability (Gauss-Newton / Fisher information at the optimum)
+
+def _continue_best(pf: _Problem, coords: _Coords, best: _BestFit, tried: List[Dict[str, Any]], window: int,
+                   max_iter: int, counter: List[int], history: List[float], progress) -> None:
+    """Where the best fit ran out of iterations while its loss still fell, run it on once for as
+    many again: ``best`` takes the continued fit where it is no worse (and its ``moving`` in any
+    case), its record in ``tried`` the continued loss and stop."""
+    if best.moving <= 0.0:
+        return
+    # The best fit ran out of iterations while its loss still fell: it goes on, once, for as
+    # many again (a UR5 fit stopped at 10 iterations 0.3 % of the velocity change short of
+    # explaining the data, two dampings 37-65 % off; at 30 every value was exact).
+    try:
+        # Its gradient is reported relative to the same start's as the first run's (relative
+        # to its own start, a continuation from near the optimum read 8e-4 while still moving).
+        z2, r2, J2, moving, stop2 = _lm(pf, coords, best.z, max_iter, counter, history, progress, best.g0,
+                                        stage=f"{window}-step windows")
+    except physics.SimulationError:
+        return
+    best.moving = moving
+    if float(r2 @ r2) <= best.f:
+        best.f, best.z, best.r, best.J = float(r2 @ r2), z2, r2, J2
+    record = tried[best.index]
+    stop2 = dict(stop2, iterations=record["stop"]["iterations"] + stop2["iterations"])
+    record.update(continued_loss=best.f / best.r.numel(), moving=moving, stop=stop2)
+
+
+def _identifiability(best: _BestFit, final: Dict[str, torch.Tensor], names: List[str], coords: _Coords,
+                     pf: _Problem) -> _Identifiability:
+    """Uncertainty and identifiability of the fit from the Gauss-Newton (Fisher) information at
+    the optimum: each parameter's standard deviation, relative standard deviation and sensitivity,
+    the coordinates at a bound, those the data do not identify, the blind combinations."""
+    f, z, J = best.f, best.z, best.J
     N, p = J.shape
     H = J.T @ J
     Hinv = torch.linalg.pinv(H, hermitian=True)
@@ -743,8 +776,7 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     # Residual change (RMS, normalised units) of a 10 % change of one coordinate with the others refitted.
     cond = 1.0 / torch.diagonal(Hinv).clamp(min=1e-300)
     sens = (0.1 * torch.sqrt(cond / N)) / max(pf.dv_rms, 1e-12)
-    std, rel_std, sensitivity, at_bound, unident = {}, {}, {}, [], []
-    blind = _blind_combinations(H, coords)
+    out = _Identifiability({}, {}, {}, [], [], _blind_combinations(H, coords))
     for n in names:
         sl = coords.slices[n]
         vz = var_z[sl]
@@ -757,23 +789,29 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
             sd = torch.sqrt(vz)
             rs = sd / val.abs().clamp(min=1.0)
             sens_n = sens[sl]
-        std[n], rel_std[n], sensitivity[n] = sd.tolist(), rs.tolist(), sens_n.tolist()
+        out.std[n], out.rel_std[n], out.sensitivity[n] = sd.tolist(), rs.tolist(), sens_n.tolist()
         for i in range(val.numel()):
             label = coords.label(sl.start + i)
             zi = z[sl][i]
             if float(zi) <= float(coords.lo[sl][i]) + 1e-9:
                 if not PARAMETERS[n].physical_low:
-                    at_bound.append(f"{label} at its lower bound")
+                    out.at_bound.append(f"{label} at its lower bound")
             elif float(zi) >= float(coords.hi[sl][i]) - 1e-9:
-                at_bound.append(f"{label} at its upper bound")
-            if float(sens_n[i]) < MIN_SENSITIVITY or float(rs[i]) > MAX_REL_STD or any(label in c for c in blind):
-                unident.append(label)
+                out.at_bound.append(f"{label} at its upper bound")
+            if (float(sens_n[i]) < MIN_SENSITIVITY or float(rs[i]) > MAX_REL_STD
+                    or any(label in c for c in out.blind)):
+                out.unidentifiable.append(label)
+    return out
 
-    # ---- held-out judgement
+
+def _heldout_judgement(ph: _Problem, final: Dict[str, torch.Tensor], dofs, floor: float, n_held: int
+                       ) -> Tuple[Dict[str, Any], float, float, str, List[str]]:
+    """The held-out windows' errors before and after the fit (overall, per dof, per horizon, the
+    improvement), the share of the velocity change left unexplained, the systematic share, and the
+    verdict with its reasons (:func:`_verdict`)."""
     with torch.no_grad():
         pred_before = ph.predictions({})
         pred_after = ph.predictions(final)
-    dofs = rp.dof_names
     tgt = ph.targets
     heldout = {"before": error_stats(pred_before.reshape(-1, len(dofs)), tgt.reshape(-1, len(dofs)), dofs),
                "after": error_stats(pred_after.reshape(-1, len(dofs)), tgt.reshape(-1, len(dofs)), dofs),
@@ -787,46 +825,103 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
     bias_rms = math.sqrt(float(np.mean([d["bias"] ** 2 for d in heldout["after"]["per_dof"].values()])))
     systematic = bias_rms / max(ph.dv_rms_raw, 1e-12)
     verdict, reasons = _verdict(heldout["improvement"], b / max(ph.dv_rms_raw, 1e-12), unexplained, a, floor,
-                                systematic, bias_rms, heldout["after"]["per_dof"], len(held))
-    stop = tried[best_i]["stop"]
-    if not stop["converged"]:
-        verdict = "rejected"
-        reasons.append(f"the fit had not converged: it stopped on its limit of {stop['iterations']} "
-                       f"Levenberg-Marquardt iterations with its loss still falling {moving:.2g} of itself per "
-                       f"iteration (gradient {stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): "
-                       f"the values are not the data's optimum and their uncertainties do not hold; calibrate "
-                       f"again with a higher --max-iter")
+                                systematic, bias_rms, heldout["after"]["per_dof"], n_held)
+    return heldout, unexplained, systematic, verdict, reasons
+
+
+def _unconverged_reason(stop: Dict[str, Any], moving: float) -> str:
+    """The verdict's reason for rejecting a fit that stopped on its iteration limit still improving."""
+    return (f"the fit had not converged: it stopped on its limit of {stop['iterations']} "
+            f"Levenberg-Marquardt iterations with its loss still falling {moving:.2g} of itself per "
+            f"iteration (gradient {stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): "
+            f"the values are not the data's optimum and their uncertainties do not hold; calibrate "
+            f"again with a higher --max-iter")
+
+
+def _calibration_notes(setup: SimSetup, at_limit, ident: _Identifiability, rough: List[str]) -> List[str]:
+    """The result's notes: the setup's own, the windows left out at a position limit, what the
+    recording does not identify and how to excite it, the blind combinations, the joints whose
+    reversing friction left the data unexplained, the coordinates that ended at a bound."""
     notes = list(setup.notes)
     if at_limit:
         notes.append(f"{at_limit} windows left out because a joint passed its position limit in them (warm-up "
                      "included): the simulator's limit penalty and the robot's end stop are not a parameter to fit")
+    unident = ident.unidentifiable
     if unident:
         notes.append("the recording does not identify " + ", ".join(unident) + ": record an excitation motion "
                      "(`diffsim-ros excite`) with what identifies each (" + excitation_advice(unident) + ") and "
                      "calibrate again")
-    for combo in blind:
+    for combo in ident.blind:
         notes.append("the data determine only a combination of " + ", ".join(combo) + " (changing them together "
                      "leaves the predictions as they are: fix one of them, e.g. a weighed mass, and calibrate "
                      "the rest)")
-    rough = _reversing_friction_joints(rp, pf, final, sys0) if unexplained_fit(r) else []
     if rough:
         notes.append("the fit left the data unexplained while " + ", ".join(rough) + " reversed direction within "
                      "most fit windows: with Coulomb joint friction the fit has many local minima there (the "
                      "friction's sign at each substep flips with the parameters); record a smoother excitation "
                      "(`diffsim-ros excite`: multisine targets) rather than noisy or chattering commands")
-    if at_bound:
-        notes.append("ended at a bound: " + ", ".join(at_bound) + " (the model may lack what the data show, "
+    if ident.at_bound:
+        notes.append("ended at a bound: " + ", ".join(ident.at_bound) + " (the model may lack what the data show, "
                      "or the bound is too tight)")
+    return notes
+
+
+def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
+               n_starts, velocity_noise, continuation: bool = True, thorough: bool = True) -> SysIdResult:
+    """:func:`calibrate` of one model; ``thorough``: while the best fit leaves the fit windows
+    unexplained, start further fits from the next grid points (up to ``MAX_STARTS``); without, the
+    first starts' fits only. Either way a best fit still improving at ``max_iter`` goes on once."""
+    t_start = time.perf_counter()
+    requested = _requested(names, window, fit_fraction)
+    if setup.model.dtype != torch.float64:
+        setup = SimSetup(setup.params, setup.model.to(torch.float64), setup.sim_config, setup.source, setup.notes)
+    rp = replay if replay is not None else Replay(data, setup)
+    cfg = setup.sim_config
+    check_names(requested, rp.model, cfg)
+    fp = _fit_problems(rp, cfg, requested, window, fit_fraction, max_starts)
+    coords, pf, fit = fp.coords, fp.fit, fp.fit.starts
+    # Each start fits the one-step prediction first (see the module doc, "horizon continuation").
+    p1 = _Problem(rp, fp.names, fit, 1, pf.scale, float(cfg.command_delay)) if window > 1 and continuation else None
+    counter = [0]
+    history: List[float] = []
+
+    with torch.no_grad():
+        r_nom = pf.residual({})
+    loss_before = float(r_nom @ r_nom) / r_nom.numel()
+
+    # Starts: the grid of the time-like parameters, the others nominal.
+    cands, reserve = _grid_starts(pf, coords, fp.names, n_starts, thorough, counter)
+    floor = noise_floor(velocity_noise)
+    best, tried = _fit_starts(pf, p1, coords, cands, reserve, window, max_iter, counter, history, progress, floor)
+    if best is None:
+        raise AnalysisError(f"{data.path}: every start of the calibration diverged ({tried})")
+    _continue_best(pf, coords, best, tried, window, max_iter, counter, history, progress)
+    final = {n: v.detach() for n, v in coords.values(best.z).items()}
+    loss_after = best.f / best.r.numel()
+
+    # ---- uncertainty and identifiability (Gauss-Newton / Fisher information at the optimum)
+    ident = _identifiability(best, final, fp.names, coords, pf)
+
+    # ---- held-out judgement
+    heldout, unexplained, systematic, verdict, reasons = _heldout_judgement(fp.heldout, final, rp.dof_names, floor,
+                                                                            len(fp.held))
+    stop = tried[best.index]["stop"]
+    if not stop["converged"]:
+        verdict = "rejected"
+        reasons.append(_unconverged_reason(stop, best.moving))
+    rough = _reversing_friction_joints(rp, pf, final, fp.system) if _unexplained_fit(best.r, pf, floor) else []
+    notes = _calibration_notes(setup, fp.at_limit, ident, rough)
+    nominal, bnd = fp.nominal, fp.bounds
     return SysIdResult(
         names=requested, nominal={n: nominal[n].tolist() for n in requested},
         fitted={n: final[n].reshape(-1).tolist() for n in requested},
         bounds={n: [bnd[n][0].tolist(), bnd[n][1].tolist()] for n in requested}, window=window,
-        fit_starts=int(len(fit)), heldout_starts=int(len(held)), fit_loss_before=loss_before,
+        fit_starts=int(len(fit)), heldout_starts=int(len(fp.held)), fit_loss_before=loss_before,
         fit_loss_after=loss_after, heldout=heldout, history=history, evaluations=counter[0],
-        seconds=time.perf_counter() - t_start, notes=notes, std=std, rel_std=rel_std,
-        sensitivity=sensitivity, at_bound=at_bound, unidentifiable=unident, noise_floor=floor,
-        unexplained=unexplained, systematic=systematic, verdict=verdict, reasons=reasons, starts_tried=tried,
-        convergence=dict(stop))
+        seconds=time.perf_counter() - t_start, notes=notes, std=ident.std, rel_std=ident.rel_std,
+        sensitivity=ident.sensitivity, at_bound=ident.at_bound, unidentifiable=ident.unidentifiable,
+        noise_floor=floor, unexplained=unexplained, systematic=systematic, verdict=verdict, reasons=reasons,
+        starts_tried=tried, convergence=dict(stop))
 
 
 def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[str]:

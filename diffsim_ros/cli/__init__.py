@@ -2,10 +2,11 @@
 
 Installed as the ``diffsim-ros`` console script (see setup.py) and runnable as
 ``python -m diffsim_ros.cli``. One module per command, argument handling only: each
-registers its subparser (``_add_*``) and hands the parsed options to the library (the workflows,
-diffsim_ros.workflows, and the layers below; no library module imports cli/); heavy imports
-(torch, the physics core) happen inside the command so that
-``--help`` stays fast. :mod:`.common` holds what they share (``CliError``: exit status 2).
+registers its subparser (``_add_*``, with :func:`.common._command`) and hands the parsed options to
+the library (the workflows, diffsim_ros.workflows, and the layers below; no library module imports
+cli/), turning what it raises for bad input into ``CliError`` (:func:`.common._workflow_call`);
+heavy imports (torch, the physics core) happen inside the command so that ``--help`` stays fast.
+:mod:`.common` holds what they share (``CliError``: exit status 2).
 
 Modules: :mod:`.demo`, :mod:`.train` (train, baseline, distill), :mod:`.bags` (analyze, sysid, bag
 repair), :mod:`.loop`, :mod:`.excite`, :mod:`.evaluate` (eval), :mod:`.init`, :mod:`.export`,

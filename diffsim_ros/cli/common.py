@@ -1,9 +1,11 @@
-"""What the commands share: the CLI's error, the bad-input types it reports as exit status 2, the
-default robot, devices, the tables it prints, option parsing."""
+"""What the commands share: registering a command (:func:`_command`), the CLI's error, calling a workflow with its
+bad-input errors turned into exit status 2 (:func:`_workflow_call`, :func:`_analysis_call`), the default robot,
+devices and threads, the tables it prints, option parsing."""
 from __future__ import annotations
 
+import argparse
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from diffsim_ros.robot_data import example_robot_data_dirs
 
@@ -13,6 +15,39 @@ DEFAULT_ROBOT = os.path.join("panda_description", "urdf", "panda.urdf")
 
 class CliError(Exception):
     """Bad input detected by the CLI itself; reported as ``error: ...``, exit code 2."""
+
+
+def _text(text: str) -> str:
+    """A long help text written as one indented triple-quoted string, its white space folded (as the schema's
+    ``option`` folds a field's documentation; argparse wraps it again when it prints it)."""
+    return " ".join(text.split())
+
+
+def _command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str,
+             description: str) -> argparse.ArgumentParser:
+    """Register the command ``name`` on ``sub`` (a subparsers action): ``help`` is its line in the list of
+    commands, ``description`` its ``--help`` text (folded by :func:`_text`); :func:`cli.main` runs ``func(args)``.
+    The parser, for the command's options."""
+    p = sub.add_parser(name, help=help, description=_text(description))
+    p.set_defaults(func=func)
+    return p
+
+
+def _workflow_call(fn: Callable[..., Any], *args, errors: Tuple[type, ...] = (), named: Tuple[type, ...] = (),
+                   inputs: bool = False, source: Optional[str] = None, **kw) -> Any:
+    """``fn(*args, **kw)`` (a workflow or another library function), what it raises for bad input turned into a
+    CliError (``error: ...``, exit status 2), in this order: an exception of ``named`` with ``source`` (the file it
+    read) in front of its text unless the text names it already, one of ``errors`` with its text, and with
+    ``inputs`` one of config.input_errors() described naming ``source`` (:func:`_describe`). Anything else
+    propagates."""
+    try:
+        return fn(*args, **kw)
+    except named as exc:
+        raise CliError(str(exc) if str(source) in str(exc) else f"{source}: {exc}") from None
+    except errors as exc:
+        raise CliError(str(exc)) from None
+    except (_input_errors() if inputs else ()) as exc:
+        raise CliError(_describe(exc, source)) from None
 
 
 def default_urdf() -> str:
@@ -35,6 +70,15 @@ def _device(name: str):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError(f"--device {name!r}: CUDA is not available on this machine")
     return device
+
+
+def _threads(n: int) -> None:
+    """--threads N: at least 1 (a CliError otherwise), then torch's intra-op threads (torch is imported here, so
+    that ``--help`` stays fast)."""
+    _positive("--threads", n)
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def _sync(device) -> None:

@@ -9,7 +9,7 @@ import sys
 import time
 import warnings
 
-from .common import CliError, _device, _fmt, _sync, _table, default_urdf
+from .common import CliError, _command, _device, _fmt, _sync, _table, default_urdf
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -73,11 +73,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser(
-        "demo", help="run the dynamics core on a real URDF and print what it computed",
-        description="Load a URDF, sample a batch of random states within the joint limits, "
-                    "and run forward kinematics, CRBA, RNEA and ABA on it: prints a table for "
-                    "the first state, consistency checks, a gradient, and the speed of ABA.")
+    p = _command(sub, "demo", cmd_demo, help="run the dynamics core on a real URDF and print what it computed",
+                 description="""Load a URDF, sample a batch of random states within the joint limits, and run
+                 forward kinematics, CRBA, RNEA and ABA on it: prints a table for the first state, consistency checks,
+                 a gradient, and the speed of ABA.""")
     p.add_argument("--urdf", metavar="PATH",
                    help="URDF or xacro file (default: panda from example-robot-data)")
     p.add_argument("--floating-base", action="store_true",
@@ -91,4 +90,3 @@ def _add_demo(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--time-budget", type=float, default=1.0, metavar="SECONDS",
                    help="wall-clock time spent timing aba (default: 1.0 s)")
-    p.set_defaults(func=cmd_demo)

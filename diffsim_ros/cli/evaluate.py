@@ -13,7 +13,7 @@ from diffsim_ros.workflows.evaluation import (DEFAULT_EPISODES, DEFAULT_SEED, DE
                                               RENDERER_CHOICES, EvalError, evaluate_checkpoint, evaluate_on_standin,
                                               format_report, format_standin_report)
 
-from .common import CliError, _describe, _device, _input_errors, _perturbation, _positive
+from .common import CliError, _command, _device, _perturbation, _positive, _text, _workflow_call
 
 
 def _size(text: str) -> Tuple[int, int]:
@@ -49,15 +49,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     device = _device(args.device)
-    errors = _input_errors() + (EvalError, VideoError)
+    errors = (EvalError, VideoError)
     if args.plant == "mujoco":
         if args.video is not None or str(device) != "cpu":
             raise CliError("--plant mujoco runs on the CPU and draws no video (leave out --video and --device)")
         pert = _perturbation(args.perturb or "")
-        try:
-            rep = evaluate_on_standin(args.checkpoint, args.episodes, args.seed, pert)
-        except errors as exc:
-            raise CliError(_describe(exc, args.checkpoint)) from None
+        rep = _workflow_call(evaluate_on_standin, args.checkpoint, args.episodes, args.seed, pert, errors=errors,
+                             inputs=True, source=args.checkpoint)
         print(format_standin_report(rep))
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -68,14 +66,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CliError("--perturb perturbs the MuJoCo stand-in: use it with --plant mujoco")
     import warnings
 
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            report = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, str(device), args.video,
-                                         args.video_episodes, args.renderer, width, height, args.fps,
-                                         args.limit_margin, args.crash_height)
-    except errors as exc:
-        raise CliError(_describe(exc, args.checkpoint)) from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = _workflow_call(evaluate_checkpoint, args.checkpoint, args.episodes, args.seed, str(device),
+                                args.video, args.video_episodes, args.renderer, width, height, args.fps,
+                                args.limit_margin, args.crash_height, errors=errors, inputs=True,
+                                source=args.checkpoint)
     seen = set()
     for w in caught:
         if issubclass(w.category, UserWarning) and str(w.message) not in seen:
@@ -96,15 +92,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _add_eval(sub) -> None:
-    p = sub.add_parser(
-        "eval", help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
-        description="Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros train, run "
-                    "the policy on fresh episodes, and print the task's own success rate with its 95 % Wilson "
-                    "interval and how many episodes put a joint at its URDF position limit, over its URDF "
-                    "velocity limit, fell (floating base) or went non-finite. --video draws a few of the "
-                    "episodes (MuJoCo's offscreen renderer where EGL or OSMesa works, else matplotlib). "
-                    "--plant mujoco runs the same episodes on the MuJoCo stand-in as well (--perturb hardware: "
-                    "with a robot's usual imperfections) and prints both success rates and their ratio.")
+    p = _command(sub, "eval", cmd_eval,
+                 help="evaluate a checkpoint: success with a confidence interval, failure modes, a video",
+                 description="""Rebuild the robot, simulator and task from a checkpoint written by diffsim-ros
+                 train, run the policy on fresh episodes, and print the task's own success rate with its 95 % Wilson
+                 interval and how many episodes put a joint at its URDF position limit, over its URDF velocity
+                 limit, fell (floating base) or went non-finite. --video draws a few of the episodes (MuJoCo's
+                 offscreen renderer where EGL or OSMesa works, else matplotlib). --plant mujoco runs the same
+                 episodes on the MuJoCo stand-in as well (--perturb hardware: with a robot's usual imperfections)
+                 and prints both success rates and their ratio.""")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder (or its policy.pt / policy.json)")
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, metavar="N",
                    help=f"fresh episodes (default {DEFAULT_EPISODES})")
@@ -127,10 +123,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--crash-height", type=float, default=0.1, metavar="M",
                    help="quadrotor: base height above the ground counted as a crash, m (default 0.1)")
     p.add_argument("--plant", choices=("simulator", "mujoco"), default="simulator",
-                   help="where the episodes run: the simulator the policy was trained in (default), or the MuJoCo "
-                        "stand-in (another engine, no ROS; the task's verdict on each recorded episode: reach, "
-                        "quadrotor tasks, the jump and velocity-command locomotion), printed beside the simulator's "
-                        "success on the same episodes with the ratio stand-in / simulator")
+                   help=_text("""where the episodes run: the simulator the policy was trained in (default), or the
+                   MuJoCo stand-in (another engine, no ROS; the task's verdict on each recorded episode: reach,
+                   quadrotor tasks, the jump and velocity-command locomotion), printed beside the simulator's success
+                   on the same episodes with the ratio stand-in / simulator"""))
     p.add_argument("--perturb", default=None, metavar="[PRESET,]KEY=VALUE,...",
                    help="with --plant mujoco: the stand-in's perturbation, " + PERTURB_HELP.replace("%", "%%"))
-    p.set_defaults(func=cmd_eval)

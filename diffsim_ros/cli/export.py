@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from .common import CliError
+from .common import CliError, _command, _workflow_call
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -19,10 +19,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from diffsim_ros.learning.checkpoint import CheckpointError
     from diffsim_ros.learning.onnx_export import export_onnx
 
-    try:
-        rep = export_onnx(args.checkpoint, episodes=args.episodes, seed=args.seed)
-    except (CheckpointError, OSError, ValueError, KeyError) as e:
-        raise CliError(str(e)) from None
+    rep = _workflow_call(export_onnx, args.checkpoint, episodes=args.episodes, seed=args.seed,
+                         errors=(CheckpointError, OSError, ValueError, KeyError))
     print(f"wrote {rep['path']} (opset {rep['opset']}; input 'observation' float32 (B, obs_dim), output 'action')")
     print(f"onnxruntime against TorchScript on {rep['observations']} observations: largest |action difference| "
           + ", ".join(f"{k} {v:.2e}" for k, v in rep["max_abs_diff"].items()) + f" (tolerance {rep['tolerance']:g})")
@@ -33,15 +31,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint's policy for other runtimes (ONNX), checked against it",
-                       description="Write policy.onnx beside a checkpoint's policy.pt (the observation normaliser "
-                                   "inside, policy.json unchanged and embedded), after onnxruntime computed the same "
-                                   "actions as TorchScript on drawn observations and on the observations of "
-                                   "simulator episodes of the checkpoint's task. Exit 2 when it does not.")
+    p = _command(sub, "export", cmd_export,
+                 help="export a checkpoint's policy for other runtimes (ONNX), checked against it",
+                 description="""Write policy.onnx beside a checkpoint's policy.pt (the observation normaliser inside,
+                 policy.json unchanged and embedded), after onnxruntime computed the same actions as TorchScript on
+                 drawn observations and on the observations of simulator episodes of the checkpoint's task. Exit 2
+                 when it does not.""")
     p.add_argument("checkpoint", help="checkpoint folder (policy.pt, policy.json)")
     p.add_argument("--onnx", action="store_true", help="write policy.onnx (ONNX opset 17)")
     p.add_argument("--episodes", type=int, default=8, help="simulator episodes whose observations are compared "
                                                            "(default: 8; 0: drawn observations only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the drawn observations and episodes (default: 0)")
     p.add_argument("--json", action="store_true", help="also print the report as one JSON line")
-    p.set_defaults(func=cmd_export)

@@ -12,7 +12,7 @@ from typing import List, Optional
 from diffsim_ros.workflows.init_config import (DEFAULT_BANDWIDTH_HZ, DEFAULT_DAMPING_RATIO, TASK_CHOICES, InitError,
                                                controllers_path, plan, report, ros2_controllers, write)
 
-from .common import CliError
+from .common import CliError, _command
 
 
 def _joint_list(text: Optional[str]) -> List[str]:
@@ -66,13 +66,12 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def _add_init(sub) -> None:
-    p = sub.add_parser(
-        "init", help="write a commented training file for a URDF and a task",
-        description="Derive a training file (config/<task>.yaml layout) from a URDF: the actuated joints "
-                    "(gripper and mimic joints left out, with the reason printed), PD gains from the mass "
-                    "matrix and the effort limits, the end effector and target range (reach), the stance and "
-                    "base height from the collision geometry (locomotion), a rotor layout template "
-                    "(multirotors). The file loads and trains as written.")
+    p = _command(sub, "init", cmd_init, help="write a commented training file for a URDF and a task",
+                 description="""Derive a training file (config/<task>.yaml layout) from a URDF: the actuated joints
+                 (gripper and mimic joints left out, with the reason printed), PD gains from the mass matrix and the
+                 effort limits, the end effector and target range (reach), the stance and base height from the
+                 collision geometry (locomotion), a rotor layout template (multirotors). The file loads and trains as
+                 written.""")
     p.add_argument("--urdf", required=True, metavar="PATH", help="URDF or xacro file (or package://...)")
     p.add_argument("--floating-base", action="store_true",
                    help="the root link gets a free-flyer joint (implied by hover, waypoint, velocity, locomotion)")
@@ -88,4 +87,3 @@ def _add_init(sub) -> None:
                    help=f"servo damping ratio (default {DEFAULT_DAMPING_RATIO:g})")
     p.add_argument("--out", required=True, metavar="FILE", help="training file to write (.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.set_defaults(func=cmd_init)

@@ -8,7 +8,7 @@ import time
 
 from diffsim_ros.workflows.evaluation import PERTURB_HELP
 
-from .common import CliError, _describe, _input_errors, _perturbation, _positive
+from .common import CliError, _command, _perturbation, _positive, _workflow_call
 
 
 def cmd_loop(args: argparse.Namespace) -> int:
@@ -27,32 +27,27 @@ def cmd_loop(args: argparse.Namespace) -> int:
             raise CliError("no --config given and the package's config/hover.yaml was not found")
         args.config = str(share / "config" / "hover.yaml")
     out = args.out or os.path.join("runs", "loop_" + time.strftime("%Y%m%d_%H%M%S", time.gmtime()))
-    try:
-        targets = None
-        if args.target:
-            try:
-                targets = [[float(x) for x in t.split(",")] for t in args.target]
-            except ValueError:
-                raise CliError(f"--target takes X,Y,Z in m, got {args.target}") from None
-        summary = run_loop(args.config, out, checkpoint=args.checkpoint, duration=args.duration,
-                           perturbation=pert, threads=args.threads, iterations=args.iterations,
-                           domain=args.domain_id, targets=targets, n_targets=args.targets)
-    except (LoopError, AnalysisError) as exc:
-        raise CliError(str(exc)) from None
-    except _input_errors() as exc:
-        raise CliError(_describe(exc, args.config)) from None
+    targets = None
+    if args.target:
+        try:
+            targets = [[float(x) for x in t.split(",")] for t in args.target]
+        except ValueError:
+            raise CliError(f"--target takes X,Y,Z in m, got {args.target}") from None
+    summary = _workflow_call(run_loop, args.config, out, checkpoint=args.checkpoint, duration=args.duration,
+                             perturbation=pert, threads=args.threads, iterations=args.iterations,
+                             domain=args.domain_id, targets=targets, n_targets=args.targets,
+                             errors=(LoopError, AnalysisError), inputs=True, source=args.config)
     ok = summary.get("task", {}).get("success", True) and not summary.get("lost")
     return 0 if ok else 1
 
 
 def _add_loop(sub) -> None:
-    p = sub.add_parser("loop", help="train, deploy on the MuJoCo stand-in over ROS 2, record a bag, compare",
-                       description="The whole loop on the embedded default robot: train a policy by gradients "
-                                   "through the simulator, run it with policy_controller on the mujoco_plant "
-                                   "stand-in (separate processes over DDS, lockstep), record everything with "
-                                   "trajectory_recorder, then print the sim-vs-real analysis of the bag. "
-                                   "Exit status 1 when the task fails on the stand-in or a message is missing "
-                                   "from the bag.")
+    p = _command(sub, "loop", cmd_loop, help="train, deploy on the MuJoCo stand-in over ROS 2, record a bag, compare",
+                 description="""The whole loop on the embedded default robot: train a policy by gradients through
+                 the simulator, run it with policy_controller on the mujoco_plant stand-in (separate processes over
+                 DDS, lockstep), record everything with trajectory_recorder, then print the sim-vs-real analysis of
+                 the bag. Exit status 1 when the task fails on the stand-in or a message is missing from the
+                 bag.""")
     p.add_argument("--config", default=None,
                    help="training YAML (default: with --checkpoint, the robot, simulator and task the checkpoint "
                         "was trained with; else the package's config/hover.yaml, quadrotor hover)")
@@ -70,4 +65,3 @@ def _add_loop(sub) -> None:
                         + "; default: the preset 'default'; '' for none")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: a random one, isolated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.set_defaults(func=cmd_loop)

@@ -10,7 +10,7 @@ import warnings
 
 from diffsim_ros.workflows.training import print_summary, written_files
 
-from .common import CliError, _describe, _device, _input_errors, _positive
+from .common import CliError, _command, _describe, _device, _input_errors, _positive, _text, _threads
 
 
 def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
@@ -18,10 +18,7 @@ def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
     task and model on ``device``, with bad input turned into CliError."""
     if params is None and not os.path.isfile(args.config):
         raise CliError(f"{args.config}: no such file")
-    _positive("--threads", args.threads)
-    import torch
-
-    torch.set_num_threads(args.threads)
+    _threads(args.threads)
     from diffsim_ros import config
 
     with warnings.catch_warnings(record=True) as caught:
@@ -377,33 +374,31 @@ def _add_training_args(p, what: str, resumable: bool = False) -> None:
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser(
-        "train", help="train a policy by back-propagation through the simulator and export it",
-        description="Read a training file (config/<task>.yaml), build the robot, simulator and task, "
-                    "train a policy with analytic gradients through the simulator, and write "
-                    "policy.pt (TorchScript), policy.json (metadata), training.csv and "
-                    "learning_curve.png into --out. On the way: a row of training.csv and the TensorBoard "
-                    "scalars per iteration, and every training.checkpoint_every iterations "
-                    "checkpoints/latest/ (with resume.pt, the state --resume continues from) and "
-                    "checkpoints/best/ (the best evaluation so far).")
+    p = _command(sub, "train", cmd_train,
+                 help="train a policy by back-propagation through the simulator and export it",
+                 description="""Read a training file (config/<task>.yaml), build the robot, simulator and task,
+                 train a policy with analytic gradients through the simulator, and write policy.pt (TorchScript),
+                 policy.json (metadata), training.csv and learning_curve.png into --out. On the way: a row of
+                 training.csv and the TensorBoard scalars per iteration, and every training.checkpoint_every
+                 iterations checkpoints/latest/ (with resume.pt, the state --resume continues from) and
+                 checkpoints/best/ (the best evaluation so far).""")
     _add_training_args(p, "training", resumable=True)
     p.add_argument("--iterations", type=int, default=None, metavar="N",
                    help="policy updates (default: the file's training.iterations)")
     p.add_argument("--num-envs", type=int, default=None, metavar="N",
                    help="parallel episodes per iteration (default: the file's training.num_envs)")
     p.add_argument("--init-from", default=None, metavar="DIR",
-                   help="start from the policy of a trained checkpoint folder instead of fresh weights "
-                        "(fine-tuning, e.g. on a calibrated simulator: the same joints, task and observation, "
-                        "the same hidden layers; the URDF's values may differ); the optimiser starts afresh")
+                   help=_text("""start from the policy of a trained checkpoint folder instead of fresh weights
+                   (fine-tuning, e.g. on a calibrated simulator: the same joints, task and observation, the same
+                   hidden layers; the URDF's values may differ); the optimiser starts afresh"""))
     p.add_argument("--keep-training", action="store_true",
                    help="run all the iterations even after the success threshold is reached "
                         "(default: the file's training.stop_at_success)")
     p.add_argument("--distributed", action="store_true",
-                   help="require a data-parallel run under torchrun (torchrun --nproc_per_node=N -m "
-                        "diffsim_ros.cli train ...; its RANK, WORLD_SIZE and LOCAL_RANK are detected "
-                        "without this flag too): each process simulates num_envs / N environments, "
-                        "gradients are averaged, rank 0 writes --out")
-    p.set_defaults(func=cmd_train)
+                   help=_text("""require a data-parallel run under torchrun (torchrun --nproc_per_node=N -m
+                   diffsim_ros.cli train ...; its RANK, WORLD_SIZE and LOCAL_RANK are detected without this flag
+                   too): each process simulates num_envs / N environments, gradients are averaged, rank 0 writes
+                   --out"""))
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
@@ -458,13 +453,13 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
 
 def _add_distill(sub) -> None:
-    p = sub.add_parser(
-        "distill", help="teach a policy on the training file's observation from a trained teacher (DAgger)",
-        description="A student policy on the training file's task and observation (e.g. a legged robot's "
-                    "IMU and encoders, task.observation robot) learns the actions of --teacher, a checkpoint "
-                    "for the same robot trained on another observation (e.g. privileged), on the states it "
-                    "visits itself (DAgger). Writes policy.pt and policy.json into --out; fine-tune the student "
-                    "with diffsim-ros train --init-from.")
+    p = _command(sub, "distill", cmd_distill,
+                 help="teach a policy on the training file's observation from a trained teacher (DAgger)",
+                 description="""A student policy on the training file's task and observation (e.g. a legged
+                 robot's IMU and encoders, task.observation robot) learns the actions of --teacher, a checkpoint for
+                 the same robot trained on another observation (e.g. privileged), on the states it visits itself
+                 (DAgger). Writes policy.pt and policy.json into --out; fine-tune the student with diffsim-ros train
+                 --init-from.""")
     p.add_argument("--config", required=True, metavar="YAML", help="the student's training file")
     p.add_argument("--teacher", required=True, metavar="DIR", help="the teacher's checkpoint folder")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder for the student's checkpoint")
@@ -473,21 +468,19 @@ def _add_distill(sub) -> None:
     p.add_argument("--episodes", type=int, default=64, metavar="N", help="fresh episodes per round (default 64)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the file's training.seed)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="torch intra-op threads (default: 1)")
-    p.set_defaults(func=cmd_distill)
 
 
 def _add_baseline(sub) -> None:
-    p = sub.add_parser(
-        "baseline", help="train an RL baseline (Stable-Baselines3 PPO or SAC) on the same task and export it",
-        description="Read a training file (config/<task>.yaml) and train PPO or SAC (Stable-Baselines3, --algo) "
-                    "on the same simulator and task with the file's ppo or sac section; write policy.pt, "
-                    "policy.json and the training log into --out, and on the way checkpoints/latest/ "
-                    "(with resume.pt, which --resume continues from) and checkpoints/best/ every "
-                    "ppo.checkpoint_every (sac.checkpoint_every) iterations.")
+    p = _command(sub, "baseline", cmd_baseline,
+                 help="train an RL baseline (Stable-Baselines3 PPO or SAC) on the same task and export it",
+                 description="""Read a training file (config/<task>.yaml) and train PPO or SAC (Stable-Baselines3,
+                 --algo) on the same simulator and task with the file's ppo or sac section; write policy.pt,
+                 policy.json and the training log into --out, and on the way checkpoints/latest/ (with resume.pt,
+                 which --resume continues from) and checkpoints/best/ every ppo.checkpoint_every
+                 (sac.checkpoint_every) iterations.""")
     _add_training_args(p, "baseline", resumable=True)
     p.add_argument("--algo", choices=sorted(BASELINES), default=None,
                    help="ppo (on-policy, the default) or sac (off-policy, replay buffer); with --resume: the "
                         "run's own")
     p.add_argument("--timesteps", type=int, default=None, metavar="N",
                    help="environment steps (default: the file's ppo.total_timesteps or sac.total_timesteps)")
-    p.set_defaults(func=cmd_baseline)

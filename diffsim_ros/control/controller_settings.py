@@ -1,13 +1,13 @@
 """policy_controller's settings, ROS-free: the parameters it declares (name -> default,
 description) and the checks they pass at start.
 
-Each check raises :class:`SetupError` naming the parameter; the node prints the text and exits
-with status 2 (nodes/policy_controller.py turns it into its StartupError). The runner, the
-supervisor and the velocity command are built here from the parameters' values, read through a
-callable ``p(name)`` (the node's), in two steps: :func:`read_runner` (the runner and the command
-interface), then, once the node has imported the interface's messages, :func:`read_loop` (timing,
-supervisor, goal, gates, preflight). The order of the checks is the order of the messages a node
-with several bad parameters prints first.
+Each check raises :class:`SetupError` (diffsim_ros.errors, the stand-in's settings raise it too)
+naming the parameter; the node prints the text and exits with status 2 (nodes/policy_controller.py
+turns it into its StartupError). The runner, the supervisor and the velocity command are built here
+from the parameters' values, read through a callable ``p(name)`` (the node's), in two steps:
+:func:`read_runner` (the runner and the command interface), then, once the node has imported the
+interface's messages, :func:`read_loop` (timing, supervisor, goal, gates, preflight). The order of
+the checks is the order of the messages a node with several bad parameters prints first.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import interfaces as ifc
+from ..errors import SetupError
 from ..schema import ros_constraints, ros_parameters
 from .supervisor import Supervisor, SupervisorConfig, SupervisorConfigError
 from .velocity_command import VelocityCommand
@@ -27,10 +28,6 @@ __all__ = ["SetupError", "PARAMETERS", "SUPERVISOR_PARAMETERS", "EXCITATION_PARA
            "check_reliability", "urdf_path", "policy_runner", "excitation_runner", "choose_interface",
            "command_order", "control_rate", "supervisor_config", "velocity_command", "supervisor", "apply_target",
            "preflight_duration", "Settings", "read_runner", "read_loop"]
-
-
-class SetupError(ValueError):
-    """A parameter the controller cannot start with; the text names it."""
 
 
 ARM_INTERFACES = ("forward_command", "joint_trajectory")

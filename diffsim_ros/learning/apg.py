@@ -338,6 +338,216 @@ COLUMNS = ("iteration", "env_steps", "wall_time", "loss", "grad_norm", "train_su
            "eval_at_limit", "eval_over_speed", "diverged", "lr")
 
 
+@dataclass
+class _Learners:
+    """The networks a run trains and their optimisers (the critic and its optimiser None without one)."""
+    policy: torch.nn.Module
+    opt: torch.optim.Optimizer
+    critic: Optional[torch.nn.Module] = None
+    critic_opt: Optional[torch.optim.Optimizer] = None
+
+    def snapshot(self) -> Tuple[Any, Any, Any, Any]:
+        """Copies of every state dict (policy, optimiser, critic, critic's optimiser), for :meth:`restore`."""
+        return (copy.deepcopy(self.policy.state_dict()), copy.deepcopy(self.opt.state_dict()),
+                copy.deepcopy(self.critic.state_dict()) if self.critic is not None else None,
+                copy.deepcopy(self.critic_opt.state_dict()) if self.critic is not None else None)
+
+    def restore(self, snapshot: Tuple[Any, Any, Any, Any]) -> None:
+        """Every network and optimiser back to the state of ``snapshot``."""
+        self.policy.load_state_dict(snapshot[0])
+        self.opt.load_state_dict(snapshot[1])
+        if self.critic is not None:
+            self.critic.load_state_dict(snapshot[2])
+            self.critic_opt.load_state_dict(snapshot[3])
+
+    def broadcast(self, dist: Context) -> None:
+        """Rank 0's weights of the policy (and critic) copied to every rank."""
+        dist.broadcast_module(self.policy)
+        if self.critic is not None:
+            dist.broadcast_module(self.critic)
+
+
+@dataclass
+class _RunState:
+    """Where a run stands: its rows, the iterations done, environment steps, diverged iterations, when
+    it was solved, the best evaluation (``{"iteration", "eval_success", "loss"}``), the best policy
+    not yet on disk (``(copy of the policy, its iteration)``), the iteration last saved and the one
+    after which the current attempt began (restart_after)."""
+    history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+    it: int = 0
+    env_steps: int = 0
+    diverged: int = 0
+    solved_steps: Optional[int] = None
+    solved_time: Optional[float] = None
+    best: Optional[Dict[str, float]] = None
+    pending_best: Optional[Tuple[torch.nn.Module, int]] = None
+    last_saved: int = 0
+    attempt: int = 0
+
+
+def _make_learners(task: Task, cfg: TrainConfig) -> _Learners:
+    """A fresh policy and Adam optimiser for ``task`` (and the critic with its own, when ``cfg.critic``),
+    in the model's dtype and on its device."""
+    dtype, device = task.model.dtype, task.model.device
+    policy = make_policy(task, cfg).to(dtype=dtype, device=device)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate)
+    if not cfg.critic:
+        return _Learners(policy, opt)
+    critic = ValueNet(task.obs_dim + 1, cfg.hidden).to(dtype=dtype, device=device)
+    return _Learners(policy, opt, critic, torch.optim.Adam(critic.parameters(), lr=cfg.critic_learning_rate))
+
+
+def _load_initial_weights(policy: torch.nn.Module, init: Dict[str, torch.Tensor]) -> None:
+    """``init`` loaded into ``policy``; a ConfigError when one has a gait reference and the other not."""
+    ref_mine, ref_theirs = (any(k.startswith("reference.") for k in d) for d in (policy.state_dict(), init))
+    if ref_mine != ref_theirs:
+        raise ConfigError(f"the starting weights {'have' if ref_theirs else 'have no'} gait reference, this run's "
+                          f"is {ref_mine}: train with the setting the checkpoint was trained with",
+                          "gait_reference")
+    policy.load_state_dict(init)
+
+
+def _resumed(resume: Dict[str, Any], task: Task, cfg: TrainConfig, net: _Learners, gen: torch.Generator
+             ) -> _RunState:
+    """The networks, optimisers and random generators of ``net`` and ``gen`` set from the resume
+    state (checked against ``task`` and ``cfg`` first); returns the run's state at its checkpoint."""
+    check_resume_state(resume, task, cfg)
+    net.policy.load_state_dict(resume["policy"])
+    net.opt.load_state_dict(resume["optimizer"])
+    if net.critic is not None:
+        net.critic.load_state_dict(resume["critic"])
+        net.critic_opt.load_state_dict(resume["critic_optimizer"])
+    run = _RunState(history=[dict(row) for row in resume["history"]], it=int(resume["iteration"]),
+                    env_steps=int(resume["env_steps"]), diverged=int(resume["diverged"]),
+                    solved_steps=resume["solved_env_steps"], solved_time=resume["solved_time"], best=resume["best"])
+    _set_rng_state(resume["rng"], gen, task.model.device)
+    return run
+
+
+def _save_run(checkpoints: "_Checkpoints", gen: torch.Generator, net: _Learners, run: _RunState, task: Task,
+              cfg: TrainConfig, run_info: Optional[Dict[str, Any]], finished: bool) -> None:
+    """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
+    with the resume state; nothing the run draws from its random generators changes."""
+    critic, critic_opt = net.critic, net.critic_opt
+    checkpoints.save_run(gen, run.pending_best, net.policy, run.it, run.history, run.solved_steps, run.solved_time,
+                         lambda rng: dict(
+        run_state(RESUME_FORMAT, RESUME_FORMAT_VERSION, task, run.it, finished, run.history, run.best,
+                  run.solved_steps, run.solved_time, rng, run_info),
+        env_steps=run.env_steps, diverged=run.diverged, policy=net.policy.state_dict(), optimizer=net.opt.state_dict(),
+        critic=critic.state_dict() if critic is not None else None,
+        critic_optimizer=critic_opt.state_dict() if critic is not None else None,
+        train_config=dataclasses.asdict(cfg)))
+    run.pending_best = None
+    run.last_saved = run.it
+
+
+def _count_divergence(exc: SimulationError, run: _RunState, cfg: TrainConfig, checkpoints: Optional["_Checkpoints"],
+                      save: Callable[[bool], None], dist: Context) -> None:
+    """Count a diverged iteration (already rolled back): past ``cfg.max_divergences`` a SimulationError
+    naming the iteration and what is kept on disk (the last good state saved first); otherwise a
+    warning that it is retried on fresh episodes."""
+    run.diverged += 1
+    it, diverged = run.it, run.diverged
+    if diverged > cfg.max_divergences:
+        kept = ""
+        if checkpoints is not None:
+            if it > 0 and (it > run.last_saved or not checkpoints.has("latest")):
+                save(False)
+            kept = (f"; the last good state, iteration {it}, is kept in {checkpoints.path('latest')}"
+                    if it > 0 else "; no iteration completed, no checkpoint was written")
+        raise SimulationError(f"iteration {it + 1}: {exc} (the simulation diverged in {diverged} "
+                              f"iterations, more than training.max_divergences = "
+                              f"{cfg.max_divergences}){kept}") from None
+    if dist.is_main:
+        warnings.warn(f"iteration {it + 1}: {exc}; dropped and retried on fresh episodes "
+                      f"({diverged} of at most {cfg.max_divergences})", RuntimeWarning)
+
+
+def _record_row(task: Task, cfg: TrainConfig, policy: torch.nn.Module, run: _RunState, dist: Context,
+                loss: float, grad_norm: float, train_success: float, wall_time: float, lr: float,
+                keep_best: bool) -> Dict[str, float]:
+    """The row of the iteration just run, evaluated every ``cfg.eval_every`` iterations and at the last
+    (the solve and the best evaluation noted in ``run``; the best policy copied when ``keep_best``),
+    appended to the history, the iteration counted; returns the row."""
+    row = {"iteration": run.it + 1, "env_steps": run.env_steps, "wall_time": wall_time,
+           "loss": loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
+           "eval_success": float("nan"), "eval_at_limit": float("nan"), "eval_over_speed": float("nan"),
+           "diverged": run.diverged, "lr": lr}
+    if (run.it + 1) % cfg.eval_every == 0 or run.it + 1 == cfg.iterations:
+        row.update(dist.from_rank0(lambda: evaluation_columns(task, policy, cfg.eval_envs)))
+        if run.solved_steps is None and row["eval_success"] >= task.success_threshold:
+            run.solved_steps, run.solved_time = run.env_steps, row["wall_time"]
+        if _better(row, run.best):
+            run.best = {"iteration": run.it + 1, "eval_success": row["eval_success"], "loss": row["loss"]}
+            if keep_best:
+                run.pending_best = (copy.deepcopy(policy), run.it + 1)
+    run.history.append(row)
+    run.it += 1
+    return row
+
+
+def _open_run_folder(out_dir: Optional[Path], fresh: bool, history: List[Dict[str, float]], task: Task,
+                     cfg: TrainConfig, export) -> Tuple[Optional["RunLog"], Optional["_Checkpoints"]]:
+    """The run's log (rewritten with ``history``) and checkpoints in ``out_dir``, what an earlier run
+    left there cleared first when the run is ``fresh``; (None, None) without a folder."""
+    if out_dir is None:
+        return None, None
+    if fresh:
+        _clear_run(out_dir)
+    return RunLog(out_dir, history), _Checkpoints(out_dir, task, cfg, export)
+
+
+def _progress_bar(task: Task, cfg: TrainConfig, it: int):
+    """A tqdm progress bar over the run's iterations, starting at iteration ``it``."""
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
+
+
+def _train_iteration(task: Task, cfg: TrainConfig, net: _Learners, run: _RunState, gen: torch.Generator,
+                     dist: Context, sims: Tuple[Simulator, Simulator], t_start: float,
+                     on_divergence: Callable[[SimulationError], None], keep_best: bool) -> Optional[Dict[str, float]]:
+    """One iteration of :func:`train`: the episodes' physics drawn (``sims`` = the training and the
+    nominal simulator), the learning rate set, the windows trained (:func:`_iteration`) and the row
+    recorded (:func:`_record_row`), which it returns. A diverged iteration is rolled back, passed to
+    ``on_divergence`` and gives None."""
+    train_sim, nominal_sim = sims
+    task.sim = train_sim
+    drawn = (_randomized_sim(train_sim, cfg, gen, dist.shard(cfg.num_envs) if dist.active else None)
+             if cfg.randomized else None)
+    lr = cfg.learning_rate_at(run.it)
+    for group in net.opt.param_groups:
+        group["lr"] = lr
+    # A contact-rich episode can diverge in one environment: the iteration is then dropped
+    # (policy, optimiser and normaliser back to its start) and retried on fresh episodes.
+    snapshot = net.snapshot()
+    try:
+        ts, total_loss, grad_norm, run.env_steps = _iteration(task, cfg, net.policy, net.opt, net.critic,
+                                                              net.critic_opt, gen, run.env_steps, dist, drawn)
+    except SimulationError as exc:
+        net.restore(snapshot)
+        task.sim = nominal_sim
+        on_divergence(exc)
+        return None
+    train_success = float(task.success(ts).to(torch.float64).mean())
+    if dist.active:     # the ranks' slices are equal: the mean of their means is the batch's
+        total_loss, train_success = dist.mean([total_loss, train_success])
+    task.sim = nominal_sim
+    return _record_row(task, cfg, net.policy, run, dist, total_loss, grad_norm, train_success,
+                       time.perf_counter() - t_start, lr, keep_best)
+
+
+def _write_run_reports(task: Task, policy: torch.nn.Module, history: List[Dict[str, float]], out_dir: Path) -> None:
+    """The end of a run in ``out_dir``: the learning curve, and for a four-footed robot the footfall
+    diagram and the gait the policy uses (tasks/gait.py)."""
+    plot_history(history, out_dir, title=f"{task.name}: gradient through the simulator")
+    if getattr(task, "feet", None) and len(task.feet) == 4:
+        # Legged: the footfall diagram and the gait the policy uses (tasks/gait.py).
+        from ..tasks.gait import write_gait_report
+
+        write_gait_report(task, policy, out_dir)
+
+
 def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress: bool = True,
           callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
           export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None,
@@ -383,141 +593,44 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         out_dir, progress = None, False
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    dtype, device = task.model.dtype, task.model.device
-    policy = make_policy(task, cfg).to(dtype=dtype, device=device)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate)
-    critic = critic_opt = None
-    if cfg.critic:
-        critic = ValueNet(task.obs_dim + 1, cfg.hidden).to(dtype=dtype, device=device)
-        critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_learning_rate)
+    net = _make_learners(task, cfg)
     if cfg.compile_step and task.sim.compiled is not True:   # the task keeps it (compiled graphs included)
         task.sim = Simulator(task.sim.system, compile=True)
     nominal_sim = task.sim
     train_sim = _training_sim(nominal_sim, cfg)
-    history: List[Dict[str, float]] = []
-    env_steps = 0
-    solved_steps = solved_time = None
-    diverged = 0
-    it = 0
-    best = None             # {"iteration", "eval_success", "loss"} of the best evaluated policy so far
+    run = _RunState()
     if init is not None and resume is None:
-        ref_mine, ref_theirs = (any(k.startswith("reference.") for k in d) for d in (policy.state_dict(), init))
-        if ref_mine != ref_theirs:
-            raise ConfigError(f"the starting weights {'have' if ref_theirs else 'have no'} gait reference, this run's "
-                              f"is {ref_mine}: train with the setting the checkpoint was trained with",
-                              "gait_reference")
-        policy.load_state_dict(init)
+        _load_initial_weights(net.policy, init)
     if resume is not None:
-        check_resume_state(resume, task, cfg)
-        policy.load_state_dict(resume["policy"])
-        opt.load_state_dict(resume["optimizer"])
-        if critic is not None:
-            critic.load_state_dict(resume["critic"])
-            critic_opt.load_state_dict(resume["critic_optimizer"])
-        history = [dict(row) for row in resume["history"]]
-        it, env_steps, diverged = int(resume["iteration"]), int(resume["env_steps"]), int(resume["diverged"])
-        solved_steps, solved_time, best = resume["solved_env_steps"], resume["solved_time"], resume["best"]
-        _set_rng_state(resume["rng"], gen, device)
-    attempt = _attempt_start(history, cfg)   # the iteration the current attempt began after (restart_after)
+        run = _resumed(resume, task, cfg, net, gen)
+    run.attempt = _attempt_start(run.history, cfg)   # the iteration the current attempt began after (restart_after)
     # Same seed, same weights on every rank; rank 0's are copied anyway (another build or device
     # could initialise differently).
-    dist.broadcast_module(policy)
-    if critic is not None:
-        dist.broadcast_module(critic)
+    net.broadcast(dist)
     # wall_time continues the clock of the run resumed
-    t_start = time.perf_counter() - (float(history[-1]["wall_time"]) if history else 0.0)
-    log = checkpoints = None
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        if resume is None:
-            _clear_run(out_dir)
-        log = RunLog(out_dir, history)
-        checkpoints = _Checkpoints(out_dir, task, cfg, export)
-    pending_best = None     # (copy of the policy, its iteration): the best so far, not yet on disk
-    last_saved = it
+    t_start = time.perf_counter() - (float(run.history[-1]["wall_time"]) if run.history else 0.0)
+    out_dir = Path(out_dir) if out_dir is not None else None
+    log, checkpoints = _open_run_folder(out_dir, resume is None, run.history, task, cfg, export)
+    run.last_saved = run.it
 
     def save(finished: bool) -> None:
-        """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
-        with the resume state; nothing the run draws from its random generators changes."""
-        nonlocal pending_best, last_saved
-        checkpoints.save_run(gen, pending_best, policy, it, history, solved_steps, solved_time, lambda rng: dict(
-            run_state(RESUME_FORMAT, RESUME_FORMAT_VERSION, task, it, finished, history, best, solved_steps,
-                      solved_time, rng, run_info),
-            env_steps=env_steps, diverged=diverged, policy=policy.state_dict(), optimizer=opt.state_dict(),
-            critic=critic.state_dict() if critic is not None else None,
-            critic_optimizer=critic_opt.state_dict() if critic is not None else None,
-            train_config=dataclasses.asdict(cfg)))
-        pending_best = None
-        last_saved = it
+        """This run's checkpoints (:func:`_save_run`)."""
+        _save_run(checkpoints, gen, net, run, task, cfg, run_info, finished)
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
+    bar = _progress_bar(task, cfg, run.it) if progress else None
     try:
-        while it < cfg.iterations:
-            task.sim = train_sim
-            drawn = (_randomized_sim(train_sim, cfg, gen, dist.shard(cfg.num_envs) if dist.active else None)
-                     if cfg.randomized else None)
-            lr = cfg.learning_rate_at(it)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            # A contact-rich episode can diverge in one environment: the iteration is then dropped
-            # (policy, optimiser and normaliser back to its start) and retried on fresh episodes.
-            snapshot = (copy.deepcopy(policy.state_dict()), copy.deepcopy(opt.state_dict()),
-                        copy.deepcopy(critic.state_dict()) if critic is not None else None,
-                        copy.deepcopy(critic_opt.state_dict()) if critic is not None else None)
-            try:
-                ts, total_loss, grad_norm, env_steps = _iteration(task, cfg, policy, opt, critic, critic_opt, gen,
-                                                                  env_steps, dist, drawn)
-            except SimulationError as exc:
-                diverged += 1
-                policy.load_state_dict(snapshot[0])
-                opt.load_state_dict(snapshot[1])
-                if critic is not None:
-                    critic.load_state_dict(snapshot[2])
-                    critic_opt.load_state_dict(snapshot[3])
-                task.sim = nominal_sim
-                if diverged > cfg.max_divergences:
-                    kept = ""
-                    if checkpoints is not None:
-                        if it > 0 and (it > last_saved or not checkpoints.has("latest")):
-                            save(False)
-                        kept = (f"; the last good state, iteration {it}, is kept in {checkpoints.path('latest')}"
-                                if it > 0 else "; no iteration completed, no checkpoint was written")
-                    raise SimulationError(f"iteration {it + 1}: {exc} (the simulation diverged in {diverged} "
-                                          f"iterations, more than training.max_divergences = "
-                                          f"{cfg.max_divergences}){kept}") from None
-                if dist.is_main:
-                    warnings.warn(f"iteration {it + 1}: {exc}; dropped and retried on fresh episodes "
-                                  f"({diverged} of at most {cfg.max_divergences})", RuntimeWarning)
+        while run.it < cfg.iterations:
+            row = _train_iteration(task, cfg, net, run, gen, dist, (train_sim, nominal_sim), t_start,
+                                   lambda exc: _count_divergence(exc, run, cfg, checkpoints, save, dist),
+                                   keep_best=checkpoints is not None)
+            if row is None:         # diverged: rolled back, retried on fresh episodes
                 continue
-            train_success = float(task.success(ts).to(torch.float64).mean())
-            if dist.active:     # the ranks' slices are equal: the mean of their means is the batch's
-                total_loss, train_success = dist.mean([total_loss, train_success])
-            task.sim = nominal_sim
-            row = {"iteration": it + 1, "env_steps": env_steps, "wall_time": time.perf_counter() - t_start,
-                   "loss": total_loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
-                   "eval_success": float("nan"), "eval_at_limit": float("nan"), "eval_over_speed": float("nan"),
-                   "diverged": diverged, "lr": lr}
-            if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
-                row.update(dist.from_rank0(lambda: evaluation_columns(task, policy, cfg.eval_envs)))
-                if solved_steps is None and row["eval_success"] >= task.success_threshold:
-                    solved_steps, solved_time = env_steps, row["wall_time"]
-                if _better(row, best):
-                    best = {"iteration": it + 1, "eval_success": row["eval_success"], "loss": row["loss"]}
-                    if checkpoints is not None:
-                        pending_best = (copy.deepcopy(policy), it + 1)
-            history.append(row)
-            it += 1
-            if _restarts_now(it, attempt, solved_steps, cfg):
-                attempt = it
-                _fresh_start(task, cfg, it, policy, opt, critic, critic_opt)
-                dist.broadcast_module(policy)
-                if critic is not None:
-                    dist.broadcast_module(critic)
-            done = it >= cfg.iterations or (cfg.stop_at_success and solved_steps is not None)
-            _after_row(row, it, done, cfg.checkpoint_every, log, checkpoints, save, callback, bar, 1)
+            if _restarts_now(run.it, run.attempt, run.solved_steps, cfg):
+                run.attempt = run.it
+                _fresh_start(task, cfg, run.it, net.policy, net.opt, net.critic, net.critic_opt)
+                net.broadcast(dist)
+            done = run.it >= cfg.iterations or (cfg.stop_at_success and run.solved_steps is not None)
+            _after_row(row, run.it, done, cfg.checkpoint_every, log, checkpoints, save, callback, bar, 1)
             if done:
                 break
     finally:
@@ -527,13 +640,8 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
         if log is not None:
             log.close()
     if out_dir is not None:
-        plot_history(history, out_dir, title=f"{task.name}: gradient through the simulator")
-        if getattr(task, "feet", None) and len(task.feet) == 4:
-            # Legged: the footfall diagram and the gait the policy uses (tasks/gait.py).
-            from ..tasks.gait import write_gait_report
-
-            write_gait_report(task, policy, out_dir)
-    return TrainResult(policy, history, solved_steps, solved_time)
+        _write_run_reports(task, net.policy, run.history, out_dir)
+    return TrainResult(net.policy, run.history, run.solved_steps, run.solved_time)
 
 
 def _after_row(row: Dict[str, float], it: int, done: bool, checkpoint_every: int, log, checkpoints, save: Callable,

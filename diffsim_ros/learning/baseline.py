@@ -1,5 +1,7 @@
 """What the Stable-Baselines3 baselines (:mod:`.ppo`, :mod:`.sac`) share.
 
+- the options of their sections (``ppo:``, ``sac:``) that mean the same for both, declared once
+  (:func:`loop_option`), and what the sections do when built (:class:`BaselineConfig`);
 - the environment: :class:`~diffsim_ros.learning.gym_env.TaskVecEnv` over the task batch, with
   SB3's ``VecNormalize`` when the section asks for it (:func:`make_env`);
 - the exported actor (:class:`SB3Actor`): the normaliser frozen at its final statistics (a
@@ -23,15 +25,51 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
+from ..physics import ConfigError
+from ..schema import normalise, option
 from ..tasks import Task
 from .apg import (ResumeError, RunLog, TrainResult, _after_row, _better, _Checkpoints, _clear_run, _set_rng_state,
                   check_same_trainer, evaluation_columns, plot_history, read_resume_file, run_state)
 from .policy import RunningNorm
+
+
+#: The options of a baseline's section that the shared environment and loop (:func:`make_env`,
+#: :func:`train_baseline`) read alike for every algorithm: name -> (documentation, bounds).
+LOOP_OPTIONS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "total_timesteps": ("environment-step budget, summed over the parallel environments", {"low": 1}),
+    "gamma": ("discount", {"low": 0, "high": 1}),
+    "normalize_obs": ("normalise observations with running statistics (VecNormalize)", {}),
+    "bootstrap_time_limit": ("treat the episode's end as a time limit and bootstrap the value there", {}),
+    "eval_every_steps": ("environment steps between evaluations on fresh episodes", {"low": 1}),
+    "eval_envs": ("episodes per evaluation", {"low": 1}),
+    "stop_at_success": ("stop once the evaluation reaches the task's success threshold", {}),
+    "seed": ("random seed", {}),
+}
+
+
+def loop_option(name: str, default: Any) -> Any:
+    """The field ``name`` of :data:`LOOP_OPTIONS` (schema.option: its documentation and bounds) with this
+    algorithm's ``default``; the sections declare each where they list it."""
+    doc, bounds = LOOP_OPTIONS[name]
+    return option(default, doc, **bounds)
+
+
+class BaselineConfig:
+    """What the sections of the baselines (:class:`~.ppo.PPOConfig`, :class:`~.sac.SACConfig`, frozen dataclasses
+    under schema.section) do alike: check and convert every field when built (schema.normalise), and the rules
+    between fields (:meth:`check`: a subclass's own rules, then these)."""
+
+    def __post_init__(self):
+        normalise(self)
+
+    def check(self) -> None:
+        if not self.hidden:
+            raise ConfigError("must name at least one layer", "hidden")
 
 
 class SB3Actor(nn.Module):

@@ -27,26 +27,25 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..physics import ConfigError
-from ..schema import normalise, option, section
+from ..schema import option, section
 from ..tasks import Task
 from .apg import TrainResult
-from .baseline import (Learner, SB3Actor, check_state, frozen_actor, learner_state, make_env, read_state,
-                       set_learner_state, silence, train_baseline)
+from .baseline import (BaselineConfig, Learner, SB3Actor, check_state, frozen_actor, learner_state, loop_option,
+                       make_env, read_state, set_learner_state, silence, train_baseline)
 
 
 @section("ppo")
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(BaselineConfig):
     """Options of the PPO baseline (the ``ppo:`` section of a training file)."""
-    total_timesteps: int = option(2_000_000, "environment-step budget, summed over the parallel environments",
-                                  low=1)
+    total_timesteps: int = loop_option("total_timesteps", 2_000_000)
     num_envs: int = option(64, "parallel environments (the task batch)", low=1)
     n_steps: int = option(64, "control steps per environment per rollout; a rollout is num_envs * n_steps steps",
                           low=1)
     batch_size: int = option(1024, "minibatch size of the PPO update, in [2, num_envs * n_steps]", low=2)
     n_epochs: int = option(10, "passes over each rollout", low=1)
     learning_rate: float = option(3e-4, "Adam step size", above=0)
-    gamma: float = option(0.99, "discount", low=0, high=1)
+    gamma: float = loop_option("gamma", 0.99)
     gae_lambda: float = option(0.95, "GAE lambda", low=0, high=1)
     ent_coef: float = option(0.0, "entropy bonus")
     clip_range: float = option(0.2, "PPO ratio clip", above=0)
@@ -56,20 +55,16 @@ class PPOConfig:
         mean moves off it), where they are clipped and their exploration is lost; exp(-0.5) = 0.61 sends about
         10 %""")
     hidden: Tuple[int, ...] = option((64, 64), "hidden layer sizes of actor and critic (tanh)", low=1)
-    normalize_obs: bool = option(True, "normalise observations with running statistics (VecNormalize)")
+    normalize_obs: bool = loop_option("normalize_obs", True)
     normalize_reward: bool = option(True, "scale rewards by the running return deviation (VecNormalize)")
-    bootstrap_time_limit: bool = option(True, "treat the episode's end as a time limit and bootstrap the value "
-                                        "there")
-    eval_every_steps: int = option(50_000, "environment steps between evaluations on fresh episodes", low=1)
-    eval_envs: int = option(64, "episodes per evaluation", low=1)
-    stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
+    bootstrap_time_limit: bool = loop_option("bootstrap_time_limit", True)
+    eval_every_steps: int = loop_option("eval_every_steps", 50_000)
+    eval_envs: int = loop_option("eval_envs", 64)
+    stop_at_success: bool = loop_option("stop_at_success", True)
     checkpoint_every: int = option(1, """iterations between checkpoints of a run into a folder (checkpoints/latest
         with the resume state, checkpoints/best), and at the end: an iteration is a whole rollout and its update,
         so a checkpoint costs little beside it""", low=1)
-    seed: int = option(0, "random seed")
-
-    def __post_init__(self):
-        normalise(self)
+    seed: int = loop_option("seed", 0)
 
     @property
     def rollout_steps(self) -> int:
@@ -79,8 +74,7 @@ class PPOConfig:
         if not self.batch_size <= self.rollout_steps:
             raise ConfigError(f"must be in [2, num_envs * n_steps = {self.rollout_steps}], got {self.batch_size}",
                               "batch_size")
-        if not self.hidden:
-            raise ConfigError("must name at least one layer", "hidden")
+        super().check()
 
 
 class PPOPolicy(SB3Actor):

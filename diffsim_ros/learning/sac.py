@@ -31,19 +31,18 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..physics import ConfigError
-from ..schema import normalise, option, section
+from ..schema import option, section
 from ..tasks import Task
 from .apg import TrainResult
-from .baseline import (Learner, SB3Actor, array, frozen_actor, learner_state, make_env, read_state,
-                       set_learner_state, silence, train_baseline)
+from .baseline import (BaselineConfig, Learner, SB3Actor, array, frozen_actor, learner_state, loop_option, make_env,
+                       read_state, set_learner_state, silence, train_baseline)
 
 
 @section("sac")
 @dataclass(frozen=True)
-class SACConfig:
+class SACConfig(BaselineConfig):
     """Options of the SAC baseline (the ``sac:`` section of a training file)."""
-    total_timesteps: int = option(1_000_000, "environment-step budget, summed over the parallel environments",
-                                  low=1)
+    total_timesteps: int = loop_option("total_timesteps", 1_000_000)
     num_envs: int = option(16, """parallel environments (the task batch); each step of them adds num_envs
         transitions to the replay buffer""", low=1)
     buffer_size: int = option(1_000_000, """replay buffer capacity, transitions (summed over the environments;
@@ -53,7 +52,7 @@ class SACConfig:
     batch_size: int = option(256, "minibatch size of an update, transitions drawn from the replay buffer", low=1)
     learning_rate: float = option(3e-4, "Adam step size of actor, critics and entropy coefficient", above=0)
     tau: float = option(0.005, "soft (Polyak) update coefficient of the target critics", above=0, high=1)
-    gamma: float = option(0.99, "discount", low=0, high=1)
+    gamma: float = loop_option("gamma", 0.99)
     train_freq: int = option(1, "control steps per environment between updates", low=1)
     gradient_steps: int = option(-1, """gradient steps per update; -1: as many as transitions collected since the
         last (num_envs * train_freq), one update per transition as SB3 does with one environment""", low=-1)
@@ -63,22 +62,18 @@ class SACConfig:
         (SB3's ent_coef 'auto')""")
     hidden: Tuple[int, ...] = option((256, 256), "hidden layer sizes of actor and both critics (ReLU, SB3's)",
                                      low=1)
-    normalize_obs: bool = option(True, "normalise observations with running statistics (VecNormalize)")
+    normalize_obs: bool = loop_option("normalize_obs", True)
     normalize_reward: bool = option(False, """scale rewards by the running return deviation (VecNormalize); off,
         as usual for SAC, whose learned entropy coefficient adapts to the reward scale""")
-    bootstrap_time_limit: bool = option(True, "treat the episode's end as a time limit and bootstrap the value "
-                                        "there")
-    eval_every_steps: int = option(50_000, "environment steps between evaluations on fresh episodes", low=1)
-    eval_envs: int = option(64, "episodes per evaluation", low=1)
-    stop_at_success: bool = option(True, "stop once the evaluation reaches the task's success threshold")
+    bootstrap_time_limit: bool = loop_option("bootstrap_time_limit", True)
+    eval_every_steps: int = loop_option("eval_every_steps", 50_000)
+    eval_envs: int = loop_option("eval_envs", 64)
+    stop_at_success: bool = loop_option("stop_at_success", True)
     checkpoint_every: int = option(25, """iterations between checkpoints of a run into a folder
         (checkpoints/latest with the resume state, checkpoints/best), and at the end: an iteration is one
         episode of every environment; the resume state holds the replay buffer, about buffer_size * (2 *
         obs_dim + action_dim + 3) * 4 bytes when full""", low=1)
-    seed: int = option(0, "random seed")
-
-    def __post_init__(self):
-        normalise(self)
+    seed: int = loop_option("seed", 0)
 
     def check(self) -> None:
         if self.gradient_steps == 0:
@@ -86,8 +81,7 @@ class SACConfig:
         if self.learn_ent_coef and self.ent_coef <= 0:
             raise ConfigError(f"must be > 0 when learn_ent_coef is true (its initial value), got {self.ent_coef}",
                               "ent_coef")
-        if not self.hidden:
-            raise ConfigError("must name at least one layer", "hidden")
+        super().check()
 
     def steps_per_iteration(self, task: Task) -> int:
         """Environment steps of one iteration (one ``learn`` call, one row of the log): one episode of

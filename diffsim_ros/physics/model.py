@@ -229,36 +229,54 @@ def _origin_np(origin) -> Tuple[np.ndarray, np.ndarray]:
     return rpy_to_matrix(origin.rpy), np.asarray(origin.xyz, dtype=np.float64)
 
 
-def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch.float64,
-                device="cpu") -> Model:
-    """Turn a validated :class:`RobotDescription` into a :class:`Model`."""
+@dataclass
+class _Tree:
+    """The bodies and links of a description as :func:`_traverse` finds them, depth-first: per
+    body its name, parent, joint type, joint frame in the parent body (``tree_R``, ``tree_p``)
+    and unit axis; the moving joints in body order; per link its body and its constant frame in
+    that body (``link_R``, ``link_p``)."""
+    body_names: List[str] = dataclasses.field(default_factory=list)
+    parent: List[int] = dataclasses.field(default_factory=list)
+    jtype: List[str] = dataclasses.field(default_factory=list)
+    tree_R: List[np.ndarray] = dataclasses.field(default_factory=list)
+    tree_p: List[np.ndarray] = dataclasses.field(default_factory=list)
+    axis: List[np.ndarray] = dataclasses.field(default_factory=list)
+    joints: List[Joint] = dataclasses.field(default_factory=list)
+    link_names: List[str] = dataclasses.field(default_factory=list)
+    link_body: List[int] = dataclasses.field(default_factory=list)
+    link_R: List[np.ndarray] = dataclasses.field(default_factory=list)
+    link_p: List[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def add_body(self, name: str, parent: int, jtype: str, R: np.ndarray, p: np.ndarray, axis: np.ndarray) -> int:
+        """Append a body moved by a joint of type ``jtype`` (frame ``R``, ``p`` in the parent body);
+        returns its index."""
+        self.body_names.append(name)
+        self.parent.append(parent)
+        self.jtype.append(jtype)
+        self.tree_R.append(R)
+        self.tree_p.append(p)
+        self.axis.append(axis)
+        return len(self.body_names) - 1
+
+
+def _children(desc: RobotDescription) -> Dict[str, List[Joint]]:
+    """Parent link name -> the joints hanging from it, in file order (the description's own map
+    when it has one)."""
     children: Dict[str, List[Joint]] = desc.children or {}
     if not children:
         for j in desc.joints:
             children.setdefault(j.parent, []).append(j)
+    return children
 
-    body_names: List[str] = []
-    parent: List[int] = []
-    jtype: List[str] = []
-    tree_R: List[np.ndarray] = []
-    tree_p: List[np.ndarray] = []
-    axis: List[np.ndarray] = []
-    joints: List[Joint] = []
-    link_names: List[str] = []
-    link_body: List[int] = []
-    link_R: List[np.ndarray] = []
-    link_p: List[np.ndarray] = []
 
+def _traverse(desc: RobotDescription, floating_base: bool) -> _Tree:
+    """The tree of ``desc``: a free-flyer body for the root link of a floating base, then a body per
+    moving joint, depth-first in file order among siblings; links on fixed joints kept as frames of
+    the body they hang from. Raises UrdfError for a link reached twice or an unsupported joint."""
+    children = _children(desc)
+    tree = _Tree()
     eye, zero = np.eye(3), np.zeros(3)
-    root_body = -1
-    if floating_base:
-        body_names.append(desc.root)
-        parent.append(-1)
-        jtype.append("free")
-        tree_R.append(eye)
-        tree_p.append(zero)
-        axis.append(zero)
-        root_body = 0
+    root_body = tree.add_body(desc.root, -1, "free", eye, zero, zero) if floating_base else -1
 
     # Depth-first traversal with an explicit stack (no recursion limit on long chains).
     stack = [(desc.root, root_body, eye, zero)]
@@ -268,10 +286,10 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         if link in visited:  # the reader rejects cycles; this keeps the builder safe regardless
             raise UrdfError(f"{desc.source}: link '{link}' is reached twice (cycle or two parents)")
         visited.add(link)
-        link_names.append(link)
-        link_body.append(body)
-        link_R.append(R_lb)
-        link_p.append(p_lb)
+        tree.link_names.append(link)
+        tree.link_body.append(body)
+        tree.link_R.append(R_lb)
+        tree.link_p.append(p_lb)
         pushed = []
         for j in children.get(link, []):
             R_o, p_o = _origin_np(j.origin)
@@ -279,29 +297,27 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
             if j.type == "fixed":
                 pushed.append((j.child, body, R_c, p_c))
             elif j.type in MOVING_JOINTS:
-                b = len(body_names)
-                body_names.append(j.child)
-                parent.append(body)
-                jtype.append(j.type)
-                tree_R.append(R_c)
-                tree_p.append(p_c)
                 a = np.asarray(j.axis, dtype=np.float64)
-                axis.append(a / np.linalg.norm(a))
-                joints.append(j)
+                b = tree.add_body(j.child, body, j.type, R_c, p_c, a / np.linalg.norm(a))
+                tree.joints.append(j)
                 pushed.append((j.child, b, eye, zero))
             else:
                 raise UrdfError(f"{desc.source}: joint '{j.name}' has unsupported type '{j.type}'")
         stack.extend(reversed(pushed))  # keep file order among siblings
+    return tree
 
-    nb = len(body_names)
-    if nb == 0:
-        raise UrdfError(f"{desc.source}: robot '{desc.name}' has no moving joint; load it with "
-                        "floating_base=True to simulate it as a free body")
-    # Merge link inertias into their bodies (parallel-axis theorem, in the body frame).
+
+def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each body's mass (nb,), centre of mass (nb, 3) and rotational inertia about it (nb, 3, 3),
+    the inertias of the links fixed to it merged in (parallel-axis theorem, in the body frame).
+    Raises UrdfError for a body without mass and for a floating root whose inertia is not positive
+    definite."""
+    nb = len(tree.body_names)
+    eye = np.eye(3)
     mass = np.zeros(nb)
     first = np.zeros((nb, 3))
     second = np.zeros((nb, 3, 3))   # sum of R I R^T + m (|c|^2 1 - c c^T) about the body origin
-    for name, b, R_lb, p_lb in zip(link_names, link_body, link_R, link_p):
+    for name, b, R_lb, p_lb in zip(tree.link_names, tree.link_body, tree.link_R, tree.link_p):
         inertial = desc.links[name].inertial
         if b < 0 or inertial is None or inertial.mass == 0.0:
             continue
@@ -313,16 +329,21 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
     inertia = np.zeros((nb, 3, 3))
     for b in range(nb):
         if mass[b] <= 0.0:
-            raise UrdfError(f"{desc.source}: link '{body_names[b]}' moves but has no mass "
+            raise UrdfError(f"{desc.source}: link '{tree.body_names[b]}' moves but has no mass "
                             "(neither it nor any link fixed to it has a positive <mass>)")
         c = first[b] / mass[b]
         com[b] = c
         inertia[b] = second[b] - mass[b] * (c @ c * eye - np.outer(c, c))
         inertia[b] = 0.5 * (inertia[b] + inertia[b].T)
-        if jtype[b] == "free" and not np.all(np.linalg.eigvalsh(inertia[b]) > 0):
-            raise UrdfError(f"{desc.source}: floating root link '{body_names[b]}' (with the links fixed to it) "
+        if tree.jtype[b] == "free" and not np.all(np.linalg.eigvalsh(inertia[b]) > 0):
+            raise UrdfError(f"{desc.source}: floating root link '{tree.body_names[b]}' (with the links fixed to it) "
                             f"has a rotational inertia that is not positive definite")
+    return mass, com, inertia
 
+
+def _coordinate_starts(jtype: List[str]) -> Tuple[List[int], List[int], int, int]:
+    """Each body's first index in q and in v, and the full tree's nq and nv (a free-flyer takes
+    7 and 6, a moving joint 1 and 1)."""
     q_start, v_start = [], []
     nq = nv = 0
     for typ in jtype:
@@ -330,28 +351,79 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         v_start.append(nv)
         nq += 7 if typ == "free" else 1
         nv += 6 if typ == "free" else 1
+    return q_start, v_start, nq, nv
 
-    link_index = {n: i for i, n in enumerate(link_names)}
+
+def _collisions(desc: RobotDescription, tree: _Tree, dtype, device) -> Tuple[Collision, ...]:
+    """Every link's collision primitives, placed in the frame of the body the link belongs to."""
+    link_index = {n: i for i, n in enumerate(tree.link_names)}
     collisions = []
-    for name in link_names:
+    for name in tree.link_names:
         i = link_index[name]
         for g in desc.links[name].collisions:
             R_g, p_g = _origin_np(g.origin)
             collisions.append(Collision(
-                link=name, body=link_body[i], kind=g.kind,
+                link=name, body=tree.link_body[i], kind=g.kind,
                 size=torch.tensor(g.size, dtype=dtype, device=device),
-                R=torch.tensor(link_R[i] @ R_g, dtype=dtype, device=device),
-                p=torch.tensor(link_p[i] + link_R[i] @ p_g, dtype=dtype, device=device),
+                R=torch.tensor(tree.link_R[i] @ R_g, dtype=dtype, device=device),
+                p=torch.tensor(tree.link_p[i] + tree.link_R[i] @ p_g, dtype=dtype, device=device),
                 mesh=g.mesh))
+    return tuple(collisions)
+
+
+def _tensor(x, dtype, device) -> torch.Tensor:
+    """``x`` (array-like) as a tensor of the model's ``dtype`` on its ``device``, through float64."""
+    return torch.tensor(np.asarray(x, dtype=np.float64), dtype=dtype, device=device)
+
+
+def _joint_tensor(indep: List[Joint], attr: str, dtype, device) -> torch.Tensor:
+    """The attribute ``attr`` of each independent joint, as a (len(indep),) tensor."""
+    return _tensor([getattr(j, attr) for j in indep], dtype, device).reshape(len(indep))
+
+
+def _mimic_fields(joints: List[Joint], indep: List[Joint], mimic_of: Dict[str, Tuple[str, float, float]],
+                  floating_base: bool, nq: int, nv: int, dtype, device
+                  ) -> Tuple[_MimicFields, torch.Tensor, torch.Tensor]:
+    """For a tree with mimic joints: the Model's mimic fields, and the damping and Coulomb
+    friction each mimic joint adds to its leader through the coupling ((len(indep),) each)."""
+    coupling = _mimic_map(joints, indep, mimic_of, floating_base, nq, nv)
+    # A mimic joint's viscous damping d and Coulomb friction f act on the leader through
+    # the coupling: G^T (-d G v) adds multiplier^2 d, G^T (-f sign(G v)) adds |multiplier| f.
+    col = {j.name: k for k, j in enumerate(indep)}
+    extra_d, extra_f = np.zeros(len(indep)), np.zeros(len(indep))
+    for j in joints:
+        if j.name in mimic_of:
+            lead, mult, _ = mimic_of[j.name]
+            extra_d[col[lead]] += mult * mult * j.damping
+            extra_f[col[lead]] += abs(mult) * j.friction
+    mimic = _MimicFields(mimic_G=_tensor(coupling["G"], dtype, device),
+                         mimic_offset=_tensor(coupling["offset"], dtype, device),
+                         mimic_joints=tuple(j.name for j in joints if j.name in mimic_of),
+                         mimic_leader=tuple(mimic_of[j.name][0] for j in joints if j.name in mimic_of))
+    return mimic, _tensor(extra_d, dtype, device), _tensor(extra_f, dtype, device)
+
+
+def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch.float64,
+                device="cpu") -> Model:
+    """Turn a validated :class:`RobotDescription` into a :class:`Model`."""
+    tree = _traverse(desc, floating_base)
+    nb = len(tree.body_names)
+    if nb == 0:
+        raise UrdfError(f"{desc.source}: robot '{desc.name}' has no moving joint; load it with "
+                        "floating_base=True to simulate it as a free body")
+    mass, com, inertia = _body_inertias(desc, tree)
+    q_start, v_start, nq, nv = _coordinate_starts(tree.jtype)
+    collisions = _collisions(desc, tree, dtype, device)
 
     def t(x):
-        return torch.tensor(np.asarray(x, dtype=np.float64), dtype=dtype, device=device)
+        return _tensor(x, dtype, device)
 
+    joints = tree.joints
     mimic_of = _resolve_mimic(desc, joints)
     indep = [j for j in joints if j.name not in mimic_of]   # the degrees of freedom, body order
 
     def jt(attr):
-        return t([getattr(j, attr) for j in indep]).reshape(len(indep))
+        return _joint_tensor(indep, attr, dtype, device)
 
     lower, upper = jt("lower"), jt("upper")
     cont = torch.tensor([j.type == "continuous" for j in indep], dtype=torch.bool, device=device)
@@ -360,36 +432,24 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
     damping, friction = jt("damping"), jt("friction")
     mimic: _MimicFields = {}
     if mimic_of:
-        coupling = _mimic_map(joints, indep, mimic_of, floating_base, nq, nv)
-        # A mimic joint's viscous damping d and Coulomb friction f act on the leader through
-        # the coupling: G^T (-d G v) adds multiplier^2 d, G^T (-f sign(G v)) adds |multiplier| f.
-        col = {j.name: k for k, j in enumerate(indep)}
-        extra_d, extra_f = np.zeros(len(indep)), np.zeros(len(indep))
-        for j in joints:
-            if j.name in mimic_of:
-                lead, mult, _ = mimic_of[j.name]
-                extra_d[col[lead]] += mult * mult * j.damping
-                extra_f[col[lead]] += abs(mult) * j.friction
-        damping, friction = damping + t(extra_d), friction + t(extra_f)
-        mimic = _MimicFields(mimic_G=t(coupling["G"]), mimic_offset=t(coupling["offset"]),
-                             mimic_joints=tuple(j.name for j in joints if j.name in mimic_of),
-                             mimic_leader=tuple(mimic_of[j.name][0] for j in joints if j.name in mimic_of))
+        mimic, extra_d, extra_f = _mimic_fields(joints, indep, mimic_of, floating_base, nq, nv, dtype, device)
+        damping, friction = damping + extra_d, friction + extra_f
         nq, nv = nq - len(mimic_of), nv - len(mimic_of)
 
     return Model(
         name=desc.name,
         floating_base=floating_base,
         joint_names=[j.name for j in indep],
-        body_names=body_names,
-        parent=tuple(parent),
-        joint_type=tuple(jtype),
+        body_names=tree.body_names,
+        parent=tuple(tree.parent),
+        joint_type=tuple(tree.jtype),
         q_start=tuple(q_start),
         v_start=tuple(v_start),
         nq=nq,
         nv=nv,
-        tree_R=t(np.stack(tree_R)).reshape(nb, 3, 3),
-        tree_p=t(np.stack(tree_p)).reshape(nb, 3),
-        axis=t(np.stack(axis)).reshape(nb, 3),
+        tree_R=t(np.stack(tree.tree_R)).reshape(nb, 3, 3),
+        tree_p=t(np.stack(tree.tree_p)).reshape(nb, 3),
+        axis=t(np.stack(tree.axis)).reshape(nb, 3),
         mass=t(mass),
         com=t(com),
         inertia=t(inertia),
@@ -400,11 +460,11 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         damping=damping,
         friction=friction,
         gravity=t([0.0, 0.0, -9.81]),
-        link_names=link_names,
-        link_body=tuple(link_body),
-        link_R=t(np.stack(link_R)),
-        link_p=t(np.stack(link_p)),
-        collisions=tuple(collisions),
+        link_names=tree.link_names,
+        link_body=tuple(tree.link_body),
+        link_R=t(np.stack(tree.link_R)),
+        link_p=t(np.stack(tree.link_p)),
+        collisions=collisions,
         urdf_sha256=hashlib.sha256(desc.xml.encode("utf-8")).hexdigest(),
         source=desc.source,
         full_joint_names=tuple(j.name for j in joints),

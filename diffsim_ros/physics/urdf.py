@@ -26,7 +26,7 @@ import struct
 import sys
 import warnings
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
+from typing import Container, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import numpy as np
 
@@ -368,6 +368,18 @@ def _short_list(names: Iterable[str], n: int = 6) -> List[str]:
     return names if len(names) <= n else names[:n] + [f"... ({len(names) - n} more)"]
 
 
+def _element_name(element, tag: str, label: str, seen: Container[str]) -> Tuple[str, str]:
+    """(name, where) of a <link> or <joint> (``tag``): its name, neither empty nor one of ``seen``, and the text that
+    names it in errors ("link 'base'")."""
+    name = element.name
+    if not isinstance(name, str) or not name.strip():
+        raise UrdfError(f"{label}: a <{tag}> has an empty name")
+    where = f"{tag} '{name}'"
+    if name in seen:
+        raise _fail(label, where, f"duplicate {tag} name")
+    return name, where
+
+
 # --------------------------------------------------------------------------
 # links and inertias
 # --------------------------------------------------------------------------
@@ -378,12 +390,7 @@ def _build_links(robot, label: str, problems: Dict[str, str]) -> Dict[str, Link]
         raise UrdfError(f"{label}: the robot '{robot.name}' has no <link>")
     links: Dict[str, Link] = {}
     for link in robot.links:
-        name = link.name
-        if not isinstance(name, str) or not name.strip():
-            raise UrdfError(f"{label}: a <link> has an empty name")
-        where = f"link '{name}'"
-        if name in links:
-            raise _fail(label, where, "duplicate link name")
+        name, where = _element_name(link, "link", label, links)
         links[name] = Link(name, _inertial(link.inertial, label, where))
         if links[name].inertial is not None:
             problem = _inertia_problem(cast(Inertial, links[name].inertial).inertia)   # not None: tested
@@ -432,14 +439,9 @@ def _fmt(v) -> str:
 
 def _build_joints(robot, label: str) -> List[Joint]:
     joints: List[Joint] = []
-    seen = set()
+    seen: Set[str] = set()
     for j in robot.joints:
-        name = j.name
-        if not isinstance(name, str) or not name.strip():
-            raise UrdfError(f"{label}: a <joint> has an empty name")
-        where = f"joint '{name}'"
-        if name in seen:
-            raise _fail(label, where, "duplicate joint name")
+        name, where = _element_name(j, "joint", label, seen)
         seen.add(name)
         jtype = j.type
         if jtype not in SUPPORTED_JOINT_TYPES:

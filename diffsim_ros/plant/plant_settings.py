@@ -1,9 +1,10 @@
 """mujoco_plant's settings, ROS-free: the parameters the node declares and the checks their values
 pass at start (nodes/mujoco_plant.py is the node).
 
-Each check raises :class:`SetupError` naming the parameter; the node turns it into its
-StartupError (the message printed, exit status 2). The node calls the checks in the order it reads
-the parameters, so a node with several bad parameters names the same one first.
+Each check raises :class:`SetupError` (diffsim_ros.errors, policy_controller's settings raise it
+too) naming the parameter; the node turns it into its StartupError (the message printed, exit
+status 2). The node calls the checks in the order it reads the parameters, so a node with several
+bad parameters names the same one first.
 """
 from __future__ import annotations
 
@@ -13,15 +14,12 @@ from typing import Any, List, Mapping, Sequence, Tuple
 import numpy as np
 
 from .. import interfaces as ifc
+from ..errors import SetupError
 from ..schema import ros_constraints, ros_parameters
 from .perturbation import Perturbation, ros_values
 
 __all__ = ["SetupError", "PARAMETERS", "CONSTRAINTS", "PERTURBATION_KEYS", "perturbation_parameter", "check_robot",
            "check_mode", "initial_state", "controller_order", "realtime_timing", "subscriber_count"]
-
-
-class SetupError(ValueError):
-    """A parameter the stand-in cannot start with; the text names it."""
 
 
 # (name, default, description): every parameter of the node besides the configuration keys.

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from .. import interfaces
-from .loop import (LoopError, _Clock, _Processes, bag_counts, check_exits, recorded_types, stop_nodes)
+from .loop import (LoopError, _Clock, _NodeRun, _Processes, bag_counts, follow_run, recorded_types, run_deployment,
+                   state_topic_and_type)
 
 
 def excitation_settings(params: Dict[str, Any], overrides: Dict[str, Any], source: str = ""):
@@ -82,12 +82,7 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     log(f"[excite] on the MuJoCo stand-in (ROS_DOMAIN_ID={domain}, perturbation {json.dumps(perturbation or {})}), "
         f"{total_s:.2f} s simulated, recording to {bag}")
     procs = _Processes(logs, domain)
-    if floating:
-        from nav_msgs.msg import Odometry as state_type
-        state_topic = interfaces.ODOM
-    else:
-        from sensor_msgs.msg import JointState as state_type
-        state_topic = interfaces.JOINT_STATES
+    state_topic, state_type = state_topic_and_type(floating)
     plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in plant_perturbation.items()}
     if initial is not None:
         plant["initial_positions"] = initial
@@ -98,14 +93,14 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
         controller[f"excitation.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
     if not controller["excitation.steps"]:
         controller["excitation.steps"] = ["none"]
-    clock = None
-    interrupted = False
-    t0 = time.perf_counter()
-    try:
+
+    def excite(run: _NodeRun) -> None:
+        """Start the recorder and the plant, wait for the plant's first states, run the controller's
+        excitation to its end."""
         procs.start("recorder", "trajectory_recorder", {
             "output_dir": str(bag), "drain_s": 1.0, "types": json.dumps(recorded_types(floating))})
         procs.start("plant", "mujoco_plant", dict(plant, config=controller["config"], mode="lockstep"))
-        clock = _Clock(domain, state_topic, state_type)
+        run.clock = clock = _Clock(domain, state_topic, state_type)
         end = time.monotonic() + timeout
         first = time.monotonic() + min(first_state_timeout, timeout)
         while clock.states < 2:
@@ -115,27 +110,11 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
                                 f"its log ({logs / 'plant.log'}) ends with:\n{procs.log('plant', 1500)}")
             time.sleep(0.05)
         procs.start("controller", "policy_controller", controller)
-        shown = -1
-        while clock.t < total_s:
-            procs.check_alive("the excitation ran")
-            if time.monotonic() > end:
-                raise LoopError(f"the excitation did not reach {total_s:.2f} s of simulated time within {timeout:g} s "
-                                f"(reached {max(clock.t, 0):.2f} s); see the logs in {logs}")
-            if int(clock.t) > shown and clock.t >= 0:
-                shown = int(clock.t)
-                log(f"[excite]     simulated time {clock.t:.2f} s")
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        interrupted = True
-        log("[excite] interrupted: stopping the nodes and closing the bag")
-    finally:
-        if clock is not None:
-            clock.close()
-        statuses = stop_nodes(procs)
-    wall = time.perf_counter() - t0
-    if interrupted:
-        raise KeyboardInterrupt
-    check_exits(statuses, logs)
+        follow_run(clock, procs, total_s, end, "the excitation ran",
+                   f"the excitation did not reach {total_s:.2f} s of simulated time within {timeout:g} s", logs,
+                   "excite", log)
+
+    wall = run_deployment(procs, logs, "excite", excite, log)
     stats_file = logs / "controller_stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     counts = bag_counts(bag)

@@ -30,8 +30,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from .. import interfaces
 
@@ -362,6 +363,67 @@ class _Clock:
         rclpy.shutdown(context=self.ctx)
 
 
+def state_topic_and_type(floating_base: bool):
+    """The topic the stand-in publishes its states on and its message type: /odom (Odometry) for a
+    floating base, /joint_states (JointState) for a fixed one."""
+    if floating_base:
+        from nav_msgs.msg import Odometry as state_type
+        return interfaces.ODOM, state_type
+    from sensor_msgs.msg import JointState as state_type
+    return interfaces.JOINT_STATES, state_type
+
+
+class _NodeRun:
+    """What :func:`run_deployment`'s body opened: the clock that follows the plant (None until then)."""
+
+    def __init__(self) -> None:
+        self.clock: Optional[_Clock] = None
+
+
+def run_deployment(procs, logs: Path, tag: str, body: Callable[[_NodeRun], None], log=print) -> float:
+    """Run ``body(run)``, which starts the nodes of ``procs``, opens the clock that follows them as
+    ``run.clock`` and follows the run; then, whatever happened, close the clock and stop the nodes
+    (:func:`stop_nodes`: the recorder last, which closes the bag). A Ctrl-C is logged (``[tag]``) and
+    raised again once the nodes are stopped; a node that ended with an error status is a LoopError
+    (:func:`check_exits`). Returns the seconds it took (the nodes stopped included)."""
+    run = _NodeRun()
+    interrupted = False
+    t0 = time.perf_counter()
+    try:
+        body(run)
+    except KeyboardInterrupt:
+        interrupted = True
+        log(f"[{tag}] interrupted: stopping the nodes and closing the bag")
+    finally:
+        if run.clock is not None:
+            run.clock.close()
+        statuses = stop_nodes(procs)
+    wall = time.perf_counter() - t0
+    if interrupted:
+        raise KeyboardInterrupt
+    check_exits(statuses, logs)
+    return wall
+
+
+def follow_run(clock: "_Clock", procs, total_s: float, deadline: float, what: str, too_slow: str, logs: Path,
+               tag: str, log=print, each: Optional[Callable[[], None]] = None) -> None:
+    """Wait, in steps of 50 ms, until the plant's clock reaches ``total_s`` of simulated time, logging
+    each whole second it reaches (``[tag]``); ``each()`` first in every step. A LoopError when a node
+    has exited (``procs.check_alive(what)``) or the wall clock passes ``deadline`` (``too_slow``, then
+    how far it got and where the logs are)."""
+    shown = -1
+    while clock.t < total_s:
+        if each is not None:
+            each()
+        procs.check_alive(what)
+        if time.monotonic() > deadline:
+            raise LoopError(f"{too_slow} (reached {max(clock.t, 0):.2f} s); see the logs in {logs}")
+        if int(clock.t) > shown and clock.t >= 0:
+            shown = int(clock.t)
+            log(f"[{tag}]     simulated time {clock.t:.2f} s")
+        time.sleep(0.05)
+
+
 def _write_params(path: Path, node: str, params: Dict[str, Any]) -> None:
     """A ROS 2 parameter file for one node (dotted names nested, as ROS reads them)."""
     import yaml
@@ -578,6 +640,291 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
     return out
 
 
+@dataclass
+class _Deployment:
+    """What :func:`run_loop` deploys and how: the checkpoint and its runner, the robot's parameter file,
+    the bag and logs folders, the ROS domain, the parameters of mujoco_plant and policy_controller,
+    an arm's targets each held ``hold_s`` of simulated time (``total`` in all), the state topic the
+    loop follows, and the time limits (seconds)."""
+    runner: Any
+    ckpt: Path
+    config: str
+    bag: Path
+    logs: Path
+    domain: int
+    plant: Dict[str, Any]
+    controller: Dict[str, Any]
+    targets: Optional[List[List[float]]]
+    hold_s: float
+    total: float
+    state_topic: str
+    state_type: Any
+    timeout: float
+    first_state_timeout: float
+
+    @property
+    def arm(self) -> bool:
+        """The checkpoint drives an arm (targets sent over /diffsim/target)."""
+        return self.runner.kind == "arm"
+
+
+class _TargetSequence:
+    """An arm's targets switched by simulated time (each held ``hold_s``) and streamed to the controller."""
+
+    def __init__(self, clock: "_Clock", targets: List[List[float]], hold_s: float, log):
+        self.clock, self.targets, self.hold_s, self.log = clock, targets, hold_s, log
+        self.next = 1
+
+    def __call__(self) -> None:
+        """Switch to the next target when its time has come; stream the current one after the first."""
+        clock, targets = self.clock, self.targets
+        if self.next < len(targets) and clock.t >= self.next * self.hold_s:
+            self.log(f"[loop]     target {self.next + 1}/{len(targets)}: {targets[self.next]}")
+            self.next += 1
+        if self.next > 1:
+            # Streamed, as a setpoint is (the controller takes an unchanged target silently): one
+            # message lost to a late discovery or a full queue does not leave the old goal in place.
+            clock.send_target(targets[self.next - 1])
+
+
+def _run_folders(out: str) -> Tuple[Path, Path, Path]:
+    """``out`` resolved and created, its ``logs/`` (created) and its ``bag/``; a LoopError when the bag
+    is there already (a recorded bag is never overwritten)."""
+    out_dir = Path(out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = out_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    bag = out_dir / "bag"
+    if bag.exists():
+        raise LoopError(f"{bag} already exists: choose another --out (a recorded bag is never overwritten)")
+    return out_dir, logs, bag
+
+
+def _perturbation_request(perturbation: Union[str, Dict[str, Any], None]) -> Dict[str, Any]:
+    """The stand-in's perturbation as asked (DEFAULT_PERTURBATION for None), checked before anything
+    runs; a preset's values follow the robot's kind later (:func:`_standin_perturbation`)."""
+    from ..physics import ConfigError
+    from ..plant.perturbation import perturbation_spec
+
+    try:
+        return perturbation_spec(DEFAULT_PERTURBATION if perturbation is None else perturbation)
+    except ConfigError as e:
+        raise LoopError(str(e)) from None
+
+
+def _loop_config(config: Optional[str], checkpoint: Optional[str], out_dir: Path, log) -> str:
+    """The robot's parameter file, resolved: ``config``, else one written from the checkpoint's own
+    training configuration; a LoopError with neither."""
+    if config is None:
+        if checkpoint is None:
+            raise LoopError("neither a training configuration nor a checkpoint to deploy")
+        config = checkpoint_config(Path(checkpoint).resolve(), out_dir)
+        log(f"[loop] robot, simulator and task from the checkpoint: {config}")
+    return str(Path(config).resolve())
+
+
+def _loop_checkpoint(config: str, checkpoint: Optional[str], out_dir: Path, threads: int,
+                     iterations: Optional[int], log) -> Tuple[Path, float]:
+    """Step 1: the checkpoint to deploy (``checkpoint``, else a policy trained with ``config`` into
+    ``out_dir/policy``) and the seconds it took."""
+    t0 = time.perf_counter()
+    if checkpoint is None:
+        log(f"[loop] 1/4 training a policy with {config}")
+        ckpt = train_policy(config, out_dir / "policy", threads, iterations)
+    else:
+        ckpt = Path(checkpoint).resolve()
+        log(f"[loop] 1/4 using the checkpoint {ckpt}")
+    return ckpt, time.perf_counter() - t0
+
+
+def _standin_perturbation(spec: Dict[str, Any], runner) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The perturbation ``spec`` resolved for the checkpoint's robot kind, and as mujoco_plant's
+    ``perturbation.*`` parameter values."""
+    from ..physics import ConfigError
+    from ..plant.perturbation import resolve_perturbation, robot_kind, ros_values
+
+    try:
+        perturbation = resolve_perturbation(spec, robot_kind(runner.kind))
+        return perturbation, ros_values(perturbation, "--perturb")
+    except ConfigError as e:
+        raise LoopError(str(e)) from None
+
+
+def _start_pose(start: Optional[Sequence[float]], runner):
+    """The stand-in's initial positions: ``start``, else a legged task's standing pose at its base height
+    (the stand-in's neutral configuration would put the trunk into the ground), else the task's own."""
+    import torch
+
+    task = runner.task
+    if start is None and runner.kind == "legged":
+        with torch.no_grad():
+            start = task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().tolist()
+    if start is None:
+        start = task.deployment_start()
+    return start
+
+
+def _arm_targets(targets: Optional[Sequence[Sequence[float]]], n_targets: int, runner) -> List[List[float]]:
+    """An arm's targets as points [x, y, z] (m): ``targets``, else ``n_targets`` drawn from the task's
+    reset distribution; a LoopError for anything but points."""
+    import torch
+
+    if targets is None:
+        with torch.no_grad():
+            drawn = runner.task.reset(int(n_targets), torch.Generator().manual_seed(0)).target
+        targets = drawn.double().tolist()
+    points = [[float(x) for x in tg] for tg in targets]
+    if not points or any(len(tg) != 3 for tg in points):
+        raise LoopError(f"targets must be points [x, y, z] (m), got {points}")
+    return points
+
+
+def _deployment_path(use_launch: Optional[bool]) -> Optional[str]:
+    """Why the nodes are started one by one rather than through deploy.launch.py (None: through launch);
+    a LoopError when launch was asked for and cannot run here."""
+    why_not = launch_unavailable() if use_launch is not False else "the subprocess path was asked for"
+    if use_launch and why_not:
+        raise LoopError(f"cannot deploy through deploy.launch.py: {why_not}")
+    return why_not
+
+
+def _start_through_launch(procs: "_Launch", dep: _Deployment, log) -> None:
+    """The user's path: deploy.launch.py starts controller, plant and recorder together; the
+    controller holds its first command until the plant and the recorder listen."""
+    logs = dep.logs
+    _write_params(logs / "controller_params.yaml", "policy_controller", dep.controller)
+    # The plant's start gate counts each state topic's subscribers: deploy.launch.py's two (the
+    # controller and the recorder) and, on the one state topic it follows, this process (_Clock).
+    # With two, the gate could open on the controller and this process before the recorder's
+    # reader had matched, and the bag lost the states published until then (test_loop's arm
+    # run, about one run in six; once all but the last 22 of 128). A legged robot has a second
+    # state topic (/joint_states beside /odom) that only the controller and the recorder read,
+    # whose gate of two already waits for the recorder.
+    gate = 2 if dep.runner.kind == "legged" else 3
+    _write_params(logs / "plant_params.yaml", "mujoco_plant", dict(dep.plant, wait_for_subscribers=gate))
+    arguments: Dict[str, Any] = {
+        "target": "mujoco", "checkpoint": str(dep.ckpt), "config": dep.config, "lockstep": True, "record": True,
+        "bag": str(dep.bag), "controller_params": str(logs / "controller_params.yaml"),
+        "plant_params": str(logs / "plant_params.yaml")}
+    if dep.arm:
+        arguments["target_point"] = cast(List[List[float]], dep.targets)[0]
+    procs.start(arguments)
+    log(f"[loop]     {' '.join(procs.command)}")
+
+
+def _start_recorder_and_plant(procs: "_Processes", dep: _Deployment) -> None:
+    """The nodes one by one: the recorder, then the lockstep plant (the controller once the plant's
+    states arrive, :func:`_start_controller`)."""
+    # Types given up front: the recorder subscribes at once instead of discovering the
+    # publishers, so the first states are not lost to discovery.
+    floating = dep.runner.model.floating_base
+    procs.start("recorder", "trajectory_recorder", {
+        "output_dir": str(dep.bag), "drain_s": 1.0, "types": json.dumps(recorded_types(floating, dep.runner.kind))})
+    procs.start("plant", "mujoco_plant", dict(dep.plant, config=dep.config, mode="lockstep"))
+
+
+def _open_clock(procs, dep: _Deployment, run: _NodeRun, log) -> "_Clock":
+    """The clock that follows the plant's states, kept in ``run`` as soon as it exists (so it is closed
+    whatever follows). Through launch with several arm targets, it follows the states only once the
+    controller listens to /diffsim/target (or after first_state_timeout)."""
+    if isinstance(procs, _Launch) and dep.arm and len(cast(List[List[float]], dep.targets)) > 1:
+        # A target sent before the controller's subscription is matched is lost, and a lockstep run
+        # reaches the switch in a fraction of a second (test_loop: the second target never arrived,
+        # one CI run). The plant's start gate counts this process's state subscription, so following
+        # the states only once the controller listens to /diffsim/target holds the run until then.
+        run.clock = clock = _Clock(dep.domain)
+        listen = time.monotonic() + dep.first_state_timeout
+        while clock.target_listeners() < 1 and time.monotonic() < listen:
+            procs.check_alive("waiting for the controller's /diffsim/target subscription")
+            time.sleep(0.05)
+        if clock.target_listeners() < 1:
+            log(f"[loop]     the controller's /diffsim/target subscription was not matched within "
+                f"{dep.first_state_timeout:g} s: the later targets may arrive late")
+        clock.follow_states(dep.state_topic, dep.state_type)
+        return clock
+    run.clock = _Clock(dep.domain, dep.state_topic, dep.state_type)
+    return run.clock
+
+
+def _wait_first_states(clock: "_Clock", procs, dep: _Deployment, end: float) -> None:
+    """Wait until two of the plant's states have arrived; a LoopError naming the likely causes when
+    none came within first_state_timeout (through launch, counted from the plant's start) or by ``end``."""
+    # Until its first command the lockstep plant republishes its initial state every second.
+    # Two of them seen here mean the plant's publishers are discovered, so the recorder
+    # (subscribed since its start) does not miss the first states once the controller runs.
+    first_state_timeout = dep.first_state_timeout
+    first = None if isinstance(procs, _Launch) else time.monotonic() + min(first_state_timeout, dep.timeout)
+    while clock.states < 2:
+        procs.check_alive("waiting for the stand-in's first states")
+        if first is None and procs.started("plant"):
+            # Counted from the plant's start: launch itself takes a while to import and start it.
+            first = time.monotonic() + first_state_timeout
+        if time.monotonic() > (end if first is None else min(first, end)):
+            raise LoopError(
+                f"mujoco_plant published no state on {dep.state_topic} within {first_state_timeout:g} s. Likely "
+                f"causes: the stand-in is still starting on a loaded machine, or its robot is not the "
+                f"checkpoint's ({dep.runner.kind}: {dep.state_topic} expected); mujoco_plant's log "
+                f"({dep.logs / 'plant.log'}) ends with:\n{procs.log('plant', 1500)}")
+        time.sleep(0.05)
+
+
+def _start_controller(procs: "_Processes", dep: _Deployment) -> None:
+    """policy_controller started on its own (the nodes-one-by-one path), in lockstep with the plant."""
+    procs.start("controller", "policy_controller", dict(dep.controller, **{
+        "checkpoint": str(dep.ckpt), "config": dep.config, "lockstep": True,
+        # The plant stamps its states with simulated time and publishes it on /clock: the
+        # controller's stamp rule compares against that clock.
+        "use_sim_time": True,
+        # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
+        "wait_for_subscribers": 2, "wait_for_recorders": 1,
+        **({"target": cast(List[List[float]], dep.targets)[0]} if dep.arm else {})}))
+
+
+def _deploy(procs, dep: _Deployment, run: _NodeRun, log) -> None:
+    """Step 2's body (:func:`run_deployment`): start the nodes, follow the plant's states from the first
+    two on, and run until ``dep.total`` simulated seconds, streaming an arm's targets."""
+    if isinstance(procs, _Launch):
+        _start_through_launch(procs, dep, log)
+    else:
+        _start_recorder_and_plant(procs, dep)
+    clock = _open_clock(procs, dep, run, log)
+    end = time.monotonic() + dep.timeout
+    _wait_first_states(clock, procs, dep, end)
+    if not isinstance(procs, _Launch):
+        _start_controller(procs, dep)
+    stream = _TargetSequence(clock, cast(List[List[float]], dep.targets), dep.hold_s, log) if dep.arm else None
+    follow_run(clock, procs, dep.total, end, "the loop ran",
+               f"the loop did not reach {dep.total} s of simulated time within {dep.timeout} s", dep.logs, "loop",
+               log, each=stream)
+
+
+def _standin_summary(out_dir: Path, dep: _Deployment, summary: Dict[str, Any], log) -> Dict[str, Any]:
+    """Step 4 for an arm or a multirotor: the bag analysed (analysis/), the task's verdict on the
+    recording (a multirotor's, or each arm target's), the velocity errors; written to summary.json
+    and logged."""
+    from .. import analysis
+
+    runner, bag = dep.runner, dep.bag
+    data = analysis.read_bag(str(bag))
+    metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
+    summary.update({"simulated_s": data.duration_s, "states_recorded": int(len(data.t_state))})
+    if data.kind == "quadrotor":
+        target = runner.target_tensor(None)[0].numpy()
+        verdict = runner.task.recorded_verdict(data.t_state * 1e-9, data.q, data.v, target)
+        if verdict is not None:
+            summary["task"] = dict(verdict, target=target.tolist())
+    if dep.arm:
+        summary["task"] = _arm_result(data, runner, dep.targets, dep.hold_s)
+    summary["velocity_error"] = _velocity_error(metrics)
+    summary["online_prediction"] = metrics.get("online_prediction")
+    summary["analysis_files"] = metrics.get("files", {})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    log("[loop] 4/4 sim-vs-real summary")
+    for line in format_summary(summary, metrics):
+        log(line)
+    return summary
+
+
 def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, duration: float = 4.0,
              perturbation: Union[str, Dict[str, Any], None] = None, start: Optional[Sequence[float]] = None,
              threads: int = 1, iterations: Optional[int] = None, domain: Optional[int] = None,
@@ -600,68 +947,22 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     import torch
 
     torch.set_num_threads(threads)
-    out_dir = Path(out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    logs = out_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    bag = out_dir / "bag"
-    if bag.exists():
-        raise LoopError(f"{bag} already exists: choose another --out (a recorded bag is never overwritten)")
-    from ..physics import ConfigError
-    from ..plant.perturbation import perturbation_spec, resolve_perturbation, robot_kind, ros_values
-
-    try:
-        # Checked before anything runs; a preset's values follow the robot's kind (below).
-        spec = perturbation_spec(DEFAULT_PERTURBATION if perturbation is None else perturbation)
-    except ConfigError as e:
-        raise LoopError(str(e)) from None
-    if config is None:
-        if checkpoint is None:
-            raise LoopError("neither a training configuration nor a checkpoint to deploy")
-        config = checkpoint_config(Path(checkpoint).resolve(), out_dir)
-        log(f"[loop] robot, simulator and task from the checkpoint: {config}")
-    config = str(Path(config).resolve())
-
-    t0 = time.perf_counter()
-    if checkpoint is None:
-        log(f"[loop] 1/4 training a policy with {config}")
-        ckpt = train_policy(config, out_dir / "policy", threads, iterations)
-    else:
-        ckpt = Path(checkpoint).resolve()
-        log(f"[loop] 1/4 using the checkpoint {ckpt}")
-    t_train = time.perf_counter() - t0
+    out_dir, logs, bag = _run_folders(out)
+    spec = _perturbation_request(perturbation)
+    config = _loop_config(config, checkpoint, out_dir, log)
+    ckpt, t_train = _loop_checkpoint(config, checkpoint, out_dir, threads, iterations, log)
 
     from ..learning.deploy import PolicyRunner
 
     runner = PolicyRunner(str(ckpt))
-    task = runner.task
     _check_same_robot(config, runner)
-    try:
-        perturbation = resolve_perturbation(spec, robot_kind(runner.kind))
-        plant_perturbation = ros_values(perturbation, "--perturb")
-    except ConfigError as e:
-        raise LoopError(str(e)) from None
-    if start is None and runner.kind == "legged":
-        # The task's own start: the standing pose at its base height (the stand-in's neutral
-        # configuration would put the trunk into the ground).
-        with torch.no_grad():
-            start = task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().tolist()
-    if start is None:
-        start = task.deployment_start()
-    if runner.kind == "arm":
-        if targets is None:
-            with torch.no_grad():
-                drawn = task.reset(int(n_targets), torch.Generator().manual_seed(0)).target
-            targets = drawn.double().tolist()
-        targets = [[float(x) for x in tg] for tg in targets]
-        if not targets or any(len(tg) != 3 for tg in targets):
-            raise LoopError(f"targets must be points [x, y, z] (m), got {targets}")
+    perturbation, plant_perturbation = _standin_perturbation(spec, runner)
+    start = _start_pose(start, runner)
+    arm_targets = _arm_targets(targets, n_targets, runner) if runner.kind == "arm" else None
     hold_s = float(duration)
-    total = hold_s * (len(targets) if runner.kind == "arm" else 1)
+    total = hold_s * (len(arm_targets) if arm_targets is not None else 1)
     domain = random.randint(101, 232) if domain is None else int(domain)
-    why_not = launch_unavailable() if use_launch is not False else "the subprocess path was asked for"
-    if use_launch and why_not:
-        raise LoopError(f"cannot deploy through deploy.launch.py: {why_not}")
+    why_not = _deployment_path(use_launch)
     log(f"[loop] 2/4 deploying on the MuJoCo stand-in (ROS_DOMAIN_ID={domain}, perturbation "
         f"{json.dumps(perturbation)}), recording to {bag}")
     if why_not:
@@ -669,147 +970,22 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
         procs: Any = _Processes(logs, domain)
     else:
         procs = _Launch(logs, domain)
-    clock = None
-    interrupted = False
-    t1 = time.perf_counter()
-    if runner.model.floating_base:
-        from nav_msgs.msg import Odometry as state_type
-        state_topic = interfaces.ODOM
-    else:
-        from sensor_msgs.msg import JointState as state_type
-        state_topic = interfaces.JOINT_STATES
+    state_topic, state_type = state_topic_and_type(runner.model.floating_base)
     controller = {"state_timeout_s": 5.0, "stats_file": str(logs / "controller_stats.json")}
     # As mujoco_plant declares them: vectors as lists of floats, floats as floats, null as its stand-in.
     plant: Dict[str, Any] = {f"perturbation.{k}": v for k, v in plant_perturbation.items()}
     if start is not None:
         plant["initial_positions"] = [float(x) for x in start]
-    try:
-        if isinstance(procs, _Launch):
-            # The user's path: deploy.launch.py starts controller, plant and recorder together; the
-            # controller holds its first command until the plant and the recorder listen.
-            _write_params(logs / "controller_params.yaml", "policy_controller", controller)
-            # The plant's start gate counts each state topic's subscribers: deploy.launch.py's two (the
-            # controller and the recorder) and, on the one state topic it follows, this process (_Clock).
-            # With two, the gate could open on the controller and this process before the recorder's
-            # reader had matched, and the bag lost the states published until then (test_loop's arm
-            # run, about one run in six; once all but the last 22 of 128). A legged robot has a second
-            # state topic (/joint_states beside /odom) that only the controller and the recorder read,
-            # whose gate of two already waits for the recorder.
-            gate = 2 if runner.kind == "legged" else 3
-            _write_params(logs / "plant_params.yaml", "mujoco_plant", dict(plant, wait_for_subscribers=gate))
-            arguments: Dict[str, Any] = {
-                "target": "mujoco", "checkpoint": str(ckpt), "config": config, "lockstep": True, "record": True,
-                "bag": str(bag), "controller_params": str(logs / "controller_params.yaml"),
-                "plant_params": str(logs / "plant_params.yaml")}
-            if runner.kind == "arm":
-                arguments["target_point"] = targets[0]
-            procs.start(arguments)
-            log(f"[loop]     {' '.join(procs.command)}")
-        else:
-            # Types given up front: the recorder subscribes at once instead of discovering the
-            # publishers, so the first states are not lost to discovery.
-            procs.start("recorder", "trajectory_recorder", {
-                "output_dir": str(bag), "drain_s": 1.0,
-                "types": json.dumps(recorded_types(runner.model.floating_base, runner.kind))})
-            procs.start("plant", "mujoco_plant", dict(plant, config=config, mode="lockstep"))
-        if isinstance(procs, _Launch) and runner.kind == "arm" and len(targets) > 1:
-            # A target sent before the controller's subscription is matched is lost, and a lockstep run
-            # reaches the switch in a fraction of a second (test_loop: the second target never arrived,
-            # one CI run). The plant's start gate counts this process's state subscription, so following
-            # the states only once the controller listens to /diffsim/target holds the run until then.
-            clock = _Clock(domain)
-            listen = time.monotonic() + first_state_timeout
-            while clock.target_listeners() < 1 and time.monotonic() < listen:
-                procs.check_alive("waiting for the controller's /diffsim/target subscription")
-                time.sleep(0.05)
-            if clock.target_listeners() < 1:
-                log(f"[loop]     the controller's /diffsim/target subscription was not matched within "
-                    f"{first_state_timeout:g} s: the later targets may arrive late")
-            clock.follow_states(state_topic, state_type)
-        else:
-            clock = _Clock(domain, state_topic, state_type)
-        # Until its first command the lockstep plant republishes its initial state every second.
-        # Two of them seen here mean the plant's publishers are discovered, so the recorder
-        # (subscribed since its start) does not miss the first states once the controller runs.
-        end = time.monotonic() + timeout
-        first = None if isinstance(procs, _Launch) else time.monotonic() + min(first_state_timeout, timeout)
-        while clock.states < 2:
-            procs.check_alive("waiting for the stand-in's first states")
-            if first is None and procs.started("plant"):
-                # Counted from the plant's start: launch itself takes a while to import and start it.
-                first = time.monotonic() + first_state_timeout
-            if time.monotonic() > (end if first is None else min(first, end)):
-                raise LoopError(
-                    f"mujoco_plant published no state on {state_topic} within {first_state_timeout:g} s. Likely "
-                    f"causes: the stand-in is still starting on a loaded machine, or its robot is not the "
-                    f"checkpoint's ({runner.kind}: {state_topic} expected); mujoco_plant's log "
-                    f"({logs / 'plant.log'}) ends with:\n{procs.log('plant', 1500)}")
-            time.sleep(0.05)
-        if not isinstance(procs, _Launch):
-            procs.start("controller", "policy_controller", dict(controller, **{
-                "checkpoint": str(ckpt), "config": config, "lockstep": True,
-                # The plant stamps its states with simulated time and publishes it on /clock: the
-                # controller's stamp rule compares against that clock.
-                "use_sim_time": True,
-                # The plant and the recorder listen to the command; the recorder to the bookkeeping topics.
-                "wait_for_subscribers": 2, "wait_for_recorders": 1,
-                **({"target": targets[0]} if runner.kind == "arm" else {})}))
-        shown = -1
-        next_target = 1
-        while clock.t < total:
-            if runner.kind == "arm" and next_target < len(targets) and clock.t >= next_target * hold_s:
-                log(f"[loop]     target {next_target + 1}/{len(targets)}: {targets[next_target]}")
-                next_target += 1
-            if runner.kind == "arm" and next_target > 1:
-                # Streamed, as a setpoint is (the controller takes an unchanged target silently): one
-                # message lost to a late discovery or a full queue does not leave the old goal in place.
-                clock.send_target(targets[next_target - 1])
-            procs.check_alive("the loop ran")
-            if time.monotonic() > end:
-                raise LoopError(f"the loop did not reach {total} s of simulated time within {timeout} s "
-                                f"(reached {max(clock.t, 0):.2f} s); see the logs in {logs}")
-            if int(clock.t) > shown:
-                shown = int(clock.t)
-                if clock.t >= 0:
-                    log(f"[loop]     simulated time {clock.t:.2f} s")
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        interrupted = True
-        log("[loop] interrupted: stopping the nodes and closing the bag")
-    finally:
-        if clock is not None:
-            clock.close()
-        statuses = stop_nodes(procs)
-    t_deploy = time.perf_counter() - t1
-    if interrupted:
-        raise KeyboardInterrupt
-    check_exits(statuses, logs)
+    dep = _Deployment(runner, ckpt, config, bag, logs, domain, plant, controller, arm_targets, hold_s, total,
+                      state_topic, state_type, timeout, first_state_timeout)
+    t_deploy = run_deployment(procs, logs, "loop", lambda run: _deploy(procs, dep, run, log), log)
 
     log(f"[loop] 3/4 analysing {bag}")
-    from .. import analysis
-
     summary = _run_summary(ckpt, bag, perturbation, logs, {"train": t_train, "deploy": t_deploy},
                            " ".join(procs.command) if isinstance(procs, _Launch) else "nodes started one by one")
     if runner.kind == "legged":
         return _legged_summary(out_dir, bag, runner, summary, log)
-    data = analysis.read_bag(str(bag))
-    metrics = analysis.analyze(str(bag), out_dir=str(out_dir / "analysis"), data=data)
-    summary.update({"simulated_s": data.duration_s, "states_recorded": int(len(data.t_state))})
-    if data.kind == "quadrotor":
-        target = runner.target_tensor(None)[0].numpy()
-        verdict = task.recorded_verdict(data.t_state * 1e-9, data.q, data.v, target)
-        if verdict is not None:
-            summary["task"] = dict(verdict, target=target.tolist())
-    if runner.kind == "arm":
-        summary["task"] = _arm_result(data, runner, targets, hold_s)
-    summary["velocity_error"] = _velocity_error(metrics)
-    summary["online_prediction"] = metrics.get("online_prediction")
-    summary["analysis_files"] = metrics.get("files", {})
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    log("[loop] 4/4 sim-vs-real summary")
-    for line in format_summary(summary, metrics):
-        log(line)
-    return summary
+    return _standin_summary(out_dir, dep, summary, log)
 
 
 def _check_same_robot(config: str, runner) -> None:
