@@ -254,6 +254,17 @@ def write_contact_free(result: ContactFreeResult, setup: SimSetup, out_dir, bag:
     """sysid.json and sysid.md, and for an accepted fit (or with ``force``) calibrated.yaml (a
     training file for ``diffsim-ros train --config``) with calibrated.urdf holding the scaled
     masses. Returns the paths."""
+    return write_estimate(result, {"mass_scale": [result.mass_scale]}, setup, out_dir, bag, force,
+                          lambda written: contact_free_markdown(result, bag, setup.source, written),
+                          [f"std {result.std:.2g}; the held-out end of the bag alone gives "
+                           f"{result.heldout_mass_scale:.5g}."])
+
+
+def write_estimate(result, fitted: Dict[str, List[float]], setup: SimSetup, out_dir, bag: str, force: bool,
+                   markdown, summary: List[str]) -> Dict[str, str]:
+    """What a contact-free estimate writes: sysid.json (``result.as_dict()`` with ``fitted``),
+    sysid.md (``markdown(written)``) and, for an accepted ``result`` (or with ``force``),
+    calibrated.yaml and calibrated.urdf from ``fitted`` with the ``summary`` lines in its header."""
     import json
 
     from ..learning.checkpoint import json_safe
@@ -264,14 +275,11 @@ def write_contact_free(result: ContactFreeResult, setup: SimSetup, out_dir, bag:
     files: Dict[str, str] = {}
     notes: List[str] = []
     if result.accepted or force:
-        files.update(write_training_file(
-            {"mass_scale": [result.mass_scale]}, setup, out, bag, notes, "`diffsim-ros sysid --method contact-free`",
-            [f"std {result.std:.2g}; the held-out end of the bag alone gives {result.heldout_mass_scale:.5g}."]))
-    d = dict(result.as_dict(), method="contact-free", bag=bag, model_source=setup.source,
-             fitted={"mass_scale": [result.mass_scale]}, notes=notes)
+        files.update(write_training_file(fitted, setup, out, bag, notes, "`diffsim-ros sysid --method contact-free`",
+                                         summary))
+    d = dict(result.as_dict(), method="contact-free", bag=bag, model_source=setup.source, fitted=fitted, notes=notes)
     (out / "sysid.json").write_text(json.dumps(json_safe(d), indent=2))
     files["json"] = str(out / "sysid.json")
-    (out / "sysid.md").write_text(contact_free_markdown(result, bag, setup.source, "yaml" in files)
-                                  + "".join(f"\nNote: {n}\n" for n in notes))
+    (out / "sysid.md").write_text(markdown("yaml" in files) + "".join(f"\nNote: {n}\n" for n in notes))
     files["markdown"] = str(out / "sysid.md")
     return files

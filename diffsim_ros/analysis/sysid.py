@@ -1075,6 +1075,13 @@ def calibrated_urdf(setup: SimSetup, result: SysIdResult) -> Optional[str]:
     return ET.tostring(root, encoding="unicode")
 
 
+#: The ground's scalars whose training draw (training.<key>) a calibration re-centres on its value,
+#: within CALIBRATED_MARGIN either side.
+_RECENTRED = {"ground_friction": "randomize_ground_friction", "contact_stiffness": "randomize_contact_stiffness",
+              "contact_damping": "randomize_contact_damping"}
+CALIBRATED_MARGIN = 0.1
+
+
 def calibrated_params(setup: SimSetup, result: SysIdResult, urdf_path: Optional[str]) -> Dict[str, Any]:
     """The training-file mapping with the calibrated values (see :func:`write_calibrated`)."""
     p = copy.deepcopy(setup.params)
@@ -1090,6 +1097,11 @@ def calibrated_params(setup: SimSetup, result: SysIdResult, urdf_path: Optional[
                       ("ground_friction", "friction"), ("friction_smoothing", "friction_smoothing")):
         if name in f:                  # the ground's scalars: simulator keys of their own
             sim[key] = float(f[name][0])
+    for name, key in _RECENTRED.items():
+        training = p.get("training")
+        if name in f and isinstance(training, dict) and training.get(key):
+            # Training's draw of a calibrated scalar: around the calibrated value, not the nominal one.
+            training[key] = [float(f[name][0]) * (1 - CALIBRATED_MARGIN), float(f[name][0]) * (1 + CALIBRATED_MARGIN)]
     rot = sim.get("rotors")
     if isinstance(rot, dict):
         base = setup.sim_config.rotors
@@ -1185,6 +1197,12 @@ def write_training_file(fitted: Dict[str, List[float]], setup: SimSetup, out: Pa
         notes.append("masses are written into the calibrated URDF, so the simulator's gravity compensation uses "
                      "them too, while the robot's controller compensates with the nominal model; the simulator has "
                      "no setting for a separate controller model")
+    for name, key in _RECENTRED.items():
+        was = (setup.params.get("training") or {}).get(key)
+        if name in fitted and was:
+            notes.append(f"training.{key} was {list(was)}; it is now the calibrated value "
+                         f"{fitted[name][0]:.4g} within {CALIBRATED_MARGIN:.0%} either side (what the training draws "
+                         "per episode; widen it for a floor that varies)")
     if setup.sim_config.actuator == "ctbr" and _base_inertia_scale(fitted) != 1.0:
         notes.append("rotors.rate_gain is divided by the calibrated inertia scale: the robot's rate loop, tuned "
                      "for the nominal inertia, is that much weaker on the calibrated body")

@@ -6,15 +6,12 @@ import argparse
 import os
 import sys
 
-from .common import CliError, _analysis_call, _fmt, _int_list, _positive, _table
+from .common import CliError, _analysis_call, _command, _fmt, _int_list, _positive, _table, _text, _threads
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     horizons = _int_list(args.horizons, "--horizons")
-    _positive("--threads", args.threads)
-    import torch
-
-    torch.set_num_threads(args.threads)
+    _threads(args.threads)
     from diffsim_ros.analysis import analyze
     from diffsim_ros.analysis.legged import is_legged_bag, legged_report
 
@@ -62,10 +59,7 @@ def cmd_sysid(args: argparse.Namespace) -> int:
     if not names:
         raise CliError("--params must name at least one parameter")
     _positive("--window", args.window)
-    _positive("--threads", args.threads)
-    import torch
-
-    torch.set_num_threads(args.threads)
+    _threads(args.threads)
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup, write_calibrated
     from diffsim_ros.analysis.sysid import convergence_line
 
@@ -112,10 +106,13 @@ def _sysid_verdict(args: argparse.Namespace, r, files) -> int:
 def _sysid_contact_free(args: argparse.Namespace, names, data, setup) -> int:
     from diffsim_ros.analysis.contact_free import contact_free_mass, write_contact_free
 
-    if names != ["mass_scale"]:
-        raise CliError(f"--method contact-free identifies mass_scale alone (--params mass_scale), not {names}")
     if not args.contact_tolerance > 0:
         raise CliError(f"--contact-tolerance must be positive (m), got {args.contact_tolerance}")
+    if names == ["ground_friction"]:
+        return _sysid_ground_friction(args, data, setup)
+    if names != ["mass_scale"]:
+        raise CliError(f"--method contact-free identifies mass_scale or ground_friction, one at a time "
+                       f"(--params mass_scale or --params ground_friction), not {names}")
     r = _analysis_call(contact_free_mass, data, setup, where=args.bag, contact_tolerance=args.contact_tolerance,
                        fit_fraction=args.fit_fraction)
     files = _analysis_call(write_contact_free, r, setup, args.out, bag=str(args.bag), force=args.write_rejected)
@@ -124,6 +121,23 @@ def _sysid_contact_free(args: argparse.Namespace, names, data, setup) -> int:
     print(_table(["parameter", "nominal", "calibrated", "std", "held-out end alone"],
                  [["mass_scale", "1", f"{r.mass_scale:.5g}", f"{r.std:.2g}", f"{r.heldout_mass_scale:.5g}"]]))
     print(f"explained: {r.explained:.2%} of the projected applied impulse (fit), {r.explained_heldout:.2%} (held out)")
+    return _sysid_verdict(args, r, files)
+
+
+def _sysid_ground_friction(args: argparse.Namespace, data, setup) -> int:
+    from diffsim_ros.analysis.ground_friction import ground_friction, write_ground_friction
+
+    if not args.slide_speed > 0:
+        raise CliError(f"--slide-speed must be positive (m/s), got {args.slide_speed}")
+    r = _analysis_call(ground_friction, data, setup, where=args.bag, contact_tolerance=args.contact_tolerance,
+                       slide_speed=args.slide_speed)
+    files = _analysis_call(write_ground_friction, r, setup, args.out, bag=str(args.bag), force=args.write_rejected)
+    print(f"sysid (contact-free ground friction): {args.bag} ({r.solved} of {r.intervals} intervals with every "
+          f"touching foot steady; {r.loaded} loaded foot-intervals, {r.sliding} sliding at the friction cone; mass "
+          f"{r.mass_note}; {r.seconds:.1f} s)")
+    print(_table(["parameter", "nominal", "calibrated", "sliding feet's quartiles", "lower bound"],
+                 [["ground_friction", f"{setup.sim_config.friction:.4g}", f"{r.friction:.4g}",
+                   ", ".join(f"{x:.4g}" for x in r.quartiles), f"{r.lower_bound:.4g}"]]))
     return _sysid_verdict(args, r, files)
 
 
@@ -140,15 +154,15 @@ def _add_bag_args(p) -> None:
 
 
 def _add_analyze(sub) -> None:
-    p = sub.add_parser(
-        "analyze", help="compare a bag's recorded velocities with the simulator's, 1 and k steps ahead",
-        description="Read a rosbag2 bag (layout of doc/interfaces.md), report the topics' timing (jitter, drops, "
-                    "duplicates, out-of-order), replay the recorded commands through the simulator from every "
-                    "recorded state 1 and k steps ahead, and report the velocity error per joint or axis (RMSE, "
-                    "bias, maximum, growth with the horizon); with --out, write metrics.json, velocity.png, "
-                    "error_vs_horizon.png and report.md. A legged robot's bag (/odom and /joint_states paired by "
-                    "nearest stamp, a floating base with joints) is replayed whole, the base's twist and the joints; "
-                    "its gait (footfall.png, legged.json, legged.md) is reported as well.")
+    p = _command(sub, "analyze", cmd_analyze,
+                 help="compare a bag's recorded velocities with the simulator's, 1 and k steps ahead",
+                 description="""Read a rosbag2 bag (layout of doc/interfaces.md), report the topics' timing (jitter,
+                 drops, duplicates, out-of-order), replay the recorded commands through the simulator from every
+                 recorded state 1 and k steps ahead, and report the velocity error per joint or axis (RMSE, bias,
+                 maximum, growth with the horizon); with --out, write metrics.json, velocity.png, error_vs_horizon.png
+                 and report.md. A legged robot's bag (/odom and /joint_states paired by nearest stamp, a floating base
+                 with joints) is replayed whole, the base's twist and the joints; its gait (footfall.png, legged.json,
+                 legged.md) is reported as well.""")
     _add_bag_args(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: print only)")
     p.add_argument("--horizons", default="1,5,10", metavar="K,K,...",
@@ -157,24 +171,23 @@ def _add_analyze(sub) -> None:
                    help="start states of the k > 1 step predictions, evenly spread (default: 4096; one-step "
                         "predictions use every state)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.set_defaults(func=cmd_analyze)
 
 
 def _add_sysid(sub) -> None:
     from diffsim_ros.physics.registry import help_text
 
     from_params = help_text()
-    p = sub.add_parser(
-        "sysid", help="calibrate simulator parameters on a bag by gradient descent through the simulator",
-        description="Fit simulator parameters to a bag through the differentiable simulator, on the "
-                    "velocity error over short multi-step windows of the first part of the bag, judged on the "
-                    "rest, all parameters jointly (projected Levenberg-Marquardt in log coordinates, a few starts "
-                    "for latency and lags); report uncertainties, unidentifiable parameters and a verdict; write "
-                    "sysid.json and sysid.md, and for an accepted fit calibrated.yaml (a training file for "
-                    "`diffsim-ros train --config`) and calibrated.urdf when masses, damping or friction change. "
-                    "Exit status: 0 accepted, 3 fit rejected (the held-out RMSE did not improve clearly, or the "
-                    "residual stays far above the noise floor, or the fit ended on its iteration limit after "
-                    "twice --max-iter iterations; reasons in sysid.md), 2 bad input.")
+    p = _command(sub, "sysid", cmd_sysid,
+                 help="calibrate simulator parameters on a bag by gradient descent through the simulator",
+                 description="""Fit simulator parameters to a bag through the differentiable simulator, on the
+                 velocity error over short multi-step windows of the first part of the bag, judged on the rest, all
+                 parameters jointly (projected Levenberg-Marquardt in log coordinates, a few starts for latency and
+                 lags); report uncertainties, unidentifiable parameters and a verdict; write sysid.json and sysid.md,
+                 and for an accepted fit calibrated.yaml (a training file for `diffsim-ros train --config`) and
+                 calibrated.urdf when masses, damping or friction change. Exit status: 0 accepted, 3 fit rejected (the
+                 held-out RMSE did not improve clearly, or the residual stays far above the noise floor, or the fit
+                 ended on its iteration limit after twice --max-iter iterations; reasons in sysid.md), 2 bad
+                 input.""")
     _add_bag_args(p)
     p.add_argument("--params", required=True, metavar="NAME,...", help=f"parameters to fit: {from_params}")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
@@ -192,15 +205,19 @@ def _add_sysid(sub) -> None:
     p.add_argument("--write-rejected", action="store_true",
                    help="write calibrated.yaml even for a rejected fit")
     p.add_argument("--method", choices=("replay", "contact-free"), default="replay",
-                   help="replay: the fit through the simulator described above (default); contact-free: a legged "
-                        "robot's mass_scale from the equations of motion projected away from the touching contact "
-                        "points, without the simulator's contact model (analysis/contact_free.py): for bags whose "
-                        "ground differs from the simulator's")
+                   help=_text("""replay: the fit through the simulator described above (default); contact-free,
+                   for a legged robot's bag whose ground differs from the simulator's, without the simulator's
+                   contact model: --params mass_scale from the equations of motion projected away from the touching
+                   contact points (analysis/contact_free.py), or --params ground_friction from the feet's impulses
+                   where they slide (analysis/ground_friction.py; the calibrated file re-centres
+                   training.randomize_ground_friction on the estimate)"""))
     p.add_argument("--contact-tolerance", type=float, default=0.005, metavar="M",
                    help="contact-free: a contact point within this distance of the ground counts as touching "
                         "(default: 0.005 m)")
+    p.add_argument("--slide-speed", type=float, default=0.03, metavar="M/S",
+                   help="contact-free ground_friction: a foot slides when its contact point moves faster than this "
+                        "along the ground, against its friction, throughout a control interval (default: 0.03 m/s)")
     p.add_argument("--quiet", action="store_true", help="no per-evaluation progress")
-    p.set_defaults(func=cmd_sysid)
 
 
 def cmd_bag_repair(args: argparse.Namespace) -> int:
@@ -215,11 +232,10 @@ def _add_bag(sub) -> None:
     p = sub.add_parser("bag", help="bag maintenance (repair)",
                        description="Maintenance of rosbag2 bags (MCAP storage).")
     bag_sub = p.add_subparsers(dest="bag_command", metavar="SUBCOMMAND", required=True)
-    r = bag_sub.add_parser(
-        "repair", help="rebuild the index, summary and metadata.yaml of a bag whose recorder was killed",
-        description="The equivalent of `ros2 bag reindex`: scan the MCAP file of BAG, keep every complete chunk "
-                    "whose CRC holds, write its summary, chunk index and footer, and rewrite metadata.yaml "
-                    "(topics, message counts, start, duration) from what the file holds. A complete file is left "
-                    "unchanged (metadata.yaml is still rewritten).")
+    r = _command(bag_sub, "repair", cmd_bag_repair,
+                 help="rebuild the index, summary and metadata.yaml of a bag whose recorder was killed",
+                 description="""The equivalent of `ros2 bag reindex`: scan the MCAP file of BAG, keep every complete
+                 chunk whose CRC holds, write its summary, chunk index and footer, and rewrite metadata.yaml (topics,
+                 message counts, start, duration) from what the file holds. A complete file is left unchanged
+                 (metadata.yaml is still rewritten).""")
     r.add_argument("bag", metavar="BAG", help="rosbag2 directory (MCAP storage) or .mcap file")
-    r.set_defaults(func=cmd_bag_repair)

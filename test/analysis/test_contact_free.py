@@ -108,7 +108,7 @@ def test_the_cli_writes_a_training_file_with_the_scaled_masses(tmp_path, walker,
     np.testing.assert_allclose(masses(trained["urdf"]), masses(original) * fitted, rtol=1e-6)
     assert cli.main(["sysid", str(tmp_path / "bag"), "--params", "joint_damping", "--method", "contact-free",
                      "--out", str(tmp_path / "x")]) == 2
-    assert "identifies mass_scale alone" in capsys.readouterr().err
+    assert "identifies mass_scale or ground_friction, one at a time" in capsys.readouterr().err
 
 
 def test_a_bag_that_is_not_legged_is_refused(tmp_path):
