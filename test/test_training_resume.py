@@ -31,6 +31,7 @@ from diffsim_ros import config, physics
 from diffsim_ros.cli import main
 from diffsim_ros.learning import apg
 from diffsim_ros.learning.checkpoint import load_checkpoint
+from diffsim_ros.learning.run import RunLog
 
 from conftest import csv_rows, run_main, without_time
 from conftest import write_params as write_config
@@ -506,7 +507,7 @@ def test_device_cpu_trains(tiny_config, tmp_path, capsys):
 
 def test_without_tensorboard_the_csv_is_still_written(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    log = apg.RunLog(tmp_path)
+    log = RunLog(tmp_path)
     assert log.tensorboard is None
     log.append({"iteration": 1, "loss": 0.5})
     log.close()

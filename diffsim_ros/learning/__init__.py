@@ -1,8 +1,9 @@
 """Learning through the simulator: the analytic-gradient trainer, policies,
 checkpoints (no ROS imports here)."""
-from .apg import TrainConfig, TrainResult, evaluate, train, write_history
+from .apg import TrainConfig, evaluate, train
 from .policy import MLPPolicy, RunningNorm, ValueNet
 from .ppo import PPOConfig, train_ppo
+from .run import TrainResult, write_history
 from .sac import SACConfig, train_sac
 
 __all__ = ["PPOConfig", "train_ppo", "SACConfig", "train_sac", "TrainConfig", "TrainResult", "evaluate", "train",

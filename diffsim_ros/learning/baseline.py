@@ -10,8 +10,9 @@
   checkpoint exporter treats every trainer alike;
 - the training loop (:func:`train_baseline`): one ``learn`` call per iteration, a row of the
   gradient trainer's columns after it, evaluations on fresh episodes by the task's own success
-  metric (:func:`diffsim_ros.learning.apg.evaluation_columns`), ``training.csv`` and TensorBoard,
-  ``checkpoints/latest`` (with the resume state) and ``checkpoints/best``, and resume;
+  metric (:func:`diffsim_ros.learning.run.evaluation_columns`), ``training.csv`` and TensorBoard,
+  ``checkpoints/latest`` (with the resume state) and ``checkpoints/best``, and resume (the run's
+  folder and the resume state's common entries are :mod:`.run`'s, shared with the gradient trainer);
 - the parts of a resume state every SB3 learner has: networks, step counters, the last
   observation, the normaliser's statistics and the environments mid-episode (:func:`learner_state`).
 
@@ -33,9 +34,9 @@ from torch import nn
 from ..physics import ConfigError
 from ..schema import normalise, option
 from ..tasks import Task
-from .apg import (ResumeError, RunLog, TrainResult, _after_row, _better, _Checkpoints, _clear_run, _set_rng_state,
-                  check_same_trainer, evaluation_columns, plot_history, read_resume_file, run_state)
 from .policy import RunningNorm
+from .run import (Checkpoints, ResumeError, RunLog, TrainResult, after_row, better, check_same_trainer, clear_run,
+                  default_export, evaluation_columns, plot_history, read_resume_file, run_state, set_rng_state)
 
 
 #: The options of a baseline's section that the shared environment and loop (:func:`make_env`,
@@ -190,7 +191,7 @@ def config_values(cfg) -> Dict[str, Any]:
 def read_state(out_dir, fmt: str, version: int, method: str) -> Dict[str, Any]:
     """The ``method`` run's resume state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
     :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
-    :class:`~diffsim_ros.learning.apg.ResumeError` naming what is wrong."""
+    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong."""
     return read_resume_file(out_dir, fmt, version, (
         "iteration", "finished", "history", "next_eval", "best", "learner", "rng", f"{method}_config", "task"))
 
@@ -237,16 +238,6 @@ class Learner:
     resume_version: int
 
 
-def default_export(task: Task, cfg, method: str):
-    """The checkpoint export of a run without one given: policy.pt and policy.json with its summary."""
-    def export(policy, result, folder, info):
-        from .checkpoint import save_checkpoint, training_summary
-
-        save_checkpoint(policy, task, folder, extra={
-            "training": dict(training_summary(result, cfg), method=method), "checkpoint": info})
-    return export
-
-
 def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = None, progress: bool = True,
                    callback: Optional[Callable[[Dict[str, float]], None]] = None,
                    resume: Optional[Dict[str, Any]] = None, export: Optional[Callable[..., Any]] = None,
@@ -270,7 +261,7 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
         history = [dict(row) for row in resume["history"]]
         it, next_eval, best = int(resume["iteration"]), int(resume["next_eval"]), resume["best"]
         solved_steps, solved_time = resume["solved_env_steps"], resume["solved_time"]
-        _set_rng_state(resume["rng"], raw.generator, task.model.device)
+        set_rng_state(resume["rng"], raw.generator, task.model.device)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -283,9 +274,9 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
     if out_dir is not None:
         out_dir = Path(out_dir)
         if resume is None:
-            _clear_run(out_dir)     # an earlier run's checkpoints and event files would mix with this one
+            clear_run(out_dir)     # an earlier run's checkpoints and event files would mix with this one
         log = RunLog(out_dir, history)
-        checkpoints = _Checkpoints(out_dir, task, None, export or default_export(task, cfg, learner.method))
+        checkpoints = Checkpoints(out_dir, task, export or default_export(task, cfg, learner.method))
     pending_best = None
 
     def save(finished: bool) -> None:
@@ -320,14 +311,14 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
                 row.update(evaluation_columns(task, policy, cfg.eval_envs))
                 if solved_steps is None and row["eval_success"] >= task.success_threshold:
                     solved_steps, solved_time = env_steps, row["wall_time"]
-                if _better(row, best):
+                if better(row, best):
                     best = {"iteration": it + 1, "eval_success": row["eval_success"], "loss": row["loss"]}
                     if checkpoints is not None:
                         pending_best = (policy, it + 1)
             history.append(row)
             it += 1
             done = last or (cfg.stop_at_success and solved_steps is not None)
-            _after_row(row, it, done, cfg.checkpoint_every, log, checkpoints, save, callback, bar, step)
+            after_row(row, it, done, cfg.checkpoint_every, log, checkpoints, save, callback, bar, step)
             if done:
                 break
     finally:

@@ -29,9 +29,9 @@ import torch
 from ..physics import ConfigError
 from ..schema import option, section
 from ..tasks import Task
-from .apg import TrainResult
 from .baseline import (BaselineConfig, Learner, SB3Actor, check_state, frozen_actor, learner_state, loop_option,
                        make_env, read_state, set_learner_state, silence, train_baseline)
+from .run import TrainResult
 
 
 @section("ppo")
@@ -118,7 +118,7 @@ def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] 
     """Train ``task`` with PPO; history rows as :func:`diffsim_ros.learning.apg.train`
     (``grad_norm`` is nan). ``out_dir``: ``training.csv`` with one row appended (flushed) per
     iteration, TensorBoard event files of the same numbers when ``tensorboard`` is importable
-    (:class:`~diffsim_ros.learning.apg.RunLog`), ``checkpoints/latest/`` (with the resume state)
+    (:class:`~diffsim_ros.learning.run.RunLog`), ``checkpoints/latest/`` (with the resume state)
     and ``checkpoints/best/`` every ``cfg.checkpoint_every`` iterations and at the end,
     ``learning_curve.png`` at the end; a fresh run removes an earlier run's checkpoints and event
     files there.
@@ -155,7 +155,7 @@ def _set_learner_state(state: Dict[str, Any], model, vn, raw) -> None:
 def load_resume_state(out_dir) -> Dict[str, Any]:
     """The PPO run's state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
     :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
-    :class:`~diffsim_ros.learning.apg.ResumeError` naming what is wrong."""
+    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong."""
     return read_state(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, "ppo")
 
 

@@ -33,9 +33,9 @@ import torch
 from ..physics import ConfigError
 from ..schema import option, section
 from ..tasks import Task
-from .apg import TrainResult
 from .baseline import (BaselineConfig, Learner, SB3Actor, array, frozen_actor, learner_state, loop_option, make_env,
                        read_state, set_learner_state, silence, train_baseline)
+from .run import TrainResult
 
 
 @section("sac")
@@ -182,5 +182,5 @@ def _set_learner_state(state: Dict[str, Any], model, vn, raw) -> None:
 def load_resume_state(out_dir) -> Dict[str, Any]:
     """The SAC run's state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
     :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
-    :class:`~diffsim_ros.learning.apg.ResumeError` naming what is wrong."""
+    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong."""
     return read_state(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, "sac")

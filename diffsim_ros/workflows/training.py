@@ -35,7 +35,7 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     ``overrides`` replace entries of the ``training`` section (None values are ignored);
     ``task``: an already built task for these parameters (else it is built here), on the device
     to train on. ``resume``: continue the run in ``out`` from ``out/checkpoints/latest`` (bit for
-    bit); a :class:`~diffsim_ros.learning.apg.ResumeError` (a ConfigError) when there is no resume
+    bit); a :class:`~diffsim_ros.learning.run.ResumeError` (a ConfigError) when there is no resume
     state there, or when ``params`` with ``overrides``, or the URDF's content, differ from the
     run's.
 
@@ -135,7 +135,8 @@ def resume_source(out: Union[str, os.PathLike]) -> Tuple[Dict[str, Any], str, in
     """(parameters, training file, iterations done) of the run in ``out``, from its resume state
     (``out/checkpoints/latest/resume.pt``): the parameters as the run trained with them; a
     ResumeError when there is none."""
-    from ..learning.apg import ResumeError, load_resume_state
+    from ..learning.apg import load_resume_state
+    from ..learning.run import ResumeError
 
     state = load_resume_state(out)
     if state["finished"]:
@@ -179,7 +180,7 @@ def _summarise(names: List[str], per_section: int = 3) -> str:
 def check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
     """A ResumeError naming what differs when ``run_info`` (the configuration given now) is not
     the one the run in ``state`` started with: another parameter, or a URDF whose content changed."""
-    from ..learning.apg import ResumeError
+    from ..learning.run import ResumeError
     from ..learning.checkpoint import json_safe
 
     where = state["path"]
