@@ -24,11 +24,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from diffsim_ros import cli, config
 from diffsim_ros.learning.deploy import PolicyRunner
-from diffsim_ros.testing.recordings import make_plant, record_bag
+from diffsim_ros.testing.recordings import record_walker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,22 +44,11 @@ def main() -> int:
     rng = np.random.default_rng(a.seed)
     pert = {"ground_friction_scale": float(rng.uniform(0.4, 0.6)), "mass_scale": float(rng.uniform(0.9, 1.1))}
     params = config.load_yaml(a.config)
-    runner = PolicyRunner(a.checkpoint)
-    with torch.no_grad():
-        q0 = runner.task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().numpy()
-    plant = make_plant(params, pert, "mujoco", q0)
-    names = list(plant.joint_names)
-    runner.reset()
-
-    def walk(k, q, v):
-        return runner.legged(names, q[7:], v[6:], q[:3], q[3:7], v[:3], v[3:6], target=[a.speed],
-                             predict=False).command
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     bag = out / "bag"
     if not bag.exists():
-        record_bag(bag, plant, walk, a.steps, params, predictions=False,
-                   extra_metadata={"checkpoint": runner.meta})
+        record_walker(bag, PolicyRunner(a.checkpoint), params, pert, a.speed, a.steps)
     rc = cli.main(["sysid", str(bag), "--params", "ground_friction", "--method", "contact-free", "--out",
                    str(out / "sysid")])
     truth = float(params["simulator"]["friction"]) * pert["ground_friction_scale"]

@@ -49,8 +49,19 @@ MAX_DISAGREEMENT = 0.03    # relative gap between the fit's and the held-out par
 MIN_EQUATIONS = 30         # projected equations needed on each part
 
 
+class Verdict:
+    """What an estimate's result (a dataclass with a ``verdict``) answers alike."""
+
+    @property
+    def accepted(self) -> bool:
+        return getattr(self, "verdict") == "accepted"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)      # type: ignore[call-overload]
+
+
 @dataclass
-class ContactFreeResult:
+class ContactFreeResult(Verdict):
     mass_scale: float                  # on the setup's model
     std: float                         # one standard deviation (least squares)
     heldout_mass_scale: float          # the same estimate from the held-out end of the bag alone
@@ -65,13 +76,6 @@ class ContactFreeResult:
     verdict: str = "accepted"
     reasons: List[str] = field(default_factory=list)
     seconds: float = 0.0
-
-    @property
-    def accepted(self) -> bool:
-        return self.verdict == "accepted"
-
-    def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _mid_configuration(q0: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:

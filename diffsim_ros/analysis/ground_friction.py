@@ -28,7 +28,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ import torch
 from .. import physics
 from ..physics.kinematics import kinematics_record
 from .bag import BagData
-from .contact_free import contact_free_mass, interval_equations, write_estimate
+from .contact_free import Verdict, contact_free_mass, interval_equations, write_estimate
 from .errors import AnalysisError
 from .predict import Replay, SimSetup
 
@@ -50,7 +50,7 @@ OPPOSING = -0.9            # cosine between the tangential impulse and the slip 
 
 
 @dataclass
-class GroundFrictionResult:
+class GroundFrictionResult(Verdict):
     friction: float                    # the Coulomb coefficient (nan when not identified)
     lower_bound: float                 # the largest |Lambda_t| / Lambda_n of a foot above BOUND_LOAD (99th percentile)
     quartiles: List[float]             # 25th, 50th, 75th percentile of the sliding feet's ratios
@@ -67,13 +67,6 @@ class GroundFrictionResult:
     verdict: str = "accepted"          # accepted, not identified, rejected
     reasons: List[str] = field(default_factory=list)
     seconds: float = 0.0
-
-    @property
-    def accepted(self) -> bool:
-        return self.verdict == "accepted"
-
-    def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _unit_twists(model, q: torch.Tensor) -> torch.Tensor:

@@ -109,6 +109,26 @@ def make_plant(params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = 
     raise ValueError(f"backend must be 'mujoco' or 'simulator', got {backend!r}")
 
 
+def record_walker(path, runner, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
+                  speed: float = 0.5, steps: int = 300, backend: str = "mujoco", predictions: bool = False
+                  ) -> Dict[str, Any]:
+    """A legged checkpoint's walking policy (``runner``: a learning.deploy.PolicyRunner) from its
+    task's standing start on ``backend`` at the commanded forward ``speed`` (m/s) for ``steps``
+    control steps, recorded as a bag whose metadata names the checkpoint, as policy_controller's
+    does (:func:`record_bag`; the recorded arrays are returned)."""
+    with torch.no_grad():
+        q0 = runner.task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().numpy()
+    plant = make_plant(params, perturbation, backend, q0)
+    names = list(plant.joint_names)
+    runner.reset()
+
+    def walk(k, q, v):
+        return runner.legged(names, q[7:], v[6:], q[:3], q[3:7], v[:3], v[3:6], target=[speed],
+                             predict=False).command
+    return record_bag(path, plant, walk, steps, params, predictions=predictions,
+                      extra_metadata={"checkpoint": runner.meta})
+
+
 # ---------------------------------------------------------------------------- exciting commands
 def arm_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 0.4, margin: float = 0.3,
                 noise: float = 0.3) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:

@@ -19,7 +19,7 @@ from diffsim_ros import cli, config
 from diffsim_ros.analysis import AnalysisError, read_bag, sim_setup
 from diffsim_ros.analysis.contact_free import contact_free_mass
 from diffsim_ros.learning.deploy import PolicyRunner
-from diffsim_ros.testing.recordings import make_plant, record_bag
+from diffsim_ros.testing.recordings import record_walker
 
 #: checkpoint folder, training file (config/<name>.yaml) of each walker
 WALKERS = {"quadruped": (REPO_ROOT / "policies" / "locomotion_velocity", "locomotion_velocity"),
@@ -38,15 +38,8 @@ def walker(request):
 
 def _walk_on_standin(path, walker, perturbation, speed, steps=300):
     """The walker's policy on the MuJoCo stand-in at a commanded speed, recorded as a bag."""
-    _, runner, params, q0 = walker
-    plant = make_plant(params, perturbation, "mujoco", q0)
-    names = list(plant.joint_names)
-    runner.reset()
-
-    def walk(k, q, v):
-        return runner.legged(names, q[7:], v[6:], q[:3], q[3:7], v[:3], v[3:6], target=[speed],
-                             predict=False).command
-    record_bag(path, plant, walk, steps, params, extra_metadata={"checkpoint": runner.meta}, predictions=False)
+    _, runner, params, _ = walker
+    record_walker(path, runner, params, perturbation, speed, steps)
     return read_bag(path)
 
 

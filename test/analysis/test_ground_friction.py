@@ -14,7 +14,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import REPO_ROOT, drawn_seed
 
@@ -22,7 +21,7 @@ from diffsim_ros import cli, config
 from diffsim_ros.analysis import AnalysisError, read_bag, sim_setup
 from diffsim_ros.analysis.ground_friction import ground_friction
 from diffsim_ros.learning.deploy import PolicyRunner
-from diffsim_ros.testing.recordings import make_plant, record_bag
+from diffsim_ros.testing.recordings import record_walker
 
 pytest.importorskip("mujoco")
 
@@ -36,18 +35,8 @@ def _walk(path, robot, perturbation, speed=0.8, steps=1000):
     """The robot's shipped walker on the stand-in at ``speed`` m/s for ``steps`` control steps,
     recorded as a bag; the training file's parameters."""
     name = WALKERS[robot][0]
-    runner = PolicyRunner(REPO_ROOT / "policies" / name)
     params = config.load_yaml(REPO_ROOT / "config" / f"{name}.yaml")
-    with torch.no_grad():
-        q0 = runner.task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().numpy()
-    plant = make_plant(params, perturbation, "mujoco", q0)
-    names = list(plant.joint_names)
-    runner.reset()
-
-    def walk(k, q, v):
-        return runner.legged(names, q[7:], v[6:], q[:3], q[3:7], v[:3], v[3:6], target=[speed],
-                             predict=False).command
-    record_bag(path, plant, walk, steps, params, predictions=False, extra_metadata={"checkpoint": runner.meta})
+    record_walker(path, PolicyRunner(REPO_ROOT / "policies" / name), params, perturbation, speed, steps)
     return params
 
 

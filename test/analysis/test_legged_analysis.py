@@ -20,7 +20,7 @@ from diffsim_ros.analysis.bag import BagWriter
 from diffsim_ros.analysis.legged import legged_report
 from diffsim_ros.learning.deploy import PolicyRunner
 from diffsim_ros.physics.registry import from_perturbation
-from diffsim_ros.testing.recordings import make_plant, record_bag
+from diffsim_ros.testing.recordings import make_plant, record_bag, record_walker
 
 CONFIG = REPO_ROOT / "config" / "locomotion_velocity.yaml"
 POLICY = REPO_ROOT / "policies" / "locomotion_velocity"
@@ -33,19 +33,9 @@ def runner():
 
 def _record(path, runner, backend, perturbation, steps, params=None, speed=0.5):
     """The shipped walking policy on ``backend`` (the simulator or the MuJoCo stand-in), from
-    its task's standing start, recorded as a bag (helpers of diffsim_ros.testing)."""
-    params = params or config.load_yaml(CONFIG)
-    with torch.no_grad():
-        q0 = runner.task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().numpy()
-    plant = make_plant(params, perturbation, backend, q0)
-    names = list(plant.joint_names)
-    runner.reset()
-
-    def walk(k, q, v):
-        return runner.legged(names, q[7:], v[6:], q[:3], q[3:7], v[:3], v[3:6], target=[speed],
-                             predict=False).command
-    # The controller's metadata names the checkpoint, as policy_controller's does.
-    return record_bag(path, plant, walk, steps, params, extra_metadata={"checkpoint": runner.meta})
+    its task's standing start, recorded as a bag with the predictions (diffsim_ros.testing)."""
+    return record_walker(path, runner, params or config.load_yaml(CONFIG), perturbation, speed, steps, backend,
+                         predictions=True)
 
 
 def test_a_legged_bag_is_the_pair_of_base_and_joints_and_replays_exactly(tmp_path, runner):
