@@ -15,7 +15,10 @@ on the calibrated file and compare both walkers on that stand-in:
 
     diffsim-ros train --config DIR/calibrated.yaml --out DIR/walker
     diffsim-ros eval CHECKPOINT --plant mujoco --episodes 64 --seed 99 --perturb ground_friction_scale=S,mass_scale=M
-    diffsim-ros eval DIR/walker --plant mujoco --episodes 64 --seed 99 --perturb ...
+    diffsim-ros eval DIR/walker --plant mujoco --episodes 64 --seed 99 --perturb ground_friction_scale=S',mass_scale=M
+
+(the stand-in's floor is the checkpoint's own coefficient times ground_friction_scale, so the same
+floor under the calibrated walker is S' = truth / estimate).
 """
 from __future__ import annotations
 
@@ -56,9 +59,13 @@ def main() -> int:
     stand_in = ",".join(f"{k}={v:.4f}" for k, v in pert.items())
     print(f"seed {a.seed}: stand-in {stand_in}; floor friction {truth:.4f}, estimated {fitted:.4f} "
           f"({100 * (fitted / truth - 1):+.2f} %), sysid exit {rc}")
-    print(f"retrain:  diffsim-ros train --config {out / 'sysid' / 'calibrated.yaml'} --out {out / 'walker'}")
+    # The stand-in's floor is the checkpoint's own coefficient times ground_friction_scale: the same
+    # floor under a checkpoint trained on the calibrated file is truth / estimate.
+    same_floor = ",".join([f"ground_friction_scale={truth / fitted:.5f}", f"mass_scale={pert['mass_scale']:.4f}"])
+    print(f"retrain:  diffsim-ros train --config {out / 'sysid' / 'calibrated.yaml'} --out {out / 'walker'}  (or "
+          f"fine-tune: --init-from {a.checkpoint} with fewer iterations)")
     print(f"compare:  diffsim-ros eval {a.checkpoint} --plant mujoco --episodes 64 --seed 99 --perturb {stand_in}")
-    print(f"          diffsim-ros eval {out / 'walker'} --plant mujoco --episodes 64 --seed 99 --perturb {stand_in}")
+    print(f"          diffsim-ros eval {out / 'walker'} --plant mujoco --episodes 64 --seed 99 --perturb {same_floor}")
     return rc
 
 
