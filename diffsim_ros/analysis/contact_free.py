@@ -44,7 +44,7 @@ from .bag import BagData
 from .errors import AnalysisError
 from .predict import Replay, SimSetup
 
-MIN_EXPLAINED = 0.9        # share of the projected applied impulse the fitted model must explain
+MIN_EXPLAINED = 0.98       # share of the projected applied impulse the fitted model must explain (0.999 when it holds)
 MAX_DISAGREEMENT = 0.03    # relative gap between the fit's and the held-out part's estimate
 MIN_EQUATIONS = 30         # projected equations needed on each part
 

@@ -75,6 +75,21 @@ def test_an_unmodelled_latency_is_rejected(tmp_path, walker):
     assert not r.accepted, (seed, r.mass_scale)
 
 
+def test_a_fast_walk_on_a_slippery_floor_is_never_accepted_far_off(tmp_path, walker):
+    """At the fastest command on a slippery floor the feet sink and slide, and the 5 mm tolerance
+    can miss touching points (their impulse then enters the equations): the estimate may be
+    rejected, but an accepted one is within 2 % (solo12, x1.139 on a x0.53 floor, was accepted
+    7.5 % light while 90 % explained sufficed)."""
+    seed = drawn_seed(f"contact-free fast walk, {walker[0]}", "DIFFSIM_SYSID_SEED")
+    rng = np.random.default_rng(seed)
+    pert = {"mass_scale": float(rng.uniform(1.05, 1.2)), "ground_friction_scale": float(rng.uniform(0.45, 0.6))}
+    data = _walk_on_standin(tmp_path / "fast", walker, pert, 0.8, steps=1000)
+    r = contact_free_mass(data, sim_setup(data))
+    print(f"{walker[0]} {pert}: {r.mass_scale:.4f}, explained {r.explained:.3f} / {r.explained_heldout:.3f}, "
+          f"{r.verdict} {r.reasons}")
+    assert not r.accepted or r.mass_scale == pytest.approx(pert["mass_scale"], rel=0.02), (seed, r.mass_scale)
+
+
 def test_the_cli_writes_a_training_file_with_the_scaled_masses(tmp_path, walker, capsys):
     """`diffsim-ros sysid --method contact-free`: exit 0, and calibrated.yaml names a URDF whose
     masses are the original's times the printed estimate; a parameter it cannot fit is a usage
