@@ -166,6 +166,23 @@ def _fit(rows_a: List[torch.Tensor], rows_c: List[torch.Tensor]):
     return s, std, _explained(A, C, s), len(A)
 
 
+def bag_intervals(data: BagData, setup: SimSetup):
+    """(setup in float64, ks, q, v, cmd): the bag's control intervals [k, k+1] that have a command
+    (``ks``, the command's delay taken into account), the recorded states in float64 and the
+    command acting over each interval."""
+    rp = Replay(data, setup)
+    d = setup.sim_config.command_delay
+    at = {int(s): i for i, s in enumerate(rp.cmd_state)}
+    ks = np.array([k for k in range(rp.q.shape[0] - 1) if (k - d) in at], dtype=np.int64)
+    if len(ks) < 10:
+        raise AnalysisError(f"{data.path}: {len(ks)} control intervals with a command and the next state "
+                            "(at least 10 needed)")
+    q, v = rp.q.to(torch.float64), rp.v.to(torch.float64)
+    cmd = rp.cmd.to(q.dtype)[[at[int(k) - d] for k in ks]]
+    model = setup.model if setup.model.dtype == torch.float64 else setup.model.to(dtype=torch.float64)
+    return dataclasses.replace(setup, model=model), ks, q, v, cmd
+
+
 def contact_free_mass(data: BagData, setup: SimSetup, contact_tolerance: float = 0.005,
                       fit_fraction: float = 0.7) -> ContactFreeResult:
     """The mass scale of a legged robot's bag by the contact-free projection (module doc),
@@ -176,20 +193,7 @@ def contact_free_mass(data: BagData, setup: SimSetup, contact_tolerance: float =
                             f"base with joints); this bag is '{data.kind}'")
     if not 0.0 < fit_fraction < 1.0:
         raise AnalysisError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
-    rp = Replay(data, setup)
-    model = setup.model
-    d = setup.sim_config.command_delay
-    at = {int(s): i for i, s in enumerate(rp.cmd_state)}
-    T = rp.q.shape[0]
-    ks = np.array([k for k in range(T - 1) if (k - d) in at], dtype=np.int64)
-    if len(ks) < 10:
-        raise AnalysisError(f"{data.path}: {len(ks)} control intervals with a command and the next state "
-                            "(at least 10 needed)")
-    q, v = rp.q.to(torch.float64), rp.v.to(torch.float64)
-    if model.dtype != torch.float64:
-        model = model.to(dtype=torch.float64)
-    cmd = rp.cmd.to(q.dtype)[[at[int(k) - d] for k in ks]]
-    setup64 = dataclasses.replace(setup, model=model)
+    setup64, ks, q, v, cmd = bag_intervals(data, setup)
     scaled, applied, qm = interval_equations(setup64, q[ks], v[ks], q[ks + 1], v[ks + 1], cmd)
     bases = _free_directions(setup64, qm, contact_tolerance)
     split = int(round(fit_fraction * len(ks)))

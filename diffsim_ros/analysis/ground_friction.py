@@ -24,7 +24,6 @@ actuators' force at the recorded command).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,9 +35,9 @@ import torch
 from .. import physics
 from ..physics.kinematics import kinematics_record
 from .bag import BagData
-from .contact_free import Verdict, contact_free_mass, interval_equations, write_estimate
+from .contact_free import Verdict, bag_intervals, contact_free_mass, interval_equations, write_estimate
 from .errors import AnalysisError
-from .predict import Replay, SimSetup
+from .predict import SimSetup
 
 LOADED = 0.1              # a foot counts as loaded above this fraction of the median normal impulse
 BOUND_LOAD = 0.3          # ... and in the lower bound above this one (a lightly loaded foot's ratio is noisy)
@@ -94,7 +93,7 @@ def _foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float)
     cs = sys.contact
     qm = qs[1]
     n = sys.ground_normal.to(qm.dtype)
-    x, gap = zip(*(_points(setup, q) for q in qs))
+    x, gap = zip(*(_points(sys, model, q) for q in qs))
     twists = [_unit_twists(model, q) for q in qs]
     gap_all = torch.stack(gap).amax(0)
     gap_min = torch.stack(gap).amin(0)
@@ -147,17 +146,7 @@ def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0
                    (1.0, "1 (the contact-free mass estimate was rejected: " + "; ".join(cf.reasons) + ")"))
     else:
         s, note = float(mass_scale), f"{float(mass_scale):.4g} (given)"
-    rp = Replay(data, setup)
-    model = setup.model.to(dtype=torch.float64)
-    setup64 = dataclasses.replace(setup, model=model)
-    d = setup.sim_config.command_delay
-    at = {int(k): i for i, k in enumerate(rp.cmd_state)}
-    ks = np.array([k for k in range(rp.q.shape[0] - 1) if (k - d) in at], dtype=np.int64)
-    if len(ks) < 10:
-        raise AnalysisError(f"{data.path}: {len(ks)} control intervals with a command and the next state "
-                            "(at least 10 needed)")
-    q, v = rp.q.to(torch.float64), rp.v.to(torch.float64)
-    cmd = rp.cmd.to(torch.float64)[[at[int(k) - d] for k in ks]]
+    setup64, ks, q, v, cmd = bag_intervals(data, setup)
     scaled, applied, qm = interval_equations(setup64, q[ks], v[ks], q[ks + 1], v[ks + 1], cmd)
     vm = torch.cat((0.5 * (v[ks] + v[ks + 1])[:, :6], (q[ks + 1, 7:] - q[ks, 7:]) / setup.sim_config.dt), 1)
     rows = _foot_rows(setup64, (q[ks], qm, q[ks + 1]), (v[ks], vm, v[ks + 1]), s * scaled - applied,
@@ -201,13 +190,12 @@ def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0
                                 reasons=reasons, seconds=time.perf_counter() - t0)
 
 
-def _points(setup: SimSetup, q: torch.Tensor):
+def _points(sys, model, q: torch.Tensor):
     """((points, 3, B) each collision sphere's centre from the kinematics' origin o, (points, B)
-    its surface's height above the ground) at configurations ``q`` (B, nq)."""
-    sys = physics.build_system(setup.model, setup.sim_config)
+    its surface's height above the ground) at configurations ``q`` (B, nq) of ``sys``."""
     cs = sys.contact
     n = sys.ground_normal.to(q.dtype)
-    kin = kinematics_record(setup.model, q.T)
+    kin = kinematics_record(model, q.T)
     x = torch.einsum("pijb,pj->pib", kin.R[cs.body], cs.local) + kin.p[cs.body]
     return x, ((x + kin.o) * n[None, :, None]).sum(1) - sys.ground_height - cs.radius[:, None]
 
