@@ -68,7 +68,7 @@ class GroundFrictionResult(Verdict):
     seconds: float = 0.0
 
 
-def _unit_twists(model, q: torch.Tensor) -> torch.Tensor:
+def unit_twists(model, q: torch.Tensor) -> torch.Tensor:
     """(bodies, 6, B, nv): each body's twist (about the kinematics' origin o) per unit of each
     velocity coordinate, at the configurations q (B, nq)."""
     nv = model.nv
@@ -77,24 +77,24 @@ def _unit_twists(model, q: torch.Tensor) -> torch.Tensor:
     return kin.vel.reshape(kin.vel.shape[0], 6, q.shape[0], nv)
 
 
-def _point_jacobian(tw: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
+def point_jacobian(tw: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
     """(3, nv): the world velocity of the material point at ``point`` (from o) of a body whose unit
     twists are ``tw`` (6, nv)."""
     return tw[:3] + torch.linalg.cross(tw[3:], point[:, None].expand(-1, tw.shape[1]), dim=0)
 
 
-def _foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float) -> List[tuple]:
+def foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float) -> List[tuple]:
     """Per steady interval and touching body: (normal impulse, tangential impulse vector, the
     tangential slip velocities of its contact point at the interval's start, middle and end,
-    interval) from the least-squares split of ``impulse`` (B, nv) over the touching feet. ``qs``,
-    ``vs``: the configurations and velocities at start, middle and end."""
+    interval, body, its touching collision points) from the least-squares split of ``impulse``
+    (B, nv) over the touching feet. ``qs``, ``vs``: the configurations and velocities at start, middle and end."""
     model, cfg = setup.model, setup.sim_config
     sys = physics.build_system(model, cfg)
     cs = sys.contact
     qm = qs[1]
     n = sys.ground_normal.to(qm.dtype)
-    x, gap = zip(*(_points(sys, model, q) for q in qs))
-    twists = [_unit_twists(model, q) for q in qs]
+    x, gap = zip(*(collision_points(sys, model, q) for q in qs))
+    twists = [unit_twists(model, q) for q in qs]
     gap_all = torch.stack(gap).amax(0)
     gap_min = torch.stack(gap).amin(0)
     rows = []
@@ -111,7 +111,7 @@ def _foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float)
             # The foot's one contact point: its touching points weighted by how deep they are (the
             # deeper corner of a box foot carries more of the load).
             w = (tolerance - gap[1][sel, i]).clamp(min=0) + 1e-9
-            Jb = [_point_jacobian(tw[b, :, i], ((xe[sel, :, i] - cs.radius[sel, None] * n) * w[:, None]).sum(0)
+            Jb = [point_jacobian(tw[b, :, i], ((xe[sel, :, i] - cs.radius[sel, None] * n) * w[:, None]).sum(0)
                                   / w.sum()) for tw, xe in zip(twists, x)]
             J.append(Jb[1])
             slips.append([Je @ v[i] - ((Je @ v[i]) @ n) * n for Je, v in zip(Jb, vs)])
@@ -123,8 +123,20 @@ def _foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float)
             continue                   # the feet as points do not carry this interval's impulse
         for j in range(len(bodies)):
             f = lam[3 * j:3 * j + 3]
-            rows.append((float(f @ n), f - (f @ n) * n, slips[j], i))
+            rows.append((float(f @ n), f - (f @ n) * n, slips[j], i, bodies[j], pts[cs.body[pts] == bodies[j]]))
     return rows
+
+
+def feet_impulses(data: BagData, setup: SimSetup, mass_scale: float, contact_tolerance: float):
+    """(ks, rows, (setup in float64, configurations, velocities)): the bag's control intervals
+    (analysis.contact_free.bag_intervals), the feet's impulses over them (:func:`foot_rows`) with
+    the robot's mass factor ``mass_scale``, and the start, middle and end configurations and
+    velocities of each interval they were solved at."""
+    setup64, ks, q, v, cmd = bag_intervals(data, setup)
+    scaled, applied, qm = interval_equations(setup64, q[ks], v[ks], q[ks + 1], v[ks + 1], cmd)
+    vm = torch.cat((0.5 * (v[ks] + v[ks + 1])[:, :6], (q[ks + 1, 7:] - q[ks, 7:]) / setup.sim_config.dt), 1)
+    qs, vs = (q[ks], qm, q[ks + 1]), (v[ks], vm, v[ks + 1])
+    return ks, foot_rows(setup64, qs, vs, mass_scale * scaled - applied, contact_tolerance), (setup64, qs, vs)
 
 
 def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0.005, slide_speed: float = 0.03,
@@ -146,15 +158,11 @@ def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0
                    (1.0, "1 (the contact-free mass estimate was rejected: " + "; ".join(cf.reasons) + ")"))
     else:
         s, note = float(mass_scale), f"{float(mass_scale):.4g} (given)"
-    setup64, ks, q, v, cmd = bag_intervals(data, setup)
-    scaled, applied, qm = interval_equations(setup64, q[ks], v[ks], q[ks + 1], v[ks + 1], cmd)
-    vm = torch.cat((0.5 * (v[ks] + v[ks + 1])[:, :6], (q[ks + 1, 7:] - q[ks, 7:]) / setup.sim_config.dt), 1)
-    rows = _foot_rows(setup64, (q[ks], qm, q[ks + 1]), (v[ks], vm, v[ks + 1]), s * scaled - applied,
-                      contact_tolerance)
+    ks, rows, _ = feet_impulses(data, setup, s, contact_tolerance)
     normal = np.array([r[0] for r in rows])
     loaded = normal > LOADED * np.median(normal[normal > 0]) if (normal > 0).any() else np.zeros(len(rows), bool)
     ratio, sliding = np.full(len(rows), np.nan), np.zeros(len(rows), bool)
-    for k, (fn, ft, slips, _) in enumerate(rows):
+    for k, (fn, ft, slips, *_) in enumerate(rows):
         if not loaded[k]:
             continue
         ratio[k] = float(ft.norm()) / fn
@@ -190,7 +198,7 @@ def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0
                                 reasons=reasons, seconds=time.perf_counter() - t0)
 
 
-def _points(sys, model, q: torch.Tensor):
+def collision_points(sys, model, q: torch.Tensor):
     """((points, 3, B) each collision sphere's centre from the kinematics' origin o, (points, B)
     its surface's height above the ground) at configurations ``q`` (B, nq) of ``sys``."""
     cs = sys.contact
