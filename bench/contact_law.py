@@ -39,8 +39,11 @@ TOLERANCE = 0.005          # m, a collision point within this of the ground touc
 
 
 def law_features(bag: Path):
-    """(features (rows, 2), normal impulses (rows,), rms depth (rows,), halves (rows,) bool, dt)
-    of every loaded steady foot-interval of the bag."""
+    """Return the law's arrays of every loaded steady foot-interval of the bag.
+
+    They are (features (rows, 2), normal impulses (rows,), rms depth (rows,), halves (rows,) bool,
+    dt).
+    """
     data = read_bag(bag)
     setup = sim_setup(data)
     cf = contact_free_mass(data, setup, TOLERANCE)

@@ -44,8 +44,10 @@ def _pct(x, q):
 
 # ------------------------------------------------------------------------ echo peer
 def run_echo(executor: str) -> int:
-    """A node that answers each /odom with /diffsim/command carrying the same stamp label, spun by
-    the same kind of executor as the controller."""
+    """Run a node that answers each /odom with /diffsim/command carrying the same stamp label.
+
+    The node is spun by the same kind of executor as the controller.
+    """
     import rclpy
     from nav_msgs.msg import Odometry
     from rclpy.qos import QoSProfile

@@ -1,6 +1,8 @@
-"""Where a legged policy's feet slide on the MuJoCo stand-in: per episode and foot, how deep it
-sinks, how fast it moves along the ground over the first samples of each stance and later, and
-how much of the friction cone the ground's force uses there.
+"""Where a legged policy's feet slide on the MuJoCo stand-in.
+
+Per episode and foot: how deep it sinks, how fast it moves along the ground over the first
+samples of each stance and later, and how much of the friction cone the ground's force uses
+there.
 
     python bench/foot_slide.py policies/locomotion_velocity_solo12 [--perturb actuator_lag=0.005]
         [--episodes 4] [--seed 99] [--step-refinement 1,2,4,8]

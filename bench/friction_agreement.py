@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How well the MuJoCo stand-in and the simulator agree with the URDF's joint friction on:
-the stand-in's default (the simulator's smoothed Coulomb law, applied as the simulator does)
+"""How well the MuJoCo stand-in and the simulator agree, with the URDF's joint friction on.
+
+The stand-in's default (the simulator's smoothed Coulomb law, applied as the simulator does)
 against MuJoCo's own ``frictionloss`` constraint (Perturbation ``constraint_friction``, the
 stand-in's law before issue 16), in the same run.
 
@@ -31,8 +32,10 @@ import test_friction_agreement as agreement  # noqa: E402  (the test's robots)
 
 
 def ur5_params(friction: float = 0.1):
-    """UR5 (example-robot-data) under the arm's standard recording set-up, ``friction`` N m on every
-    joint (test/plant/test_friction_agreement.py's URDF copy and servo)."""
+    """UR5 (example-robot-data) under the arm's standard recording set-up.
+
+    ``friction`` N m on every joint (test/plant/test_friction_agreement.py's URDF copy and servo).
+    """
     out = tempfile.mkdtemp(prefix="diffsim_ur5_")
     return agreement.robot_params("ur5", agreement.friction_urdf("ur5", friction, out))
 

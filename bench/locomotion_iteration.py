@@ -81,9 +81,12 @@ RANDOMIZE = {"randomize_mass": [0.9, 1.1], "randomize_ground_friction": [0.5, 1.
 
 
 def iteration_seconds(task, envs: int, repeat: int, compile_step: bool = False, randomize: bool = False):
-    """The best wall time of one iteration, and how many attempts diverged on the way (a diverged
-    attempt is dropped and retried on fresh episodes; its time counts in the iteration's). With
-    compile_step: the trainer's compiled simulator, after one iteration that compiles it."""
+    """Return the best wall time of one iteration, and how many attempts diverged on the way.
+
+    A diverged attempt is dropped and retried on fresh episodes; its time counts in the
+    iteration's. With compile_step: the trainer's compiled simulator, after one iteration that
+    compiles it.
+    """
     cfg = TrainConfig(iterations=1, num_envs=envs, window=20, learning_rate=3e-3, eval_envs=1, seed=0,
                       compile_step=compile_step, **(RANDOMIZE if randomize else {}))
     best, diverged = float("inf"), 0

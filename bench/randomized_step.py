@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What per-episode domain randomisation costs the step: Simulator.step with every environment's
-own physics (``parameters.apply_per_episode``) beside the same step with one physics for all,
-eager and compiled, in the same run.
+"""What per-episode domain randomisation costs the step.
+
+Simulator.step with every environment's own physics (``parameters.apply_per_episode``) beside the
+same step with one physics for all, eager and compiled, in the same run.
 
     python bench/randomized_step.py [--batches 256,4096] [--seconds 0.25] [--compile 1]
 

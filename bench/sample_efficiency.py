@@ -158,9 +158,12 @@ def run_method(method: str, name: str, params: Dict[str, Any], source: str, budg
 
 
 def ratio(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
-    """Baseline ``p`` / gradient ``g`` for steps and time; '>' (a lower bound) when the baseline did
-    not reach success within its budget: its budget (and the wall time it spent) over the gradient
-    trainer's; no ratio when the gradient trainer did not reach success."""
+    """Baseline ``p`` / gradient ``g`` for steps and time.
+
+    '>' (a lower bound) when the baseline did not reach success within its budget: its budget (and
+    the wall time it spent) over the gradient trainer's; no ratio when the gradient trainer did not
+    reach success.
+    """
     if g["solved_env_steps"] is None:
         return {"steps_ratio": None, "time_ratio": None, "bound": "gradient trainer did not reach success"}
     if p["solved_env_steps"] is not None:
@@ -171,9 +174,12 @@ def ratio(g: Dict[str, Any], p: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def better(ratios: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-    """The ratio against the better baseline, per measure (steps, time): the smallest among the
-    baselines that reached the threshold, '<=' where another stopped unsolved at a smaller lower
-    bound (it might still have beaten it), else '='; the smallest lower bound ('>') where none did."""
+    """Return the ratio against the better baseline, per measure (steps, time).
+
+    It is the smallest among the baselines that reached the threshold, '<=' where another stopped
+    unsolved at a smaller lower bound (it might still have beaten it), else '='; the smallest lower
+    bound ('>') where none did.
+    """
     out: Dict[str, Any] = {}
     for key in ("steps", "time"):
         solved = sorted((r[f"{key}_ratio"], m) for m, r in ratios.items() if r["bound"] == "=")
@@ -190,8 +196,11 @@ def better(ratios: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def ratio_row(rows: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-    """A task's ratios: each baseline's in ``rows`` (method -> result row) over the gradient
-    trainer's, and the better baseline's."""
+    """Return a task's ratios.
+
+    Each baseline's in ``rows`` (method -> result row) over the gradient trainer's, and the better
+    baseline's.
+    """
     g = rows["gradient"]
     each = {m: ratio(g, rows[m]) for m in BASELINES if m in rows}
     return {"task": g["task"], **each, "better": better(each) if g["solved_env_steps"] is not None else None}
@@ -249,8 +258,11 @@ def fmt_ratio(x, bound, method: Optional[str] = None) -> str:
 
 
 def merge(paths: List[str], out: Optional[str]) -> int:
-    """The table and ratios from the JSON files of earlier runs (one row per task and method; a
-    later file's row replaces an earlier one's). The rows are printed as measured, nothing is added."""
+    """Print the table and ratios from the JSON files of earlier runs.
+
+    One row per task and method; a later file's row replaces an earlier one's. The rows are
+    printed as measured, nothing is added.
+    """
     rows: Dict[tuple, Dict[str, Any]] = {}
     for p in paths:
         try:

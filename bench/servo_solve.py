@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""What ``simulator.servo_iterations`` costs and buys: the saturated servo re-linearised in the
-implicit step (physics/stages/actuation.py, servo_slope), against the tangent alone (0), same run.
+"""What ``simulator.servo_iterations`` costs and buys.
+
+The saturated servo re-linearised in the implicit step (physics/stages/actuation.py,
+servo_slope), against the tangent alone (0), same run.
 
     python bench/servo_solve.py [--iterations 4] [--batches 1,32] [--seconds 0.5] [--seed 0]
     python bench/servo_solve.py --survey 100        # the distribution behind the test's bounds

@@ -103,7 +103,7 @@ class Case:
 
 
 def steps_for(batch: int, forward: bool) -> int:
-    """Steps per timed call: enough to amortise the call, few enough to keep windows short."""
+    """Return the steps per timed call: enough to amortise the call, few enough to keep windows short."""
     if batch >= 4096:
         return 2
     return 10 if forward else 5
@@ -137,8 +137,10 @@ def bench_ours(case: Case, batch: int, seconds: float):
 
 
 def bench_compiled(case: Case, batch: int, seconds: float):
-    """fwd and fwd+bwd steps/s of the compiled step (physics.compiled.CompiledStep), and the
-    seconds its first forward and first forward+backward calls took (compilation)."""
+    """Fwd and fwd+bwd steps/s of the compiled step (physics.compiled.CompiledStep).
+
+    And the seconds its first forward and first forward+backward calls took (compilation).
+    """
     from diffsim_ros.physics.compiled import CompiledStep
 
     step = CompiledStep(case.sim.system)
@@ -167,8 +169,10 @@ def bench_compiled(case: Case, batch: int, seconds: float):
 
 
 def bench_exported(case: Case, batch: int, seconds: float):
-    """fwd steps/s of the ahead-of-time compiled step (physics.compiled.ExportedStep), and the
-    seconds its first call took (export, and the library's build or load from the cache)."""
+    """Fwd steps/s of the ahead-of-time compiled step (physics.compiled.ExportedStep).
+
+    And the seconds its first call took (export, and the library's build or load from the cache).
+    """
     from diffsim_ros.physics.compiled import ExportedStep
 
     step = ExportedStep(case.sim.system)
@@ -187,7 +191,7 @@ def bench_exported(case: Case, batch: int, seconds: float):
 
 
 def mjx_python(choice):
-    """An interpreter that imports mujoco.mjx and jax: --mjx-python, $DIFFSIM_MJX_PYTHON, or this one."""
+    """Return an interpreter that imports mujoco.mjx and jax: --mjx-python, $DIFFSIM_MJX_PYTHON, or this one."""
     import subprocess
 
     for py in [choice, os.environ.get("DIFFSIM_MJX_PYTHON"), sys.executable]:
@@ -225,7 +229,7 @@ def bench_mjx(py: str, case: Case, batches, seconds: float):
 
 # ----------------------------------------------------------------------------- MuJoCo
 def mj_rollout_fn(case: Case, batch: int):
-    """A callable stepping ``batch`` MuJoCo states K steps, and K."""
+    """Return a callable stepping ``batch`` MuJoCo states K steps, and K."""
     import mujoco
 
     m = case.mj_model
@@ -427,11 +431,13 @@ SOLO12_YAML = os.path.join(REPO_ROOT, "config", "locomotion_velocity_solo12.yaml
 
 
 def solo12_case() -> Case:
-    """example-robot-data's solo12 standing on its four feet: the walker's training file (its
-    contact and servo settings), one physics substep per step, the stance commanded through the
-    position servos. MuJoCo: the same URDF (meshes stripped) on a free joint, our collision boxes
-    as geoms against a plane, one position servo per joint with the same kp and kd, the
-    stand-in's floor (elliptic cone, impratio 100)."""
+    """Return example-robot-data's solo12 standing on its four feet.
+
+    The walker's training file (its contact and servo settings), one physics substep per step, the
+    stance commanded through the position servos. MuJoCo: the same URDF (meshes stripped) on a free
+    joint, our collision boxes as geoms against a plane, one position servo per joint with the same
+    kp and kd, the stand-in's floor (elliptic cone, impratio 100).
+    """
     import mujoco
 
     from diffsim_ros.plant.mujoco_plant import FRICTION_IMPRATIO

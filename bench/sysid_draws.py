@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How often system identification recovers drawn truths: the success rate behind the random
-tests, over many draws instead of one per run.
+"""How often system identification recovers drawn truths.
+
+The success rate behind the random tests, over many draws instead of one per run.
 
     python bench/sysid_draws.py [--kind arm|arm_friction_lag|quadrotor|legged] [--seeds 1-20] [--friction]
                                 [--max-lag 0.06] [--plant simulator|mujoco] [--direct] [--velocity-limits]
@@ -48,7 +49,7 @@ NAMES = {"arm": ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
 
 
 def _legged(seed: int, plant: str):
-    """(result, truth, names, perturbation): the legged test's draw and fit on ``plant``."""
+    """Return (result, truth, names, perturbation): the legged test's draw and fit on ``plant``."""
     import test_legged_analysis as L
     from diffsim_ros.learning.deploy import PolicyRunner
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Where the sysid verdict turns for a wind it cannot model: a constant horizontal force on the
-MuJoCo stand-in quadrotor, drawn as test/analysis/test_sysid_random.py draws it
-(``test_sysid_rejects_a_wind_force_it_cannot_model``: a direction, a mass x0.8-1.2), at each
-force given, several draws each.
+"""Where the sysid verdict turns for a wind it cannot model.
+
+A constant horizontal force on the MuJoCo stand-in quadrotor, drawn as
+test/analysis/test_sysid_random.py draws it (``test_sysid_rejects_a_wind_force_it_cannot_model``:
+a direction, a mass x0.8-1.2), at each force given, several draws each.
 
     python bench/sysid_wind.py [--forces 0.3,0.5,0.7,1.0] [--draws 3] [--seed 5]
 

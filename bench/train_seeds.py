@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How often a training file's recipe trains to its task's threshold, over many seeds: the
-success rate behind a slow training test, instead of one drawn seed per run.
+"""How often a training file's recipe trains to its task's threshold, over many seeds.
+
+The success rate behind a slow training test, instead of one drawn seed per run.
 
     python bench/train_seeds.py --config config/jump.yaml --seeds 1-8 [--jobs 2]
         [--set training.num_envs=32 --set training.lr_schedule=cosine ...]

@@ -74,7 +74,7 @@ def _is_wrapper_key(key: Any) -> bool:
 
 
 def load_yaml(path: PathLike, node: Optional[str] = None) -> Dict[str, Any]:
-    """The ``ros__parameters`` mapping of a ROS 2 parameter file.
+    """Return the ``ros__parameters`` mapping of a ROS 2 parameter file.
 
     Accepted forms: ``{/**: {ros__parameters: P}}``, ``{node_name: {ros__parameters: P}}``
     (several sections are merged in file order, later keys winning; with ``node``
@@ -169,8 +169,11 @@ def simulator_config(params: Dict[str, Any], source: str = "") -> "physics.SimCo
 
 # ---------------------------------------------------------------------------- URDF
 def package_share(package: str = PACKAGE) -> Optional[Path]:
-    """This package's share folder: the source tree when run from it, else the
-    ament index, else ``<sys.prefix>/share/<package>``; None if none exists."""
+    """Return this package's share folder, or None if none exists.
+
+    The share folder is the source tree when run from it, else the ament index, else
+    ``<sys.prefix>/share/<package>``.
+    """
     if package == PACKAGE:
         src = Path(__file__).resolve().parent.parent
         xml = src / "package.xml"
@@ -189,7 +192,7 @@ def package_share(package: str = PACKAGE) -> Optional[Path]:
 
 
 def resolve_urdf(params: Dict[str, Any], source: str = "") -> Path:
-    """The URDF file named by ``params['urdf']`` (see the module doc for the forms)."""
+    """Return the URDF file named by ``params['urdf']`` (see the module doc for the forms)."""
     from .physics.urdf import resolve_uri
 
     uri = params.get("urdf")
@@ -224,15 +227,18 @@ DTYPES = ("float32", "float64")
 
 
 def check_keys(params: Dict[str, Any], known=TRAINING_FILE_KEYS, source: str = "", where: str = "") -> None:
-    """Raise :class:`ConfigError` naming the first key of ``params`` not in ``known`` (with the
-    nearest known names, and the section the key belongs to when it is one of another's)."""
+    """Raise :class:`ConfigError` naming the first key of ``params`` not in ``known``.
+
+    The error gives the nearest known names, and the section the key belongs to when it is one of
+    another's.
+    """
     for k in params:
         if k not in known:
             raise unknown_key(k, known, where).under(where).at(source)
 
 
 def torch_dtype(params: Dict[str, Any], source: str = "", default: str = "float64"):
-    """The torch dtype named by ``params['dtype']`` (float32 or float64; ``default`` if absent)."""
+    """Return the torch dtype named by ``params['dtype']`` (float32 or float64; ``default`` if absent)."""
     import torch
 
     name = params.get("dtype", default)
@@ -252,8 +258,11 @@ def section(params: Dict[str, Any], key: str, source: str = "") -> Dict[str, Any
 
 
 def build_task(params: Dict[str, Any], source: str = "", dtype=None, device="cpu"):
-    """The task of a training file: ``(task, model)`` from its urdf, floating_base, dtype,
-    simulator and task sections (``tasks.make_task``). Errors are ConfigError naming the file."""
+    """Return the task of a training file: ``(task, model)``.
+
+    Both come from the file's urdf, floating_base, dtype, simulator and task sections
+    (``tasks.make_task``). Errors are ConfigError naming the file.
+    """
     from .tasks import make_task
 
     dtype = dtype or torch_dtype(params, source)
@@ -279,10 +288,12 @@ def load_training_file(path: PathLike, dtype=None, device="cpu"):
 
 
 def input_errors() -> tuple:
-    """The exception types that mean bad input from the user's files (a training file, URDF,
-    checkpoint) rather than a bug: the CLI reports them as ``error: ...`` (exit status 2), the
-    main job as the step that failed. SimulationError is one: a simulation that diverges almost
-    always does so from the file's dt, substeps or gains."""
+    """Return the exception types that mean bad input from the user's files rather than a bug.
+
+    The files are a training file, URDF or checkpoint. The CLI reports these exceptions as
+    ``error: ...`` (exit status 2), the main job as the step that failed. SimulationError is one:
+    a simulation that diverges almost always does so from the file's dt, substeps or gains.
+    """
     from .learning.checkpoint import CheckpointError
 
     return (ConfigError, physics.UrdfError, CheckpointError, physics.SimulationError)

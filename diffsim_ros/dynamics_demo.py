@@ -1,6 +1,9 @@
-"""The dynamics core on one robot, as ``diffsim-ros demo`` shows it: random states within the
-joint limits, forward kinematics, CRBA, RNEA and ABA on a batch, their mutual consistency, a
-gradient through ABA, and ABA's speed. No argument handling or printing here (cli/demo.py)."""
+"""The dynamics core on one robot, as ``diffsim-ros demo`` shows it.
+
+Random states within the joint limits, forward kinematics, CRBA, RNEA and ABA on a batch, their
+mutual consistency, a gradient through ABA, and ABA's speed. No argument handling or printing here
+(cli/demo.py).
+"""
 from __future__ import annotations
 
 import math
@@ -52,8 +55,11 @@ def sample_states(model, batch: int, generator):
 
 
 def tip_position(model, poses):
-    """(name, world position) of the link at the end of the longest kinematic chain (ties: the last
-    such link) from one state's link poses (n_links, 4, 4) (``forward_kinematics``)."""
+    """(name, world position) of the link at the end of the longest kinematic chain.
+
+    Ties go to the last such link. It is found from one state's link poses (n_links, 4, 4)
+    (``forward_kinematics``).
+    """
     def depth(b: int) -> int:
         d = 0
         while b >= 0:
@@ -67,6 +73,7 @@ def tip_position(model, poses):
 @dataclass
 class DemoReport:
     """What :func:`run` computed on ``batch`` random states (state 0 for the per-dof rows)."""
+
     dof_names: List[str]
     floating_dofs: int              # leading base dofs (6 for a floating base, else 0)
     rows: List[Tuple[str, float, float, float, float]]   # dof, q (nan for base dofs), M_ii, g(q), qdd|tau=0
@@ -85,7 +92,7 @@ class DemoReport:
 
 def run(model: physics.Model, batch: int, seed: int = 0, time_budget: float = 1.0,
         sync: Callable[[], None] = lambda: None) -> DemoReport:
-    """The demo's computations on ``model`` (``sync`` waits for the device, for timing)."""
+    """Run the demo's computations on ``model`` (``sync`` waits for the device, for timing)."""
     nj = len(model.joint_names)
     nb = model.nv - nj
     base = ["base_vx", "base_vy", "base_vz", "base_wx", "base_wy", "base_wz"]

@@ -1,7 +1,9 @@
-"""The ROS 2 interfaces of diffsim_ros in one place: default topic names and the message
-types on them (doc/interfaces.md describes each). The nodes, the loop, the excitation
-command and the bag analysis read them from here; a node's ``*_topic`` parameter can still
-rename a topic. Plain strings only: importing this module imports no ROS library.
+"""The ROS 2 interfaces of diffsim_ros in one place.
+
+They are the default topic names and the message types on them (doc/interfaces.md describes
+each). The nodes, the loop, the excitation command and the bag analysis read them from here; a
+node's ``*_topic`` parameter can still rename a topic. Plain strings only: importing this module
+imports no ROS library.
 
 Message types are written as rosbag2 and ``ros2 topic`` spell them (``pkg/msg/Name``).
 """

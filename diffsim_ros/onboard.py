@@ -79,8 +79,10 @@ class OnnxPolicy:
         return a[0] if one else a
 
     def command(self, action, joint_positions: Optional[Sequence[float]] = None) -> np.ndarray:
-        """The command (policy.json ``command.names``, ``command.units``) for ``action``;
-        ``joint_positions`` (the measured positions of those joints) for a ``delta`` map."""
+        """Return the command (policy.json ``command.names``, ``command.units``) for ``action``.
+
+        A ``delta`` map also needs ``joint_positions``, the measured positions of those joints.
+        """
         a = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
         scale = np.asarray(self.map["scale"], dtype=np.float64)
         if self.map["type"] == "affine":

@@ -1,6 +1,8 @@
-"""doc/parameters.md, generated: every configuration section's keys from the schema
-(diffsim_ros/schema.py), the tasks' parameters, and every node's ROS parameters from the tables the
-nodes declare them from, so the reference and ``ros2 param describe`` say the same.
+"""doc/parameters.md, generated from the schema, the tasks and the nodes' parameter tables.
+
+It holds every configuration section's keys from the schema (diffsim_ros/schema.py), the tasks'
+parameters, and every node's ROS parameters from the tables the nodes declare them from, so the
+reference and ``ros2 param describe`` say the same.
 
     python -m diffsim_ros.reference --update     # doc/parameters.md and launch/README.md's tables
 
@@ -27,9 +29,11 @@ def _sections():
 
 
 def parameter_reference() -> str:
-    """doc/parameters.md: every section's keys with type, unit, allowed values, default and
-    documentation, from the schema; the tasks' parameters; the nodes' ROS parameters
-    (test_schema checks that the file is current)."""
+    """doc/parameters.md: every section's keys, the tasks' parameters and the nodes' ROS parameters.
+
+    Each key comes with type, unit, allowed values, default and documentation, from the schema
+    (test_schema checks that the file is current).
+    """
     from . import schema
     from .tasks import TASKS
 
@@ -71,8 +75,10 @@ def parameter_reference() -> str:
 
 
 def launch_arguments(path) -> List[Tuple[str, str, str]]:
-    """``(name, default, description)`` of a launch file's ``ARGUMENTS`` table, read without
-    importing launch (the file's literal list)."""
+    """``(name, default, description)`` of a launch file's ``ARGUMENTS`` table.
+
+    It is read without importing launch (the file's literal list).
+    """
     import ast
     from pathlib import Path
 
@@ -88,7 +94,7 @@ def _cell(text: str) -> str:
 
 
 def launch_table(path) -> str:
-    """The markdown table of a launch file's arguments (launch/README.md holds one per file)."""
+    """Return the markdown table of a launch file's arguments (launch/README.md holds one per file)."""
     rows = ["| argument | default | meaning |", "|---|---|---|"]
     for name, default, text in launch_arguments(path):
         rows.append(f"| `{name}` | `{default or chr(34) * 2}` | {_cell(text)} |")
@@ -96,8 +102,11 @@ def launch_table(path) -> str:
 
 
 def update_launch_readme(readme) -> str:
-    """The text of launch/README.md with each ``<!-- arguments: FILE -->`` ... ``<!-- end -->``
-    block replaced by FILE's argument table (FILE beside the README)."""
+    """Return the text of launch/README.md with each arguments block replaced by FILE's argument table.
+
+    An arguments block runs from ``<!-- arguments: FILE -->`` to ``<!-- end -->``; FILE is
+    beside the README.
+    """
     import re
     from pathlib import Path
 

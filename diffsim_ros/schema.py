@@ -1,6 +1,7 @@
-"""Configuration sections declared once: dataclass fields carrying their documentation, unit,
-default and range, read from mappings (YAML sections, ROS parameters) with the key path in
-every error.
+"""Configuration sections declared once: dataclass fields carrying their documentation, unit, default and range.
+
+The sections are read from mappings (YAML sections, ROS parameters) with the key path in every
+error.
 
     @schema.section("simulator")
     @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class ConfigError(ValueError):
     ``ConfigError(text)``: a finished message. ``ConfigError(text, key="dt")``: a message about
     the key ``dt``; the text may hold ``{key}`` where the quoted key path goes, else the key
     leads (``'simulator.dt' must be > 0 s, got -1``). :meth:`under` prefixes a section,
-    :meth:`at` the source (a file name)."""
+    :meth:`at` the source (a file name).
+    """
 
     def __init__(self, message: str, key: Optional[str] = None, source: str = ""):
         self.message, self.key, self.source = message, key, source
@@ -76,14 +78,16 @@ class ConfigError(ValueError):
         return (type(self), (self.message, self.key, self.source))
 
     def under(self, prefix: str) -> "ConfigError":
-        """The same error one section down: key ``prefix.key`` (``prefix`` when the error is
-        about the section itself)."""
+        """Return the same error one section down: key ``prefix.key``.
+
+        The key is ``prefix`` when the error is about the section itself.
+        """
         if not prefix or self.key is None:
             return self
         return type(self)(self.message, f"{prefix}.{self.key}" if self.key else prefix, self.source)
 
     def at(self, source: str) -> "ConfigError":
-        """The same error read from ``source`` (e.g. the file name), which prefixes the message."""
+        """Return the same error read from ``source`` (e.g. the file name), which prefixes the message."""
         if not source or self.source:
             return self
         return type(self)(self.message, self.key, source)
@@ -93,12 +97,13 @@ class ConfigError(ValueError):
 def option(default: Any = MISSING, doc: str = "", unit: str = "", *, low: Optional[float] = None,
            high: Optional[float] = None, above: Optional[float] = None, choices: Optional[tuple] = None,
            broadcast: bool = False, ros: bool = True, ros_null: Any = None) -> Any:
-    """A dataclass field with its documentation, unit and allowed values.
+    """Return a dataclass field with its documentation, unit and allowed values.
 
     ``low``/``high``: inclusive bounds; ``above``: exclusive lower bound (each entry of a list);
     ``choices``: the allowed values (of each entry of a list); ``broadcast``: a single number
     stands for all entries of a fixed-length list; ``ros``: declared as a ROS parameter;
-    ``ros_null``: the value that stands for null (None) as a ROS parameter, which cannot be null."""
+    ``ros_null``: the value that stands for null (None) as a ROS parameter, which cannot be null.
+    """
     meta = {"doc": " ".join(doc.split()), "unit": unit, "low": low, "high": high, "above": above,
             "choices": tuple(choices) if choices is not None else None, "broadcast": broadcast, "ros": ros,
             "ros_null": ros_null}
@@ -109,17 +114,22 @@ _SECTIONS: Dict[str, type] = {}
 
 
 def section(name: str):
-    """Class decorator: registers the dataclass as the section ``name`` (a dotted key path, e.g.
-    ``simulator.rotors``), gives it ``from_mapping(mapping, where=name)`` and appends its fields'
-    documentation to its docstring."""
+    """Class decorator: registers the dataclass as the section ``name``.
+
+    ``name`` is a dotted key path, e.g. ``simulator.rotors``. The decorator gives the class
+    ``from_mapping(mapping, where=name)`` and appends its fields' documentation to its docstring.
+    """
 
     def register(cls):
         _SECTIONS[name] = cls
         cls.section_name = name
         if "from_mapping" not in cls.__dict__:
             def build(c, d, where: str = name):
-                """Build from a mapping (a YAML section or node parameters); unknown keys, wrong
-                types and values out of range are a :class:`ConfigError` naming the key path."""
+                """Build from a mapping (a YAML section or node parameters).
+
+                Unknown keys, wrong types and values out of range are a :class:`ConfigError`
+                naming the key path.
+                """
                 return from_mapping(c, d, where)
             cls.from_mapping = classmethod(build)
         lines = [f"    {e.name}: {describe(e)}" for e in entries(cls)]
@@ -129,7 +139,7 @@ def section(name: str):
 
 
 def sections() -> Dict[str, type]:
-    """The registered sections, by key path (those whose modules were imported)."""
+    """Return the registered sections, by key path (those whose modules were imported)."""
     return dict(_SECTIONS)
 
 
@@ -143,8 +153,10 @@ def _hints(cls) -> Dict[str, Any]:
 
 
 def unknown_key(key: str, known, owner: str = "") -> ConfigError:
-    """The error for ``key``, not one of ``known``: the nearest names, and the section that does
-    have it. ``owner``: the section's own path, not suggested as the right one."""
+    """Return the error for ``key``, not one of ``known``: the nearest names, and the section that does have it.
+
+    ``owner``: the section's own path, not suggested as the right one.
+    """
     known = list(known)
     text = "unknown key {key}"
     homes = [name for name, cls in _SECTIONS.items()
@@ -160,9 +172,11 @@ def unknown_key(key: str, known, owner: str = "") -> ConfigError:
 
 
 def from_mapping(cls, data: Any, path: str = ""):
-    """An instance of the section ``cls`` from a mapping (an instance passes through). Every
-    error names the key path under ``path``; it is of the class's ``config_error`` type when it
-    names one (a ConfigError subclass), else a ConfigError."""
+    """Return an instance of the section ``cls`` from a mapping (an instance passes through).
+
+    Every error names the key path under ``path``; it is of the class's ``config_error`` type when
+    it names one (a ConfigError subclass), else a ConfigError.
+    """
     if isinstance(data, cls):
         return data
     try:
@@ -182,12 +196,13 @@ def from_mapping(cls, data: Any, path: str = ""):
 
 
 def normalise(obj) -> None:
-    """Check and convert every field of the frozen dataclass ``obj`` in place (its
-    ``__post_init__``): lists become tuples, ints floats where the field is a float, nested
-    mappings sections; then the rules between fields (``obj.check()``, unless the class sets
-    ``check_when_read``: then only :func:`from_mapping` runs them). A wrong type, a value out of
-    range or a broken rule raises the class's ``config_error`` (default ConfigError) naming the
-    field."""
+    """Check and convert every field of the frozen dataclass ``obj`` in place (its ``__post_init__``).
+
+    Lists become tuples, ints floats where the field is a float, nested mappings sections; then
+    the rules between fields (``obj.check()``, unless the class sets ``check_when_read``: then only
+    :func:`from_mapping` runs them). A wrong type, a value out of range or a broken rule raises the
+    class's ``config_error`` (default ConfigError) naming the field.
+    """
     cls = type(obj)
     try:
         hints = _hints(cls)
@@ -202,8 +217,10 @@ def normalise(obj) -> None:
 
 
 def convert_value(tp, val, key: str, meta: Optional[Mapping[str, Any]] = None):
-    """``val`` checked and converted to the annotation ``tp`` as a field of that type would be
-    (``Sequence[X]`` reads as ``Tuple[X, ...]``); ConfigError names ``key``."""
+    """``val`` checked and converted to the annotation ``tp`` as a field of that type would be.
+
+    ``Sequence[X]`` reads as ``Tuple[X, ...]``; ConfigError names ``key``.
+    """
     return _convert(tp, val, meta or {}, key)
 
 
@@ -312,7 +329,7 @@ def _element(tp, val, meta, key: str):
 
 
 def _bounds(meta: Mapping[str, Any]) -> str:
-    """The allowed range as text: "> 0", ">= 1", "<= 1", "in (0, 1]", "in [0, 1]", "" when none."""
+    """Return the allowed range as text: "> 0", ">= 1", "<= 1", "in (0, 1]", "in [0, 1]", "" when none."""
     lo, above, hi = meta.get("low"), meta.get("above"), meta.get("high")
     if hi is not None and (lo is not None or above is not None):
         return f"in {'(' if above is not None else '['}{(above if above is not None else lo):g}, {hi:g}]"
@@ -342,6 +359,7 @@ def _check_value(val, meta: Mapping[str, Any], key: str, what: str = "") -> None
 @dataclass(frozen=True)
 class Entry:
     """One field of a section, for ROS parameter descriptors and the parameter reference."""
+
     name: str                  # dotted path under the section, e.g. "rotors.drag_linear"
     type: Any
     default: Any
@@ -377,8 +395,10 @@ def type_name(tp) -> str:
 
 
 def entries(cls, prefix: str = "") -> Iterator[Entry]:
-    """Every field of the section ``cls``, nested sections expanded (their own entry is not
-    listed), with dotted names under ``prefix``."""
+    """Every field of the section ``cls``, nested sections expanded, with dotted names under ``prefix``.
+
+    A nested section's own entry is not listed.
+    """
     hints = _hints(cls)
     for f in fields(cls):
         name = f"{prefix}.{f.name}" if prefix else f.name
@@ -424,9 +444,11 @@ def show(val) -> str:
 
 
 def ros_parameters(cls, prefix: str) -> List[Tuple[str, Any, str]]:
-    """``(name, default, description)`` of every field of the section ``cls`` that is a ROS
-    parameter, named ``prefix.field``: defaults as ROS holds them (lists for tuples, the field's
-    ``ros_null`` for None) and the description of :func:`describe`."""
+    """``(name, default, description)`` of every field of the section ``cls`` that is a ROS parameter.
+
+    Each is named ``prefix.field``; defaults are as ROS holds them (lists for tuples, the field's
+    ``ros_null`` for None) and the description is that of :func:`describe`.
+    """
     out = []
     for e in entries(cls, prefix):
         if not e.ros:
@@ -443,6 +465,8 @@ def ros_parameters(cls, prefix: str) -> List[Tuple[str, Any, str]]:
 
 
 def ros_constraints(cls, prefix: str) -> Dict[str, str]:
-    """``{prefix.field: constraints}`` of the section ``cls``'s ROS parameters that have a range
-    or a set of values: the ParameterDescriptor's additional_constraints (``ros2 param describe``)."""
+    """``{prefix.field: constraints}`` of the section ``cls``'s ROS parameters that have a range or a set of values.
+
+    They are the ParameterDescriptor's additional_constraints (``ros2 param describe``).
+    """
     return {e.name: e.constraints for e in entries(cls, prefix) if e.ros and e.constraints}

@@ -85,9 +85,12 @@ ARGUMENTS = [
 
 
 def gazebo_description(robot: str, urdf: str) -> str:
-    """The robot_description Gazebo spawns: for the arm, its xacro with the <ros2_control> tag and
-    the gz_ros2_control plugin (controllers from config/controller_arm_gazebo.yaml); the same
-    physics as the plain URDF the policy was trained on."""
+    """Return the robot_description Gazebo spawns.
+
+    For the arm, its xacro with the <ros2_control> tag and the gz_ros2_control plugin (controllers
+    from config/controller_arm_gazebo.yaml); the same physics as the plain URDF the policy was
+    trained on.
+    """
     if robot == "arm":
         import xacro
 

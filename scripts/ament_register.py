@@ -29,7 +29,7 @@ PACKAGE = "diffsim_ros"
 
 
 def setup_arguments(root: Path) -> dict:
-    """The keyword arguments setup.py passes to setuptools.setup (run with setup() captured)."""
+    """Return the keyword arguments setup.py passes to setuptools.setup (run with setup() captured)."""
     import setuptools
 
     captured: dict = {}
@@ -48,7 +48,7 @@ def setup_arguments(root: Path) -> dict:
 
 
 def wanted_links(root: Path, prefix: Path) -> Dict[Path, Path]:
-    """link path under prefix -> the file it points to."""
+    """Link path under prefix -> the file it points to."""
     args = setup_arguments(root)
     links: Dict[Path, Path] = {}
     for dest, files in args["data_files"]:

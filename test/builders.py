@@ -1,6 +1,8 @@
-"""What several test files build, defined once: URDF text of the simple bodies they drop on the
-ground, checkpoints of untrained policies for the shipped training files, and the small hover
-task the trainer's tests train."""
+"""What several test files build, defined once.
+
+URDF text of the simple bodies they drop on the ground, checkpoints of untrained policies for
+the shipped training files, and the small hover task the trainer's tests train.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -22,13 +24,15 @@ GAIT_KEYS = ("gait_period", "gait_offsets", "gait_duty", "swing_height", "gait_w
 
 
 def without_gait(spec: dict) -> dict:
-    """A task section without the gait clock, the slip loss and the odometry (:data:`GAIT_KEYS`)."""
+    """Return a task section without the gait clock, the slip loss and the odometry (:data:`GAIT_KEYS`)."""
     return {k: v for k, v in spec.items() if k not in GAIT_KEYS}
 
 
 def box_urdf(mass: float, size) -> str:
-    """A free box of ``mass`` kg and edge lengths ``size`` (x, y, z) m: its inertia about the centre,
-    its collision box."""
+    """Return the URDF of a free box of ``mass`` kg and edge lengths ``size`` (x, y, z) m.
+
+    It has its inertia about the centre and its collision box.
+    """
     sx, sy, sz = size
     return f"""<robot name="box"><link name="box">
   <inertial><mass value="{mass}"/><inertia ixx="{mass * (sy**2 + sz**2) / 12}" iyy="{mass * (sx**2 + sz**2) / 12}"
@@ -38,7 +42,7 @@ def box_urdf(mass: float, size) -> str:
 
 
 def ball_urdf(mass: float, radius: float) -> str:
-    """A free solid ball of ``mass`` kg and ``radius`` m."""
+    """Return the URDF of a free solid ball of ``mass`` kg and ``radius`` m."""
     i = 0.4 * mass * radius ** 2
     return f"""<robot name="ball"><link name="ball">
   <inertial><mass value="{mass}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" ixy="0" ixz="0" iyz="0"/></inertial>
@@ -47,9 +51,11 @@ def ball_urdf(mass: float, radius: float) -> str:
 
 
 def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0, task_options=None):
-    """A checkpoint of an untrained policy for config/<cfg_name>.yaml with output weights scaled
-    up, so that actions spread over [-1, 1] (and some commands hit the limits); ``task_options``
-    override keys of the file's task section."""
+    """Write a checkpoint of an untrained policy for config/<cfg_name>.yaml.
+
+    Its output weights are scaled up, so that actions spread over [-1, 1] (and some commands hit
+    the limits); ``task_options`` override keys of the file's task section.
+    """
     params, task, model = config.load_training_file(REPO_ROOT / "config" / f"{cfg_name}.yaml")
     if task_options:
         params["task"] = {**params["task"], **task_options}
@@ -68,8 +74,10 @@ def make_checkpoint(cfg_name: str, out, seed: int = 0, gain: float = 8.0, task_o
 
 
 def hover_task(horizon=50, settle_time=0.6, start_radius=0.2, mode="hover", **kw):
-    """A small quadrotor task (``mode`` hover, waypoint or velocity) on the project quadrotor:
-    float32, 0.02 s control steps of 4 substeps, no ground."""
+    """Build a small quadrotor task (``mode`` hover, waypoint or velocity) on the project quadrotor.
+
+    float32, 0.02 s control steps of 4 substeps, no ground.
+    """
     m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_quadrotor.urdf"), floating_base=True,
                           dtype=torch.float32)
     sc = config.simulator_config(config.load_yaml(REPO_ROOT / "config" / "diffsim_quadrotor.yaml"))

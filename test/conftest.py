@@ -25,8 +25,11 @@ PROJECT_URDFS: Dict[str, Path] = {
 
 
 def drawn_seed(name: str, env: str, bits: int = 32) -> int:
-    """A seed drawn afresh for each run (``bits`` random bits), or the one in the environment
-    variable ``env`` (a replay); printed with the line that replays it."""
+    """Draw a seed afresh for each run (``bits`` random bits), or take the one in ``env``.
+
+    The environment variable ``env`` holds a replay's seed; the seed is printed with the line
+    that replays it.
+    """
     given = os.environ.get(env)
     seed = int(given) if given else int.from_bytes(os.urandom(bits // 8), "little")
     print(f"{name}: seed {seed} (replay: {env}={seed})")
@@ -34,8 +37,10 @@ def drawn_seed(name: str, env: str, bits: int = 32) -> int:
 
 
 def drawn_away(rng, lo: float, hi: float, nominal: float, gap: float) -> float:
-    """A draw of ``rng`` uniform in [lo, hi] at least ``gap`` from ``nominal`` (a perturbation the
-    identification must find, not one it could miss by staying put)."""
+    """Draw ``rng`` uniform in [lo, hi] at least ``gap`` from ``nominal``.
+
+    A perturbation the identification must find, not one it could miss by staying put.
+    """
     while True:
         x = float(rng.uniform(lo, hi))
         if abs(x - nominal) >= gap:
@@ -43,7 +48,7 @@ def drawn_away(rng, lo: float, hi: float, nominal: float, gap: float) -> float:
 
 
 def example_robot_data_dir() -> Optional[Path]:
-    """The ``example-robot-data/robots`` folder of the pip package, or None.
+    """Find the ``example-robot-data/robots`` folder of the pip package, or None.
 
     Its URDFs name meshes ``package://example-robot-data/robots/...``; the
     package folder is ``<...>/cmeel.prefix/share/example-robot-data``.
@@ -81,8 +86,11 @@ _torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    """Every test module runs on one intra-op thread (small batches are faster without OpenMP
-    barriers on a busy machine), whatever a test before it set (test_compiled compiles with two)."""
+    """Every test module runs on one intra-op thread.
+
+    Small batches are faster without OpenMP barriers on a busy machine; this holds whatever a
+    test before it set (test_compiled compiles with two).
+    """
     n = _torch.get_num_threads()
     _torch.set_num_threads(1)
     yield
@@ -90,7 +98,7 @@ def _one_thread():
 
 
 def console_script(name: str) -> str:
-    """The console script ``name`` next to this interpreter, else on PATH (the loop's lookup)."""
+    """Find the console script ``name`` next to this interpreter, else on PATH (the loop's lookup)."""
     from diffsim_ros.workflows.loop import console_script as lookup
 
     return lookup(name)
@@ -122,7 +130,7 @@ def spin_until(ex, cond, timeout: float) -> bool:
 
 
 def ros_context(domain: int):
-    """A generator for a module fixture: an rclpy context of its own on ``domain``, shut down after."""
+    """Yield an rclpy context of its own on ``domain``, shut down after: a generator for a module fixture."""
     import rclpy
 
     ctx = rclpy.context.Context()
@@ -134,7 +142,7 @@ def ros_context(domain: int):
 
 
 def ros_domain(span: int = 1) -> int:
-    """A random ROS_DOMAIN_ID d with d .. d + span - 1 used by this pytest process alone.
+    """Draw a random ROS_DOMAIN_ID d with d .. d + span - 1 used by this pytest process alone.
 
     The suite runs in pytest-xdist workers (scripts/test.sh): each worker draws from its
     own slice of 1..200, so tests running at the same time never share a DDS domain;
@@ -150,9 +158,11 @@ def ros_domain(span: int = 1) -> int:
 
 
 def rcl_parameters(path, node: str = "diffsim_param_file_check") -> dict:
-    """The parameters rcl's own parser reads from the ROS 2 parameter file ``path`` for a node named
-    ``node`` (through rclpy, the node declaring its overrides), nested as config.load_yaml gives
-    them, arrays as lists."""
+    """Read the parameters rcl's own parser reads from the ROS 2 parameter file ``path``.
+
+    The parameters are for a node named ``node`` (read through rclpy, the node declaring its
+    overrides), nested as config.load_yaml gives them, arrays as lists.
+    """
     import rclpy
     from rclpy.node import Node
 
@@ -193,7 +203,7 @@ def run_main(capsys, *argv):
 
 
 def csv_rows(path) -> list:
-    """The rows of a training.csv, as written (strings)."""
+    """Read the rows of a training.csv, as written (strings)."""
     import csv
 
     with open(path, newline="") as f:
@@ -201,7 +211,7 @@ def csv_rows(path) -> list:
 
 
 def without_time(rows) -> list:
-    """The rows as written, less wall_time (the one column two runs cannot share)."""
+    """Return the rows as written, less wall_time (the one column two runs cannot share)."""
     return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
 
 

@@ -38,7 +38,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def example_robot_data_dir() -> Optional[str]:
-    """The example-robot-data ``robots`` folder, found on sys.path, or None."""
+    """Find the example-robot-data ``robots`` folder on sys.path, or return None."""
     for entry in sys.path:
         candidate = os.path.join(entry, ERD_SUFFIX)
         if os.path.isdir(candidate):
@@ -151,8 +151,11 @@ ROBOTS_BY_NAME = {case.name: case for case in ROBOTS}
 
 
 def robot_path(name: str) -> str:
-    """The URDF of a robot of ROBOTS, for a test: skips when example-robot-data is
-    not installed; fails when a project URDF is missing (they are part of the package)."""
+    """Return the URDF of a robot of ROBOTS, for a test.
+
+    Skips when example-robot-data is not installed; fails when a project URDF is missing (they
+    are part of the package).
+    """
     import pytest
     case = ROBOTS_BY_NAME[name]
     if not case.project and example_robot_data_dir() is None:
@@ -176,8 +179,10 @@ def load_ours(name: str, dtype=None, device="cpu"):
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray, event_dims: int = 1) -> np.ndarray:
-    """Per-sample relative error ``|ours - ref| / max(|ref|, 1)`` (Frobenius over
-    the last ``event_dims`` dimensions)."""
+    """Per-sample relative error ``|ours - ref| / max(|ref|, 1)``.
+
+    The Frobenius norm is over the last ``event_dims`` dimensions.
+    """
     ours = np.asarray(ours, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert ours.shape == ref.shape, (ours.shape, ref.shape)
@@ -193,7 +198,7 @@ def symmetrised(upper: np.ndarray) -> np.ndarray:
 
 
 def free_flyer_integrate_jacobian(q_base: np.ndarray) -> np.ndarray:
-    """d q(δ) / d δ at δ = 0 for Pinocchio's free flyer, q(δ) = pin.integrate(q, δ).
+    """Compute d q(δ) / d δ at δ = 0 for Pinocchio's free flyer, q(δ) = pin.integrate(q, δ).
 
     q = (p, quat xyzw), δ = (δ_lin, δ_ang) in the body frame:
     p(δ) = p + R δ_lin + O(δ²), quat(δ) = quat ⊗ (δ_ang / 2, 1) + O(δ²).
@@ -296,7 +301,7 @@ class PinReference:
         return np.asarray(v_pin)[self.v_index]
 
     def mat_from_pin(self, mat: np.ndarray) -> np.ndarray:
-        """An (nv, nv) matrix in Pinocchio's v order (rows and columns) to ours."""
+        """Map an (nv, nv) matrix in Pinocchio's v order (rows and columns) to ours."""
         return np.asarray(mat)[np.ix_(self.v_index, self.v_index)]
 
     # ---- algorithms (one state) ------------------------------------------
@@ -305,8 +310,10 @@ class PinReference:
         return np.stack([self.data.oMf[i].homogeneous for i in self.frame_ids])
 
     def link_jacobians(self, q):
-        """Linear part of every link's frame Jacobian in world-aligned axes at the link
-        origin (LOCAL_WORLD_ALIGNED), (n_links, 3, nv) with columns in our v order."""
+        """Linear part of every link's frame Jacobian in world-aligned axes at the link origin.
+
+        LOCAL_WORLD_ALIGNED, (n_links, 3, nv) with columns in our v order.
+        """
         qp = self.q_to_pin(q)
         pin.computeJointJacobians(self.model, self.data, qp)
         pin.framesForwardKinematics(self.model, self.data, qp)
@@ -337,7 +344,8 @@ class PinReference:
         """(ddq_dq, ddq_dv, Minv) in our v order, rows and columns.
 
         ddq_dq is Pinocchio's: with respect to the tangent perturbation
-        q ⊕ δ (pin.integrate), δ in our v order."""
+        q ⊕ δ (pin.integrate), δ in our v order.
+        """
         if self.mimic:  # no ABA derivatives with mimic joints: central differences of aba
             h, eye = 1e-6, np.eye(self.nv)
             dq = np.stack([(self.aba(self.integrate(q, h * e), v, tau)
@@ -353,7 +361,8 @@ class PinReference:
         """Pinocchio's q ⊕ δ for the free-flyer part, joints added plainly (our q order).
 
         Only for models without continuous joints (where q_to_pin is not invertible
-        by slicing)."""
+        by slicing).
+        """
         assert all(nq == 1 for _, nq in self.q_slots)
         qp = pin.integrate(self.model, self.q_to_pin(q), self.v_to_pin(delta))
         out = np.array(q, dtype=np.float64)
@@ -368,7 +377,7 @@ class PinReference:
 
 
 def random_states(lower: np.ndarray, upper: np.ndarray, floating: bool, n: int, seed: int):
-    """n random states in our ordering (numpy float64).
+    """Draw n random states in our ordering (numpy float64).
 
     q: joint positions uniform within [lower, upper], or [-π, π] where a limit
     is infinite (continuous joints); for a floating base a position ~ N(0, 1)

@@ -93,8 +93,11 @@ def test_torch_is_pinned():
 
 
 def test_bootstrap_fast_path_on_this_venv():
-    """The real venv running these tests: with its stamp current, a second
-    bootstrap returns at once and installs nothing."""
+    """Bootstrap's fast path on this venv installs nothing.
+
+    The real venv running these tests: with its stamp current, a second
+    bootstrap returns at once and installs nothing.
+    """
     venv = Path(sys.prefix)
     stamp = venv / ".diffsim_ros_stamp"
     want = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in

@@ -1,9 +1,11 @@
-"""The sources pass the code checks a ``ros2 pkg create`` package starts with and a static type
-check, each run in the repository root under the repository's own configuration and reporting
+"""The sources pass the code checks of a ``ros2 pkg create`` package and a static type check.
+
+Each check runs in the repository root under the repository's own configuration and reports
 nothing:
 
 - lint: ``ruff check .`` under ruff.toml (ament_flake8's set: pycodestyle's E and W, pyflakes'
-  F, at 120 columns);
+  F, at 120 columns; ament_pep257's: pydocstyle's D rules under the pep257 convention, no
+  docstring required);
 - types: ``mypy`` under mypy.ini (the physics core and the schema; every ``# type:
   ignore[code]`` there names its code and says why, and an ignore or a cast no longer needed is
   itself a finding).

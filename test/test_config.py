@@ -1,5 +1,7 @@
-"""Configuration files: config/*.yaml load (as ROS 2 reads them too) and fly; bad
-keys, types and values are errors that name the file and the key."""
+"""Configuration files: config/*.yaml load (as ROS 2 reads them too) and fly.
+
+Bad keys, types and values are errors that name the file and the key.
+"""
 from __future__ import annotations
 
 import textwrap
@@ -34,8 +36,11 @@ def sim_from(params: dict, source: str = ""):
 # ------------------------------------------------------------------------ the shipped files
 @pytest.mark.parametrize("name", sorted(QUADROTOR_YAMLS))
 def test_quadrotor_yaml_hovers_at_mg(name):
-    """Each quadrotor YAML loads, hover needs 50-60 % of full thrust, and a constant
-    CTBR command of (m g, 0, 0, 0) keeps it in place for 1 s."""
+    """Each quadrotor YAML hovers at m g.
+
+    Each quadrotor YAML loads, hover needs 50-60 % of full thrust, and a constant
+    CTBR command of (m g, 0, 0, 0) keeps it in place for 1 s.
+    """
     path = QUADROTOR_YAMLS[name]
     params = config.load_yaml(path)
     assert params["floating_base"] is True
@@ -67,8 +72,11 @@ def test_quadrotor_yaml_hovers_at_mg(name):
 
 
 def test_quadrotor_yaml_climbs_and_turns():
-    """The CTBR interface responds in the right sense: more thrust climbs, a yaw-rate
-    command yaws (rotor directions and torque coefficient have the right sign)."""
+    """A quadrotor YAML climbs and turns.
+
+    The CTBR interface responds in the right sense: more thrust climbs, a yaw-rate
+    command yaws (rotor directions and torque coefficient have the right sign).
+    """
     params = config.load_yaml(QUADROTOR_YAMLS["diffsim_quadrotor"])
     model, sim = sim_from(params)
     mg = float(model.mass.sum()) * G
@@ -86,8 +94,11 @@ def test_quadrotor_yaml_climbs_and_turns():
 
 @pytest.mark.ros
 def test_yaml_is_a_valid_ros2_parameter_file():
-    """rcl's own parser (through rclpy) accepts each shipped file and reads the same
-    values as config.load_yaml: no nested lists, no mixed-type lists, no nulls."""
+    """Each shipped file is a valid ROS 2 parameter file.
+
+    rcl's own parser (through rclpy) accepts each shipped file and reads the same
+    values as config.load_yaml: no nested lists, no mixed-type lists, no nulls.
+    """
     pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")
     import yaml
 

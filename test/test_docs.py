@@ -40,9 +40,12 @@ def rel(page: Path) -> str:
 
 
 def paragraphs(text: str):
-    """(first line number, text) of every paragraph outside fenced code blocks (its lines joined
-    by newlines; a heading or table row is a paragraph of its own where no blank line parts it,
-    which does not matter here), and the fenced blocks' lines."""
+    """Split a page into its paragraphs outside fenced code blocks, and the fenced blocks' lines.
+
+    Returns (first line number, text) of every paragraph outside fenced code blocks (its lines
+    joined by newlines; a heading or table row is a paragraph of its own where no blank line parts
+    it, which does not matter here), and the fenced blocks' lines.
+    """
     paras, block, code, fenced, start = [], [], [], False, 0
     for number, line in enumerate(text.splitlines(), 1):
         if FENCE.match(line.strip()):
@@ -64,8 +67,11 @@ def paragraphs(text: str):
 
 
 def split_page(text: str):
-    """(prose lines, code text): the lines outside fenced blocks, and every fenced block's lines
-    plus every inline code span (which may run over a line break), joined by newlines."""
+    """Split a page into (prose lines, code text).
+
+    The lines outside fenced blocks, and every fenced block's lines plus every inline code span
+    (which may run over a line break), joined by newlines.
+    """
     paras, code = paragraphs(text)
     prose = [line for _, para in paras for line in para.split("\n")]
     code = code + [m.group(2) for _, para in paras for m in INLINE_CODE.finditer(para)]
@@ -82,15 +88,18 @@ def links(text: str):
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: links reduced to their text, lower case, everything but
-    letters, digits, '_', '-' and spaces dropped, spaces to hyphens."""
+    """Return GitHub's anchor of a heading.
+
+    Links reduced to their text, lower case, everything but letters, digits, '_', '-' and spaces
+    dropped, spaces to hyphens.
+    """
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
 
 
 def anchors(text: str) -> set:
-    """The anchors of a page's headings (a repeated heading's get -1, -2, ... as on GitHub)."""
+    """Return the anchors of a page's headings (a repeated heading's get -1, -2, ... as on GitHub)."""
     prose, _ = split_page(text)
     seen, out = {}, set()
     for line in prose:
@@ -131,8 +140,11 @@ def test_relative_links_resolve(page):
 
 
 def test_a_broken_link_is_caught():
-    """The check itself: a missing file, a missing heading and a path out of the repository
-    fail; links in code do not count."""
+    """A broken link is caught.
+
+    The check itself: a missing file, a missing heading and a path out of the repository
+    fail; links in code do not count.
+    """
     text = ("# Probe\n\n[ok](architecture.md#layers) [self](#probe) ![a](../policies/hover/learning_curve.png)\n"
             "[gone](no_such_page.md) [anchor](architecture.md#no-such-heading) [out](../../outside.md)\n"
             "`[not a link](nowhere.md)`\n```\n[in code](nowhere.md)\n```\n")
@@ -194,8 +206,11 @@ def named_commands(code: str):
 
 
 def wrong_names(page: Path, commands: dict, scripts: dict, text: Optional[str] = None) -> list:
-    """'PAGE: what' for every command, script, launch file, module or path the code of ``page``
-    (its ``text``) names that does not exist."""
+    """List what the code of ``page`` names that does not exist.
+
+    'PAGE: what' for every command, script, launch file, module or path the code of ``page``
+    (its ``text``) names that does not exist.
+    """
     text = page.read_text() if text is None else text
     _, code = split_page(text)
     bad = []
@@ -264,8 +279,11 @@ def test_a_wrong_name_is_caught(commands):
 
 
 def test_the_readme_and_evaluate_page_show_one_preset_table():
-    """README.md's table of the hardware preset (checked against plant.PRESETS by
-    test/plant/test_perturbation.py) and doc/evaluate.md's are the same rows."""
+    """The README and the evaluate page show one preset table.
+
+    README.md's table of the hardware preset (checked against plant.PRESETS by
+    test/plant/test_perturbation.py) and doc/evaluate.md's are the same rows.
+    """
     def rows(path):
         return [line for line in path.read_text().splitlines() if re.match(r"\| (arm|legged|multirotor) \|", line)]
 

@@ -1,5 +1,7 @@
-"""End to end over DDS: the console scripts mujoco_plant, policy_controller and
-trajectory_recorder as separate processes on an isolated ROS_DOMAIN_ID, lockstep.
+"""End to end over DDS, lockstep.
+
+The console scripts mujoco_plant, policy_controller and trajectory_recorder run as separate
+processes on an isolated ROS_DOMAIN_ID, lockstep.
 
 * Quadrotor hover: the controller drives the MuJoCo stand-in from an offset start
   to the hover point; judged by the task's own success metric (QuadrotorTask.success
@@ -57,8 +59,11 @@ ARM_TYPES = ["/joint_states:sensor_msgs/msg/JointState",
 
 # ---------------------------------------------------------------------------- checkpoints
 def hover_checkpoint(tmp_path_factory) -> Path:
-    """policies/hover if the pretrained one is there; else the small hover instance of
-    builders.hover_task trained here (it reaches the success threshold in a few dozen iterations)."""
+    """Return the hover checkpoint: policies/hover if the pretrained one is there.
+
+    Else the small hover instance of builders.hover_task trained here (it reaches the success
+    threshold in a few dozen iterations).
+    """
     if (POLICIES / "hover" / "policy.json").is_file():
         return POLICIES / "hover"
     from builders import hover_task
@@ -193,17 +198,23 @@ def read_bag(path: Path):
 
 
 def latched_after(msgs, n, in_transit=3):
-    """The ``n`` commands from the first safe (all-zero) one on. Under load up to ``in_transit``
+    """Return the ``n`` commands from the first safe (all-zero) one on.
+
+    Under load up to ``in_transit``
     policy commands published before the switch can still arrive after the observer's mark; the
-    first safe one must come within them, and every command after it must be safe too."""
+    first safe one must come within them, and every command after it must be safe too.
+    """
     first = next((i for i, m in enumerate(msgs) if np.all(np.array(m.data) == 0.0)), None)
     assert first is not None and first <= in_transit, [list(m.data) for m in msgs]
     return msgs[first:first + n]
 
 
 def first_per_label(msgs):
-    """{state stamp: the first command computed from it} (a watchdog's safe command, sent later, carries
-    the stamp of the latest state too)."""
+    """Map each state stamp to the first command computed from it.
+
+    {state stamp: the first command computed from it} (a watchdog's safe command, sent later, carries
+    the stamp of the latest state too).
+    """
     out = {}
     for m in msgs:
         out.setdefault(int(m.layout.dim[0].label), np.array(m.data))
@@ -229,7 +240,7 @@ def odom_state(runner, m) -> State:
 
 
 def episode_success(task, states, target) -> bool:
-    """The task's success over an episode given its states s_0..s_H (as Task.rollout_success)."""
+    """Judge the task's success over an episode given its states s_0..s_H (as Task.rollout_success)."""
     ts = TaskState(states[0], target)
     ts.extra = {k: v.clone() for k, v in task.reset(1, torch.Generator().manual_seed(0)).extra.items()}
     for k, s in enumerate(states[1:], start=1):
@@ -239,8 +250,11 @@ def episode_success(task, states, target) -> bool:
 
 
 def episode(msgs, dt, horizon):
-    """s_0..s_H: the first state of each control step from t = 0 (the plant republishes its initial
-    state until the first command arrives; the NaN injected later has its own stamp)."""
+    """Return s_0..s_H: the first state of each control step from t = 0.
+
+    The plant republishes its initial state until the first command arrives; the NaN injected
+    later has its own stamp.
+    """
     by_t = {}
     for m in msgs:
         k = round(stamp_ns(m.header.stamp) / (dt * 1e9))
@@ -382,9 +396,12 @@ def test_hover_end_to_end_faults_and_bag(tmp_path, tmp_path_factory):
 # ---------------------------------------------------------------------------- arm reach
 @pytest.fixture(scope="module")
 def arm_run(tmp_path_factory):
-    """One lockstep arm episode: policies/reach_arm when it exists (start and target drawn as the task
+    """One lockstep arm episode.
+
+    policies/reach_arm when it exists (start and target drawn as the task
     draws them, one the policy reaches in simulation), else an untrained checkpoint (the pipeline is
-    checked, success is not). The controller and the plant both use a reversed controller joint order."""
+    checked, success is not). The controller and the plant both use a reversed controller joint order.
+    """
     tmp = tmp_path_factory.mktemp("arm_e2e")
     pretrained = (POLICIES / "reach_arm" / "policy.json").is_file()
     if pretrained:

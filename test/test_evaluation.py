@@ -1,5 +1,6 @@
-"""``diffsim-ros eval``: the task's own success on fresh episodes with a Wilson interval, and
-the failure modes counted per episode.
+"""``diffsim-ros eval``: the task's own success on fresh episodes, and the failure modes.
+
+The success comes with a Wilson interval, and the failure modes are counted per episode.
 
 The interval is checked against published values; every failure counter is shown to fire
 on a policy that does that thing (and only in the episodes where it does it) and to stay at
@@ -46,7 +47,7 @@ def arm_task(actuator="effort", horizon=25, **simulator):
 
 
 def first_call_mask(rule):
-    """A policy helper: ``rule(obs)`` decided on the first (reset) observation, then kept."""
+    """Make a policy helper: ``rule(obs)`` decided on the first (reset) observation, then kept."""
     state = {}
 
     def mask(obs):
@@ -77,8 +78,11 @@ def test_wilson_interval_edges_and_bad_input():
 
 # ------------------------------------------------------------------------ failure counters
 def test_joint_limit_and_speed_counters_fire_only_on_the_episodes_that_push():
-    """Full effort on every joint in the episodes whose target lies at x > 0, none in the others:
-    the pushing episodes, and only they, reach a joint limit and exceed the URDF speed limit."""
+    """The joint limit and speed counters fire only on the episodes that push.
+
+    Full effort on every joint in the episodes whose target lies at x > 0, none in the others:
+    the pushing episodes, and only they, reach a joint limit and exceed the URDF speed limit.
+    """
     task = arm_task("effort")
     n = task.action_dim
     pushes = first_call_mask(lambda obs: obs[:, 2 * n + 3] > 0)              # obs: q, v, ee error, target
@@ -107,9 +111,12 @@ def test_joint_limit_and_speed_counters_fire_only_on_the_episodes_that_push():
 
 
 def test_the_limit_margin_decides_how_close_counts():
-    """Position targets held at the upper limits: the servo brings the joints to within a few mm
+    """The limit margin decides how close counts.
+
+    Position targets held at the upper limits: the servo brings the joints to within a few mm
     of them, or a little past; each margin counts exactly the episodes whose closest approach
-    (computed here from the raw states) lies within it."""
+    (computed here from the raw states) lies within it.
+    """
     # Without the drives' velocity limits (config/reach_arm.yaml has them): the joints then arrive
     # within the 0.6 s at different distances from their stops, which is what the margins sort.
     task = arm_task("position", horizon=30, velocity_limits=False, servo_iterations=0)
@@ -164,8 +171,11 @@ def test_quadrotor_crash_counter_fires_when_the_thrust_is_cut():
 
 
 def test_legged_fall_is_the_locomotion_tasks_own():
-    """Servos too weak to stand: the trunk sinks below fall_height x base_height (the task's fall);
-    with the file's gains the same zero action stands."""
+    """A legged fall is the locomotion task's own.
+
+    Servos too weak to stand: the trunk sinks below fall_height x base_height (the task's fall);
+    with the file's gains the same zero action stands.
+    """
     rows = {}
     for kp, kd in ((20.0, 0.5), (1.0, 0.05)):
         params = config.load_yaml(REPO / "config" / "locomotion.yaml")
@@ -229,10 +239,13 @@ def test_cli_eval_bad_input_is_exit_2(tmp_path, capsys):
 
 
 def test_on_the_stand_in_each_episode_is_judged_by_the_tasks_recorded_verdict(tmp_path, capsys):
-    """--plant mujoco: the shipped hover policy on the MuJoCo stand-in succeeds; an untrained
+    """On the stand-in, each episode is judged by the task's recorded verdict.
+
+    --plant mujoco: the shipped hover policy on the MuJoCo stand-in succeeds; an untrained
     velocity-command quadruped stands or stumbles and fails its metric on every episode (the
     speed); a heavier stand-in is what --perturb gives; tasks without a recorded verdict and a
-    misspelt perturbation are refused by name."""
+    misspelt perturbation are refused by name.
+    """
     from builders import make_checkpoint
 
     hover = evaluation.evaluate_on_standin(REPO / "policies" / "hover", episodes=6, seed=3)
@@ -264,10 +277,13 @@ def test_on_the_stand_in_each_episode_is_judged_by_the_tasks_recorded_verdict(tm
 
 @pytest.mark.parametrize("name", ["reach_arm", "jump"])
 def test_on_the_stand_in_reach_and_jump_beside_the_simulator(tmp_path, capsys, name):
-    """--plant mujoco on the shipped reach and jump policies: the stand-in's episodes are the
+    """On the stand-in, reach and jump are evaluated beside the simulator.
+
+    --plant mujoco on the shipped reach and jump policies: the stand-in's episodes are the
     simulator evaluation's (the same starts and goals), printed and written side by side with the
     ratio; --perturb hardware,latency=0.015 is the preset of the checkpoint's kind with the latency
-    replaced, and the policy then sees the stand-in's noisy measurement."""
+    replaced, and the policy then sees the stand-in's noisy measurement.
+    """
     out = tmp_path / "e.json"
     rc = main(["eval", str(REPO / "policies" / name), "--plant", "mujoco", "--episodes", "3", "--seed", "5",
                "--json", str(out)])
@@ -291,8 +307,11 @@ def test_on_the_stand_in_reach_and_jump_beside_the_simulator(tmp_path, capsys, n
 
 
 def test_on_the_stand_in_the_episodes_start_where_the_simulators_do(monkeypatch):
-    """Each stand-in episode starts from the simulator evaluation's start state and goal (an arm's
-    joint positions and its target), and the policy is given that target."""
+    """On the stand-in, the episodes start where the simulator's do.
+
+    Each stand-in episode starts from the simulator evaluation's start state and goal (an arm's
+    joint positions and its target), and the policy is given that target.
+    """
     import numpy as np
 
     from diffsim_ros.learning.deploy import PolicyRunner
@@ -315,8 +334,11 @@ def test_on_the_stand_in_the_episodes_start_where_the_simulators_do(monkeypatch)
 
 
 def test_python_dash_m_reports_bad_input_as_exit_2(tmp_path):
-    """Under ``python -m diffsim_ros.cli`` the CLI module is __main__: eval's errors must still be
-    the CliError its main catches (one line, exit 2), not a traceback."""
+    """Under ``python -m`` bad input is reported as exit 2.
+
+    Under ``python -m diffsim_ros.cli`` the CLI module is __main__: eval's errors must still be
+    the CliError its main catches (one line, exit 2), not a traceback.
+    """
     import subprocess
     import sys
 

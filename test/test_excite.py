@@ -155,9 +155,12 @@ def test_an_excite_recording_makes_every_parameter_identifiable(tmp_path, kind):
 
 @pytest.mark.slow
 def test_a_steady_hover_leaves_the_drag_unidentifiable(tmp_path):
-    """The contrast: a quadrotor drawn as above, in a steady hover (the excitation's position
+    """A steady hover leaves the drag unidentifiable.
+
+    The contrast: a quadrotor drawn as above, in a steady hover (the excitation's position
     hold alone, recorded once it has settled), with the same sensor noise: sysid flags the drag
-    (and the time constants) as unidentifiable and advises an excitation motion."""
+    (and the time constants) as unidentifiable and advises an excitation motion.
+    """
     seed = _seed("hover")
     pert = _draw(np.random.default_rng(seed), "quadrotor")
     print("perturbation", pert)
@@ -182,11 +185,14 @@ def test_a_steady_hover_leaves_the_drag_unidentifiable(tmp_path):
 
 
 def test_sysid_flags_mass_thrust_and_drag_together_as_unidentifiable(tmp_path):
-    """Why identifiable_parameters leaves thrust_scale out: mass_scale, thrust_scale and drag_scale
+    """Sysid flags mass, thrust and drag together as unidentifiable.
+
+    Why identifiable_parameters leaves thrust_scale out: mass_scale, thrust_scale and drag_scale
     together have a direction the data cannot see (all three times one factor). On noise-free
     data every standard deviation is ~1e-8 and the fit ends ~9 % off along that direction
     (an xfail until sysid looked for blind combinations in the scaled J^T J): all three are
-    flagged and the note names the combination."""
+    flagged and the note names the combination.
+    """
     from diffsim_ros.analysis import calibrate, read_bag, sim_setup
 
     params = standard_params("quadrotor")

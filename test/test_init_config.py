@@ -113,7 +113,7 @@ def test_generated_file_loads_and_is_commented(generated, name):
 
 @pytest.mark.ros
 def test_generated_files_pass_rcl_parser(generated):
-    """rcl's own parser (through rclpy) reads every generated file as config.load_yaml does."""
+    """Parsed by rcl's own parser (through rclpy), every generated file reads as config.load_yaml does."""
     pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")
     from conftest import rcl_parameters
 
@@ -197,10 +197,13 @@ def _pin(name, robots_dir, model):
                                                  ("quadruped", None, None)])
 def test_gains_are_the_servo_formula_on_pinocchios_mass_matrix(name, bandwidth, zeta, robots_dir, generated,
                                                                tmp_path, capsys):
-    """kp = M_ii w^2 raised to friction / 0.01 rad (and, legged, to the standing torque / 0.1 rad),
+    """The gains are the servo formula on Pinocchio's mass matrix.
+
+    kp = M_ii w^2 raised to friction / 0.01 rad (and, legged, to the standing torque / 0.1 rad),
     capped at effort / (largest commanded error); kd = 2 zeta sqrt(kp M_ii) - URDF damping; M_ii
     from Pinocchio's CRBA at the configuration the plan names, and no smaller than at the nominal
-    configuration. The file holds the same numbers."""
+    configuration. The file holds the same numbers.
+    """
     if bandwidth is None:
         path = generated[name][0]
         bandwidth, zeta = init_config.DEFAULT_BANDWIDTH_HZ, init_config.DEFAULT_DAMPING_RATIO
@@ -249,9 +252,12 @@ def test_gains_are_the_servo_formula_on_pinocchios_mass_matrix(name, bandwidth, 
 
 
 def test_standing_torque_against_pinocchio(generated, robots_dir):
-    """The torque the legged gains hold (the weight shared by the feet through each foot's
+    """The standing torque against Pinocchio.
+
+    The torque the legged gains hold (the weight shared by the feet through each foot's
     Jacobian) is the static joint torque of Pinocchio's model: J^T f = g(q) for the joints
-    when the feet carry the whole weight, checked on the base's own balance."""
+    when the feet carry the whole weight, checked on the base's own balance.
+    """
     for name in ("quadruped", "solo12"):
         p = init_config.plan(_urdf(name, robots_dir), "locomotion")
         model = p.info["model"]
@@ -275,9 +281,12 @@ def test_standing_torque_against_pinocchio(generated, robots_dir):
 
 
 def test_jump_is_the_legged_plan_with_the_jump_task(robots_dir, tmp_path):
-    """`--task jump` on the project's quadruped and solo12: the robot, stance, base height, gains
+    """The jump is the legged plan with the jump task.
+
+    `--task jump` on the project's quadruped and solo12: the robot, stance, base height, gains
     and contact of the locomotion plan, the drives' velocity limits on, and a task section that
-    builds tasks.jump.JumpTask through the project's loader."""
+    builds tasks.jump.JumpTask through the project's loader.
+    """
     from diffsim_ros.tasks import JumpTask
 
     for name in ("quadruped", "solo12"):
@@ -303,10 +312,13 @@ def _box_corners(size, R, p):
 
 
 def test_base_height_puts_the_feet_on_the_ground(generated, robots_dir):
-    """Pinocchio's link placements at the stance, with the URDF's own collision elements (the
+    """base_height puts the feet on the ground.
+
+    Pinocchio's link placements at the stance, with the URDF's own collision elements (the
     quadruped's foot spheres; solo12's foot meshes bounded by their vertices' box, as the loader
     approximates them): the lowest foot point lies base_height below the base; the project's
-    quadruped also matches the hand computation in config/locomotion.yaml (0.298683 m)."""
+    quadruped also matches the hand computation in config/locomotion.yaml (0.298683 m).
+    """
     from diffsim_ros.physics.urdf import read_mesh_vertices, resolve_uri
     from diffsim_ros.physics.rotation import rpy_to_matrix
 
@@ -348,8 +360,11 @@ def test_base_height_puts_the_feet_on_the_ground(generated, robots_dir):
 
 
 def test_legged_stance_holds_under_its_gains(generated):
-    """Zero actions (the stance targets) for 0.5 s: the robot stays on its feet at about the
-    base height, only the feet touching, under the generated gains."""
+    """The legged stance holds under its gains.
+
+    Zero actions (the stance targets) for 0.5 s: the robot stays on its feet at about the
+    base height, only the feet touching, under the generated gains.
+    """
     for name in ("quadruped", "solo12"):
         params, task, model = _load(generated[name][0])
         task = config.build_task(dict(params, task=dict(params["task"], horizon=50)), name)[0]
@@ -377,9 +392,12 @@ def _urdf_mass(root, links):
 
 
 def test_legged_substeps_from_the_foot_contact(generated, robots_dir):
-    """substeps = 5 ceil(dt w / 0.8 / 5), w = sqrt(2 sqrt(k m g / feet) / m_foot), the foot body's
+    """Legged substeps follow from the foot contact.
+
+    substeps = 5 ceil(dt w / 0.8 / 5), w = sqrt(2 sqrt(k m g / feet) / m_foot), the foot body's
     mass summed from the URDF's lower-leg and foot links by hand: 5 for the project's quadruped
-    (0.15 kg feet, as config/locomotion.yaml), 10 for solo12's 38 g lower legs."""
+    (0.15 kg feet, as config/locomotion.yaml), 10 for solo12's 38 g lower legs.
+    """
     want = {"quadruped": (("FL_shank", "FL_foot"), 5), "solo12": (("FL_LOWER_LEG", "FL_FOOT"), 10)}
     for name, (links, expected) in want.items():
         root = ET.parse(_urdf(name, robots_dir)).getroot()
@@ -392,10 +410,13 @@ def test_legged_substeps_from_the_foot_contact(generated, robots_dir):
 
 @pytest.mark.slow
 def test_solo12_substeps_keep_flailing_legs_finite(generated):
-    """Random full-scale actions (a new one every 5 steps) on solo12 for 0.6 s: finite with the
+    """solo12's substeps keep flailing legs finite.
+
+    Random full-scale actions (a new one every 5 steps) on solo12 for 0.6 s: finite with the
     generated substeps. With 5 (config/locomotion.yaml's, right for the heavier quadruped) the
     explicit contact penalty on its 38 g lower legs diverges; the linearly implicit contact (the
-    default, README "Contact in the implicit step") stays finite there too."""
+    default, README "Contact in the implicit step") stays finite there too.
+    """
     from diffsim_ros import physics
 
     params = config.load_yaml(generated["solo12"][0])
@@ -421,9 +442,12 @@ def test_solo12_substeps_keep_flailing_legs_finite(generated):
 
 # ------------------------------------------------------------------ multirotors
 def test_rotor_templates(generated, robots_dir):
-    """The project's quadrotor keeps its rotor links (X layout, alternating spin); hector has
+    """The rotor templates.
+
+    The project's quadrotor keeps its rotor links (X layout, alternating spin); hector has
     none, so an X layout inside its collision box is guessed and the file says to check it.
-    Either way full thrust is twice the weight (Pinocchio's total mass)."""
+    Either way full thrust is twice the weight (Pinocchio's total mass).
+    """
     pin = pytest.importorskip("pinocchio", reason="pinocchio (pip package 'pin') is not installed")
     for name in ("quadrotor", "hector"):
         path = generated[name][0]
@@ -448,8 +472,11 @@ def test_rotor_templates(generated, robots_dir):
 
 # ------------------------------------------------------------------ end effector, refusals
 def test_end_effector_choice(generated, robots_dir, tmp_path, capsys):
-    """The tip of the longest chain (the demo's choice) where an actuated joint moves it; the
-    ee link's targets span the workspace (sampled forward kinematics in the comments)."""
+    """The end effector's choice.
+
+    The tip of the longest chain (the demo's choice) where an actuated joint moves it; the
+    ee link's targets span the workspace (sampled forward kinematics in the comments).
+    """
     assert config.load_yaml(generated["arm"][0])["task"]["ee_link"] == "ee_link"
     assert config.load_yaml(generated["ur5"][0])["task"]["ee_link"] == "tool0"
     assert "Sampled workspace of the targets" in generated["ur5"][0].read_text()
@@ -461,8 +488,11 @@ def test_end_effector_choice(generated, robots_dir, tmp_path, capsys):
 
 
 def test_reach_targets_fit_the_velocity_limits(generated):
-    """Each joint's target range is coverable in half the 2 s episode at its URDF speed limit,
-    and a held full action (w delta / 2 zeta) does not exceed the slowest limit."""
+    """The reach targets fit the velocity limits.
+
+    Each joint's target range is coverable in half the 2 s episode at its URDF speed limit,
+    and a held full action (w delta / 2 zeta) does not exceed the slowest limit.
+    """
     params, task, model = _load(generated["ur5"][0])
     t = params["task"]
     span = (task.q_high - task.q_low)
@@ -523,8 +553,11 @@ SMALL = {   # small instances: task overrides, trainer settings
 
 
 def small_reach_margin(task) -> float:
-    """target_margin of the small reach instance: the central 20 % of each joint range, narrowed
-    so that the widest actuated joint's window is at most 1 rad."""
+    """Return the target_margin of the small reach instance.
+
+    The central 20 % of each joint range, narrowed so that the widest actuated joint's window is
+    at most 1 rad.
+    """
     from diffsim_ros.tasks.base import actuated_limits
 
     lo, hi, _ = actuated_limits(task)
@@ -536,10 +569,13 @@ def small_reach_margin(task) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ROBOTS))
 def test_generated_file_trains_a_small_instance(generated, name):
-    """The generated file, with a smaller instance of its task (shorter episodes, a narrower
+    """The generated file trains a small instance.
+
+    The generated file, with a smaller instance of its task (shorter episodes, a narrower
     start distribution: SMALL) and a small trainer budget, trains to the task's own success
     threshold: the trainer's evaluation reaches it, and fresh episodes the trainer never saw
-    hold at least 0.8 of it; the untrained policy does not."""
+    hold at least 0.8 of it; the untrained policy does not.
+    """
     from diffsim_ros.learning import MLPPolicy, TrainConfig, train
 
     params = config.load_yaml(generated[name][0])
@@ -562,11 +598,14 @@ def test_generated_file_trains_a_small_instance(generated, name):
 
 @pytest.mark.ros
 def test_ros2_controllers_beside_each_file_follow_the_checkpoints_joint_order(generated, tmp_path):
-    """Beside each generated arm and legged file, its ros2_controllers.yaml: rcl's parser reads, for
+    """The ros2_controllers.yaml beside each file follows the checkpoint's joint order.
+
+    Beside each generated arm and legged file, its ros2_controllers.yaml: rcl's parser reads, for
     the controller_manager, the broadcaster and the command controller policy_controller publishes
     to by default (/<interface>_controller/commands); that controller's joints are the actuated
     joints of a checkpoint saved from the file, in its order (PolicyRunner reads them back), which
-    is not always the order init lists them in (solo12). A multirotor gets none."""
+    is not always the order init lists them in (solo12). A multirotor gets none.
+    """
     pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed")
     from conftest import rcl_parameters
     from diffsim_ros.learning.checkpoint import save_checkpoint

@@ -86,7 +86,7 @@ def test_launch_file_parses_and_references_existing_things(path):
 
 
 def declared_parameters(executable: str):
-    """The parameters a console script's node declares (its PARAMETERS table), or None if unknown."""
+    """Return the parameters a console script's node declares (its PARAMETERS table), or None if unknown."""
     import importlib
 
     mod = importlib.import_module(f"diffsim_ros.nodes.{executable}")
@@ -100,7 +100,7 @@ def declared_parameters(executable: str):
 
 
 def _dict_keys(node, assigns):
-    """String keys of a dict literal, or of the dict literal a name was assigned (in the same file)."""
+    """Return the string keys of a dict literal, or of the dict literal a name was assigned (in the same file)."""
     if isinstance(node, ast.Name) and node.id in assigns:
         node = assigns[node.id]
     if isinstance(node, ast.Dict):
@@ -184,8 +184,10 @@ ROBOTS = {  # robot -> (command topic, its message type, state topic, its messag
 
 
 def tooling_missing() -> Optional[str]:
-    """Why `ros2 launch diffsim_ros ...` cannot run here, or None (the loop's own check, plus
-    launch_pytest and every console script in the index)."""
+    """Say why `ros2 launch diffsim_ros ...` cannot run here, or return None.
+
+    The loop's own check, plus launch_pytest and every console script in the index.
+    """
     if not HAVE_LAUNCH:
         return ("launch, launch_ros and launch_pytest are not importable (not on the package index here: "
                 "scripts/bootstrap.sh installs them from ../shared/vendor/install-ros-launch.sh when that "
@@ -220,8 +222,11 @@ def test_ros_tooling_is_there_in_ci():
 
 
 def test_ros2_pkg_and_ros2_run_find_the_package(ros_tooling, tmp_path):
-    """The ament index layout colcon would give: `ros2 pkg prefix/executables` list every console
-    script, and `ros2 run diffsim_ros <script>` runs it (from another folder than the checkout)."""
+    """`ros2 pkg` and `ros2 run` find the package.
+
+    The ament index layout colcon would give: `ros2 pkg prefix/executables` list every console
+    script, and `ros2 run diffsim_ros <script>` runs it (from another folder than the checkout).
+    """
     cli = Ros2Cli(_env(ros_domain(), tmp_path))
     res = cli.run("pkg", "executables", PACKAGE)
     assert res.returncode == 0, res
@@ -420,8 +425,11 @@ def _checkpoint_meta(deployment) -> dict:
 
 
 def test_deploy_launch_commands_flow(deployment):
-    """The controller commands the stand-in through the launch file's wiring: commands of the
-    robot's size, and the stand-in's states name the URDF's joints."""
+    """The deploy launch's commands flow.
+
+    The controller commands the stand-in through the launch file's wiring: commands of the
+    robot's size, and the stand-in's states name the URDF's joints.
+    """
     from diffsim_ros import physics
 
     cmds = deployment.commands(25)
@@ -441,8 +449,11 @@ def test_deploy_launch_commands_flow(deployment):
 
 
 def test_deploy_launch_parameters_through_ros2_param(deployment):
-    """`ros2 param get` reads what deploy.launch.py set: the share folder's checkpoint, sim time on
-    the MuJoCo target, the stand-in in realtime mode."""
+    """The deploy launch's parameters, through `ros2 param`.
+
+    `ros2 param get` reads what deploy.launch.py set: the share folder's checkpoint, sim time on
+    the MuJoCo target, the stand-in in realtime mode.
+    """
     deployment.commands(1)
     cli = deployment.cli
 
@@ -466,8 +477,11 @@ def test_deploy_launch_parameters_through_ros2_param(deployment):
 
 
 def test_deploy_launch_topics_through_ros2_topic_echo(deployment):
-    """`ros2 topic echo --once`: the latched metadata is the checkpoint's own policy.json, and the
-    stand-in's state message is well formed."""
+    """The deploy launch's topics, through `ros2 topic echo`.
+
+    `ros2 topic echo --once`: the latched metadata is the checkpoint's own policy.json, and the
+    stand-in's state message is well formed.
+    """
     import yaml
 
     deployment.commands(1)
@@ -493,10 +507,13 @@ def test_deploy_launch_topics_through_ros2_topic_echo(deployment):
 
 
 def test_deploy_launch_emergency_stop_through_ros2_service_call(deployment):
-    """`ros2 service call .../emergency_stop std_srvs/srv/SetBool "{data: true}"` latches the safe
+    """The deploy launch's emergency stop, through `ros2 service call`.
+
+    `ros2 service call .../emergency_stop std_srvs/srv/SetBool "{data: true}"` latches the safe
     command: the arm holds the last accepted measured position (every command is exactly the
     position of a /joint_states message the stand-in published), the quadrotor commands
-    safe_thrust (read back with `ros2 param get`) with zero body rates. `{data: false}` releases."""
+    safe_thrust (read back with `ros2 param get`) with zero body rates. `{data: false}` releases.
+    """
     deployment.commands(1)
     cli = deployment.cli
     res = cli.until(lambda r: r.returncode == 0 and "success=True" in r.stdout,
@@ -547,8 +564,11 @@ def test_deploy_launch_robot_description_through_ros2_topic_echo(deployment):
 
 
 def test_deploy_launch_tf_through_ros2_topic_echo(deployment):
-    """`ros2 topic echo --once /tf`: the stand-in's transforms name every link of the URDF below
-    `world` (for the quadrotor world -> base_link), each with a unit quaternion."""
+    """The deploy launch's /tf, through `ros2 topic echo`.
+
+    `ros2 topic echo --once /tf`: the stand-in's transforms name every link of the URDF below
+    `world` (for the quadrotor world -> base_link), each with a unit quaternion.
+    """
     import yaml
 
     from diffsim_ros import physics
@@ -580,9 +600,12 @@ def _published_counts(log: str) -> dict:
 
 
 def test_deploy_launch_sigint_shuts_down_cleanly_and_the_bag_holds_every_command(deployment):
-    """Ctrl-C on `ros2 launch`: every process ends by itself (exit 0, no SIGTERM/SIGKILL
+    """SIGINT shuts the deploy launch down cleanly, and the bag holds every command.
+
+    Ctrl-C on `ros2 launch`: every process ends by itself (exit 0, no SIGTERM/SIGKILL
     escalation), and the bag, read with rosbags and with the mcap reader, holds every command and
-    prediction the controller says it published."""
+    prediction the controller says it published.
+    """
     from mcap import reader as mcap_reader
     from rosbags.highlevel import AnyReader
 
@@ -612,8 +635,11 @@ def test_deploy_launch_sigint_shuts_down_cleanly_and_the_bag_holds_every_command
 
 
 def test_deploy_launch_refuses_a_checkpoint_for_another_robot(ros_tooling, tmp_path):
-    """robot:=quadrotor with the arm's checkpoint: the launch stops before starting any node, naming
-    both (the topics and interface would be the quadrotor's, the policy the arm's)."""
+    """The deploy launch refuses a checkpoint for another robot.
+
+    robot:=quadrotor with the arm's checkpoint: the launch stops before starting any node, naming
+    both (the topics and interface would be the quadrotor's, the policy the arm's).
+    """
     env = _env(ros_domain(), tmp_path)
     res = subprocess.run([ros2_executable(), "launch", PACKAGE, "deploy.launch.py", "robot:=quadrotor",
                           f"checkpoint:={_share() / 'policies' / 'reach_arm'}", "record:=false"],
@@ -628,7 +654,7 @@ def test_deploy_launch_refuses_a_checkpoint_for_another_robot(ros_tooling, tmp_p
 # ---------------------------------------------------------------------------- launch_pytest: train.launch.py
 @pytest.fixture
 def train_run(ros_tooling, tmp_path):
-    """What train_tiny's launch reports: process exits, and whether the bounding timer fired."""
+    """Report what train_tiny's launch did: process exits, and whether the bounding timer fired."""
     return {"out": tmp_path / "train", "exits": [], "timed_out": [], "domain": ros_domain()}
 
 
@@ -641,10 +667,12 @@ if HAVE_LAUNCH:
 
     @launch_pytest.fixture(auto_shutdown=False)
     def train_tiny(train_run):
-        """train.launch.py from the package's share folder (through the ament index), a fresh output
-        folder, one iteration on two environments. ReadyToTest comes first, so a launch that fails
-        (a missing file, executable or package) ends the test instead of leaving launch_pytest
-        waiting for it; a timer bounds the whole run."""
+        """Launch train.launch.py from the package's share folder (through the ament index).
+
+        A fresh output folder, one iteration on two environments. ReadyToTest comes first, so a launch
+        that fails (a missing file, executable or package) ends the test instead of leaving
+        launch_pytest waiting for it; a timer bounds the whole run.
+        """
         exits, timed_out = train_run["exits"], train_run["timed_out"]
 
         def on_timeout(context):
@@ -663,8 +691,11 @@ if HAVE_LAUNCH:
 
     @pytest.mark.launch(fixture=train_tiny, shutdown=True)
     def test_train_launch_writes_checkpoint(train_run):
-        """With auto_shutdown=False the shutdown test waits for the launch to end by itself: train_node
-        exits 0 and the launch's OnProcessExit shuts it down, before the timer."""
+        """The train launch writes a checkpoint.
+
+        With auto_shutdown=False the shutdown test waits for the launch to end by itself: train_node
+        exits 0 and the launch's OnProcessExit shuts it down, before the timer.
+        """
         assert not train_run["timed_out"], f"train.launch.py still running after {TRAIN_TIMEOUT:.0f} s"
         assert len(train_run["exits"]) == 1 and train_run["exits"][0][0].startswith("train_node"), train_run
         assert train_run["exits"][0][1] == 0, train_run
@@ -679,9 +710,12 @@ else:
 
 
 def test_gazebo_arm_description_carries_ros2_control_for_the_policys_joints():
-    """target:=gazebo spawns the arm's xacro with <ros2_control>: exactly the actuated joints, each
+    """The Gazebo arm description carries ros2_control for the policy's joints.
+
+    target:=gazebo spawns the arm's xacro with <ros2_control>: exactly the actuated joints, each
     with a position command interface and position/velocity state, the controllers file's joints,
-    and the same physics as the plain URDF the policy was trained on."""
+    and the same physics as the plain URDF the policy was trained on.
+    """
     import xml.etree.ElementTree as ET
 
     import torch
@@ -716,9 +750,12 @@ def test_gazebo_arm_description_carries_ros2_control_for_the_policys_joints():
 
 
 def test_deploy_launch_excite_mode_records_a_bag_sysid_reads(ros_tooling, tmp_path):
-    """`ros2 launch diffsim_ros deploy.launch.py mode:=excite`: no checkpoint, the arm of config:=,
+    """The deploy launch's excite mode records a bag that sysid reads.
+
+    `ros2 launch diffsim_ros deploy.launch.py mode:=excite`: no checkpoint, the arm of config:=,
     lockstep on the stand-in; the motion runs to its end, Ctrl-C closes the bag, and the bag holds
-    every command the controller sent and the metadata `diffsim-ros sysid` rebuilds the robot from."""
+    every command the controller sent and the metadata `diffsim-ros sysid` rebuilds the robot from.
+    """
     from diffsim_ros.analysis import read_bag, sim_setup
     from diffsim_ros.workflows.loop import _launch_preexec, bag_counts
 

@@ -1,6 +1,9 @@
-"""The main job, `diffsim-ros loop`, on the pretrained hover policy (training is covered by
-learning/test_apg.py / cli/test_train.py): the nodes as separate processes over DDS, the bag, and
-the sim-vs-real summary checked against an analytic value of the gap."""
+"""The main job, `diffsim-ros loop`, on the pretrained hover policy.
+
+Training is covered by learning/test_apg.py / cli/test_train.py. Here: the nodes as separate
+processes over DDS, the bag, and the sim-vs-real summary checked against an analytic value of
+the gap.
+"""
 from __future__ import annotations
 
 import json
@@ -20,8 +23,11 @@ from diffsim_ros.workflows.loop import LoopError, launch_unavailable, run_loop  
 
 
 def deploy_path(path: str) -> bool:
-    """use_launch for run_loop: 'launch' (deploy.launch.py; required in CI, where bootstrap installs
-    the tooling) or 'nodes' (the nodes started one by one, the path of machines without launch)."""
+    """Return use_launch for run_loop: 'launch' or 'nodes'.
+
+    'launch' is deploy.launch.py (required in CI, where bootstrap installs the tooling); 'nodes'
+    is the nodes started one by one, the path of machines without launch.
+    """
     if path == "launch":
         reason = launch_unavailable()
         if reason is not None:
@@ -64,10 +70,13 @@ def test_loop_on_the_perturbed_stand_in(tmp_path, path):
 
 @pytest.mark.parametrize("path", ["launch", "nodes"])
 def test_loop_names_the_node_that_ended_the_deployment(tmp_path, path):
-    """A node that exits (here the stand-in refusing, at start, a contact time constant below twice
+    """The loop names the node that ended the deployment.
+
+    A node that exits (here the stand-in refusing, at start, a contact time constant below twice
     its MuJoCo step: a value the schema admits, which only the plant can judge) ends the run at
     once with its name and what it printed, on both deployment paths; every log is kept. A value
-    the schema refuses (a negative mass scale) is refused before any node starts."""
+    the schema refuses (a negative mass scale) is refused before any node starts.
+    """
     use_launch = deploy_path(path)
     with pytest.raises(LoopError) as err:
         run_loop(None, str(tmp_path / "loop"), checkpoint=str(REPO_ROOT / "policies" / "hover"), duration=1.0,
@@ -83,9 +92,12 @@ def test_loop_names_the_node_that_ended_the_deployment(tmp_path, path):
 
 
 def test_loop_deploys_an_old_checkpoint_from_the_training_file_it_names(tmp_path):
-    """test/data/hover_nominal (the hover shipped before 2026-12-04) records only its training file and
+    """The loop deploys an old checkpoint from the training file it names.
+
+    test/data/hover_nominal (the hover shipped before 2026-12-04) records only its training file and
     task ({file, task}): the loop finds that file (or the package's file of the same name) and refuses
-    one whose task section differs."""
+    one whose task section differs.
+    """
     from diffsim_ros.workflows.loop import checkpoint_config
 
     old_hover = REPO_ROOT / "test" / "data" / "hover_nominal"
@@ -121,10 +133,13 @@ def test_loop_cli_rejects_bad_perturbation(capsys):
 
 @pytest.mark.parametrize("path", ["launch", "nodes"])
 def test_loop_takes_the_hardware_preset_and_numbers_for_lists(tmp_path, path):
-    """--perturb hardware,sensor_noise=0.001,latency=0 on the arm (issue 39: a number for
+    """The loop takes the hardware preset, and numbers for lists.
+
+    --perturb hardware,sensor_noise=0.001,latency=0 on the arm (issue 39: a number for
     sensor_noise made mujoco_plant die with rclpy's InvalidParameterTypeException): the arm's preset,
     the noise one number for both entries and the latency an integer, reach mujoco_plant (through a
-    params file with launch, as -p arguments without) and the run completes with every message."""
+    params file with launch, as -p arguments without) and the run completes with every message.
+    """
     from diffsim_ros.plant import resolve_perturbation
 
     ckpt = REPO_ROOT / "policies" / "reach_arm"
@@ -138,8 +153,10 @@ def test_loop_takes_the_hardware_preset_and_numbers_for_lists(tmp_path, path):
 
 
 def odom_positions(bag):
-    """{header stamp (ns): position} of the bag's /odom, read with the rosbags reader (the first
-    message of each stamp)."""
+    """Read {header stamp (ns): position} of the bag's /odom.
+
+    Read with the rosbags reader (the first message of each stamp).
+    """
     from rosbags.highlevel import AnyReader
 
     with AnyReader([bag]) as reader:
@@ -152,9 +169,12 @@ def odom_positions(bag):
 
 
 def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
-    """No --config: the robot, simulator and task come from the checkpoint. A legged robot (the
+    """The loop deploys a legged checkpoint from its own metadata.
+
+    No --config: the robot, simulator and task come from the checkpoint. A legged robot (the
     project's quadruped) runs over DDS on the stand-in with ground contact: joint position commands
-    out, /joint_states + /odom in; the verdict is the task's own metric on the recorded episode."""
+    out, /joint_states + /odom in; the verdict is the task's own metric on the recorded episode.
+    """
     from builders import make_checkpoint
 
     make_checkpoint("locomotion", tmp_path / "ckpt", gain=1.0)
@@ -184,12 +204,15 @@ def test_loop_deploys_a_legged_checkpoint_from_its_own_metadata(tmp_path):
 
 
 def test_loop_runs_a_robot_observation_walker_on_the_imu_and_joint_states(tmp_path):
-    """A legged policy on the robot observation (an untrained one: the point is the path) over DDS
+    """The loop runs a robot-observation walker on the IMU and joint states.
+
+    A legged policy on the robot observation (an untrained one: the point is the path) over DDS
     on the stand-in: the controller pairs /joint_states with /imu and ignores /odom; every state is
     answered by the policy (none rejected, no safe command), and each recorded command equals an
     independent PolicyRunner's fed the recorded states in order (which carries the policy's previous
     action from one to the next as the controller must); with the previous action withheld the
-    commands differ."""
+    commands differ.
+    """
     import glob
 
     import numpy as np
@@ -226,10 +249,13 @@ def test_loop_runs_a_robot_observation_walker_on_the_imu_and_joint_states(tmp_pa
 
 
 def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_bag(tmp_path):
-    """The shipped walking policy (a commanded forward speed) on the stand-in with a drawn mass and
+    """The loop judges a velocity-command checkpoint by the strict metric on its bag.
+
+    The shipped walking policy (a commanded forward speed) on the stand-in with a drawn mass and
     floor friction: the summary carries the strict metric of the bag's first 4 s episode, its
     verdict is the task's, and its speed and height read again from the bag's /odom with the
-    rosbags reader agree; the contact-free estimate gives the drawn mass back from the bag."""
+    rosbags reader agree; the contact-free estimate gives the drawn mass back from the bag.
+    """
     import numpy as np
 
     from conftest import drawn_seed
@@ -261,11 +287,14 @@ def test_loop_judges_a_velocity_command_checkpoint_by_the_strict_metric_on_its_b
 
 
 def test_the_main_jobs_default_perturbation_lets_solo12_walk(tmp_path):
-    """The main job as a user runs it on a walker (no --perturb): policies/locomotion_velocity_solo12
+    """The main job's default perturbation lets solo12 walk.
+
+    The main job as a user runs it on a walker (no --perturb): policies/locomotion_velocity_solo12
     on the stand-in with the legged kind's default perturbation (10 % more mass, a 5 ms joint torque
     lag) walks its first 4 s episode within the strict metric, every foot stepping and none sliding,
     judged from the bag. Under the default before it, whose rotor lag became a 30 ms joint torque lag,
-    it stood still (0.006 m/s for a 0.41 m/s command)."""
+    it stood still (0.006 m/s for a 0.41 m/s command).
+    """
     from conftest import example_robot_data_dir
     from diffsim_ros.plant import resolve_perturbation
 
@@ -292,10 +321,13 @@ def test_loop_refuses_a_config_for_another_robot(tmp_path):
 
 
 def test_loop_reaches_arm_targets_in_sequence(tmp_path):
-    """The pretrained arm, no --config, two targets held one after the other: the controller gets the
+    """The loop reaches arm targets in sequence.
+
+    The pretrained arm, no --config, two targets held one after the other: the controller gets the
     second through /diffsim/target (its recorded commands equal an independent PolicyRunner's for
     that target), and the verdict names each target's result and the joint speeds against the URDF
-    velocity limits (read here with urdf_parser_py)."""
+    velocity limits (read here with urdf_parser_py).
+    """
     import numpy as np
     from urdf_parser_py.urdf import URDF
 
@@ -328,9 +360,12 @@ def test_loop_reaches_arm_targets_in_sequence(tmp_path):
 
 
 def test_loop_deploys_an_example_robot_data_arm(tmp_path):
-    """A robot the project does not ship: example-robot-data's UR5 with a reach task (an untrained
+    """The loop deploys an example-robot-data arm.
+
+    A robot the project does not ship: example-robot-data's UR5 with a reach task (an untrained
     policy: the point is the path, not the skill). No --config: everything from the checkpoint;
-    the stand-in loads the UR5, the supervisor accepts its states, every command reaches the bag."""
+    the stand-in loads the UR5, the supervisor accepts its states, every command reaches the bag.
+    """
     import yaml
 
     from conftest import example_robot_data_dir
@@ -369,8 +404,11 @@ def test_loop_deploys_an_example_robot_data_arm(tmp_path):
 
 
 def test_nodes_die_with_a_killed_loop(tmp_path):
-    """The loop's children get SIGTERM when the loop's process is killed (SIGKILL included), so no
-    node is left running on its ROS domain (seen: nodes of timed-out runs alive an hour later)."""
+    """Nodes die with a killed loop.
+
+    The loop's children get SIGTERM when the loop's process is killed (SIGKILL included), so no
+    node is left running on its ROS domain (seen: nodes of timed-out runs alive an hour later).
+    """
     import os
     import signal
     import subprocess

@@ -60,9 +60,12 @@ def test_package_marker_and_setup_cfg():
 
 
 def test_interfaces_page_names_every_topic():
-    """doc/interfaces.md documents every default topic of diffsim_ros/interfaces.py, and every
+    """The interfaces page names every topic.
+
+    doc/interfaces.md documents every default topic of diffsim_ros/interfaces.py, and every
     node parameter naming a topic defaults to one of them (or, for an input or output that only
-    that node has, is named on the page)."""
+    that node has, is named on the page).
+    """
     import diffsim_ros.interfaces as ifc
     from diffsim_ros.nodes import mujoco_plant, policy_controller, train_node
 

@@ -1,10 +1,12 @@
-"""The configuration schema (diffsim_ros/schema.py), for every section it declares:
-every wrong value names its full key path, a typo gets the nearest key, a key of another
+"""The configuration schema (diffsim_ros/schema.py), for every section it declares.
+
+Every wrong value names its full key path, a typo gets the nearest key, a key of another
 section names that section, the ROS form of the defaults reads back as the defaults, and
 doc/parameters.md is what the schema generates.
 
 Sections, fields and bad values are drawn by hypothesis over all registered sections (its
-seed is printed on failure and replays with --hypothesis-seed)."""
+seed is printed on failure and replays with --hypothesis-seed).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +41,10 @@ FIELDS = _fields()
 
 
 def _top_mapping(path: str, key: str, value):
-    """The mapping for the top-level section of ``path`` that puts ``value`` at ``path.key``
-    (nested sections get a minimal valid parent: a quadrotor's rotors need a layout)."""
+    """Build the mapping for the top-level section of ``path`` that puts ``value`` at ``path.key``.
+
+    Nested sections get a minimal valid parent: a quadrotor's rotors need a layout.
+    """
     parts = path.split(".")
     inner = {key: value}
     if parts[1:] == ["rotors"]:
@@ -146,9 +150,12 @@ def test_a_key_of_another_section_names_that_section():
 
 @pytest.mark.parametrize("name", sorted(TOP))
 def test_the_ros_form_of_the_defaults_reads_back_as_the_defaults(name):
-    """What a node declares (schema.ros_parameters: lists for tuples, ros_null for None), given
+    """The ROS form of the defaults reads back as the defaults.
+
+    What a node declares (schema.ros_parameters: lists for tuples, ros_null for None), given
     back as a mapping, is the section's default, so a node started with no override runs the
-    defaults; the description of each names its type and default."""
+    defaults; the description of each names its type and default.
+    """
     cls = TOP[name]
     params = [p for p in schema.ros_parameters(cls, name) if not p[0].startswith(f"{name}.rotors.")]
     flat = {p[0]: p[1] for p in params}
@@ -182,8 +189,11 @@ def test_errors_keep_their_type_and_pickle():
 
 
 def test_the_parameter_reference_is_current():
-    """doc/parameters.md is generated from the schema; regenerate with
-    `python -m diffsim_ros.reference > doc/parameters.md`."""
+    """The parameter reference is current.
+
+    doc/parameters.md is generated from the schema; regenerate with
+    `python -m diffsim_ros.reference > doc/parameters.md`.
+    """
     want = reference.parameter_reference()
     have = (REPO / "doc" / "parameters.md").read_text()
     assert have == want, "doc/parameters.md is stale: run `python -m diffsim_ros.reference > doc/parameters.md`"
@@ -212,8 +222,11 @@ def test_task_parameters_export_and_rebuild(kind):
 
 @pytest.mark.parametrize("launch_file", ["train.launch.py", "deploy.launch.py"])
 def test_the_launch_argument_tables_are_current(launch_file):
-    """launch/README.md's argument tables are the launch files' ARGUMENTS (what
-    `ros2 launch --show-args` prints); regenerate with `python -m diffsim_ros.reference --update`."""
+    """The launch argument tables are current.
+
+    launch/README.md's argument tables are the launch files' ARGUMENTS (what
+    `ros2 launch --show-args` prints); regenerate with `python -m diffsim_ros.reference --update`.
+    """
     readme = REPO / "launch" / "README.md"
     have = readme.read_text()
     assert f"<!-- arguments: {launch_file} -->" in have

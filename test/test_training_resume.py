@@ -79,7 +79,7 @@ def tiny_config(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_config, tmp_path_factory) -> Path:
-    """The N + M iterations in one go (through the CLI, in this process)."""
+    """Run the N + M iterations in one go (through the CLI, in this process)."""
     out = tmp_path_factory.mktemp("one_go") / "run"
     assert main(["train", "--config", str(tiny_config), "--out", str(out), "--no-progress"]) == 0
     return out
@@ -165,8 +165,11 @@ def test_tensorboard_scalars_equal_the_csv(uninterrupted):
 
 
 def test_tensorboard_after_a_resume_shows_each_step_once(tiny_config, tmp_path):
-    """A run stopped after its row 5 (checkpoint at 4) and resumed: the first event file's step 5
-    is purged by the second, so the scalars still equal the final csv."""
+    """TensorBoard after a resume shows each step once.
+
+    A run stopped after its row 5 (checkpoint at 4) and resumed: the first event file's step 5
+    is purged by the second, so the scalars still equal the final csv.
+    """
     from diffsim_ros.workflows.training import train_from_params
 
     class Stop(Exception):
@@ -187,8 +190,11 @@ def test_tensorboard_after_a_resume_shows_each_step_once(tiny_config, tmp_path):
 
 
 def test_best_checkpoint_is_the_best_evaluation(uninterrupted):
-    """checkpoints/best: the evaluated iteration with the highest success, ties to the lower loss,
-    as the csv says; a loadable checkpoint."""
+    """The best checkpoint is the best evaluation.
+
+    checkpoints/best: the evaluated iteration with the highest success, ties to the lower loss,
+    as the csv says; a loadable checkpoint.
+    """
     rows = [r for r in csv_rows(uninterrupted / "training.csv") if r["eval_success"] != "nan"]
     want = max(rows, key=lambda r: (float(r["eval_success"]), -float(r["loss"])))
     model = physics.load_urdf(str(ROOT / "urdf" / "diffsim_arm.urdf"))
@@ -250,10 +256,13 @@ sys.exit(cli.main({argv!r}))
 
 
 def test_killed_ppo_run_resumes_bit_for_bit(tmp_path, capsys):
-    """``diffsim-ros baseline --resume``: a PPO run killed inside iteration 6 (checkpoint every 2)
+    """A killed PPO run resumes bit for bit.
+
+    ``diffsim-ros baseline --resume``: a PPO run killed inside iteration 6 (checkpoint every 2)
     and resumed ends with the same rows, networks, optimiser state and observation statistics as
     the run left alone. The rollout (5 steps) is shorter than the episode (8): the checkpoint (after 20 steps)
-    falls mid-episode, so the environments themselves must come back."""
+    falls mid-episode, so the environments themselves must come back.
+    """
     pytest.importorskip("stable_baselines3", reason="the PPO baseline needs stable-baselines3")
     params = tiny_params()
     params["ppo"] = dict(total_timesteps=ITERATIONS * 4 * 5, num_envs=4, n_steps=5, batch_size=10, n_epochs=2,
@@ -316,7 +325,7 @@ def test_killed_ppo_run_resumes_bit_for_bit(tmp_path, capsys):
 
 @pytest.fixture
 def stopped_run(tiny_config, tmp_path):
-    """A run stopped after 3 iterations (checkpoint at 2), ready to resume."""
+    """Stop a run after 3 iterations (checkpoint at 2), ready to resume."""
     from diffsim_ros.workflows.training import train_from_params
 
     class Stop(Exception):
@@ -391,9 +400,12 @@ def test_resume_refuses_a_changed_urdf(tmp_path, capsys):
 
 
 def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
-    """The simulation diverging in every iteration from the 5th on: past max_divergences training stops
+    """A divergence keeps the last good checkpoint.
+
+    The simulation diverging in every iteration from the 5th on: past max_divergences training stops
     with an error naming the iteration and the quantity, and checkpoints/latest holds iteration 4 (the
-    periodic checkpoint was at 3), loadable and resumable."""
+    periodic checkpoint was at 3), loadable and resumable.
+    """
     from diffsim_ros.physics import SimulationError
     from diffsim_ros.workflows.training import train_from_params
 
@@ -443,9 +455,12 @@ def test_out_refuses_to_overwrite_a_policy_without_force(tiny_config, tmp_path, 
 
 
 def test_the_loop_retrains_into_its_own_folder(tiny_config, tmp_path, capsys):
-    """The main job trains into its own folder (diffsim-ros loop's policy/), through the training
+    """The loop retrains into its own folder.
+
+    The main job trains into its own folder (diffsim-ros loop's policy/), through the training
     function itself: a rerun into the same folder is a fresh run (the first run's event file and
-    rows do not mix with the second's), as `diffsim-ros train --force` is."""
+    rows do not mix with the second's), as `diffsim-ros train --force` is.
+    """
     from diffsim_ros.workflows.loop import train_policy
 
     out = tmp_path / "policy"
@@ -460,8 +475,11 @@ def test_the_loop_retrains_into_its_own_folder(tiny_config, tmp_path, capsys):
 
 
 def test_the_loop_names_what_is_wrong_with_a_training_file(tiny_config, tmp_path):
-    """A bad training file stops the main job's training step with the CLI's one line (the file,
-    the key), not a traceback."""
+    """The loop names what is wrong with a training file.
+
+    A bad training file stops the main job's training step with the CLI's one line (the file,
+    the key), not a traceback.
+    """
     from diffsim_ros.workflows.loop import LoopError, train_policy
 
     doc = yaml.safe_load(Path(tiny_config).read_text())

@@ -52,6 +52,7 @@ def _typestore():
 @dataclass
 class TopicStats:
     """Timing of one topic, from its header stamps (or receive stamps when it has no header)."""
+
     topic: str
     msgtype: str
     count: int
@@ -81,8 +82,9 @@ SAME_CLOCK_WINDOW_S = (-1.0, 10.0)
 
 def timing_stats(topic: str, msgtype: str, stamps: np.ndarray, receive: np.ndarray,
                  has_header: bool) -> TopicStats:
-    """Jitter, drops, duplicates and out-of-order counts of one topic, and the latency
-    (receive - header stamp) where stamps and receive times share a clock
+    """Jitter, drops, duplicates and out-of-order counts of one topic, and the latency.
+
+    The latency (receive - header stamp) is given where stamps and receive times share a clock
     (:data:`SAME_CLOCK_WINDOW_S`; otherwise ``latency_note`` says why there is none).
 
     ``stamps`` and ``receive`` are int64 ns in receive (bag) order. The nominal period is
@@ -135,6 +137,7 @@ class BagData:
     ``joint_names`` order). ``cmd_state_stamp[i]`` is the stamp of the state command ``i``
     was computed from.
     """
+
     path: str
     storage: str
     kind: str                                   # "arm", "quadrotor" or "legged"
@@ -242,7 +245,7 @@ def read_bag(path, state_topic: Optional[str] = None, command_topic: Optional[st
 
 @contextlib.contextmanager
 def _opened(path: Path):
-    """The bag's reader (:func:`_open_reader`), closed on the way out whatever happened."""
+    """Open the bag's reader (:func:`_open_reader`) and close it on the way out, whatever happened."""
     reader = _open_reader(path)
     try:
         yield reader
@@ -254,11 +257,13 @@ def _opened(path: Path):
 
 
 def read_legged_states(path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str], List[str]]:
-    """(stamps ns, q, v, joint names, warnings) of a legged robot's bag: its /odom and
-    /joint_states paired as :func:`read_bag` pairs them (the nearest stamp within half the
-    shorter period; the pair's stamp the later one), q = base position, quaternion xyzw, joint
-    positions, v = the odometry's twist, joint velocities, joints in the message's order. No
-    command topic is needed (a robot's own recording has none)."""
+    """(stamps ns, q, v, joint names, warnings) of a legged robot's bag.
+
+    Its /odom and /joint_states are paired as :func:`read_bag` pairs them (the nearest stamp within
+    half the shorter period; the pair's stamp the later one); q = base position, quaternion xyzw,
+    joint positions, v = the odometry's twist, joint velocities, joints in the message's order. No
+    command topic is needed (a robot's own recording has none).
+    """
     path = Path(os.fspath(path))
     with _opened(path) as reader:
         src = _Source(reader, path)
@@ -272,8 +277,11 @@ def read_legged_states(path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[s
 
 
 def legged_in_model_order(where: str, q: np.ndarray, v: np.ndarray, names: Sequence[str], model):
-    """(q, v) of a legged bag's states (base, then joints in ``names`` order) with the joints in
-    ``model``'s order; an AnalysisError naming ``where`` when the bag lacks one of them."""
+    """(q, v) of a legged bag's states with the joints in ``model``'s order.
+
+    The states given hold the base, then the joints in ``names`` order; an AnalysisError naming
+    ``where`` when the bag lacks one of the model's joints.
+    """
     missing = [j for j in model.joint_names if j not in names]
     if missing:
         raise AnalysisError(f"{where}: '{JOINT_STATES}' lacks joint(s) {missing} of model '{model.name}' "
@@ -365,8 +373,11 @@ def _slow(reader, path: Path, conn_type: str, topic: str, recv, raws):
 
 
 class _Source:
-    """One open bag as the per-topic readers below see it: its topics and types, the fast MCAP
-    index where there is one, and the messages of a topic (raw, or deserialised)."""
+    """One open bag as the per-topic readers below see it.
+
+    Its topics and types, the fast MCAP index where there is one, and the messages of a topic (raw,
+    or deserialised).
+    """
 
     def __init__(self, reader, path: Path):
         self.reader, self.path = reader, path
@@ -389,7 +400,7 @@ class _Source:
 
 
 def _read_metadata(src: _Source, topic: str) -> Optional[Dict[str, Any]]:
-    """The last message of the latched metadata topic, parsed (None when absent)."""
+    """Return the last message of the latched metadata topic, parsed (None when absent)."""
     if topic not in src.topics:
         return None
     path = src.path
@@ -414,7 +425,7 @@ def _read_metadata(src: _Source, topic: str) -> Optional[Dict[str, Any]]:
 
 
 def _state_topic(src: _Source, state_topic: Optional[str]) -> str:
-    """The state topic asked for, or the first of /joint_states and odometry in the bag."""
+    """Return the state topic asked for, or the first of /joint_states and odometry in the bag."""
     path, topics = src.path, src.topics
     if state_topic is None:
         for cand in (JOINT_STATES, ODOM):
@@ -431,8 +442,11 @@ def _state_topic(src: _Source, state_topic: Optional[str]) -> str:
 
 
 def _read_states(src: _Source, state_topic: str, kind: str, stats: Dict[str, TopicStats], warnings: List[str]):
-    """(t_state, q, v, receive times, joint names) of the state topic: sorted by stamp, a
-    repeated stamp kept once, the receive time standing in for stamps that are all zero."""
+    """(t_state, q, v, receive times, joint names) of the state topic.
+
+    Sorted by stamp, a repeated stamp kept once, the receive time standing in for stamps that are
+    all zero.
+    """
     path = src.path
     recv_a, raws = src.raw(state_topic)
     names: Optional[List[str]] = None
@@ -489,11 +503,14 @@ def _read_states(src: _Source, state_topic: str, kind: str, stats: Dict[str, Top
 
 
 def _read_legged_states(src: _Source, stats: Dict[str, TopicStats], warnings: List[str]):
-    """A legged robot's states: each /odom message paired with the /joint_states message nearest
-    in stamp, within half the shorter of the two topics' periods (the stand-in in lockstep
-    publishes both with one stamp; a robot's drivers stamp them apart), the base's q, v then the
-    joints'; the pair's stamp is the later one, as policy_controller's supervisor stamps it. A
-    message without a partner is left out, with a warning counting them."""
+    """Read a legged robot's states: each /odom message paired with a /joint_states message.
+
+    The partner is the /joint_states message nearest in stamp, within half the shorter of the two
+    topics' periods (the stand-in in lockstep publishes both with one stamp; a robot's drivers stamp
+    them apart). The state holds the base's q, v then the joints'; the pair's stamp is the later
+    one, as policy_controller's supervisor stamps it. A message without a partner is left out, with
+    a warning counting them.
+    """
     t_o, q_o, v_o, r_o, _ = _read_states(src, ODOM, "quadrotor", stats, warnings)
     t_j, q_j, v_j, _, names = _read_states(src, JOINT_STATES, "arm", stats, warnings)
     periods = [float(np.median(np.diff(t))) for t in (t_o, t_j)]
@@ -520,7 +537,7 @@ def _read_legged_states(src: _Source, stats: Dict[str, TopicStats], warnings: Li
 
 
 def _imu_stats(src: _Source, stats: Dict[str, TopicStats]) -> None:
-    """The IMU topic's timing, where the bag has one (its values are not analysed)."""
+    """Record the IMU topic's timing, where the bag has one (its values are not analysed)."""
     if IMU not in src.topics:
         return
     _check_type(src.path, IMU, src.topics[IMU], [IMU_T])
@@ -534,7 +551,7 @@ def _imu_stats(src: _Source, stats: Dict[str, TopicStats]) -> None:
 
 
 def _command_topic(src: _Source, command_topic: Optional[str]) -> str:
-    """The command topic asked for, or the first of the known command topics in the bag."""
+    """Return the command topic asked for, or the first of the known command topics in the bag."""
     path, topics = src.path, src.topics
     if command_topic is None:
         cands = [COMMAND, CMD_CTBR, CMD_ROTOR_THRUST, *CONTROLLER_COMMANDS]
@@ -554,8 +571,11 @@ def _command_topic(src: _Source, command_topic: Optional[str]) -> str:
 
 def _read_commands(src: _Source, command_topic: str, state_topic: str, t_state, recv_state,
                    stats: Dict[str, TopicStats], warnings: List[str]):
-    """(cmd_state_stamp, cmd, stamp source): each command aligned to the state it answers, by
-    its header stamp (CTBR), by the state-stamp label, or else by receive time; one per state."""
+    """(cmd_state_stamp, cmd, stamp source): each command aligned to the state it answers.
+
+    A command is aligned by its header stamp (CTBR), by the state-stamp label, or else by receive
+    time; one per state.
+    """
     path = src.path
     ctype = src.topics[command_topic]
     crecv_a, craws = src.raw(command_topic)
@@ -635,8 +655,10 @@ def _read_commands(src: _Source, command_topic: str, state_topic: str, t_state, 
 
 
 def _read_predictions(src: _Source, topic: str, kind: str, stats: Dict[str, TopicStats]):
-    """(stamps, velocities, joint names) of the controller's online predictions, sorted by
-    stamp; (None, None, []) when the bag has none."""
+    """(stamps, velocities, joint names) of the controller's online predictions, sorted by stamp.
+
+    (None, None, []) when the bag has none.
+    """
     pred_names: List[str] = []
     if topic not in src.topics or kind == "legged":     # policy_controller predicts no legged state
         return None, None, pred_names
@@ -697,8 +719,11 @@ def _read(reader, path, state_topic, command_topic, predicted_topic, metadata_to
 
 
 def describes_legged_robot(metadata: Dict[str, Any]) -> bool:
-    """/diffsim/metadata describes a floating base without rotors (a legged robot): its
-    ``checkpoint`` metadata where the controller ran one, else the training file in ``config``."""
+    """Return whether /diffsim/metadata describes a floating base without rotors (a legged robot).
+
+    What is judged is its ``checkpoint`` metadata where the controller ran one, else the training
+    file in ``config``.
+    """
     ck = metadata.get("checkpoint")
     if isinstance(ck, dict):
         floating, sim = (ck.get("robot") or {}).get("floating_base"), ck.get("simulator") or {}
@@ -709,17 +734,22 @@ def describes_legged_robot(metadata: Dict[str, Any]) -> bool:
 
 
 def _legged(src: _Source, metadata: Optional[Dict[str, Any]]) -> bool:
-    """Both /odom and /joint_states are in the bag, and the metadata (where there is some)
-    describes a legged robot."""
+    """Return whether the bag is a legged robot's.
+
+    Both /odom and /joint_states are in the bag, and the metadata (where there is some) describes a
+    legged robot.
+    """
     if not (ODOM in src.topics and JOINT_STATES in src.topics):
         return False
     return metadata is None or describes_legged_robot(metadata)
 
 
 def _command_names(metadata, topic, width, kind, joint_names) -> List[str]:
-    """Names of the command entries: for a ros2_control forward-command topic, the controller's
-    joints (policy_controller's metadata ``controller_joints``); else the checkpoint's
-    ``command.names`` when the bag has them."""
+    """Names of the command entries.
+
+    For a ros2_control forward-command topic, the controller's joints (policy_controller's metadata
+    ``controller_joints``); else the checkpoint's ``command.names`` when the bag has them.
+    """
     cj = (metadata or {}).get("controller_joints")
     if topic in CONTROLLER_COMMANDS and isinstance(cj, list) and len(cj) == width:
         return [str(n) for n in cj]
@@ -840,7 +870,7 @@ class BagWriter:
                            self.store.serialize_cdr(msg, IMU_T))
 
     def command(self, receive_ns: int, values, state_stamp_ns: Optional[int], topic: str = COMMAND) -> None:
-        """The simulator-interface command, labelled with the stamp of the state it was computed from."""
+        """Write the simulator-interface command, labelled with the stamp of the state it was computed from."""
         T = self.store.types
         vals = np.ascontiguousarray(values, dtype=np.float64)
         dims = [T["std_msgs/msg/MultiArrayDimension"](

@@ -83,6 +83,7 @@ def write_atomically(path: Path, text: str, fsync: bool = True) -> None:
 @dataclass
 class Topic:
     """One recorded topic (an MCAP channel); ``qos`` is the offered QoS as rosbag2 v9 dumps it."""
+
     id: int
     topic: str
     msgtype: str
@@ -121,13 +122,13 @@ def metadata_yaml(file_name: str, topics: Sequence[Topic], start_ns: int, end_ns
 
 
 def _serialized_metadata(text: str) -> str:
-    """The body of metadata.yaml (without the top-level key), as rosbag2 stores it in the MCAP file."""
+    """Return the body of metadata.yaml (without the top-level key), as rosbag2 stores it in the MCAP file."""
     info = _yaml().load(text)["rosbag2_bagfile_information"]
     return _dump_yaml(info).strip()
 
 
 def qos_yaml(qos: List[Dict[str, Any]]) -> str:
-    """The offered_qos_profiles string of an MCAP channel (rosbag2 v9: a YAML list)."""
+    """Return the offered_qos_profiles string of an MCAP channel (rosbag2 v9: a YAML list)."""
     return _dump_yaml(qos).strip()
 
 
@@ -192,7 +193,9 @@ class McapBagWriter:
     def add_connection(self, topic: str, msgtype: str, *, typestore=None, msgdef: Optional[str] = None,
                        digest: Optional[str] = None, offered_qos_profiles: Sequence[Any] = ()) -> Topic:
         """Register a topic; the message definition comes from ``typestore`` (rosbags) unless given.
-        ``offered_qos_profiles``: rosbags ``Qos`` objects."""
+
+        ``offered_qos_profiles``: rosbags ``Qos`` objects.
+        """
         from rosbags.rosbag2.metadata import dump_qos_v9
 
         self._check_open()
@@ -228,8 +231,11 @@ class McapBagWriter:
         self.tick()
 
     def tick(self) -> bool:
-        """Flush when the oldest unflushed message is half a flush period old; call it from a
-        timer (every quarter period) so that messages do not wait when none follow. True if it flushed."""
+        """Flush when the oldest unflushed message is half a flush period old.
+
+        Call it from a timer (every quarter period) so that messages do not wait when none follow.
+        True if it flushed.
+        """
         if self._pending_since is not None and self.clock() - self._pending_since >= 0.5 * self.flush_period_s:
             self.flush()
             return True
@@ -295,6 +301,7 @@ class McapBagWriter:
 @dataclass
 class RepairReport:
     """What :func:`repair` found and did."""
+
     path: str
     file: str
     complete: bool                 # the MCAP file had its summary and footer, every CRC held
@@ -383,7 +390,7 @@ def _scan(f: Path, size: int):
 
 
 def _summary_crc_holds(fh, footer, size: int) -> bool:
-    """The footer's summary CRC: over the summary section and the footer's first 25 bytes."""
+    """Check the footer's summary CRC: over the summary section and the footer's first 25 bytes."""
     if not footer.summary_crc:
         return True
     start = footer.summary_start or size - 37
@@ -394,11 +401,13 @@ def _summary_crc_holds(fh, footer, size: int) -> bool:
 
 
 def repair(path) -> RepairReport:
-    """Rebuild what a killed recorder could not finish (``ros2 bag reindex``'s job): the
-    summary, chunk and message indexes and the footer of the MCAP file, and metadata.yaml's
-    topics, message counts, start and duration. A complete file is left as it is (only
-    metadata.yaml is rewritten from it). Chunks whose CRC fails are dropped and reported;
-    the scan stops at the first record cut off or unreadable."""
+    """Rebuild what a killed recorder could not finish (``ros2 bag reindex``'s job).
+
+    That is the summary, chunk and message indexes and the footer of the MCAP file, and
+    metadata.yaml's topics, message counts, start and duration. A complete file is left as it is
+    (only metadata.yaml is rewritten from it). Chunks whose CRC fails are dropped and reported;
+    the scan stops at the first record cut off or unreadable.
+    """
     from mcap.records import Channel, Message, Schema
     from mcap.writer import CompressionType, Writer
 

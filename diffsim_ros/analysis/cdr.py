@@ -65,7 +65,7 @@ class _Walker:
 
 
 def _rows(raws: Sequence[bytes]) -> Optional[Tuple[bytes, np.ndarray, int]]:
-    """The messages as one buffer and an (N, L) byte view, if they all have length L."""
+    """Return the messages as one buffer and an (N, L) byte view, if they all have length L."""
     L = len(raws[0])
     if any(len(r) != L for r in raws):
         return None
@@ -74,9 +74,11 @@ def _rows(raws: Sequence[bytes]) -> Optional[Tuple[bytes, np.ndarray, int]]:
 
 
 def _shared_layout(raws: Sequence[bytes], w: _Walker, end: int) -> Optional[Tuple[bytes, int, int]]:
-    """(buffer, N, L) of :func:`_rows` when ``w`` has walked the whole first message and every message repeats its
-    bytes from the frame id up to ``end`` (names, lengths: then every later field sits at the same offset), else
-    None."""
+    """(buffer, N, L) of :func:`_rows` when every message shares the first one's layout up to ``end``, else None.
+
+    That is when ``w`` has walked the whole first message and every message repeats its bytes from the frame id
+    up to ``end`` (names, lengths: then every later field sits at the same offset).
+    """
     if w.o != len(raws[0]):
         return None
     rows = _rows(raws)
@@ -141,8 +143,10 @@ def joint_states(raws: Sequence[bytes]):
 
 
 def odometry(raws: Sequence[bytes]):
-    """(stamps ns, q (N, 7) = position + quaternion xyzw, v (N, 6) = twist linear + angular) of
-    nav_msgs/Odometry, or None."""
+    """(stamps ns, q, v) of nav_msgs/Odometry, or None.
+
+    q (N, 7) = position + quaternion xyzw, v (N, 6) = twist linear + angular.
+    """
     try:
         w = _Walker(raws[0])
         w.header()
@@ -159,9 +163,11 @@ def odometry(raws: Sequence[bytes]):
 
 
 def float64_arrays(raws: Sequence[bytes]):
-    """(values (N, n), labels) of std_msgs/Float64MultiArray: ``labels[i]`` is the integer in
-    layout.dim[0].label, or None (no dim, empty or not a number). None if the messages
-    do not share their data length."""
+    """(values (N, n), labels) of std_msgs/Float64MultiArray.
+
+    ``labels[i]`` is the integer in layout.dim[0].label, or None (no dim, empty or not a number).
+    None if the messages do not share their data length.
+    """
     groups = {}
     for i, r in enumerate(raws):
         groups.setdefault(len(r), []).append(i)
@@ -227,8 +233,11 @@ _INT64_MAX = 2 ** 63 - 1
 
 
 class McapCorrupt(ValueError):
-    """An integrity check of an MCAP file failed (a chunk, data section or summary CRC, or an
-    impossible field); the message names the file and, where known, the topics and times."""
+    """An integrity check of an MCAP file failed.
+
+    The check is a chunk, data section or summary CRC, or an impossible field; the message names
+    the file and, where known, the topics and times.
+    """
 
     def __init__(self, file: str, detail: str):
         super().__init__(f"{file}: {detail}")
@@ -255,7 +264,7 @@ def _summary_channels(b, unpack) -> dict:
 
 
 def _verify_crcs(f: str, b) -> None:
-    """The footer's summary CRC and the data end record's data section CRC, where written (non-zero)."""
+    """Check the footer's summary CRC and the data end record's data section CRC, where written (non-zero)."""
     if len(b) < 8 + _FOOTER or b[-_FOOTER] != 0x02 or bytes(b[-8:]) != _MCAP_MAGIC:
         raise McapCorrupt(f, "no MCAP footer at the end of the file (truncated, or the recorder was killed: "
                           "`diffsim-ros bag repair` rebuilds it)")
@@ -278,10 +287,11 @@ def _verify_crcs(f: str, b) -> None:
 
 
 def mcap_messages(files: Sequence[str], topics: Sequence[str], verify: bool = True):
-    """{topic: (log times ns (N,), [message bytes])} of uncompressed MCAP files, in time order
-    (stable: equal times keep their order in the file), or None when a file has something this
-    reader does not handle (compressed chunks, an unexpected record), so that the caller reads it
-    with rosbags instead. rosbags parses every record through file-like objects, which costs
+    """{topic: (log times ns (N,), [message bytes])} of uncompressed MCAP files, in time order.
+
+    The order is stable (equal times keep their order in the file). None when a file has something
+    this reader does not handle (compressed chunks, an unexpected record), so that the caller reads
+    it with rosbags instead. rosbags parses every record through file-like objects, which costs
     several microseconds a message; here one loop over the raw bytes finds them.
 
     ``verify``: check every chunk's CRC (a mismatch raises :class:`McapCorrupt` naming the
@@ -295,7 +305,8 @@ def mcap_messages(files: Sequence[str], topics: Sequence[str], verify: bool = Tr
     channel_id uint16, sequence uint32, log_time uint64, publish_time uint64, data; Chunk (0x06):
     start, end, uncompressed size (uint64), crc (uint32), compression string, records
     (uint64-sized) holding more records; Message index (0x07): channel_id uint16, ...
-    Strings are uint32-length-prefixed."""
+    Strings are uint32-length-prefixed.
+    """
     unpack = struct.unpack_from
     channels = {}
     schemas, all_channels = {}, {}

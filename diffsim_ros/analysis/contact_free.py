@@ -84,16 +84,22 @@ def _mid_configuration(q0: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
 
 
 def _classical_bias(model, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """b such that M a_c + b is the equations' left side with a_c the base's classical acceleration
-    (the body-frame velocity's own rate plus w x v) and the joints' accelerations."""
+    """Return b such that M a_c + b is the equations' left side.
+
+    Here a_c is the base's classical acceleration (the body-frame velocity's own rate plus w x v)
+    and the joints' accelerations.
+    """
     a = torch.zeros_like(v)
     a[:, :3] = -torch.linalg.cross(v[:, 3:6], v[:, :3])
     return physics.rnea(model, q, v, a)
 
 
 def interval_equations(setup: SimSetup, q0, v0, q1, v1, command):
-    """Per interval: the mass-scaled impulse M dv + b dt (B, nv), the applied impulse F dt
-    (B, nv), and the mid configuration (B, nq) (see the module doc)."""
+    """Per interval: the mass-scaled impulse, the applied impulse and the mid configuration.
+
+    The mass-scaled impulse is M dv + b dt (B, nv), the applied impulse F dt (B, nv), and the mid
+    configuration (B, nq) (see the module doc).
+    """
     model, cfg = setup.model, setup.sim_config
     dt = cfg.dt
     qm = _mid_configuration(q0, q1)
@@ -114,8 +120,11 @@ def interval_equations(setup: SimSetup, q0, v0, q1, v1, command):
 
 
 def _free_directions(setup: SimSetup, qm: torch.Tensor, tolerance: float) -> List[torch.Tensor]:
-    """Per interval, an orthonormal basis (nv, r) of the velocity directions that no touching
-    contact point's force can act along (the null space of their stacked point Jacobians)."""
+    """Per interval, an orthonormal basis (nv, r) of the velocity directions free of contact forces.
+
+    These are the directions that no touching contact point's force can act along (the null space
+    of their stacked point Jacobians).
+    """
     model, cfg = setup.model, setup.sim_config
     nv = model.nv
     eye = torch.eye(nv, dtype=qm.dtype, device=qm.device)
@@ -153,8 +162,11 @@ def _explained(A: torch.Tensor, C: torch.Tensor, s: float) -> float:
 
 
 def _fit(rows_a: List[torch.Tensor], rows_c: List[torch.Tensor]):
-    """Least squares of C = s A over the projected equations: s, its standard deviation, the
-    share explained and the number of equations (NaNs and 0 where there are none)."""
+    """Least squares of C = s A over the projected equations.
+
+    Gives s, its standard deviation, the share explained and the number of equations (NaNs and 0
+    where there are none).
+    """
     if not rows_a:
         return math.nan, math.nan, math.nan, 0
     A, C = torch.cat(rows_a), torch.cat(rows_c)
@@ -167,9 +179,11 @@ def _fit(rows_a: List[torch.Tensor], rows_c: List[torch.Tensor]):
 
 
 def bag_intervals(data: BagData, setup: SimSetup):
-    """(setup in float64, ks, q, v, cmd): the bag's control intervals [k, k+1] that have a command
-    (``ks``, the command's delay taken into account), the recorded states in float64 and the
-    command acting over each interval."""
+    """Return (setup in float64, ks, q, v, cmd) of the bag's control intervals that have a command.
+
+    The intervals [k, k+1] that have a command are ``ks`` (the command's delay taken into account);
+    q, v are the recorded states in float64 and cmd the command acting over each interval.
+    """
     rp = Replay(data, setup)
     d = setup.sim_config.command_delay
     at = {int(s): i for i, s in enumerate(rp.cmd_state)}
@@ -185,8 +199,10 @@ def bag_intervals(data: BagData, setup: SimSetup):
 
 def contact_free_mass(data: BagData, setup: SimSetup, contact_tolerance: float = 0.005,
                       fit_fraction: float = 0.7) -> ContactFreeResult:
-    """The mass scale of a legged robot's bag by the contact-free projection (module doc),
-    from the first ``fit_fraction`` of the bag, checked on the rest."""
+    """Estimate the mass scale of a legged robot's bag by the contact-free projection (module doc).
+
+    It is fitted on the first ``fit_fraction`` of the bag and checked on the rest.
+    """
     t0 = time.perf_counter()
     if data.kind != "legged":
         raise AnalysisError(f"{data.path}: the contact-free mass estimate is for a legged robot's bag (a floating "
@@ -259,9 +275,11 @@ def contact_free_markdown(r: ContactFreeResult, bag: str, source: str, written: 
 
 def write_contact_free(result: ContactFreeResult, setup: SimSetup, out_dir, bag: str = "", force: bool = False
                        ) -> Dict[str, str]:
-    """sysid.json and sysid.md, and for an accepted fit (or with ``force``) calibrated.yaml (a
-    training file for ``diffsim-ros train --config``) with calibrated.urdf holding the scaled
-    masses. Returns the paths."""
+    """Write sysid.json and sysid.md, and for an accepted fit calibrated.yaml and calibrated.urdf.
+
+    calibrated.yaml (a training file for ``diffsim-ros train --config``) and calibrated.urdf (holding
+    the scaled masses) are written for an accepted fit, or with ``force``. Returns the paths.
+    """
     return write_estimate(result, {"mass_scale": [result.mass_scale]}, setup, out_dir, bag, force,
                           lambda written: contact_free_markdown(result, bag, setup.source, written),
                           [f"std {result.std:.2g}; the held-out end of the bag alone gives "
@@ -270,9 +288,12 @@ def write_contact_free(result: ContactFreeResult, setup: SimSetup, out_dir, bag:
 
 def write_estimate(result, fitted: Dict[str, List[float]], setup: SimSetup, out_dir, bag: str, force: bool,
                    markdown, summary: List[str]) -> Dict[str, str]:
-    """What a contact-free estimate writes: sysid.json (``result.as_dict()`` with ``fitted``),
-    sysid.md (``markdown(written)``) and, for an accepted ``result`` (or with ``force``),
-    calibrated.yaml and calibrated.urdf from ``fitted`` with the ``summary`` lines in its header."""
+    """Write what a contact-free estimate writes.
+
+    That is sysid.json (``result.as_dict()`` with ``fitted``), sysid.md (``markdown(written)``) and,
+    for an accepted ``result`` (or with ``force``), calibrated.yaml and calibrated.urdf from
+    ``fitted`` with the ``summary`` lines in its header.
+    """
     import json
 
     from ..learning.checkpoint import json_safe

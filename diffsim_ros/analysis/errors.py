@@ -3,6 +3,9 @@ from __future__ import annotations
 
 
 class AnalysisError(ValueError):
-    """A bag or setting the analysis cannot use: unreadable or truncated bag, missing
-    topic, wrong message type, no overlap in time, joints that do not match the model.
-    The message names the file, topic or field at fault (the CLI prints it and exits 2)."""
+    """A bag or setting the analysis cannot use.
+
+    An unreadable or truncated bag, a missing topic, a wrong message type, no overlap in time,
+    joints that do not match the model. The message names the file, topic or field at
+    fault (the CLI prints it and exits 2).
+    """

@@ -69,8 +69,10 @@ class GroundFrictionResult(Verdict):
 
 
 def unit_twists(model, q: torch.Tensor) -> torch.Tensor:
-    """(bodies, 6, B, nv): each body's twist (about the kinematics' origin o) per unit of each
-    velocity coordinate, at the configurations q (B, nq)."""
+    """(bodies, 6, B, nv): each body's twist per unit of each velocity coordinate.
+
+    The twists are about the kinematics' origin o, at the configurations q (B, nq).
+    """
     nv = model.nv
     eye = torch.eye(nv, dtype=q.dtype, device=q.device)
     kin = kinematics_record(model, q.T.repeat_interleave(nv, dim=1), eye.repeat(1, q.shape[0]))
@@ -78,16 +80,21 @@ def unit_twists(model, q: torch.Tensor) -> torch.Tensor:
 
 
 def point_jacobian(tw: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
-    """(3, nv): the world velocity of the material point at ``point`` (from o) of a body whose unit
-    twists are ``tw`` (6, nv)."""
+    """(3, nv): the world velocity of the material point at ``point`` (from o) of a body.
+
+    The body's unit twists are ``tw`` (6, nv).
+    """
     return tw[:3] + torch.linalg.cross(tw[3:], point[:, None].expand(-1, tw.shape[1]), dim=0)
 
 
 def foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float) -> List[tuple]:
-    """Per steady interval and touching body: (normal impulse, tangential impulse vector, the
-    tangential slip velocities of its contact point at the interval's start, middle and end,
-    interval, body, its touching collision points) from the least-squares split of ``impulse``
-    (B, nv) over the touching feet. ``qs``, ``vs``: the configurations and velocities at start, middle and end."""
+    """Per steady interval and touching body: its impulses, slip velocities and contact points.
+
+    Each row holds the normal impulse, the tangential impulse vector, the tangential slip
+    velocities of its contact point at the interval's start, middle and end, the interval, the body
+    and its touching collision points, from the least-squares split of ``impulse`` (B, nv) over the
+    touching feet. ``qs``, ``vs``: the configurations and velocities at start, middle and end.
+    """
     model, cfg = setup.model, setup.sim_config
     sys = physics.build_system(model, cfg)
     cs = sys.contact
@@ -128,10 +135,12 @@ def foot_rows(setup: SimSetup, qs, vs, impulse: torch.Tensor, tolerance: float) 
 
 
 def feet_impulses(data: BagData, setup: SimSetup, mass_scale: float, contact_tolerance: float):
-    """(ks, rows, (setup in float64, configurations, velocities)): the bag's control intervals
-    (analysis.contact_free.bag_intervals), the feet's impulses over them (:func:`foot_rows`) with
-    the robot's mass factor ``mass_scale``, and the start, middle and end configurations and
-    velocities of each interval they were solved at."""
+    """(ks, rows, (setup in float64, configurations, velocities)) of the feet's impulses.
+
+    That is the bag's control intervals (analysis.contact_free.bag_intervals), the feet's impulses
+    over them (:func:`foot_rows`) with the robot's mass factor ``mass_scale``, and the start,
+    middle and end configurations and velocities of each interval they were solved at.
+    """
     setup64, ks, q, v, cmd = bag_intervals(data, setup)
     scaled, applied, qm = interval_equations(setup64, q[ks], v[ks], q[ks + 1], v[ks + 1], cmd)
     vm = torch.cat((0.5 * (v[ks] + v[ks + 1])[:, :6], (q[ks + 1, 7:] - q[ks, 7:]) / setup.sim_config.dt), 1)
@@ -141,9 +150,11 @@ def feet_impulses(data: BagData, setup: SimSetup, mass_scale: float, contact_tol
 
 def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0.005, slide_speed: float = 0.03,
                     mass_scale: Optional[float] = None) -> GroundFrictionResult:
-    """The ground's Coulomb coefficient from a legged robot's bag (module doc). ``mass_scale``:
-    the robot's mass factor on the setup's model; by default the contact-free estimate where it
-    is accepted, else 1."""
+    """Estimate the ground's Coulomb coefficient from a legged robot's bag (module doc).
+
+    ``mass_scale``: the robot's mass factor on the setup's model; by default the contact-free
+    estimate where it is accepted, else 1.
+    """
     t0 = time.perf_counter()
     if data.kind != "legged":
         raise AnalysisError(f"{data.path}: the ground friction estimate is for a legged robot's bag (a floating base "
@@ -199,8 +210,11 @@ def ground_friction(data: BagData, setup: SimSetup, contact_tolerance: float = 0
 
 
 def collision_points(sys, model, q: torch.Tensor):
-    """((points, 3, B) each collision sphere's centre from the kinematics' origin o, (points, B)
-    its surface's height above the ground) at configurations ``q`` (B, nq) of ``sys``."""
+    """(points, heights) of the collision spheres at configurations ``q`` (B, nq) of ``sys``.
+
+    points (points, 3, B) are each collision sphere's centre from the kinematics' origin o, heights
+    (points, B) its surface's height above the ground.
+    """
     cs = sys.contact
     n = sys.ground_normal.to(q.dtype)
     kin = kinematics_record(model, q.T)
@@ -240,9 +254,12 @@ def ground_friction_markdown(r: GroundFrictionResult, bag: str, source: str, wri
 
 def write_ground_friction(result: GroundFrictionResult, setup: SimSetup, out_dir, bag: str = "",
                           force: bool = False) -> Dict[str, str]:
-    """sysid.json, sysid.md and, for an accepted estimate (or with ``force``), calibrated.yaml: the
-    simulator's ground friction set to the estimate and training.randomize_ground_friction moved
-    with it (analysis.sysid.calibrated_params). Returns the paths."""
+    """Write sysid.json, sysid.md and, for an accepted estimate (or with ``force``), calibrated.yaml.
+
+    In calibrated.yaml the simulator's ground friction is set to the estimate and
+    training.randomize_ground_friction moved with it (analysis.sysid.calibrated_params). Returns
+    the paths.
+    """
     return write_estimate(result, {"ground_friction": [result.friction]}, setup, out_dir, bag, force,
                           lambda written: ground_friction_markdown(result, bag, setup.source, written),
                           [f"the sliding feet's quartiles {', '.join(f'{x:.4g}' for x in result.quartiles)}; lower "

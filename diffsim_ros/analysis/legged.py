@@ -42,7 +42,7 @@ def _metadata(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def is_legged_bag(path) -> bool:
-    """The bag's controller ran a legged checkpoint (floating base, no rotors in its simulator)."""
+    """Return whether the bag's controller ran a legged checkpoint (floating base, no rotors in its simulator)."""
     try:
         meta = _metadata(Path(path))
     except Exception:  # noqa: BLE001 - an unreadable bag is read_bag's to report
@@ -51,8 +51,11 @@ def is_legged_bag(path) -> bool:
 
 
 def legged_states(path: Path, model):
-    """(stamps ns, q (T, nq), v (T, nv) in ``model``'s joint order) of a legged bag, the /odom and
-    /joint_states pairs of :func:`..bag.read_legged_states` (the pairing read_bag uses)."""
+    """(stamps ns, q (T, nq), v (T, nv) in ``model``'s joint order) of a legged bag.
+
+    The states are the /odom and /joint_states pairs of :func:`..bag.read_legged_states` (the
+    pairing read_bag uses).
+    """
     t, q, v, names, _ = read_legged_states(path)
     return (t, *legged_in_model_order(str(path), q, v, names, model))
 
@@ -62,10 +65,13 @@ ODOMETRY_WINDOW_S = 0.5
 
 
 def odometry_check(task, t_s: np.ndarray, q: np.ndarray, v: np.ndarray, skip: int = 0) -> Dict[str, Any]:
-    """Legged odometry (``LocomotionTask.estimated_velocity``: the joints, the base's orientation
-    and body rates, nothing else) against the recorded base velocity (``v``'s body-frame linear
-    part, /odom's twist), from step ``skip`` on: per axis the RMS error and the means (m/s), and
-    the largest difference of the forward velocity's ``ODOMETRY_WINDOW_S`` moving means."""
+    """Check legged odometry against the recorded base velocity.
+
+    The odometry is ``LocomotionTask.estimated_velocity`` (the joints, the base's orientation and
+    body rates, nothing else); the recorded base velocity is ``v``'s body-frame linear part
+    (/odom's twist). From step ``skip`` on: per axis the RMS error and the means (m/s), and the
+    largest difference of the forward velocity's ``ODOMETRY_WINDOW_S`` moving means.
+    """
     qt = torch.as_tensor(q, dtype=task.model.dtype).clone()
     vt = torch.as_tensor(v, dtype=task.model.dtype).clone()
     qt[:, 0:3], vt[:, 0:3] = 0.0, 0.0            # what the estimate must do without
@@ -83,9 +89,12 @@ def odometry_check(task, t_s: np.ndarray, q: np.ndarray, v: np.ndarray, skip: in
 
 def foot_contacts_from_states(sim, q: torch.Tensor, feet, tolerance: float = 0.005,
                               points: Optional[list] = None) -> np.ndarray:
-    """(T, F) bool: a foot body touches when one of its contact spheres comes within ``tolerance``
-    (m) of the ground, by forward kinematics of ``q`` (T, nq) (or the given ``points``,
-    :func:`..tasks.gait.foot_points` of ``q``)."""
+    """(T, F) bool: the foot bodies that touch the ground.
+
+    A foot body touches when one of its contact spheres comes within ``tolerance`` (m) of the
+    ground, by forward kinematics of ``q`` (T, nq) (or the given ``points``,
+    :func:`..tasks.gait.foot_points` of ``q``).
+    """
     from ..tasks.gait import foot_points
 
     sys = sim.system

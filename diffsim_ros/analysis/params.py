@@ -55,10 +55,12 @@ def check_names(names: List[str], model: physics.Model, cfg: physics.SimConfig, 
 
 def build_simulator(model: physics.Model, cfg: physics.SimConfig, values: Dict[str, torch.Tensor]
                     ) -> physics.Simulator:
-    """A simulator with the given parameter values (tensors, possibly requiring grad);
-    parameters not in ``values`` stay nominal. The system is built on the nominal model
+    """Build a simulator with the given parameter values (tensors, possibly requiring grad).
+
+    Parameters not in ``values`` stay nominal. The system is built on the nominal model
     (the controller's: gravity compensation, the CTBR rate loop) and the registry's
-    ``apply`` then replaces its physics (``System.replace``)."""
+    ``apply`` then replaces its physics (``System.replace``).
+    """
     try:
         sys = apply_values(nominal_system(model, cfg), values)
     except KeyError as exc:

@@ -1,5 +1,7 @@
-"""Rebuild the simulator a bag was recorded against, and replay its commands from every
-recorded state, k control steps ahead, all start states in one batch.
+"""Rebuild the simulator a bag was recorded against, and replay its commands k steps ahead.
+
+The commands are replayed from every recorded state, k control steps ahead, all start states in
+one batch.
 
     setup = sim_setup(data, config_path=None)       # from /diffsim/metadata, or --config
     rp = Replay(data, setup)
@@ -39,6 +41,7 @@ SHIFT_PASSES = 400
 @dataclass
 class SimSetup:
     """Parameters (the training-file mapping), model and simulator config, and where they came from."""
+
     params: Dict[str, Any]
     model: physics.Model
     sim_config: physics.SimConfig
@@ -47,9 +50,11 @@ class SimSetup:
 
 
 def params_from_metadata(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """The training-file mapping inside ``/diffsim/metadata``: its ``config`` (the training
-    config), else what the checkpoint records (``robot.urdf``, ``robot.floating_base``,
-    ``simulator``)."""
+    """Return the training-file mapping inside ``/diffsim/metadata``.
+
+    That is its ``config`` (the training config), else what the checkpoint records
+    (``robot.urdf``, ``robot.floating_base``, ``simulator``).
+    """
     cfg = meta.get("config")
     if isinstance(cfg, dict) and isinstance(cfg.get("urdf"), str):
         return dict(cfg)
@@ -83,8 +88,11 @@ def params_from_metadata(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
 
 def sim_setup(data: BagData, config_path: Optional[str] = None, dtype=torch.float64,
               params: Optional[Dict[str, Any]] = None) -> SimSetup:
-    """Model and SimConfig for a bag: ``params`` or ``config_path`` (a training file,
-    config/*.yaml) override the bag's ``/diffsim/metadata``."""
+    """Model and SimConfig for a bag.
+
+    ``params`` or ``config_path`` (a training file, config/*.yaml) override the bag's
+    ``/diffsim/metadata``.
+    """
     notes: List[str] = []
     if params is not None:
         source = "parameters given"
@@ -127,8 +135,11 @@ def sim_setup(data: BagData, config_path: Optional[str] = None, dtype=torch.floa
 
 @contextlib.contextmanager
 def replaying(data: BagData):
-    """Turn a diverging simulation (physics.SimulationError) while replaying ``data`` into an
-    AnalysisError naming the bag and its topics."""
+    """Turn a diverging simulation while replaying ``data`` into an AnalysisError.
+
+    The simulation's physics.SimulationError becomes an AnalysisError naming the bag and its
+    topics.
+    """
     try:
         yield
     except physics.SimulationError as exc:
@@ -146,8 +157,12 @@ def command_period(data: BagData) -> Optional[float]:
 
 @dataclass
 class Prediction:
-    """Predictions ``k`` steps ahead: ``start`` (indices into the commands), and
-    velocities (n, nv): predicted, measured; ``t`` the stamp (ns) predicted for."""
+    """Predictions ``k`` steps ahead.
+
+    ``start`` (indices into the commands), and velocities (n, nv): predicted, measured; ``t`` the
+    stamp (ns) predicted for.
+    """
+
     k: int
     start: np.ndarray
     t: np.ndarray
@@ -247,8 +262,11 @@ class Replay:
         return start[self.target_index(start, k) >= 0]
 
     def initial(self, start: np.ndarray, sim: Optional[physics.Simulator] = None) -> physics.State:
-        """Simulator state at each start command: the recorded q, v, the estimated actuator
-        state (:meth:`actuator_track`) and the delay line of the preceding commands."""
+        """Return the simulator state at each start command.
+
+        It holds the recorded q, v, the estimated actuator state (:meth:`actuator_track`) and the
+        delay line of the preceding commands.
+        """
         sim = sim or self.sim
         start_t = torch.as_tensor(start, device=self.q.device)
         si = torch.as_tensor(self.cmd_state[start], device=self.q.device)
@@ -265,15 +283,19 @@ class Replay:
 
     def actuator_track(self, sim: Optional[physics.Simulator] = None, passes: int = 20,
                        tol: float = 1e-8) -> Optional[torch.Tensor]:
-        """Hidden actuator state (rotor speeds, lagged torques) at the state of every command,
-        estimated along the whole bag with the recorded states put back at every step
-        (:meth:`actuator_chain`); None for a simulator without actuator state."""
+        """Hidden actuator state (rotor speeds, lagged torques) at the state of every command.
+
+        It is estimated along the whole bag with the recorded states put back at every step
+        (:meth:`actuator_chain`); None for a simulator without actuator state.
+        """
         chain = self.actuator_chain(sim, passes, tol)
         return None if chain is None else chain.track
 
     def actuator_chain(self, sim: Optional[physics.Simulator] = None, passes: int = 20, tol: float = 1e-8,
                        start: Optional["ActuatorChain"] = None) -> Optional["ActuatorChain"]:
-        """The actuator state follows the chain ``s[k+1] = F_k(s[k])``: one simulator step from
+        """Solve the actuator state's chain ``s[k+1] = F_k(s[k])`` over the whole bag.
+
+        The actuator state follows the chain ``s[k+1] = F_k(s[k])``: one simulator step from
         the recorded state of command ``k`` with actuator state ``s[k]``. Run one command at a
         time that is a bag's length of batch-1 steps, so the chain is solved in passes of one
         batched step over all commands, each from the last estimate, until it changes by less
@@ -295,7 +317,8 @@ class Replay:
         Each run of consecutive commands starts from the simulator's default (hover speeds, zero
         torque): the first ``warmup`` starts of a run are not used. ``start``: the chain at
         nearby parameter values, its track the first estimate (and its form the first form).
-        No gradient flows out (sysid adds the parameters'); cached per simulator."""
+        No gradient flows out (sysid adds the parameters'); cached per simulator.
+        """
         sim = sim or self.sim
         cache = getattr(sim, "_diffsim_actuator_chain", None)
         if cache is not None and cache[0] is self:
@@ -339,8 +362,11 @@ class Replay:
         return chain
 
     def command_states(self, sim: physics.Simulator) -> physics.State:
-        """The simulator state at every command (batch M): the recorded q, v and the delay line of
-        the preceding commands; the actuator state the simulator's default."""
+        """Return the simulator state at every command (batch M).
+
+        It holds the recorded q, v and the delay line of the preceding commands; the actuator state
+        is the simulator's default.
+        """
         si = torch.as_tensor(self.cmd_state, device=self.q.device)
         with torch.no_grad():
             st = sim.initial_state(self.q[si], self.v[si])
@@ -401,17 +427,23 @@ class Replay:
 
 @dataclass
 class ActuatorChain:
-    """:meth:`Replay.actuator_chain`: the actuator state at every command (M, na), where a run
-    of consecutive commands starts (M,) and whether it took the plain chain."""
+    """:meth:`Replay.actuator_chain`'s result.
+
+    The actuator state at every command (M, na), where a run of consecutive commands starts (M,)
+    and whether it took the plain chain.
+    """
+
     track: torch.Tensor
     chain_start: np.ndarray
     shift: bool = False
 
 
 def _lag_filter(T: np.ndarray, c: float, chain_start: np.ndarray, s0: np.ndarray) -> np.ndarray:
-    """``s[k+1] = c s[k] + (1 - c) T[k]``, restarting at ``s0[k]`` where ``chain_start[k]``;
-    in blocks, each a closed form ``s[b+i] = c^i (s[b] + (1 - c) sum_{j<i} c^-(j+1) T[b+j])``
-    with ``c^-i`` kept below e^30."""
+    """``s[k+1] = c s[k] + (1 - c) T[k]``, restarting at ``s0[k]`` where ``chain_start[k]``.
+
+    It runs in blocks, each a closed form ``s[b+i] = c^i (s[b] + (1 - c) sum_{j<i} c^-(j+1) T[b+j])``
+    with ``c^-i`` kept below e^30.
+    """
     M = T.shape[0]
     s = np.empty_like(T)
     B = int(max(1, min(1024, 30.0 / max(-math.log(c), 1e-12))))
@@ -448,7 +480,7 @@ def error_stats(v_pred: torch.Tensor, v_true: torch.Tensor, names: Sequence[str]
 
 
 def recorded_predictions(data: BagData, names: Sequence[str]) -> np.ndarray:
-    """The velocities of /diffsim/predicted_state, arms in the joint order ``names``."""
+    """Return the velocities of /diffsim/predicted_state, arms in the joint order ``names``."""
     if data.kind != "arm":
         return data.pred_v
     missing = [j for j in names if j not in data.pred_joint_names]
@@ -458,8 +490,10 @@ def recorded_predictions(data: BagData, names: Sequence[str]) -> np.ndarray:
 
 
 def online_prediction_stats(rp: Replay) -> Optional[Dict[str, Any]]:
-    """Error of the controller's own predictions (/diffsim/predicted_state) against the states
-    recorded at the stamps they were made for."""
+    """Error of the controller's own predictions (/diffsim/predicted_state).
+
+    The predictions are compared with the states recorded at the stamps they were made for.
+    """
     d = rp.data
     if d.pred_t is None or len(d.pred_t) == 0:
         return None

@@ -1,5 +1,6 @@
-"""``analyze``: a bag's sim-vs-real velocity comparison, written as metrics JSON, PNG plots
-and a markdown report.
+"""``analyze``: a bag's sim-vs-real velocity comparison.
+
+It is written as metrics JSON, PNG plots and a markdown report.
 
     metrics = analyze("run1", out_dir="analysis/", horizons=(1, 5, 10))
 
@@ -30,10 +31,12 @@ def analyze(bag, out_dir=None, config_path: Optional[str] = None, horizons: Sequ
             max_starts: Optional[int] = 4096, plots: bool = True, dtype=torch.float64,
             state_topic: Optional[str] = None, command_topic: Optional[str] = None,
             data: Optional[BagData] = None) -> Dict[str, Any]:
-    """Analyse ``bag``; with ``out_dir``, write metrics.json, velocity.png, error_vs_horizon.png
-    and report.md there. Returns the metrics. ``max_starts`` bounds the start states of the
-    k > 1 step predictions (evenly spread; one-step predictions use every state). ``data``:
-    an already read bag (then ``bag`` only names it)."""
+    """Analyse ``bag`` and return the metrics.
+
+    With ``out_dir``, write metrics.json, velocity.png, error_vs_horizon.png and report.md there.
+    ``max_starts`` bounds the start states of the k > 1 step predictions (evenly spread; one-step
+    predictions use every state). ``data``: an already read bag (then ``bag`` only names it).
+    """
     t0 = time.perf_counter()
     horizons = sorted({int(k) for k in horizons})
     if not horizons or horizons[0] < 1:

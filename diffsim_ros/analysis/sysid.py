@@ -1,5 +1,7 @@
-"""System identification: calibrate simulator parameters on a bag through the differentiable
-simulator, judge the fit honestly, and write a training file that uses it.
+"""System identification: calibrate simulator parameters on a bag.
+
+The parameters are calibrated through the differentiable simulator, the fit is judged honestly,
+and a training file that uses it is written.
 
     result = calibrate(data, setup, ["mass_scale", "joint_damping", "latency"])
     result.verdict, result.reasons                 # "accepted" / "rejected" and why
@@ -142,8 +144,10 @@ class SysIdResult:
 
 
 def _blend(cmd: torch.Tensor, delay) -> torch.Tensor:
-    """Commands delayed by a (fractional, differentiable) number of control steps:
-    out[k] = (1 - f) cmd[k - n] + f cmd[k - n - 1], indices clamped at 0, delay = n + f."""
+    """Commands delayed by a (fractional, differentiable) number of control steps.
+
+    out[k] = (1 - f) cmd[k - n] + f cmd[k - n - 1], indices clamped at 0, delay = n + f.
+    """
     if delay is None:
         return cmd
     d = delay.reshape(())
@@ -184,12 +188,15 @@ class _Problem:
         return physics.Simulator(apply_values(self.base, vals)), lat
 
     def _actuator_track(self, values) -> Optional[torch.Tensor]:
-        """The actuator state at every command (``Replay.actuator_chain``) at these values and,
-        where they carry gradients, with its derivative by them: ``s[k+1] = F_k(s[k], theta)``
-        gives ``dS[k+1] = J_k dS[k] + dF_k/dtheta``, run along the chain like the track itself.
-        Without it the warm-up steps alone carried the parameters' effect on a window's starting
-        torque, a fraction ``exp(-WARMUP dt / tau)`` short for a slow lag, and the fit stopped
-        where the missing part balanced the rest (gradient by the lag of the wrong sign)."""
+        """Return the actuator state at every command (``Replay.actuator_chain``) at these values.
+
+        Where the values carry gradients, the state comes with its derivative by them:
+        ``s[k+1] = F_k(s[k], theta)`` gives ``dS[k+1] = J_k dS[k] + dF_k/dtheta``, run along the
+        chain like the track itself. Without it the warm-up steps alone carried the parameters'
+        effect on a window's starting torque, a fraction ``exp(-WARMUP dt / tau)`` short for a slow
+        lag, and the fit stopped where the missing part balanced the rest (gradient by the lag of
+        the wrong sign).
+        """
         key = tuple((k, tuple(_primal(v).reshape(-1).tolist())) for k, v in sorted(values.items()))
         if key not in self._track:
             plain = {k: _primal(v).detach() for k, v in values.items()}
@@ -215,9 +222,11 @@ class _Problem:
         return track + (entry[1] * (theta - theta.detach())).sum(-1)
 
     def _track_sensitivity(self, values, chain) -> torch.Tensor:
-        """d track / d theta (M, na, P), theta the values flattened in sorted name order: one
-        batched step from the track gives each step's Jacobians by the state before it (one
-        backward pass per actuator) and by theta (double backward, one pass per entry)."""
+        """Return d track / d theta (M, na, P), theta the values flattened in sorted name order.
+
+        One batched step from the track gives each step's Jacobians by the state before it (one
+        backward pass per actuator) and by theta (double backward, one pass per entry).
+        """
         rp = self.rp
         leaf = {n: _primal(v).detach().clone().requires_grad_(True) for n, v in values.items()}
         flat = [leaf[n] for n in sorted(leaf)]
@@ -305,7 +314,7 @@ class _Coords:
         return torch.maximum(torch.minimum(z, self.hi), self.lo)
 
     def label(self, i: int) -> str:
-        """The name of coordinate ``i``: the parameter's, with ``[j]`` for a per-joint one."""
+        """Return the name of coordinate ``i``: the parameter's, with ``[j]`` for a per-joint one."""
         for n, sl in self.slices.items():
             if sl.start <= i < sl.stop:
                 return n if sl.stop - sl.start == 1 else f"{n}[{i - sl.start}]"
@@ -313,10 +322,12 @@ class _Coords:
 
 
 def _columns(y: torch.Tensor, leaves: Sequence[torch.Tensor]) -> torch.Tensor:
-    """dy / dx for every entry x of ``leaves``, stacked last (y.shape + (P,)), by reverse-mode
-    autograd: the vector-Jacobian product g(u) = J^T u is linear in u, so its own derivative in
-    u along e_i is the column J e_i (the double-backward form of a Jacobian-vector product: one
-    backward pass per entry through the graph of g, no forward-mode kernels)."""
+    """Return dy / dx for every entry x of ``leaves``, stacked last (y.shape + (P,)), by reverse-mode autograd.
+
+    The vector-Jacobian product g(u) = J^T u is linear in u, so its own derivative in u along e_i is
+    the column J e_i (the double-backward form of a Jacobian-vector product: one backward pass per
+    entry through the graph of g, no forward-mode kernels).
+    """
     u = torch.zeros_like(y, requires_grad=True)
     grads = torch.autograd.grad(y, list(leaves), u, create_graph=True, allow_unused=True)
     cols = []
@@ -338,12 +349,14 @@ def _jacobian(problem: _Problem, coords: _Coords, z: torch.Tensor):
 
 def _lm(problem: _Problem, coords: _Coords, z: torch.Tensor, max_iter: int, counter: List[int],
         history: List[float], progress=None, g0: Optional[float] = None, stage: str = ""):
-    """Projected Levenberg-Marquardt in the box [coords.lo, coords.hi]; returns (z, r, J, moving,
-    stop): ``moving`` is the relative fall of the loss in the last iteration where ``max_iter`` ran
+    """Projected Levenberg-Marquardt in the box [coords.lo, coords.hi]; returns (z, r, J, moving, stop).
+
+    ``moving`` is the relative fall of the loss in the last iteration where ``max_iter`` ran
     out with the fit still improving, 0.0 where it stopped on its own (converged, no step improving,
     every coordinate held at a bound); ``stop`` says how it ended (:func:`_stop_record`, its gradient
     relative to ``g0``, by default the gradient's norm at ``z``). ``progress(evaluations, loss,
-    values, stage)`` is called after every accepted step, ``stage`` naming the windows fitted."""
+    values, stage)`` is called after every accepted step, ``stage`` naming the windows fitted.
+    """
     lam = 1e-3
     r, J = _jacobian(problem, coords, z)
     counter[0] += coords.p
@@ -411,8 +424,10 @@ def _gradient_norm(problem: _Problem, coords: _Coords, z: torch.Tensor, counter:
 
 
 def _free(z: torch.Tensor, g: torch.Tensor, coords: _Coords) -> torch.Tensor:
-    """The coordinates free of the box: the active set is those at a bound whose descent
-    direction (-g) leaves it."""
+    """Return the coordinates free of the box.
+
+    The active set is those at a bound whose descent direction (-g) leaves it.
+    """
     at_lo = (z <= coords.lo + 1e-12) & (g > 0)
     at_hi = (z >= coords.hi - 1e-12) & (g < 0)
     return ~(at_lo | at_hi)
@@ -454,16 +469,21 @@ EXCITATION = {
 
 
 def excitation_advice(labels: Sequence[str]) -> str:
-    """Each unidentified coordinate label (``joint_friction[2]``) with the motion that would
-    identify its parameter (:data:`EXCITATION`)."""
+    """Each unidentified coordinate label (``joint_friction[2]``) with the motion that would identify it.
+
+    The motion is the one that would identify its parameter (:data:`EXCITATION`).
+    """
     return "; ".join(f"{lab}: {EXCITATION[lab.split('[')[0]]}" for lab in labels)
 
 
 def _stop_record(reason: str, iterations: int, step: float, z, r, J, coords: _Coords, g0: float) -> Dict[str, Any]:
-    """How a Levenberg-Marquardt run ended: ``reason``, its ``iterations``, the last ``step`` (largest
-    change of a coordinate, log units for the log-space parameters) and the ``gradient``: the norm
-    of the loss's gradient over the coordinates free of a bound, relative to the gradient's norm
-    ``g0`` where the run started (0 at a stationary point)."""
+    """How a Levenberg-Marquardt run ended.
+
+    It records the ``reason``, the run's ``iterations``, the last ``step`` (largest change of a
+    coordinate, log units for the log-space parameters) and the ``gradient``: the norm of the
+    loss's gradient over the coordinates free of a bound, relative to the gradient's norm ``g0``
+    where the run started (0 at a stationary point).
+    """
     g = J.T @ r
     grad = float(torch.linalg.vector_norm(g[_free(z, g, coords)])) / g0 if g0 > 0 else 0.0
     return {"converged": reason != "iteration limit", "reason": reason, "iterations": int(iterations),
@@ -498,12 +518,15 @@ def _split(rp: Replay, window: int, fit_fraction: float, max_starts: Optional[in
 
 
 def _clear_of_limits(rp: Replay, starts: np.ndarray, window: int) -> Tuple[np.ndarray, int]:
-    """(starts, count left out): the windows whose recorded states, from the teacher-forced
-    warm-up to the window's end, keep every joint inside its URDF position limits. At a limit
+    """Return (starts, count left out): the windows clear of every joint's position limits.
+
+    The windows kept are those whose recorded states, from the teacher-forced warm-up to the
+    window's end, keep every joint inside its URDF position limits. At a limit
     the simulator's smooth penalty (SimConfig.limit_stiffness) and the robot's end stop (or
     the stand-in's MuJoCo limit constraint) are different laws, neither a parameter sysid
     fits: on an arm recording that passed its base joint's limit in the held-out part only, the
-    true parameters, found exactly, left 13 % of the held-out velocity change unexplained."""
+    true parameters, found exactly, left 13 % of the held-out velocity change unexplained.
+    """
     model = rp.model
     if rp.data.kind not in ("arm", "legged") or not len(starts):
         return starts, 0
@@ -520,25 +543,29 @@ def _clear_of_limits(rp: Replay, starts: np.ndarray, window: int) -> Tuple[np.nd
 
 
 def noise_floor(velocity_noise: float) -> float:
-    """The held-out RMSE a perfect model leaves on velocities measured with white noise of
-    standard deviation ``velocity_noise``: sqrt 2 times it (a window starts from a noisy state
-    and ends on one). A recording alone does not tell noise from fast excitation (white-noise
-    commands make the velocity increments as anti-correlated as white measurement noise
-    does), so the noise level is the user's (the sensor's data sheet), 0 by default."""
+    """Return the held-out RMSE a perfect model leaves on velocities measured with white noise.
+
+    For noise of standard deviation ``velocity_noise`` it is sqrt 2 times it (a window starts from
+    a noisy state and ends on one). A recording alone does not tell noise from fast excitation
+    (white-noise commands make the velocity increments as anti-correlated as white measurement
+    noise does), so the noise level is the user's (the sensor's data sheet), 0 by default.
+    """
     return math.sqrt(2.0) * float(velocity_noise)
 
 
 def calibrate(data: BagData, setup: SimSetup, names: Sequence[str], window: int = 5, fit_fraction: float = 0.7,
               max_starts: Optional[int] = 256, max_iter: int = 30, replay: Optional[Replay] = None,
               progress=None, starts: int = 2, velocity_noise: float = 0.0, continuation: bool = True) -> SysIdResult:
-    """Fit ``names`` (see :mod:`diffsim_ros.physics.registry`) jointly on the first
-    ``fit_fraction`` of the bag; report the held-out velocity RMSE before and after, the
+    """Fit ``names`` (see :mod:`diffsim_ros.physics.registry`) jointly on the first ``fit_fraction`` of the bag.
+
+    Report the held-out velocity RMSE before and after, the
     uncertainties and the verdict (module doc). A diverging simulation is an AnalysisError
     naming the bag. ``velocity_noise``: the sensor's velocity noise (standard deviation), for
     the noise floor of the verdict; ``starts``: at most this many starts of the joint fit;
     ``continuation``: each start fitted on one-step windows first (module doc); ``progress``:
     called as ``progress(evaluations, loss, {name: values}, stage)`` after every accepted step,
-    ``stage`` the windows being fitted ("1-step windows", "5-step windows")."""
+    ``stage`` the windows being fitted ("1-step windows", "5-step windows").
+    """
     with replaying(data):
         rest = [n for n in dict.fromkeys(names) if n != "actuator_lag"]
         if "actuator_lag" not in names or setup.sim_config.actuator_lag != 0 or not rest:
@@ -601,9 +628,11 @@ class _FitProblems(NamedTuple):
 
 def _fit_problems(rp: Replay, cfg, names: Sequence[str], window: int, fit_fraction: float,
                   max_starts: Optional[int]) -> _FitProblems:
-    """The fit of ``names`` on the replay ``rp`` as :func:`calibrate` poses it: the coordinates
-    (nominal values and bounds, latency at most 4 steps), the windows split into fit and held-out
-    past the lead each needs, and their residuals."""
+    """Pose the fit of ``names`` on the replay ``rp`` as :func:`calibrate` poses it.
+
+    That is the coordinates (nominal values and bounds, latency at most 4 steps), the windows split
+    into fit and held-out past the lead each needs, and their residuals.
+    """
     names = [n for n in PARAMETERS if n in names]             # registry order: independent of --params order
     sys0 = nominal_system(rp.model, cfg)
     nominal = {n: PARAMETERS[n].nominal(sys0) for n in names}
@@ -622,9 +651,13 @@ def _fit_problems(rp: Replay, cfg, names: Sequence[str], window: int, fit_fracti
 
 @dataclass
 class _BestFit:
-    """The best fit of the starts so far: its loss ``f`` (sum of squares), coordinates ``z``,
-    residual ``r`` and Jacobian ``J``, ``moving`` (as :func:`_lm` returns it), the index of its
-    start in the record of the starts tried and the gradient norm ``g0`` its record is relative to."""
+    """The best fit of the starts so far.
+
+    Its loss ``f`` (sum of squares), coordinates ``z``, residual ``r`` and Jacobian ``J``,
+    ``moving`` (as :func:`_lm` returns it), the index of its start in the record of the starts
+    tried and the gradient norm ``g0`` its record is relative to.
+    """
+
     f: float
     z: torch.Tensor
     r: torch.Tensor
@@ -636,9 +669,12 @@ class _BestFit:
 
 @dataclass
 class _Identifiability:
-    """Per parameter (lists per entry) the fit's standard deviation, relative standard deviation and
-    sensitivity; the coordinates that ended at a bound; those the data do not identify; and the
-    parameter combinations the data cannot see (:func:`_blind_combinations`)."""
+    """Per parameter (lists per entry) the fit's standard deviation, relative standard deviation and sensitivity.
+
+    Also the coordinates that ended at a bound; those the data do not identify; and the parameter
+    combinations the data cannot see (:func:`_blind_combinations`).
+    """
+
     std: Dict[str, List[float]]
     rel_std: Dict[str, List[float]]
     sensitivity: Dict[str, List[float]]
@@ -648,8 +684,10 @@ class _Identifiability:
 
 
 def _requested(names, window: int, fit_fraction: float) -> List[str]:
-    """The names asked for, each once in the order given; an AnalysisError for no name, a window
-    below 1 or a fit fraction outside [0.1, 0.95]."""
+    """Return the names asked for, each once in the order given.
+
+    An AnalysisError for no name, a window below 1 or a fit fraction outside [0.1, 0.95].
+    """
     requested = list(dict.fromkeys(names))
     if not requested:
         raise AnalysisError("--params: name at least one parameter (known: " + ", ".join(SPECS) + ")")
@@ -662,10 +700,13 @@ def _requested(names, window: int, fit_fraction: float) -> List[str]:
 
 def _grid_starts(pf: _Problem, coords: _Coords, names: List[str], n_starts: int, thorough: bool,
                  counter: List[int]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-    """The starts of the fit and the reserve: the grid of the time-like parameters (``GRID``, the
-    others nominal) evaluated on the fit windows, the best ``n_starts`` points within a factor 4 of
-    the best loss to start with, and the rest in order of their loss in reserve (none unless
-    ``thorough``). Without a time-like parameter: the nominal values alone, no reserve."""
+    """Return the starts of the fit and the reserve.
+
+    The grid of the time-like parameters (``GRID``, the others nominal) is evaluated on the fit
+    windows: the best ``n_starts`` points within a factor 4 of the best loss to start with, and the
+    rest in order of their loss in reserve (none unless ``thorough``). Without a time-like
+    parameter: the nominal values alone, no reserve.
+    """
     timed = [n for n in names if PARAMETERS[n].time_like]
     if not timed:
         return [coords.z0], []
@@ -692,11 +733,13 @@ def _grid_starts(pf: _Problem, coords: _Coords, names: List[str], n_starts: int,
 
 
 def _unexplained_fit(r: torch.Tensor, pf: _Problem, floor: float) -> bool:
-    """The fit windows' residual above ESCALATE_UNEXPLAINED of the velocity change and above
-    the noise floor: a local minimum leaves it so (some accepted by the verdict's looser
-    limit, 8 % off on clean data), the truth does not. At 2 % an arm draw with joint friction
+    """Return whether the fit windows' residual is above ESCALATE_UNEXPLAINED of the velocity change.
+
+    The residual must also be above the noise floor. A local minimum leaves it so (some accepted by
+    the verdict's looser limit, 8 % off on clean data), the truth does not. At 2 % an arm draw with joint friction
     stopped at 1.6 % with its damping 6.8 % off; at 0.5 % the third start found the truth
-    (without a noise level given, a fit on real data then tries up to MAX_STARTS starts)."""
+    (without a noise level given, a fit on real data then tries up to MAX_STARTS starts).
+    """
     scale = pf.scale
     rmse = float((r.reshape(-1, scale.numel()) * scale).pow(2).mean().sqrt())
     return rmse > ESCALATE_UNEXPLAINED * pf.dv_rms_raw and rmse > NOISE_FACTOR * floor
@@ -705,10 +748,12 @@ def _unexplained_fit(r: torch.Tensor, pf: _Problem, floor: float) -> bool:
 def _fit_starts(pf: _Problem, p1: Optional[_Problem], coords: _Coords, cands: List[torch.Tensor],
                 reserve: List[torch.Tensor], window: int, max_iter: int, counter: List[int], history: List[float],
                 progress, floor: float) -> Tuple[Optional[_BestFit], List[Dict[str, Any]]]:
-    """A full fit from each start (on one-step windows first where ``p1`` is given), further starts
-    taken from ``reserve`` while the best fit leaves the fit windows unexplained (up to
-    ``MAX_STARTS`` in all); returns the best fit (None where every start diverged) and the record
-    of every start tried."""
+    """Run a full fit from each start (on one-step windows first where ``p1`` is given).
+
+    Further starts are taken from ``reserve`` while the best fit leaves the fit windows unexplained
+    (up to ``MAX_STARTS`` in all); returns the best fit (None where every start diverged) and the
+    record of every start tried.
+    """
     best: Optional[_BestFit] = None
     tried: List[Dict[str, Any]] = []
     queue = list(cands)
@@ -739,9 +784,11 @@ def _fit_starts(pf: _Problem, p1: Optional[_Problem], coords: _Coords, cands: Li
 
 def _continue_best(pf: _Problem, coords: _Coords, best: _BestFit, tried: List[Dict[str, Any]], window: int,
                    max_iter: int, counter: List[int], history: List[float], progress) -> None:
-    """Where the best fit ran out of iterations while its loss still fell, run it on once for as
-    many again: ``best`` takes the continued fit where it is no worse (and its ``moving`` in any
-    case), its record in ``tried`` the continued loss and stop."""
+    """Where the best fit ran out of iterations while its loss still fell, run it on once for as many again.
+
+    ``best`` takes the continued fit where it is no worse (and its ``moving`` in any case), its
+    record in ``tried`` the continued loss and stop.
+    """
     if best.moving <= 0.0:
         return
     # The best fit ran out of iterations while its loss still fell: it goes on, once, for as
@@ -764,9 +811,11 @@ def _continue_best(pf: _Problem, coords: _Coords, best: _BestFit, tried: List[Di
 
 def _identifiability(best: _BestFit, final: Dict[str, torch.Tensor], names: List[str], coords: _Coords,
                      pf: _Problem) -> _Identifiability:
-    """Uncertainty and identifiability of the fit from the Gauss-Newton (Fisher) information at
-    the optimum: each parameter's standard deviation, relative standard deviation and sensitivity,
-    the coordinates at a bound, those the data do not identify, the blind combinations."""
+    """Uncertainty and identifiability of the fit from the Gauss-Newton (Fisher) information at the optimum.
+
+    Each parameter's standard deviation, relative standard deviation and sensitivity, the
+    coordinates at a bound, those the data do not identify, the blind combinations.
+    """
     f, z, J = best.f, best.z, best.J
     N, p = J.shape
     H = J.T @ J
@@ -806,9 +855,12 @@ def _identifiability(best: _BestFit, final: Dict[str, torch.Tensor], names: List
 
 def _heldout_judgement(ph: _Problem, final: Dict[str, torch.Tensor], dofs, floor: float, n_held: int
                        ) -> Tuple[Dict[str, Any], float, float, str, List[str]]:
-    """The held-out windows' errors before and after the fit (overall, per dof, per horizon, the
-    improvement), the share of the velocity change left unexplained, the systematic share, and the
-    verdict with its reasons (:func:`_verdict`)."""
+    """Judge the fit on the held-out windows.
+
+    Returns the held-out windows' errors before and after the fit (overall, per dof, per horizon,
+    the improvement), the share of the velocity change left unexplained, the systematic share, and
+    the verdict with its reasons (:func:`_verdict`).
+    """
     with torch.no_grad():
         pred_before = ph.predictions({})
         pred_after = ph.predictions(final)
@@ -830,7 +882,7 @@ def _heldout_judgement(ph: _Problem, final: Dict[str, torch.Tensor], dofs, floor
 
 
 def _unconverged_reason(stop: Dict[str, Any], moving: float) -> str:
-    """The verdict's reason for rejecting a fit that stopped on its iteration limit still improving."""
+    """Return the verdict's reason for rejecting a fit that stopped on its iteration limit still improving."""
     return (f"the fit had not converged: it stopped on its limit of {stop['iterations']} "
             f"Levenberg-Marquardt iterations with its loss still falling {moving:.2g} of itself per "
             f"iteration (gradient {stop['gradient']:.2g} of the start's, last step {stop['step']:.2g}): "
@@ -839,9 +891,12 @@ def _unconverged_reason(stop: Dict[str, Any], moving: float) -> str:
 
 
 def _calibration_notes(setup: SimSetup, at_limit, ident: _Identifiability, rough: List[str]) -> List[str]:
-    """The result's notes: the setup's own, the windows left out at a position limit, what the
-    recording does not identify and how to excite it, the blind combinations, the joints whose
-    reversing friction left the data unexplained, the coordinates that ended at a bound."""
+    """Return the result's notes.
+
+    The setup's own, the windows left out at a position limit, what the recording does not
+    identify and how to excite it, the blind combinations, the joints whose reversing friction
+    left the data unexplained, the coordinates that ended at a bound.
+    """
     notes = list(setup.notes)
     if at_limit:
         notes.append(f"{at_limit} windows left out because a joint passed its position limit in them (warm-up "
@@ -868,9 +923,12 @@ def _calibration_notes(setup: SimSetup, at_limit, ident: _Identifiability, rough
 
 def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, replay, progress,
                n_starts, velocity_noise, continuation: bool = True, thorough: bool = True) -> SysIdResult:
-    """:func:`calibrate` of one model; ``thorough``: while the best fit leaves the fit windows
-    unexplained, start further fits from the next grid points (up to ``MAX_STARTS``); without, the
-    first starts' fits only. Either way a best fit still improving at ``max_iter`` goes on once."""
+    """:func:`calibrate` of one model.
+
+    ``thorough``: while the best fit leaves the fit windows unexplained, start further fits from the
+    next grid points (up to ``MAX_STARTS``); without, the first starts' fits only. Either way a best
+    fit still improving at ``max_iter`` goes on once.
+    """
     t_start = time.perf_counter()
     requested = _requested(names, window, fit_fraction)
     if setup.model.dtype != torch.float64:
@@ -925,8 +983,11 @@ def _calibrate(data, setup, names, window, fit_fraction, max_starts, max_iter, r
 
 
 def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[str]:
-    """Joints with Coulomb friction whose recorded velocity changes sign within more than half of
-    the fit windows (warm-up and window together), each with that share."""
+    """Joints with Coulomb friction whose recorded velocity changes sign within most fit windows.
+
+    A joint is listed when the sign changes within more than half of the fit windows (warm-up and
+    window together), each with that share.
+    """
     if not rp.setup.sim_config.joint_friction:
         return []
     friction = final.get("joint_friction", PARAMETERS["joint_friction"].nominal(sys0)).reshape(-1)
@@ -946,12 +1007,15 @@ def _reversing_friction_joints(rp: Replay, pf: _Problem, final, sys0) -> List[st
 
 
 def _blind_combinations(H: torch.Tensor, coords: _Coords) -> List[List[str]]:
-    """The parameter combinations the data cannot see: eigenvectors of the Gauss-Newton
+    """Return the parameter combinations the data cannot see.
+
+    They are the eigenvectors of the Gauss-Newton
     information ``J^T J`` scaled to a unit diagonal (a correlation matrix of the fit's
     sensitivities) whose eigenvalue is below ``BLIND_EIGENVALUE``, each as the labels of the
     coordinates that carry it. Such a direction has no noise to show it: on clean data the
     residual's variance is ~0 and so is every standard deviation, while a common factor on
-    mass, thrust and drag changes no acceleration at all."""
+    mass, thrust and drag changes no acceleration at all.
+    """
     d = torch.sqrt(torch.diagonal(H).clamp(min=1e-300))
     seen = torch.diagonal(H) > 1e-300 * float(torch.diagonal(H).max().clamp(min=1e-300))
     if int(seen.sum()) < 2:
@@ -974,13 +1038,16 @@ def _blind_combinations(H: torch.Tensor, coords: _Coords) -> List[List[str]]:
 def _verdict(improvement: float, unexplained_before: float, unexplained: float, rmse_after: float,
              floor: float, systematic: float = 0.0, bias_rms: float = 0.0,
              per_dof: Optional[Dict[str, Dict[str, float]]] = None, windows: int = 1) -> Tuple[str, List[str]]:
-    """"accepted" or "rejected" with the reasons. A model that explains the data leaves held-out
+    """Return "accepted" or "rejected" with the reasons.
+
+    A model that explains the data leaves held-out
     errors that average out over many windows; a constant force or torque that no parameter
     models (wind, a payload's offset, a cable) leaves a bias of one sign on the dofs it pushes,
     which the fit cannot remove, however small the residual is next to the velocity change:
     rejected when the RMS of the per-dof biases is above ``MAX_SYSTEMATIC`` of the velocity
     change and above ``NOISE_FACTOR`` times what measurement noise alone would leave on a mean
-    over ``windows`` held-out windows."""
+    over ``windows`` held-out windows.
+    """
     reasons = []
     far = unexplained > MAX_UNEXPLAINED and rmse_after > NOISE_FACTOR * floor
     if far:
@@ -1008,8 +1075,10 @@ def _fmt_list(x: List[float]) -> str:
 
 
 def calibrated_urdf(setup: SimSetup, result: SysIdResult) -> Optional[str]:
-    """The URDF text with the calibrated masses, inertias, damping and friction; None when
-    no URDF quantity was calibrated."""
+    """Return the URDF text with the calibrated masses, inertias, damping and friction.
+
+    None when no URDF quantity was calibrated.
+    """
     f = result.fitted
     if not any(n in f for n in ("mass_scale", "link_mass_scale", "inertia_scale", "joint_damping",
                                 "joint_damping_scale", "joint_friction")):
@@ -1083,7 +1152,7 @@ CALIBRATED_MARGIN = 0.1
 
 
 def calibrated_params(setup: SimSetup, result: SysIdResult, urdf_path: Optional[str]) -> Dict[str, Any]:
-    """The training-file mapping with the calibrated values (see :func:`write_calibrated`)."""
+    """Return the training-file mapping with the calibrated values (see :func:`write_calibrated`)."""
     p = copy.deepcopy(setup.params)
     f = result.fitted
     if urdf_path is not None:
@@ -1143,9 +1212,12 @@ def _base_inertia_scale(f: Dict[str, List[float]]) -> float:
 
 def write_calibrated(result: SysIdResult, setup: SimSetup, out_dir, bag: str = "", force: bool = False
                      ) -> Dict[str, str]:
-    """Write ``sysid.json`` and ``sysid.md`` and, for an accepted fit (or with ``force``),
-    ``calibrated.yaml`` (a training file in the ROS-parameter form that ``diffsim-ros train
-    --config`` reads) and ``calibrated.urdf`` when URDF quantities changed. Returns the paths."""
+    """Write ``sysid.json`` and ``sysid.md`` and, for an accepted fit (or with ``force``), the calibrated files.
+
+    These are ``calibrated.yaml`` (a training file in the ROS-parameter form that ``diffsim-ros
+    train --config`` reads) and ``calibrated.urdf`` when URDF quantities changed. Returns the
+    paths.
+    """
     import json
 
     out = Path(out_dir)
@@ -1178,9 +1250,11 @@ def _write_training_file(result: SysIdResult, setup: SimSetup, out: Path, bag: s
 
 def write_training_file(fitted: Dict[str, List[float]], setup: SimSetup, out: Path, bag: str, notes: List[str],
                         by: str, summary: Sequence[str] = ()) -> Dict[str, str]:
-    """calibrated.yaml (and calibrated.urdf where URDF quantities changed) in ``out`` from the
-    ``fitted`` values, with a header naming the method ``by``, the ``summary`` lines and the
-    ``notes`` (this appends its own to them). Returns the paths."""
+    """Write calibrated.yaml (and calibrated.urdf where URDF quantities changed) in ``out`` from ``fitted``.
+
+    The file is written from the ``fitted`` values, with a header naming the method ``by``, the
+    ``summary`` lines and the ``notes`` (this appends its own to them). Returns the paths.
+    """
     import yaml
     from types import SimpleNamespace
 

@@ -61,16 +61,23 @@ WORLD_COLOR = (0.45, 0.47, 0.50)
 
 
 class VideoError(ValueError):
-    """A video that cannot be made as asked: unknown file type, a missing writer, the renderer
-    asked for not available here, or nothing to draw."""
+    """A video that cannot be made as asked.
+
+    An unknown file type, a missing writer, the renderer asked for not available here, or nothing
+    to draw.
+    """
 
 
 @dataclass
 class Episode:
-    """One rollout to draw: ``q`` (T+1, nq), the configuration at every control step (simulator
-    convention); ``target``: a world point (m) drawn as a sphere of ``target_radius`` (m), or None;
-    ``caption``: a second overlay line; ``verdict``: shown over the last frames (e.g. "success"),
-    green when ``ok`` else red; ``label``: the first overlay word (default "episode i/n")."""
+    """One rollout to draw.
+
+    ``q`` (T+1, nq), the configuration at every control step (simulator convention); ``target``: a
+    world point (m) drawn as a sphere of ``target_radius`` (m), or None; ``caption``: a second
+    overlay line; ``verdict``: shown over the last frames (e.g. "success"), green when ``ok`` else
+    red; ``label``: the first overlay word (default "episode i/n").
+    """
+
     q: np.ndarray
     target: Optional[Sequence[float]] = None
     target_radius: float = 0.02
@@ -82,8 +89,11 @@ class Episode:
 
 @dataclass
 class MujocoScene:
-    """A compiled MuJoCo model of the robot (``mujoco.MjModel``), its ``MjData``, and
-    ``set_q(q)``: puts the robot at ``q`` (simulator convention) and runs MuJoCo's kinematics."""
+    """A compiled MuJoCo model of the robot (``mujoco.MjModel``), its ``MjData``, and ``set_q(q)``.
+
+    ``set_q(q)`` puts the robot at ``q`` (simulator convention) and runs MuJoCo's kinematics.
+    """
+
     model: object
     data: object
     set_q: Callable[[np.ndarray], None]
@@ -91,8 +101,11 @@ class MujocoScene:
 
 @dataclass
 class Rendered:
-    """Frames (each (height, width, 3) uint8), their rate (frames/s: real time), the renderer
-    that drew them and, when ``auto`` fell back to matplotlib, why (else "")."""
+    """Frames (each (height, width, 3) uint8), their rate and the renderer that drew them.
+
+    The rate is in frames/s (real time); when ``auto`` fell back to matplotlib, also why (else "").
+    """
+
     frames: List[np.ndarray]
     fps: float
     renderer: str
@@ -102,8 +115,11 @@ class Rendered:
 
 # ---------------------------------------------------------------------------- files
 def check_video_path(path: Union[str, os.PathLike]) -> Path:
-    """``path`` as a Path if its type can be written: .gif (Pillow) or .mp4 (imageio with
-    imageio-ffmpeg); else :class:`VideoError` saying what is wrong."""
+    """``path`` as a Path if its type can be written.
+
+    The types are .gif (Pillow) or .mp4 (imageio with imageio-ffmpeg); else :class:`VideoError`
+    saying what is wrong.
+    """
     p = Path(os.fspath(path))
     suffix = p.suffix.lower()
     if suffix not in VIDEO_SUFFIXES:
@@ -147,9 +163,11 @@ def save_video(path: Union[str, os.PathLike], frames: Sequence[np.ndarray], fps:
 
 
 def frame_steps(steps: int, dt: float, fps: float, max_frames: Optional[int] = None) -> Tuple[List[int], float]:
-    """Control steps 0..steps-1 to draw at about ``fps`` frames/s of simulated time (every k-th
-    step, the last one always included), at most ``max_frames`` of them; and the frame rate that
-    plays them in real time (1 / (k dt))."""
+    """Control steps 0..steps-1 to draw at about ``fps`` frames/s of simulated time, and their frame rate.
+
+    Every k-th step is drawn, the last one always included, at most ``max_frames`` of them; the
+    frame rate is the one that plays them in real time (1 / (k dt)).
+    """
     if steps < 1:
         return [], fps
     stride = max(1, int(round(1.0 / (fps * dt))))
@@ -225,14 +243,17 @@ class _Geometry:
         return R.numpy(), p.numpy(), links.numpy()
 
     def _size(self) -> float:
-        """The robot's size at its neutral configuration, m (its bounding box diagonal)."""
+        """Return the robot's size at its neutral configuration, m (its bounding box diagonal)."""
         q = self.model.neutral_configuration((1,)).numpy()
         pts = self.points(q)
         return float(max(np.linalg.norm(pts.max(0) - pts.min(0)), 0.05))
 
     def primitives(self, R: np.ndarray, p: np.ndarray, moving: bool = True, fixed: bool = True):
-        """(kind, size, R (3, 3), p (3,), colour) in the world of the primitives on moving bodies
-        (placed by one frame's body rotations ``R`` and origins ``p``) and/or fixed to the world."""
+        """(kind, size, R (3, 3), p (3,), colour) in the world of the primitives to draw.
+
+        The primitives are those on moving bodies (placed by one frame's body rotations ``R`` and
+        origins ``p``) and/or those fixed to the world.
+        """
         out = []
         for body, kind, size, Rl, pl, colour in self.prims:
             if body < 0 and fixed:
@@ -317,9 +338,11 @@ def _overlay(img: np.ndarray, lines: Sequence[str], verdict: str = "", ok: bool 
 
 # ---------------------------------------------------------------------------- OpenGL
 def gl_backend():
-    """(name, GLContext class) for MuJoCo's offscreen rendering without a display: the one
-    MuJoCo chose from ``MUJOCO_GL`` when that names egl or osmesa, else EGL, else OSMesa.
-    Raises :class:`VideoError` saying why neither loads."""
+    """(name, GLContext class) for MuJoCo's offscreen rendering without a display.
+
+    The backend is the one MuJoCo chose from ``MUJOCO_GL`` when that names egl or osmesa, else EGL,
+    else OSMesa. Raises :class:`VideoError` saying why neither loads.
+    """
     import importlib
 
     if "mujoco" not in sys.modules and not os.environ.get("MUJOCO_GL"):
@@ -558,7 +581,8 @@ def render_episodes(model, episodes: Sequence[Episode], dt: float, renderer: str
     real time at 1 / (k dt) for the k-th step drawn). max_frames: at most this many frames in all
     (split between the episodes; default no limit). ground_height: m, height of the ground grid
     (None: no grid). overlay: episode, time, caption and verdict text. A non-finite configuration
-    repeats the last drawable frame with the note "non-finite state"."""
+    repeats the last drawable frame with the note "non-finite state".
+    """
     if renderer not in RENDERERS:
         raise VideoError(f"unknown renderer '{renderer}' (one of {', '.join(RENDERERS)})")
     if not episodes:

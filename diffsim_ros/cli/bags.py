@@ -1,5 +1,8 @@
-"""``diffsim-ros analyze`` (sim-vs-real velocity comparison of a bag), ``diffsim-ros sysid``
-(calibration on a bag) and ``diffsim-ros bag repair`` (the index of a bag whose recorder was killed)."""
+"""``diffsim-ros analyze``, ``diffsim-ros sysid`` and ``diffsim-ros bag repair``: the commands on a bag.
+
+``analyze`` is the sim-vs-real velocity comparison of a bag, ``sysid`` the calibration on a bag and
+``bag repair`` rebuilds the index of a bag whose recorder was killed.
+"""
 from __future__ import annotations
 
 import argparse
@@ -93,7 +96,7 @@ def cmd_sysid(args: argparse.Namespace) -> int:
 
 
 def _sysid_verdict(args: argparse.Namespace, r, files) -> int:
-    """The files written and the exit status of a fit: 0 accepted, 3 rejected (with the reasons)."""
+    """Print the files written and return the exit status of a fit: 0 accepted, 3 rejected (with the reasons)."""
     print(f"files in {args.out}: " + ", ".join(os.path.basename(f) for f in files.values()))
     if not r.accepted:
         print("sysid: fit rejected: " + "; ".join(r.reasons), file=sys.stderr)

@@ -1,6 +1,9 @@
-"""What the commands share: registering a command (:func:`_command`), the CLI's error, calling a workflow with its
-bad-input errors turned into exit status 2 (:func:`_workflow_call`, :func:`_analysis_call`), the default robot,
-devices and threads, the tables it prints, option parsing."""
+"""What the commands share.
+
+Registering a command (:func:`_command`), the CLI's error, calling a workflow with its bad-input
+errors turned into exit status 2 (:func:`_workflow_call`, :func:`_analysis_call`), the default
+robot, devices and threads, the tables it prints, option parsing.
+"""
 from __future__ import annotations
 
 import argparse
@@ -18,16 +21,22 @@ class CliError(Exception):
 
 
 def _text(text: str) -> str:
-    """A long help text written as one indented triple-quoted string, its white space folded (as the schema's
-    ``option`` folds a field's documentation; argparse wraps it again when it prints it)."""
+    """Fold the white space of a long help text written as one indented triple-quoted string.
+
+    The text is folded as the schema's ``option`` folds a field's documentation; argparse wraps it
+    again when it prints it.
+    """
     return " ".join(text.split())
 
 
 def _command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str,
              description: str) -> argparse.ArgumentParser:
-    """Register the command ``name`` on ``sub`` (a subparsers action): ``help`` is its line in the list of
-    commands, ``description`` its ``--help`` text (folded by :func:`_text`); :func:`cli.main` runs ``func(args)``.
-    The parser, for the command's options."""
+    """Register the command ``name`` on ``sub`` (a subparsers action) and return its parser.
+
+    ``help`` is its line in the list of commands, ``description`` its ``--help`` text (folded by
+    :func:`_text`); :func:`cli.main` runs ``func(args)``. The parser returned is for the command's
+    options.
+    """
     p = sub.add_parser(name, help=help, description=_text(description))
     p.set_defaults(func=func)
     return p
@@ -35,11 +44,14 @@ def _command(sub, name: str, func: Callable[[argparse.Namespace], int], help: st
 
 def _workflow_call(fn: Callable[..., Any], *args, errors: Tuple[type, ...] = (), named: Tuple[type, ...] = (),
                    inputs: bool = False, source: Optional[str] = None, **kw) -> Any:
-    """``fn(*args, **kw)`` (a workflow or another library function), what it raises for bad input turned into a
-    CliError (``error: ...``, exit status 2), in this order: an exception of ``named`` with ``source`` (the file it
-    read) in front of its text unless the text names it already, one of ``errors`` with its text, and with
-    ``inputs`` one of config.input_errors() described naming ``source`` (:func:`_describe`). Anything else
-    propagates."""
+    """Call ``fn(*args, **kw)`` (a workflow or another library function), its bad-input errors turned into CliError.
+
+    What it raises for bad input becomes a CliError (``error: ...``, exit status 2), in this order:
+    an exception of ``named`` with ``source`` (the file it read) in front of its text unless the
+    text names it already, one of ``errors`` with its text, and with ``inputs`` one of
+    config.input_errors() described naming ``source`` (:func:`_describe`). Anything else
+    propagates.
+    """
     try:
         return fn(*args, **kw)
     except named as exc:
@@ -73,8 +85,10 @@ def _device(name: str):
 
 
 def _threads(n: int) -> None:
-    """--threads N: at least 1 (a CliError otherwise), then torch's intra-op threads (torch is imported here, so
-    that ``--help`` stays fast)."""
+    """Apply --threads N: at least 1 (a CliError otherwise), then torch's intra-op threads.
+
+    torch is imported here, so that ``--help`` stays fast.
+    """
     _positive("--threads", n)
     import torch
 
@@ -128,7 +142,9 @@ def _one_line(text: str) -> str:
 
 def _analysis_call(fn, *args, where=None, **kw):
     """Run an analysis function, turning its bad-input errors into CliError (exit 2, one line).
-    ``where`` (the bag): any other exception is reported naming it, never as a traceback."""
+
+    ``where`` (the bag): any other exception is reported naming it, never as a traceback.
+    """
     from diffsim_ros.analysis import AnalysisError
 
     errors = (AnalysisError,) + _input_errors()
@@ -154,9 +170,11 @@ def _int_list(text: str, option: str) -> List[int]:
 
 
 def _perturbation(text: str) -> dict:
-    """The mapping of a ``--perturb`` text (plant.perturbation.parse_perturbation): a preset's name
-    under ``preset`` (its values come with the robot's kind) and the fields given, checked by the
-    schema; bad text is a CliError naming the entry."""
+    """Return the mapping of a ``--perturb`` text (plant.perturbation.parse_perturbation).
+
+    It holds a preset's name under ``preset`` (its values come with the robot's kind) and the fields
+    given, checked by the schema; bad text is a CliError naming the entry.
+    """
     from diffsim_ros.physics import ConfigError
     from diffsim_ros.plant.perturbation import parse_perturbation
 

@@ -1,5 +1,7 @@
-"""``diffsim-ros demo``: the dynamics core on a URDF (forward dynamics, batched, timed); the
-computations are diffsim_ros/dynamics_demo.py's, this module reads the arguments and prints."""
+"""``diffsim-ros demo``: the dynamics core on a URDF (forward dynamics, batched, timed).
+
+The computations are diffsim_ros/dynamics_demo.py's, this module reads the arguments and prints.
+"""
 from __future__ import annotations
 
 import argparse

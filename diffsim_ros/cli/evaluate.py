@@ -1,5 +1,8 @@
-"""``diffsim-ros eval CHECKPOINT``: success on fresh episodes with its confidence interval, failure modes,
-a video, or the same episodes on the MuJoCo stand-in (the work: diffsim_ros.workflows.evaluation)."""
+"""``diffsim-ros eval CHECKPOINT``: success on fresh episodes with its confidence interval, and more.
+
+Also the failure modes, a video, or the same episodes on the MuJoCo stand-in (the work:
+diffsim_ros.workflows.evaluation).
+"""
 from __future__ import annotations
 
 import argparse

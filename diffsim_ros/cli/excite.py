@@ -1,5 +1,7 @@
-"""``diffsim-ros excite``: an identification motion on the MuJoCo stand-in, recorded for sysid (the work:
-diffsim_ros.workflows.excite)."""
+"""``diffsim-ros excite``: an identification motion on the MuJoCo stand-in, recorded for sysid.
+
+The work: diffsim_ros.workflows.excite.
+"""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,7 @@
-"""``diffsim-ros export CHECKPOINT --onnx``: policy.onnx beside policy.pt, checked against it
-(diffsim_ros/learning/onnx_export.py); this module reads the arguments and prints."""
+"""``diffsim-ros export CHECKPOINT --onnx``: policy.onnx beside policy.pt, checked against it.
+
+The export is diffsim_ros/learning/onnx_export.py's; this module reads the arguments and prints.
+"""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,7 @@
-"""``diffsim-ros init``: a commented training file for a URDF and a task (the work:
-diffsim_ros.workflows.init_config)."""
+"""``diffsim-ros init``: a commented training file for a URDF and a task.
+
+The work: diffsim_ros.workflows.init_config.
+"""
 from __future__ import annotations
 
 import argparse

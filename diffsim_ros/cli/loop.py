@@ -1,5 +1,7 @@
-"""``diffsim-ros loop``: the whole loop (train, deploy on the MuJoCo stand-in over ROS 2, record,
-analyse) in one command (diffsim_ros.workflows.loop)."""
+"""``diffsim-ros loop``: the whole loop in one command (diffsim_ros.workflows.loop).
+
+The loop trains, deploys on the MuJoCo stand-in over ROS 2, records and analyses.
+"""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,7 @@
-"""``diffsim-ros preflight CHECKPOINT``: GO or NO-GO for a checkpoint on a live robot's topics or a bag
-(the checks: diffsim_ros/control/preflight.py; the gathering:
-diffsim_ros/workflows/preflight.py)."""
+"""``diffsim-ros preflight CHECKPOINT``: GO or NO-GO for a checkpoint on a live robot's topics or a bag.
+
+The checks: diffsim_ros/control/preflight.py; the gathering: diffsim_ros/workflows/preflight.py.
+"""
 from __future__ import annotations
 
 import argparse

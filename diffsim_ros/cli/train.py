@@ -1,5 +1,8 @@
-"""``diffsim-ros train`` (a policy by gradients through the simulator, single-process or data-parallel
-under torchrun, resumable) and ``diffsim-ros baseline`` (the PPO or SAC baseline on the same task)."""
+"""``diffsim-ros train`` and ``diffsim-ros baseline``: training a policy.
+
+``train`` trains a policy by gradients through the simulator, single-process or data-parallel under
+torchrun, resumable; ``baseline`` trains the PPO or SAC baseline on the same task.
+"""
 from __future__ import annotations
 
 import argparse
@@ -14,8 +17,10 @@ from .common import CliError, _command, _describe, _device, _input_errors, _posi
 
 
 def _load_training_setup(args: argparse.Namespace, device="cpu", params=None):
-    """(params, task, model) of ``--config`` (or of ``params``, read from ``args.config``), the
-    task and model on ``device``, with bad input turned into CliError."""
+    """(params, task, model) of ``--config`` (or of ``params``, read from ``args.config``).
+
+    The task and model are on ``device``, with bad input turned into CliError.
+    """
     if params is None and not os.path.isfile(args.config):
         raise CliError(f"{args.config}: no such file")
     _threads(args.threads)
@@ -75,9 +80,11 @@ class _SharedError(Exception):
 
 
 def _shared(ctx, message: str) -> Exception:
-    """The exception for an error every process meets alike: a CliError in a single process; in a
-    distributed run rank 0 prints it, and no process leaves before it has (torchrun stops the others
-    as soon as one exits), all exiting with 2."""
+    """Return the exception for an error every process meets alike.
+
+    A CliError in a single process; in a distributed run rank 0 prints it, and no process leaves
+    before it has (torchrun stops the others as soon as one exits), all exiting with 2.
+    """
     if not ctx.active:
         return CliError(message)
     if ctx.is_main:
@@ -87,7 +94,7 @@ def _shared(ctx, message: str) -> Exception:
 
 
 def _own(ctx, message: str) -> CliError:
-    """An error of this process alone, before the processes can talk (its device): named by rank and host."""
+    """Return an error of this process alone, before the processes can talk (its device): named by rank and host."""
     if not ctx.active:
         return CliError(message)
     import socket
@@ -96,9 +103,11 @@ def _own(ctx, message: str) -> CliError:
 
 
 def _on_every_rank(ctx, fn, source: str):
-    """``fn()`` (reading the training file, building the task) in every process; where it fails in
-    some, rank 0 reports the failure once (naming ranks and hosts unless all failed alike: a node
-    without the file, say) and every process stops."""
+    """Run ``fn()`` (reading the training file, building the task) in every process.
+
+    Where it fails in some, rank 0 reports the failure once (naming ranks and hosts unless all
+    failed alike: a node without the file, say) and every process stops.
+    """
     if not ctx.active:
         return fn()
     import socket
@@ -120,9 +129,12 @@ def _on_every_rank(ctx, fn, source: str):
 
 
 def _train_context(args: argparse.Namespace):
-    """This process's place in a data-parallel run (torchrun's RANK, WORLD_SIZE, LOCAL_RANK; required
-    with --distributed), or the single-process context. A batch the ranks cannot share evenly is
-    refused here, before any process waits for the others, when the training file is readable."""
+    """Return this process's place in a data-parallel run, or the single-process context.
+
+    The place comes from torchrun's RANK, WORLD_SIZE, LOCAL_RANK (required with --distributed). A
+    batch the ranks cannot share evenly is refused here, before any process waits for the others,
+    when the training file is readable.
+    """
     from diffsim_ros.learning import distributed as ddp
 
     try:
@@ -161,9 +173,11 @@ def _resume_folder(args: argparse.Namespace, command: str) -> None:
 
 
 def _train_folder(args: argparse.Namespace):
-    """The checks and the listing of train's folder (rank 0's alone in a distributed run): (the stored
-    parameters, training file and iterations done of the run resumed, or None; names in the folder
-    before the run)."""
+    """Check and list train's folder (rank 0's alone in a distributed run).
+
+    Returns the stored parameters, training file and iterations done of the run resumed, or None;
+    and the names in the folder before the run.
+    """
     if args.resume is not None:
         if not os.path.isdir(args.resume):
             raise CliError(f"--resume {args.resume}: no such folder")
@@ -191,8 +205,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, ctx) -> int:
-    """cmd_train after its argument checks, as process ``ctx`` of the run (errors every process meets
-    alike are reported by rank 0 alone: :func:`_shared`)."""
+    """cmd_train after its argument checks, as process ``ctx`` of the run.
+
+    Errors every process meets alike are reported by rank 0 alone (:func:`_shared`).
+    """
     from diffsim_ros.learning import distributed as ddp
 
     try:

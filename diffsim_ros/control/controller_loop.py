@@ -1,5 +1,6 @@
-"""policy_controller's loop without ROS: between the states it receives and the commands it
-sends, around the supervisor (control/supervisor.py).
+"""policy_controller's loop without ROS, between the states it receives and the commands it sends.
+
+It runs around the supervisor (control/supervisor.py).
 
 The node converts each message into the supervisor's records (JointStateIn, OdometryIn, ImuIn)
 and calls the ``on_*`` method; the loop decides what is sent and calls back the
@@ -39,7 +40,7 @@ __all__ = ["ControlLoop"]
 
 
 def _locked(method):
-    """An entry point of the loop: it runs holding the loop's lock."""
+    """Mark an entry point of the loop: it runs holding the loop's lock."""
     # functools.wraps keeps the method's signature, which rclpy's executors inspect: a timer callback
     # without parameters is called without a TimerInfo.
     @functools.wraps(method)
@@ -76,8 +77,11 @@ class ControlLoop:
     # ------------------------------------------------------------------ inputs
     @_locked
     def on_joint_state(self, js: JointStateIn) -> None:
-        """A joint state, received now on the node's clock (``clock_ns()``; 0 under use_sim_time
-        before the first /clock message: then only the order of the stamps is checked)."""
+        """Handle a joint state, received now on the node's clock.
+
+        The node's clock is ``clock_ns()``; it is 0 under use_sim_time before the first /clock
+        message: then only the order of the stamps is checked.
+        """
         clock_ns = self._clock_ns()
         self._pf_record("joint_states", clock_ns, js.stamp_ns, names=js.names, position=js.position)
         self._on_verdict("joint_states", self.sup.on_joint_state(js, time.monotonic_ns(), clock_ns or None),
@@ -149,9 +153,12 @@ class ControlLoop:
 
     @_locked
     def on_clock_jump(self, back_s: float) -> bool:
-        """The node's clock jumped back ``back_s`` > 0 s (a driver or simulator restarted at time 0):
-        latched as a fault until ~/reset (its states now stamped before the last accepted one are
-        refused). True: timer mode, the control timer on that clock must start afresh."""
+        """Handle the node's clock jumping back ``back_s`` > 0 s (a driver or simulator restarted at time 0).
+
+        The jump is latched as a fault until ~/reset (its states now stamped before the last
+        accepted one are refused). True: timer mode, the control timer on that clock must start
+        afresh.
+        """
         self.clock_jumps_back += 1
         reason = (f"the clock jumped back {back_s:.3f} s (the robot driver or simulator restarted?): "
                   "safe command; its states are refused until ~/reset")
@@ -183,8 +190,10 @@ class ControlLoop:
             self.sup.preflight_hold = hold
 
     def ready(self) -> bool:
-        """The preflight's verdict, then the gates of wait_for_subscribers / wait_for_recorders
-        (checked until they open once)."""
+        """Check the preflight's verdict, then the gates of wait_for_subscribers / wait_for_recorders.
+
+        The gates are checked until they open once.
+        """
         if self.preflight is not None and self.preflight.pending:
             return False
         if self._gate_open:
@@ -199,10 +208,13 @@ class ControlLoop:
         return True
 
     def _on_verdict(self, what: str, v, stamp: int) -> None:
-        """After the supervisor judged a state: log a rejection; in lockstep answer each new state
-        once (a fault with the safe command at once). doc/interfaces.md: a lockstep plant
-        republishes its initial state until the first command; answering each copy would put
-        two commands in flight, so a state with the stamp answered last is not answered."""
+        """After the supervisor judged a state: log a rejection, and in lockstep answer the state.
+
+        In lockstep each new state is answered once (a fault with the safe command at once).
+        doc/interfaces.md: a lockstep plant republishes its initial state until the first command;
+        answering each copy would put two commands in flight, so a state with the stamp answered
+        last is not answered.
+        """
         if v.pending:                    # a legged robot's half state, waiting for its partner
             return
         if not v.accepted:
@@ -231,10 +243,12 @@ class ControlLoop:
 
     @_locked
     def watchdog_tick(self) -> None:
-        """On the steady clock. Lockstep: every new state is answered, so the watchdog only speaks
-        when states stop (the latest is older than state_timeout_s): the safe command at
-        watchdog_hz. Timer mode: the same while the control timer is stalled (its clock, a
-        simulator's, stopped with the simulator)."""
+        """Run the watchdog on the steady clock.
+
+        Lockstep: every new state is answered, so the watchdog only speaks when states stop (the
+        latest is older than state_timeout_s): the safe command at watchdog_hz. Timer mode: the same
+        while the control timer is stalled (its clock, a simulator's, stopped with the simulator).
+        """
         self._pf_judge()
         if (self.lockstep or self.timing.stalled_s() > 0) and self.sup.stale(time.monotonic_ns()) and self.ready():
             self.step()
@@ -244,8 +258,11 @@ class ControlLoop:
         self.node_counts["commands_sent"] += 1
 
     def step(self) -> None:
-        """One decision of the supervisor, sent; the prediction after the command went out (the
-        simulator step must not delay it). Any exception here latches the safe command."""
+        """Send one decision of the supervisor, then the prediction.
+
+        The prediction goes after the command went out (the simulator step must not delay it). Any
+        exception here latches the safe command.
+        """
         t0 = time.perf_counter()
         try:
             tick = self.sup.tick(time.monotonic_ns())
@@ -285,7 +302,7 @@ class ControlLoop:
                 self.fault(f"prediction: {type(e).__name__}: {e}")
 
     def fault(self, reason: str) -> None:
-        """An exception in the control path: latched safe command, sent at once when possible."""
+        """Handle an exception in the control path: latched safe command, sent at once when possible."""
         self.node_counts["errors"] += 1
         self.sup.fault(reason, time.monotonic_ns())
         self.log.error(f"{reason}; safe command latched", throttle_duration_sec=1.0)
@@ -298,7 +315,7 @@ class ControlLoop:
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:
-        """The node's start-up line: the runner, the output, the timing, the safe command."""
+        """Return the node's start-up line: the runner, the output, the timing, the safe command."""
         s = self.settings
         return (f"{self.runner.describe()}; publishing {s.iface} on {self.command_topic}; "
                 f"{'lockstep' if s.lockstep else f'{s.rate:g} Hz'}; safe command: {self.sup.safe_description}")
@@ -316,8 +333,10 @@ class ControlLoop:
 
     @_locked
     def diagnostics(self) -> Optional[Tuple[str, str, Dict[str, str]]]:
-        """/diagnostics now (counted as sent): level (OK, WARN, ERROR), message, key/values; None
-        until ready() (wait_for_recorders: nothing published before they listen)."""
+        """/diagnostics now (counted as sent): level (OK, WARN, ERROR), message, key/values.
+
+        None until ready() (wait_for_recorders: nothing published before they listen).
+        """
         if not self.ready():
             return None
         level, message = status.diagnostic_summary(self.sup, self.velocity, self.runner, time.monotonic_ns(),

@@ -1,5 +1,6 @@
-"""policy_controller's settings, ROS-free: the parameters it declares (name -> default,
-description) and the checks they pass at start.
+"""policy_controller's settings, ROS-free.
+
+The parameters it declares (name -> default, description) and the checks they pass at start.
 
 Each check raises :class:`SetupError` (diffsim_ros.errors, the stand-in's settings raise it too)
 naming the parameter; the node prints the text and exits with status 2 (nodes/policy_controller.py
@@ -125,8 +126,10 @@ PARAMETERS.update(SUPERVISOR_PARAMETERS)
 
 
 def _excitation_parameters() -> Dict[str, Any]:
-    """``excitation.*``: the fields of control.excitation.ExcitationConfig with their defaults and
-    documentation (mode excite)."""
+    """Return the ``excitation.*`` parameters (mode excite).
+
+    The fields of control.excitation.ExcitationConfig with their defaults and documentation.
+    """
     from ..control.excitation import ExcitationConfig
 
     return {name: (default, text) for name, default, text in ros_parameters(ExcitationConfig, "excitation")}
@@ -137,7 +140,7 @@ PARAMETERS.update(EXCITATION_PARAMETERS)
 
 
 def _constraints() -> Dict[str, str]:
-    """The schema sections' ranges and value sets, for the descriptors' additional_constraints."""
+    """Return the schema sections' ranges and value sets, for the descriptors' additional_constraints."""
     from ..control.excitation import ExcitationConfig
 
     return {**ros_constraints(SupervisorConfig, ""), **ros_constraints(ExcitationConfig, "excitation")}
@@ -183,8 +186,10 @@ def check_reliability(reliability: str) -> str:
 
 
 def urdf_path(urdf: str, config: str) -> Optional[str]:
-    """The robot's URDF file: ``urdf``, else the one the ``config`` file names, else None (the
-    checkpoint's own)."""
+    """Return the robot's URDF file, or None for the checkpoint's own.
+
+    ``urdf``, else the one the ``config`` file names, else None (the checkpoint's own).
+    """
     if urdf:
         path = Path(urdf)
         if not path.is_file():
@@ -201,7 +206,7 @@ def urdf_path(urdf: str, config: str) -> Optional[str]:
 
 
 def policy_runner(checkpoint: Path, urdf: Optional[str], dtype, policy_format: str, compile_prediction: bool):
-    """mode policy: the checkpoint's PolicyRunner (a checkpoint for another robot is refused)."""
+    """Mode policy: the checkpoint's PolicyRunner (a checkpoint for another robot is refused)."""
     from ..learning.checkpoint import CheckpointError
     from ..learning.deploy import PolicyRunner
 
@@ -213,8 +218,11 @@ def policy_runner(checkpoint: Path, urdf: Optional[str], dtype, policy_format: s
 
 
 def excitation_runner(config: str, values: Dict[str, Any], urdf: Optional[str], dtype):
-    """mode excite: the robot and simulator of the ``config`` file (a resolved path, '' when
-    unset), the motion of the ``excitation.*`` parameters ``values``."""
+    """Return the runner of mode excite.
+
+    The robot and simulator of the ``config`` file (a resolved path, '' when unset), the motion of
+    the ``excitation.*`` parameters ``values``.
+    """
     from .. import config as cfgmod
     from .excitation import ExcitationConfig, ExcitationError, ExcitationRunner
 
@@ -232,8 +240,10 @@ def excitation_runner(config: str, values: Dict[str, Any], urdf: Optional[str], 
 
 # ============================================================================ the command interface
 def choose_interface(requested: str, runner) -> str:
-    """``interface`` for the runner's robot and command (auto: forward_command for arms and legged
-    robots, the checkpoint's own for quadrotors)."""
+    """Return ``interface`` for the runner's robot and command.
+
+    Auto: forward_command for arms and legged robots, the checkpoint's own for quadrotors.
+    """
     kind = runner.kind
     iface = requested
     if iface == "auto":
@@ -252,8 +262,11 @@ def choose_interface(requested: str, runner) -> str:
 
 
 def command_order(controller_joints: Sequence[str], runner) -> Tuple[np.ndarray, List[str]]:
-    """``controller_joints``: the index of each controller joint in the command, and the joint
-    names in the controller's order (empty: the checkpoint's actuated joints in their order)."""
+    """Map ``controller_joints`` onto the command.
+
+    Return the index of each controller joint in the command, and the joint names in the
+    controller's order (empty: the checkpoint's actuated joints in their order).
+    """
     cj = [j for j in controller_joints if j]
     if not cj:
         return np.arange(len(runner.actuated_joints)), list(runner.actuated_joints)
@@ -273,7 +286,7 @@ def control_rate(rate_hz: float, dt: float) -> float:
 
 # ============================================================================ the supervisor
 def supervisor_config(values: Dict[str, Any], lockstep: bool) -> SupervisorConfig:
-    """The supervisor's settings from their parameters ``values``."""
+    """Return the supervisor's settings from their parameters ``values``."""
     try:
         values = dict(values)
         if lockstep:
@@ -286,7 +299,7 @@ def supervisor_config(values: Dict[str, Any], lockstep: bool) -> SupervisorConfi
 
 
 def velocity_command(runner, timeout_s: float) -> VelocityCommand:
-    """The /cmd_vel requests' mapping into the runner's trained range."""
+    """Return the /cmd_vel requests' mapping into the runner's trained range."""
     try:
         return VelocityCommand.for_runner(runner, timeout_s)
     except ValueError as e:
@@ -323,6 +336,7 @@ def preflight_duration(value: Any) -> float:
 @dataclass
 class Settings:
     """What policy_controller runs with (read_runner fills the first block, read_loop the rest)."""
+
     mode: str
     runner: Any                          # PolicyRunner (mode policy) or ExcitationRunner (mode excite)
     executor_kind: str
@@ -345,9 +359,12 @@ class Settings:
 
 def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resolve: Callable[[str], Path],
                 robot_description: Callable[[str, float], str]) -> Settings:
-    """The runner and the command interface. ``log``: the node's logger (info, warning);
-    ``resolve``: a path parameter to a file (absolute, the working directory, the package's share
-    folder); ``robot_description(topic, timeout_s)``: the URDF text the node received on a topic."""
+    """Read the runner and the command interface.
+
+    ``log``: the node's logger (info, warning); ``resolve``: a path parameter to a file (absolute,
+    the working directory, the package's share folder); ``robot_description(topic, timeout_s)``: the
+    URDF text the node received on a topic.
+    """
     ckpt = resolve(p("checkpoint"))
     dtype = torch_dtype(p("dtype"))
     topic = p("robot_description_topic")
@@ -371,7 +388,7 @@ def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resol
 
 
 def read_loop(p: Callable[[str], Any], log, s: Settings) -> None:
-    """Timing, the supervisor, the /cmd_vel mapping, the goal, the gates and the preflight into ``s``."""
+    """Read timing, the supervisor, the /cmd_vel mapping, the goal, the gates and the preflight into ``s``."""
     r = s.runner
     s.lockstep = bool(p("lockstep"))
     s.rate = control_rate(float(p("rate_hz")), r.dt)

@@ -1,5 +1,7 @@
-"""What policy_controller reports, ROS-free: its loop timing, the /diagnostics status and
-key/values, the latched metadata and the counters it prints at shutdown.
+"""What policy_controller reports, ROS-free.
+
+Its loop timing, the /diagnostics status and key/values, the latched metadata and the counters it
+prints at shutdown.
 
 The node fills the messages (diagnostic_msgs/DiagnosticStatus, std_msgs/String) from these
 plain values.
@@ -30,7 +32,7 @@ def percentile(values, q: float) -> float:
 
 
 def merged_counts(supervisor_counts: Mapping[str, int], node_counts: Mapping[str, int]) -> Dict[str, int]:
-    """The supervisor's counters and the node's (errors summed)."""
+    """Return the supervisor's counters and the node's (errors summed)."""
     out = dict(supervisor_counts)
     for k, val in node_counts.items():
         out[k] = out.get(k, 0) + val
@@ -38,8 +40,10 @@ def merged_counts(supervisor_counts: Mapping[str, int], node_counts: Mapping[str
 
 
 class LoopTiming:
-    """The control loop's compute times and timer periods (ms, the latest 5,000 of each) and the
-    steady time of the control timer's last tick."""
+    """The control loop's compute times and timer periods (ms, the latest 5,000 of each).
+
+    Also the steady time of the control timer's last tick.
+    """
 
     def __init__(self, rate: float, lockstep: bool):
         self.rate, self.lockstep = rate, lockstep
@@ -48,8 +52,10 @@ class LoopTiming:
         self.last_tick: Optional[float] = None
 
     def tick(self, now: float) -> bool:
-        """A tick of the control timer at ``now`` (time.monotonic()); True when its period was
-        over 1.5 control periods (a missed deadline)."""
+        """Record a tick of the control timer at ``now`` (time.monotonic()).
+
+        True when its period was over 1.5 control periods (a missed deadline).
+        """
         missed = False
         if self.last_tick is not None:
             period = (now - self.last_tick) * 1e3
@@ -59,8 +65,10 @@ class LoopTiming:
         return missed
 
     def stalled_s(self) -> float:
-        """Timer mode: seconds (steady) since the control timer last ran beyond three periods;
-        0 while it runs (or before its first tick)."""
+        """Timer mode: seconds (steady) since the control timer last ran beyond three periods.
+
+        0 while it runs (or before its first tick).
+        """
         if self.lockstep or self.last_tick is None:
             return 0.0
         late = time.monotonic() - self.last_tick
@@ -68,8 +76,11 @@ class LoopTiming:
 
 
 def diagnostic_summary(sup, velocity, runner, now_ns: int, *, excite: bool, timer_stalled: bool) -> Tuple[str, str]:
-    """The /diagnostics level (OK, WARN or ERROR) and message. Asks the supervisor first whether
-    the policy may run (a stale state becomes a latched fault there)."""
+    """Return the /diagnostics level (OK, WARN or ERROR) and message.
+
+    Asks the supervisor first whether the policy may run (a stale state becomes a latched fault
+    there).
+    """
     blocked = sup.blocked(now_ns)
     if sup.estop:
         return "ERROR", "emergency stop latched"
@@ -90,8 +101,11 @@ def diagnostic_summary(sup, velocity, runner, now_ns: int, *, excite: bool, time
 
 def diagnostics_values(sup, velocity, runner, counts: Mapping[str, int], timing: LoopTiming, *, interface: str,
                        command_topic: str, mode: str, clock_jumps_back: int, preflight: str) -> Dict[str, str]:
-    """The /diagnostics key/values: the supervisor's, the node's (interface, loop timing, counters,
-    the control timer, the preflight), the /cmd_vel mapping's and the excitation's."""
+    """Return the /diagnostics key/values.
+
+    The supervisor's, the node's (interface, loop timing, counters, the control timer, the
+    preflight), the /cmd_vel mapping's and the excitation's.
+    """
     vals = sup.status(time.monotonic_ns())
     vals.update({"interface": interface, "command_topic": command_topic,
                  "mode": "lockstep" if timing.lockstep else f"{timing.rate:g} Hz",
@@ -117,8 +131,11 @@ def diagnostics_values(sup, velocity, runner, counts: Mapping[str, int], timing:
 
 def metadata_json(runner, *, mode: str, interface: str, controller: str, command_topic: str,
                   controller_joints: Sequence[str], lockstep: bool, rate: float, safe_command: str, node: str) -> str:
-    """The latched /diffsim/metadata text: the checkpoint's metadata (mode policy) or the
-    excitation's (mode excite) and how the node runs it."""
+    """Return the latched /diffsim/metadata text.
+
+    The checkpoint's metadata (mode policy) or the excitation's (mode excite) and how the node runs
+    it.
+    """
     from ..learning.checkpoint import json_safe
 
     excite = mode == "excite"
@@ -136,9 +153,12 @@ def metadata_json(runner, *, mode: str, interface: str, controller: str, command
 def shutdown_stats(counts: Mapping[str, int], timing: LoopTiming, unacknowledged: Sequence[str],
                    output_topic: str, command_topic: str, predicted_state_topic: str, metadata_topic: str,
                    diagnostics_topic: str) -> Dict[str, Any]:
-    """The counters at shutdown, the messages published per topic (for comparison with a
-    recorder's bag), the compute time percentiles and the topics a reliable subscriber had not
-    acknowledged when the process gave up waiting."""
+    """Return the statistics printed at shutdown.
+
+    The counters at shutdown, the messages published per topic (for comparison with a recorder's
+    bag), the compute time percentiles and the topics a reliable subscriber had not acknowledged
+    when the process gave up waiting.
+    """
     stats: Dict[str, Any] = dict(counts)
     stats["unacknowledged_topics"] = list(unacknowledged)
     stats["published"] = {output_topic: counts["commands_sent"], command_topic: counts["commands_sent"],

@@ -1,5 +1,7 @@
-"""Identification motions (excitation), ROS-free: what ``policy_controller`` in ``mode: excite``
-sends instead of a policy's commands, through the same supervisor and outputs.
+"""Identification motions (excitation), ROS-free.
+
+What ``policy_controller`` in ``mode: excite`` sends instead of a policy's commands, through the
+same supervisor and outputs.
 
     cfg = ExcitationConfig.from_mapping({"amplitude": 0.5, "duration": 12.0, "seed": 3})
     runner = ExcitationRunner(params, cfg)           # params: a training/robot file's mapping
@@ -62,8 +64,11 @@ STEP_KINDS = ("attitude", "thrust", "rate")
 @section("excitation")
 @dataclass(frozen=True)
 class ExcitationConfig:
-    """The excitation's settings (an ``excitation:`` section, the ``excitation.*`` parameters of
-    policy_controller; units SI). See the module doc."""
+    """The excitation's settings: an ``excitation:`` section, the ``excitation.*`` parameters of policy_controller.
+
+    Units SI; see the module doc.
+    """
+
     config_error = ExcitationError
     amplitude: float = option(0.5, """fraction (0, 1] of the bounds used: arms the safe half range of each joint,
         multirotors the tilt/thrust/rate step bounds""", above=0, high=1)
@@ -106,7 +111,7 @@ class ExcitationConfig:
         normalise(self)
 
     def check(self) -> None:
-        """The rules between settings (relative keys)."""
+        """Check the rules between settings (relative keys)."""
         if not self.margin < 0.5:
             raise ConfigError(f"must be below 0.5 (it is kept clear at both ends of the range), got {self.margin}",
                               "margin")
@@ -126,9 +131,12 @@ class ExcitationConfig:
 
     @classmethod
     def from_mapping(cls, values: Optional[Mapping[str, Any]], where: str = "excitation") -> "ExcitationConfig":
-        """From a mapping of setting names (a config file's ``excitation:`` section, the node's
-        ``excitation.*`` parameters); ``steps`` may be a comma-separated string and ``none`` an
-        empty list. Errors are an ExcitationError naming the key."""
+        """Build the settings from a mapping of setting names.
+
+        A config file's ``excitation:`` section, the node's ``excitation.*`` parameters; ``steps``
+        may be a comma-separated string and ``none`` an empty list. Errors are an ExcitationError
+        naming the key.
+        """
         kw = dict(values or {})
         st = kw.get("steps")
         if isinstance(st, str):
@@ -159,11 +167,13 @@ def _smooth_window(t: np.ndarray, duration: float, ramp: float) -> np.ndarray:
 
 
 class ArmExcitation:
-    """Joint position targets for ``n`` joints with ``lower``/``upper`` limits (rad or m) and
-    ``velocity_limit`` (> 0), at control step ``dt``; see the module doc.
+    """Joint position targets for ``n`` joints at control step ``dt``; see the module doc.
+
+    The joints have ``lower``/``upper`` limits (rad or m) and ``velocity_limit`` (> 0).
 
     ``targets`` ((N, n), N = round(duration / dt) + 1) is the excitation about the centre (no
-    lead-in); :meth:`command` adds the lead-in from a measured start and the rate bound."""
+    lead-in); :meth:`command` adds the lead-in from a measured start and the rate bound.
+    """
 
     def __init__(self, lower, upper, velocity_limit, dt: float, cfg: ExcitationConfig,
                  names: Optional[Sequence[str]] = None):
@@ -262,8 +272,11 @@ class ArmExcitation:
         self._last = p.copy()
 
     def command(self, k: int) -> np.ndarray:
-        """The k-th target (k = 0, 1, ...) after :meth:`start`: inside the URDF limits, within the
-        speed bound of the previous one, inside the margin once the lead-in is over."""
+        """Return the k-th target (k = 0, 1, ...) after :meth:`start`.
+
+        It is inside the URDF limits, within the speed bound of the previous one, inside the margin
+        once the lead-in is over.
+        """
         if self._start is None:
             raise RuntimeError("ArmExcitation.start(position) first")
         if k < self._lead:
@@ -282,9 +295,11 @@ class ArmExcitation:
 
 # ---------------------------------------------------------------------------------------- multirotors
 class QuadrotorExcitation:
-    """CTBR commands [collective thrust N, p, q, r rad/s] around hover for a vehicle of ``mass``
-    kg (nominal), see the module doc. ``max_thrust`` (N, collective) and ``max_rate`` (rad/s) are
-    the command interface's own limits, which the bounds never exceed."""
+    """CTBR commands [collective thrust N, p, q, r rad/s] around hover; see the module doc.
+
+    For a vehicle of ``mass`` kg (nominal). ``max_thrust`` (N, collective) and ``max_rate`` (rad/s)
+    are the command interface's own limits, which the bounds never exceed.
+    """
 
     KINDS = STEP_KINDS
 
@@ -343,8 +358,11 @@ class QuadrotorExcitation:
         return None, np.zeros(3)
 
     def command(self, k: int, q: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """The k-th command (time ``k dt``) for the measured state q = [x y z qx qy qz qw ...],
-        v = [body linear, body angular, ...]; after ``duration`` the hold alone."""
+        """Return the k-th command (time ``k dt``) for the measured state q, v.
+
+        q = [x y z qx qy qz qw ...], v = [body linear, body angular, ...]; after ``duration`` the
+        hold alone.
+        """
         cfg = self.cfg
         q = np.asarray(q, dtype=np.float64)
         v = np.asarray(v, dtype=np.float64)
@@ -383,8 +401,10 @@ class QuadrotorExcitation:
         return np.concatenate(([thrust], rates))
 
     def tilt_setpoint(self, k: int, q: np.ndarray, v: np.ndarray) -> float:
-        """The tilt (rad) of the set-point :meth:`command` steers to (for checks; with the
-        integral as the last command left it)."""
+        """Return the tilt (rad) of the set-point :meth:`command` steers to.
+
+        For checks; with the integral as the last command left it.
+        """
         cfg = self.cfg
         q = np.asarray(q, dtype=np.float64)
         R = quat_to_matrix(q[3:7])
@@ -399,8 +419,9 @@ class QuadrotorExcitation:
 
 # ---------------------------------------------------------------------------------------- the runner
 def identifiable_parameters(floating_base: bool, rotors: bool) -> Tuple[str, ...]:
-    """The registry parameters (physics/registry.py) an excitation recording is meant to
-    identify together on this kind of robot, one per physical quantity:
+    """Return the registry parameters an excitation recording is meant to identify on this kind of robot.
+
+    They are parameters of physics/registry.py, identified together, one per physical quantity:
 
     * arms: ``mass_scale``, ``inertia_scale``, ``joint_damping`` (per joint), ``actuator_lag``,
       ``latency``. ``joint_friction`` is identifiable beside them when the URDF has friction
@@ -416,7 +437,8 @@ def identifiable_parameters(floating_base: bool, rotors: bool) -> Tuple[str, ...
       term changes the predictions too little to be told from the linear one.
 
     The alternatives of the registry's EXCLUSIVE pairs are the other choice of the same
-    quantity (``link_mass_scale`` for ``mass_scale`` and so on)."""
+    quantity (``link_mass_scale`` for ``mass_scale`` and so on).
+    """
     if rotors:
         return ("mass_scale", "inertia_scale", "drag_scale", "motor_time_constant", "latency")
     return ("mass_scale", "inertia_scale", "joint_damping", "actuator_lag", "latency")
@@ -428,10 +450,12 @@ def _runner_base():
 
 
 class ExcitationRunner(_runner_base()):
-    """A :class:`~diffsim_ros.learning.deploy.PolicyRunner` without a policy: the robot, the
-    simulator (for the predictions) and the command limits come from a training/robot file's
-    mapping ``params`` (its ``urdf``, ``floating_base`` and ``simulator`` sections), the commands
-    from the excitation. The supervisor and the node use it exactly as a policy's runner."""
+    """A :class:`~diffsim_ros.learning.deploy.PolicyRunner` without a policy.
+
+    The robot, the simulator (for the predictions) and the command limits come from a training/robot
+    file's mapping ``params`` (its ``urdf``, ``floating_base`` and ``simulator`` sections), the
+    commands from the excitation. The supervisor and the node use it exactly as a policy's runner.
+    """
 
     def __init__(self, params: Mapping[str, Any], excitation: ExcitationConfig, source: str = "",
                  urdf: Optional[str] = None, dtype=None):

@@ -26,18 +26,23 @@ __all__ = ["px4_rates_setpoint", "cmd_vel_legacy", "ctbr_rotor_thrusts", "rotor_
 
 
 def px4_rates_setpoint(cmd: Sequence[float], max_total_thrust: float) -> Tuple[float, float, float, List[float]]:
-    """A CTBR command [collective thrust N, p q r rad/s in the body frame FLU] as PX4's
-    VehicleRatesSetpoint fields (roll, pitch, yaw rates in FRD: q and r change sign;
-    thrust_body normalised by the total maximum thrust, along -z of FRD, within [0, 1])."""
+    """Convert a CTBR command to PX4's VehicleRatesSetpoint fields.
+
+    The command is [collective thrust N, p q r rad/s in the body frame FLU]; the fields: roll,
+    pitch, yaw rates in FRD (q and r change sign); thrust_body normalised by the total maximum
+    thrust, along -z of FRD, within [0, 1].
+    """
     t = float(np.clip(float(cmd[0]) / max_total_thrust, 0.0, 1.0))
     return float(cmd[1]), -float(cmd[2]), -float(cmd[3]), [0.0, 0.0, -t]
 
 
 def cmd_vel_legacy(cmd: Sequence[float], orientation_xyzw: Sequence[float], attitude_time_s: float,
                    max_collective: float) -> Tuple[float, float, float, float]:
-    """Crazyswarm2's cmd_vel_legacy for a CTBR command: (roll deg, pitch deg, yaw rate deg/s,
-    thrust PWM 0..65535). The body rates become attitude setpoints ``attitude_time_s`` ahead of
-    the current ``orientation_xyzw`` (identity when unknown)."""
+    """Crazyswarm2's cmd_vel_legacy for a CTBR command.
+
+    As (roll deg, pitch deg, yaw rate deg/s, thrust PWM 0..65535). The body rates become attitude
+    setpoints ``attitude_time_s`` ahead of the current ``orientation_xyzw`` (identity when unknown).
+    """
     roll, pitch, _ = quat_to_rpy(*orientation_xyzw)
     thrust = float(np.clip(float(cmd[0]) / max_collective, 0.0, 1.0)) * 65535.0
     return (math.degrees(roll + float(cmd[1]) * attitude_time_s),
@@ -46,8 +51,10 @@ def cmd_vel_legacy(cmd: Sequence[float], orientation_xyzw: Sequence[float], atti
 
 
 def ctbr_rotor_thrusts(rotors, cmd: Sequence[float], body_rates: Sequence[float]) -> np.ndarray:
-    """Per-rotor thrusts (N, float64, rotor_links order) for a CTBR command at the measured body
-    rates, through the simulator's rate loop and allocation (physics.quadrotor.Rotors)."""
+    """Per-rotor thrusts (N, float64, rotor_links order) for a CTBR command at the measured body rates.
+
+    Computed through the simulator's rate loop and allocation (physics.quadrotor.Rotors).
+    """
     dtype = rotors.inertia.dtype
     c = torch.as_tensor(np.asarray(cmd, dtype=np.float64), dtype=dtype).reshape(1, 4)
     w = torch.as_tensor(np.asarray(body_rates, dtype=np.float64), dtype=dtype).reshape(1, 3)

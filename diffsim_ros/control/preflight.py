@@ -46,6 +46,7 @@ class JointSample:
 @dataclass
 class FrameSample:
     """An IMU or odometry message: times, frames, orientation (x y z w) when it has one."""
+
     receive_ns: int
     stamp_ns: int
     frame_id: str
@@ -66,7 +67,7 @@ class Observed:
     clock: List[tuple] = field(default_factory=list)
 
     def now_at(self, receive_ns: np.ndarray) -> np.ndarray:
-        """The publishers' clock at these receive times: the receiver's own, or /clock's when it ticks."""
+        """Return the publishers' clock at these receive times: the receiver's own, or /clock's when it ticks."""
         if len(self.clock) < 2:
             return receive_ns.astype(np.float64)
         c = np.array(sorted(self.clock), dtype=np.float64)
@@ -142,8 +143,10 @@ def preflight(runner, seen: Observed, frame_id: str = "world", child_frame_id: s
               position_margin: float = 0.1, rate_tolerance: float = 0.9, jitter_factor: float = 3.0,
               max_age_s: float = 0.05, timing: bool = True) -> PreflightReport:
     """Judge ``seen`` against ``runner`` (a PolicyRunner: its robot, joints, limits, dt); module doc.
+
     ``timing`` False skips rate, jitter and stamp age (a lockstep plant steps when commanded: its
-    state rate is the controller's own)."""
+    state rate is the controller's own).
+    """
     cfg = dict(rate_tolerance=rate_tolerance, jitter_factor=jitter_factor, max_age_s=max_age_s)
     timed = _timing_checks if timing else (lambda *args: None)
     out: List[Check] = []

@@ -1,5 +1,7 @@
-"""policy_controller's preflight at start, ROS-free: the robot's states it receives before the
-policy goes active, judged by control/preflight.py as ``diffsim-ros preflight`` judges them.
+"""policy_controller's preflight at start, ROS-free.
+
+The robot's states it receives before the policy goes active, judged by control/preflight.py as
+``diffsim-ros preflight`` judges them.
 
     pf = StartupPreflight(duration_s=1.0, lockstep=False, required=True)
     pf.record("joint_states", clock_ns, stamp_ns, names=names, position=position)   # each state
@@ -35,9 +37,11 @@ class StartupPreflight:
     def record(self, kind: str, clock_ns: int, stamp_ns: int, *, names: Sequence[str] = (),
                position: Sequence[float] = (), frame_id: str = "", child_frame_id: str = "",
                orientation: Optional[Sequence[float]] = None) -> None:
-        """A state message (``kind``: joint_states, odom or imu) received at ``clock_ns`` on the
-        node's clock (simulated time under use_sim_time, as the stamps then are; 0 before the first
-        /clock: then the wall clock, and no age is judged)."""
+        """Record a state message (``kind``: joint_states, odom or imu) received at ``clock_ns``.
+
+        ``clock_ns`` is on the node's clock (simulated time under use_sim_time, as the stamps then
+        are; 0 before the first /clock: then the wall clock, and no age is judged).
+        """
         if clock_ns == 0:
             self.untimed, clock_ns = True, time.time_ns()
         if kind == "joint_states":
@@ -51,9 +55,12 @@ class StartupPreflight:
 
     def judge(self, runner, base_from_imu: bool, command_topic: str, command_subscribers: Callable[[], int],
               **checks) -> Optional[PreflightReport]:
-        """The verdict once its window has passed (lockstep: at once) and each topic the policy
-        needs has spoken, or 2 s after that at the latest; None before (and after: it is given
-        once). ``checks``: preflight()'s frame_id, child_frame_id, position_margin."""
+        """Return the verdict once it is due, else None.
+
+        It is due once its window has passed (lockstep: at once) and each topic the policy needs has
+        spoken, or 2 s after that at the latest; None before (and after: it is given once).
+        ``checks``: preflight()'s frame_id, child_frame_id, position_margin.
+        """
         if self.report is not None or self.first is None:
             return None
         pf = self.seen
@@ -73,13 +80,13 @@ class StartupPreflight:
         return self.report
 
     def hold_reason(self) -> Optional[str]:
-        """The supervisor's hold after a NO-GO when the preflight is required (None: run)."""
+        """Return the supervisor's hold after a NO-GO when the preflight is required (None: run)."""
         rep = self.report
         if rep is None or rep.go or not self.required:
             return None
         return f"preflight NO-GO ({'; '.join(rep.reasons)}); ~/reset to run the policy anyway"
 
     def status(self) -> str:
-        """The diagnostics value: listening, GO or NO-GO with the reasons."""
+        """Return the diagnostics value: listening, GO or NO-GO with the reasons."""
         rep = self.report
         return "listening" if rep is None else "GO" if rep.go else f"NO-GO: {'; '.join(rep.reasons)}"

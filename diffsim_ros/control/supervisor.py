@@ -62,8 +62,8 @@ class SupervisorConfigError(ConfigError):
 @section("supervisor")
 @dataclass(frozen=True)
 class SupervisorConfig:
-    """The supervisor's rules (policy_controller's parameters of these names; units SI; see the
-    module doc)."""
+    """The supervisor's rules (policy_controller's parameters of these names; units SI; see the module doc)."""
+
     config_error = SupervisorConfigError
     state_timeout_s: float = option(0.1, "watchdog: a state older than this (receive time, steady clock) latches "
                                     "the safe command", "s", above=0)
@@ -117,6 +117,7 @@ class SupervisorConfig:
 @dataclass
 class JointStateIn:
     """sensor_msgs/JointState as plain lists (stamp in ns)."""
+
     names: Sequence[str]
     position: Sequence[float]
     velocity: Sequence[float]
@@ -127,6 +128,7 @@ class JointStateIn:
 @dataclass
 class OdometryIn:
     """nav_msgs/Odometry as plain lists: world position, orientation x y z w, body-frame twist."""
+
     position: Sequence[float]
     orientation: Sequence[float]
     linear: Sequence[float]
@@ -139,6 +141,7 @@ class OdometryIn:
 @dataclass
 class ImuIn:
     """sensor_msgs/Imu as plain lists."""
+
     angular_velocity: Sequence[float]
     orientation: Sequence[float] = (0.0, 0.0, 0.0, 1.0)
     linear_acceleration: Sequence[float] = (0.0, 0.0, 0.0)
@@ -147,10 +150,14 @@ class ImuIn:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What became of one message: ``accepted``; else ``reason`` and whether it was a ``fault``
-    (latched the safe command) or only ignored (a partial joint state). ``repeat``: an accepted
-    state with the stamp of the previous one (a re-publication, not a new state). ``pending``: a
-    legged robot's valid joint state or odometry still waiting for its partner."""
+    """What became of one message.
+
+    ``accepted``; else ``reason`` and whether it was a ``fault`` (latched the safe command) or only
+    ignored (a partial joint state). ``repeat``: an accepted state with the stamp of the previous
+    one (a re-publication, not a new state). ``pending``: a legged robot's valid joint state or
+    odometry still waiting for its partner.
+    """
+
     accepted: bool
     reason: str = ""
     fault: bool = False
@@ -160,9 +167,13 @@ class Verdict:
 
 @dataclass
 class Tick:
-    """One control decision: ``command`` (simulator interface, float64, finite, within limits; None
-    when nothing safe can be sent yet), ``policy`` (True: the policy's command), ``reason`` (why
-    the safe command, empty for the policy), the ``stamp`` and ``state`` it answers."""
+    """One control decision.
+
+    ``command`` (simulator interface, float64, finite, within limits; None when nothing safe can be
+    sent yet), ``policy`` (True: the policy's command), ``reason`` (why the safe command, empty for
+    the policy), the ``stamp`` and ``state`` it answers.
+    """
+
     command: Optional[np.ndarray]
     policy: bool
     reason: str
@@ -261,7 +272,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ configuration
     def set_target(self, target) -> None:
-        """The goal (see PolicyRunner.target_tensor); raises StateError for a bad one."""
+        """Set the goal (see PolicyRunner.target_tensor); raises StateError for a bad one."""
         self.target = self.runner.target_tensor(target)
 
     @property
@@ -272,10 +283,12 @@ class Supervisor:
 
     # ------------------------------------------------------------------ faults and latching
     def fault(self, reason: str, now_ns: Optional[int] = None, until_reset: bool = False) -> None:
-        """Latch the safe command for ``reason`` (a rejected message, an exception in the control
-        path): it holds until ``recover_states`` new accepted states or :meth:`reset`; with
-        ``until_reset`` (a clock that jumped back: the robot restarted) until :meth:`reset` alone,
-        whatever faults or good states follow."""
+        """Latch the safe command for ``reason`` (a rejected message, an exception in the control path).
+
+        It holds until ``recover_states`` new accepted states or :meth:`reset`; with ``until_reset``
+        (a clock that jumped back: the robot restarted) until :meth:`reset` alone, whatever faults
+        or good states follow.
+        """
         self.counts["faults"] += 1
         self.fault_reason = reason
         self.good_since_fault = 0
@@ -284,9 +297,12 @@ class Supervisor:
             self.reset_required = reason
 
     def reset(self, now_ns: Optional[int] = None) -> str:
-        """Clear the fault latch, a preflight NO-GO hold (an operator's decision to run anyway) and
-        the stamp history (after a robot or simulator restart whose clock went back). Does not
-        release the emergency stop."""
+        """Clear the fault latch, a preflight NO-GO hold and the stamp history.
+
+        Clearing the NO-GO hold is an operator's decision to run anyway; the stamp history is
+        cleared after a robot or simulator restart whose clock went back. Does not release the
+        emergency stop.
+        """
         was = self.reset_required or self.fault_reason or self.preflight_hold
         self.fault_reason = None
         self.reset_required = None
@@ -337,8 +353,10 @@ class Supervisor:
 
     # ------------------------------------------------------------------ inputs
     def _check_joints(self, js: JointStateIn, clock_ns: Optional[int], last: Optional[int]):
-        """(positions, velocities) of the robot's joints in model order, or None for a partial message
-        (missing joints: ignored). Raises _Rejected naming the field and value."""
+        """Return (positions, velocities) of the robot's joints in model order, or None for a partial message.
+
+        A partial message (missing joints) is ignored. Raises _Rejected naming the field and value.
+        """
         names = [str(n) for n in js.names]
         n = len(names)
         pos, vel = _seq(js.position, "position"), _seq(js.velocity, "velocity")
@@ -419,8 +437,11 @@ class Supervisor:
         return pos, quat, lin, ang
 
     def on_joint_state(self, js: JointStateIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
-        """A joint state (arms; legged robots pair it with odometry). ``now_ns``: receive time on a
-        steady clock; ``clock_ns``: the node's clock for the stamp rule (None: not compared)."""
+        """Judge a joint state (arms; legged robots pair it with odometry).
+
+        ``now_ns``: receive time on a steady clock; ``clock_ns``: the node's clock for the stamp
+        rule (None: not compared).
+        """
         self.counts["states_received"] += 1
         if self.kind == "quadrotor":
             return self._reject("joint_states: this robot is a multirotor (odometry expected)")
@@ -462,8 +483,11 @@ class Supervisor:
         return self._accept(int(od.stamp_ns), state, now_ns)
 
     def _pair(self, now_ns: int) -> Verdict:
-        """Legged robots: the latest accepted joint state and odometry make one state when their
-        stamps lie within ``pair_tolerance_s``; its stamp is the later one."""
+        """Pair the latest accepted joint state and odometry of a legged robot into one state.
+
+        They make one state when their stamps lie within ``pair_tolerance_s``; its stamp is the
+        later one.
+        """
         (tj, joints), (tb, base) = self._parts["joints"], self._parts["base"]
         if joints is None or base is None or abs(tj - tb) > self.config.pair_tolerance_s * 1e9:
             return Verdict(False, "", pending=True)
@@ -477,10 +501,12 @@ class Supervisor:
         return self._accept(stamp, state, now_ns)
 
     def on_imu(self, imu: ImuIn, now_ns: int, clock_ns: Optional[int] = None) -> Verdict:
-        """An IMU reading: a broken one (non-finite, impossible rate) is a fault like a bad state.
+        """Judge an IMU reading: a broken one (non-finite, impossible rate) is a fault like a bad state.
+
         A legged policy on the robot observation (``base_from_imu``) takes its base from it: the
         orientation (a unit quaternion, as odometry's) and the body rates, paired with the joint
-        state of the same time as odometry is otherwise."""
+        state of the same time as odometry is otherwise.
+        """
         self.counts["imu_received"] += 1
         last = self._parts["base"][0]
         try:
@@ -519,7 +545,7 @@ class Supervisor:
                 "good states since)")
 
     def stale(self, now_ns: int) -> bool:
-        """An accepted state exists and it is older than ``state_timeout_s``."""
+        """Return whether an accepted state exists and it is older than ``state_timeout_s``."""
         return self.latest is not None and now_ns - self.latest[0] > self.timeout_ns
 
     def blocked(self, now_ns: int) -> Optional[str]:
@@ -540,7 +566,7 @@ class Supervisor:
         return None
 
     def tick(self, now_ns: int) -> Tick:
-        """The command to send now: the policy's on the latest accepted state, or the safe one."""
+        """Return the command to send now: the policy's on the latest accepted state, or the safe one."""
         reason = self.blocked(now_ns)
         stamp, state = (self.latest[1], self.latest[2]) if self.latest is not None else (0, None)
         if reason == "no state received yet":
@@ -585,8 +611,10 @@ class Supervisor:
         return Tick(cmd, False, reason, stamp, state)
 
     def safe_command(self) -> Optional[np.ndarray]:
-        """The safe command (simulator interface, within limits); None: nothing safe to send yet
-        (hold mode before any state was accepted)."""
+        """Return the safe command (simulator interface, within limits).
+
+        None: nothing safe to send yet (hold mode before any state was accepted).
+        """
         r = self.runner
         if self.kind != "quadrotor":
             if self.safe_mode == "hold":

@@ -36,9 +36,13 @@ __all__ = ["VelocityCommand", "VelocityUpdate", "Goal"]
 
 @dataclass
 class VelocityUpdate:
-    """What became of one request: ``accepted``; ``target`` (the command the policy gets, None when
-    the robot stands instead), ``clamped`` (the fields moved into the trained range) and
-    ``ignored`` (nonzero fields the policy has no input for), ``reason`` when rejected."""
+    """What became of one request.
+
+    ``accepted``; ``target`` (the command the policy gets, None when the robot stands instead),
+    ``clamped`` (the fields moved into the trained range) and ``ignored`` (nonzero fields the policy
+    has no input for), ``reason`` when rejected.
+    """
+
     accepted: bool
     target: Optional[np.ndarray] = None
     stand: bool = False
@@ -49,8 +53,11 @@ class VelocityUpdate:
 
 @dataclass
 class Goal:
-    """The command in force now: ``target`` for the policy, or ``stand`` (no policy: the stance);
-    ``timed_out``: no request for ``timeout_s``, the zero command."""
+    """The command in force now: ``target`` for the policy, or ``stand`` (no policy: the stance).
+
+    ``timed_out``: no request for ``timeout_s``, the zero command.
+    """
+
     target: Optional[np.ndarray]
     stand: bool
     timed_out: bool
@@ -84,8 +91,11 @@ class VelocityCommand:
 
     @classmethod
     def for_runner(cls, runner, timeout_s: float = 0.5) -> Optional["VelocityCommand"]:
-        """The velocity command of a checkpoint's policy (a PolicyRunner); None when the policy
-        takes no velocity command (a reach, a hover, a walker trained for forward progress)."""
+        """Return the velocity command of a checkpoint's policy (a PolicyRunner).
+
+        None when the policy takes no velocity command (a reach, a hover, a walker trained for
+        forward progress).
+        """
         task = runner.task
         if runner.kind == "legged":
             speed = getattr(task, "command_speed", None)
@@ -137,8 +147,11 @@ class VelocityCommand:
         self.last, self.last_ns, self._timed_out = None, None, True
 
     def goal(self, now_ns: int) -> Optional[Goal]:
-        """The command in force at ``now_ns``: the last request, the zero command once it is older
-        than ``timeout_s``, None before the first request (or after :meth:`release`)."""
+        """Return the command in force at ``now_ns``.
+
+        The last request, the zero command once it is older than ``timeout_s``, None before the
+        first request (or after :meth:`release`).
+        """
         if self.last is None:
             return None
         if now_ns - self.last_ns > self.timeout_ns:

@@ -1,5 +1,7 @@
-"""Learning through the simulator: the analytic-gradient trainer, policies,
-checkpoints (no ROS imports here)."""
+"""Learning through the simulator.
+
+The analytic-gradient trainer, policies and checkpoints (no ROS imports here).
+"""
 from .apg import TrainConfig, evaluate, train
 from .policy import MLPPolicy, RunningNorm, ValueNet
 from .ppo import PPOConfig, train_ppo

@@ -46,6 +46,7 @@ RESUME_FORMAT_VERSION = 1
 @dataclass(frozen=True)
 class TrainConfig:
     """Options of the gradient trainer (the ``training:`` section of a training file)."""
+
     iterations: int = option(100, "policy-update rounds; each runs num_envs full episodes", low=1)
     num_envs: int = option(64, "parallel environments", low=1)
     window: int = option(32, "truncated-BPTT length", "control steps", low=1)
@@ -163,16 +164,18 @@ RANDOMIZED = ("randomize_mass", "randomize_drag", "randomize_actuator_lag", "ran
 
 def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
                  rows: Optional[slice] = None) -> Dict[str, torch.Tensor]:
-    """One iteration's draws of the physical parameters for its ``n`` episodes, as per-episode
-    registry values (:mod:`diffsim_ros.physics.registry`, (n, size) each; this rank's ``rows``
-    kept when distributed, so each rank's episodes get what the single process would give them):
-    ``mass_scale`` (every link mass and inertia; the controller's model, which gravity
-    compensation and the rate loop use, stays nominal, as on a robot), ``com_offset`` (a floating
-    base), the actuator or motor time constant (``motor_time_constant`` for rotors,
+    """One iteration's draws of the physical parameters for its ``n`` episodes.
+
+    The draws are per-episode registry values (:mod:`diffsim_ros.physics.registry`, (n, size) each;
+    this rank's ``rows`` kept when distributed, so each rank's episodes get what the single process
+    would give them): ``mass_scale`` (every link mass and inertia; the controller's model, which
+    gravity compensation and the rate loop use, stays nominal, as on a robot), ``com_offset`` (a
+    floating base), the actuator or motor time constant (``motor_time_constant`` for rotors,
     ``actuator_lag`` for joints), ``servo_gain_scale`` and ``effort_scale`` (joints),
     ``drag_scale`` (rotors), and with ground contact ``contact_stiffness``, ``contact_damping``
     (log-uniform: they span orders of magnitude), ``ground_friction`` and ``friction_smoothing``
-    (log-uniform)."""
+    (log-uniform).
+    """
     dt, dev = sys.model.dtype, sys.model.device
 
     def draw(r, k=1, log=False):
@@ -196,20 +199,26 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
 
 def _randomized_sim(nominal: Simulator, cfg: TrainConfig, gen: torch.Generator,
                     rows: Optional[slice] = None) -> Simulator:
-    """The simulator of one iteration: ``nominal`` with one draw of the physics of
-    :func:`_draw_values` per episode (``parameters.apply_per_episode``). A simulator compiled
-    with those parameters as inputs (:func:`_training_sim` with compile_step) keeps its graphs:
-    the draws are passed to them (``Simulator.with_values``)."""
+    """Return the simulator of one iteration.
+
+    That is ``nominal`` with one draw of the physics of :func:`_draw_values` per episode
+    (``parameters.apply_per_episode``). A simulator compiled with those parameters as inputs
+    (:func:`_training_sim` with compile_step) keeps its graphs: the draws are passed to them
+    (``Simulator.with_values``).
+    """
     values = _draw_values(nominal.system, cfg, gen, cfg.num_envs, rows)
     return nominal.with_values(values, per_episode=True)
 
 
 def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
-    """The simulator training resets its episodes with (before the per-episode draws of
-    :func:`_randomized_sim`): the nominal one, with simulator.max_latency raised to cover
-    ``randomize_latency``'s high end and, with a drawn actuator lag the configuration does not
-    have, the lag's state (at the range's high end); with compile_step and randomised physics,
-    compiled with the drawn parameters as inputs of its graphs rather than constants."""
+    """Return the simulator training resets its episodes with.
+
+    That is before the per-episode draws of :func:`_randomized_sim`: the nominal one, with
+    simulator.max_latency raised to cover ``randomize_latency``'s high end and, with a drawn actuator
+    lag the configuration does not have, the lag's state (at the range's high end); with
+    compile_step and randomised physics, compiled with the drawn parameters as inputs of its graphs
+    rather than constants.
+    """
     sys = nominal.system
     c = sys.config
     need = int(round(cfg.randomize_latency[1] / (c.dt / c.substeps))) if cfg.randomize_latency else 0
@@ -228,9 +237,11 @@ def _training_sim(nominal: Simulator, cfg: TrainConfig) -> Simulator:
 
 def _batch_draw(sample: Callable, gen: torch.Generator, total: int, shape: Tuple[int, ...],
                 rows: Optional[slice] = None) -> torch.Tensor:
-    """``sample`` (torch.rand or torch.randn) of shape (total,) + ``shape`` in float64, drawn for
-    the whole batch of ``total`` episodes and this rank's ``rows`` kept (all without): so each
-    rank's episodes get what the single process would give them."""
+    """``sample`` (torch.rand or torch.randn) of shape (total,) + ``shape`` in float64.
+
+    Drawn for the whole batch of ``total`` episodes and this rank's ``rows`` kept (all without):
+    so each rank's episodes get what the single process would give them.
+    """
     x = sample((total,) + tuple(shape), generator=gen, dtype=torch.float64)
     return x if rows is None else x[rows]
 
@@ -244,8 +255,11 @@ def _draw_latency(sim: Simulator, cfg: TrainConfig, n: int, gen: torch.Generator
 
 
 def make_policy(task: Task, cfg: TrainConfig) -> MLPPolicy:
-    """A fresh policy for ``task`` as ``cfg`` asks: an :class:`MLPPolicy` of ``cfg.hidden``, or with
-    ``cfg.gait_reference`` a :class:`ReferencePolicy` stepping through the task's gait clock."""
+    """Build a fresh policy for ``task`` as ``cfg`` asks.
+
+    An :class:`MLPPolicy` of ``cfg.hidden``, or with ``cfg.gait_reference`` a
+    :class:`ReferencePolicy` stepping through the task's gait clock.
+    """
     if not cfg.gait_reference:
         return MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs)
     pattern = getattr(task, "gait_pattern", None)
@@ -262,11 +276,14 @@ def make_policy(task: Task, cfg: TrainConfig) -> MLPPolicy:
 
 def measured(task: Task, ts, noise: Tuple[float, float], gen: torch.Generator, total: Optional[int] = None,
              rows: Optional[slice] = None):
-    """``ts`` as the policy measures it: Gaussian noise of standard deviation ``noise`` =
-    (position, velocity) on the positions (m, rad; a floating base's orientation turned by a
-    random rotation vector of that many rad) and the velocities, as the stand-in's
-    perturbation.sensor_noise. Distributed: the noise is drawn for the whole batch of ``total``
-    episodes and this rank's ``rows`` kept, so each rank sees what the single process would."""
+    """``ts`` as the policy measures it.
+
+    Gaussian noise of standard deviation ``noise`` = (position, velocity) on the positions (m, rad;
+    a floating base's orientation turned by a random rotation vector of that many rad) and the
+    velocities, as the stand-in's perturbation.sensor_noise. Distributed: the noise is drawn for the
+    whole batch of ``total`` episodes and this rank's ``rows`` kept, so each rank sees what the
+    single process would.
+    """
     from ..physics.spatial import quat_exp, quat_mul
 
     q, v = ts.sim.q, ts.sim.v
@@ -284,11 +301,13 @@ def measured(task: Task, ts, noise: Tuple[float, float], gen: torch.Generator, t
 
 
 def pushed(task: Task, ts, cfg: TrainConfig, gen: torch.Generator, total: int, rows: Optional[slice] = None):
-    """``ts`` with some floating bases pushed: each episode, with probability dt /
-    ``push_interval_s`` this control step, gains a horizontal velocity of a speed drawn from
-    ``push_speed`` in a direction drawn uniformly (the base's body-frame linear velocity changes
-    by that vector turned into its frame). Drawn for the whole batch of ``total`` episodes and
-    this rank's ``rows`` kept, as :func:`measured` draws its noise."""
+    """``ts`` with some floating bases pushed.
+
+    Each episode, with probability dt / ``push_interval_s`` this control step, gains a horizontal
+    velocity of a speed drawn from ``push_speed`` in a direction drawn uniformly (the base's
+    body-frame linear velocity changes by that vector turned into its frame). Drawn for the whole
+    batch of ``total`` episodes and this rank's ``rows`` kept, as :func:`measured` draws its noise.
+    """
     from ..physics.spatial import quat_rotate
 
     def rand():
@@ -312,13 +331,14 @@ def evaluate(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> 
 @dataclass
 class _Learners:
     """The networks a run trains and their optimisers (the critic and its optimiser None without one)."""
+
     policy: torch.nn.Module
     opt: torch.optim.Optimizer
     critic: Optional[torch.nn.Module] = None
     critic_opt: Optional[torch.optim.Optimizer] = None
 
     def snapshot(self) -> Tuple[Any, Any, Any, Any]:
-        """Copies of every state dict (policy, optimiser, critic, critic's optimiser), for :meth:`restore`."""
+        """Copy every state dict (policy, optimiser, critic, critic's optimiser), for :meth:`restore`."""
         return (copy.deepcopy(self.policy.state_dict()), copy.deepcopy(self.opt.state_dict()),
                 copy.deepcopy(self.critic.state_dict()) if self.critic is not None else None,
                 copy.deepcopy(self.critic_opt.state_dict()) if self.critic is not None else None)
@@ -340,10 +360,14 @@ class _Learners:
 
 @dataclass
 class _RunState:
-    """Where a run stands: its rows, the iterations done, environment steps, diverged iterations, when
-    it was solved, the best evaluation (``{"iteration", "eval_success", "loss"}``), the best policy
-    not yet on disk (``(copy of the policy, its iteration)``), the iteration last saved and the one
-    after which the current attempt began (restart_after)."""
+    """Where a run stands.
+
+    Its rows, the iterations done, environment steps, diverged iterations, when it was solved, the
+    best evaluation (``{"iteration", "eval_success", "loss"}``), the best policy not yet on disk
+    (``(copy of the policy, its iteration)``), the iteration last saved and the one after which the
+    current attempt began (restart_after).
+    """
+
     history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
     it: int = 0
     env_steps: int = 0
@@ -357,8 +381,10 @@ class _RunState:
 
 
 def _make_learners(task: Task, cfg: TrainConfig) -> _Learners:
-    """A fresh policy and Adam optimiser for ``task`` (and the critic with its own, when ``cfg.critic``),
-    in the model's dtype and on its device."""
+    """Build a fresh policy and Adam optimiser for ``task``, in the model's dtype and on its device.
+
+    With ``cfg.critic``, the critic with its own optimiser too.
+    """
     dtype, device = task.model.dtype, task.model.device
     policy = make_policy(task, cfg).to(dtype=dtype, device=device)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate)
@@ -380,8 +406,11 @@ def _load_initial_weights(policy: torch.nn.Module, init: Dict[str, torch.Tensor]
 
 def _resumed(resume: Dict[str, Any], task: Task, cfg: TrainConfig, net: _Learners, gen: torch.Generator
              ) -> _RunState:
-    """The networks, optimisers and random generators of ``net`` and ``gen`` set from the resume
-    state (checked against ``task`` and ``cfg`` first); returns the run's state at its checkpoint."""
+    """Set the networks, optimisers and random generators of ``net`` and ``gen`` from the resume state.
+
+    The state is checked against ``task`` and ``cfg`` first; returns the run's state at its
+    checkpoint.
+    """
     check_resume_state(resume, task, cfg)
     net.policy.load_state_dict(resume["policy"])
     net.opt.load_state_dict(resume["optimizer"])
@@ -397,8 +426,11 @@ def _resumed(resume: Dict[str, Any], task: Task, cfg: TrainConfig, net: _Learner
 
 def _save_run(checkpoints: Checkpoints, gen: torch.Generator, net: _Learners, run: _RunState, task: Task,
               cfg: TrainConfig, run_info: Optional[Dict[str, Any]], finished: bool) -> None:
-    """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
-    with the resume state; nothing the run draws from its random generators changes."""
+    """Save checkpoints/best and checkpoints/latest with the resume state.
+
+    checkpoints/best only when a better evaluation came since the last save; nothing the run draws
+    from its random generators changes.
+    """
     critic, critic_opt = net.critic, net.critic_opt
     checkpoints.save_run(gen, run.pending_best, net.policy, run.it, run.history, run.solved_steps, run.solved_time,
                          lambda rng: dict(
@@ -414,9 +446,11 @@ def _save_run(checkpoints: Checkpoints, gen: torch.Generator, net: _Learners, ru
 
 def _count_divergence(exc: SimulationError, run: _RunState, cfg: TrainConfig, checkpoints: Optional[Checkpoints],
                       save: Callable[[bool], None], dist: Context) -> None:
-    """Count a diverged iteration (already rolled back): past ``cfg.max_divergences`` a SimulationError
-    naming the iteration and what is kept on disk (the last good state saved first); otherwise a
-    warning that it is retried on fresh episodes."""
+    """Count a diverged iteration (already rolled back).
+
+    Past ``cfg.max_divergences`` a SimulationError naming the iteration and what is kept on disk (the
+    last good state saved first); otherwise a warning that it is retried on fresh episodes.
+    """
     run.diverged += 1
     it, diverged = run.it, run.diverged
     if diverged > cfg.max_divergences:
@@ -437,9 +471,12 @@ def _count_divergence(exc: SimulationError, run: _RunState, cfg: TrainConfig, ch
 def _record_row(task: Task, cfg: TrainConfig, policy: torch.nn.Module, run: _RunState, dist: Context,
                 loss: float, grad_norm: float, train_success: float, wall_time: float, lr: float,
                 keep_best: bool) -> Dict[str, float]:
-    """The row of the iteration just run, evaluated every ``cfg.eval_every`` iterations and at the last
-    (the solve and the best evaluation noted in ``run``; the best policy copied when ``keep_best``),
-    appended to the history, the iteration counted; returns the row."""
+    """Record the row of the iteration just run; returns the row.
+
+    The row is evaluated every ``cfg.eval_every`` iterations and at the last (the solve and the best
+    evaluation noted in ``run``; the best policy copied when ``keep_best``), appended to the
+    history, and the iteration counted.
+    """
     row = {"iteration": run.it + 1, "env_steps": run.env_steps, "wall_time": wall_time,
            "loss": loss / task.horizon, "grad_norm": grad_norm, "train_success": train_success,
            "eval_success": float("nan"), "eval_at_limit": float("nan"), "eval_over_speed": float("nan"),
@@ -459,8 +496,11 @@ def _record_row(task: Task, cfg: TrainConfig, policy: torch.nn.Module, run: _Run
 
 def _open_run_folder(out_dir: Optional[Path], fresh: bool, history: List[Dict[str, float]], task: Task,
                      cfg: TrainConfig, export) -> Tuple[Optional[RunLog], Optional[Checkpoints]]:
-    """The run's log (rewritten with ``history``) and checkpoints in ``out_dir``, what an earlier run
-    left there cleared first when the run is ``fresh``; (None, None) without a folder."""
+    """Open the run's log (rewritten with ``history``) and checkpoints in ``out_dir``.
+
+    What an earlier run left there is cleared first when the run is ``fresh``; (None, None) without
+    a folder.
+    """
     if out_dir is None:
         return None, None
     if fresh:
@@ -470,7 +510,7 @@ def _open_run_folder(out_dir: Optional[Path], fresh: bool, history: List[Dict[st
 
 
 def _progress_bar(task: Task, cfg: TrainConfig, it: int):
-    """A tqdm progress bar over the run's iterations, starting at iteration ``it``."""
+    """Return a tqdm progress bar over the run's iterations, starting at iteration ``it``."""
     from tqdm import tqdm
 
     return tqdm(total=cfg.iterations, initial=it, desc=f"train {task.name}", unit="it", leave=False)
@@ -479,10 +519,13 @@ def _progress_bar(task: Task, cfg: TrainConfig, it: int):
 def _train_iteration(task: Task, cfg: TrainConfig, net: _Learners, run: _RunState, gen: torch.Generator,
                      dist: Context, sims: Tuple[Simulator, Simulator], t_start: float,
                      on_divergence: Callable[[SimulationError], None], keep_best: bool) -> Optional[Dict[str, float]]:
-    """One iteration of :func:`train`: the episodes' physics drawn (``sims`` = the training and the
-    nominal simulator), the learning rate set, the windows trained (:func:`_iteration`) and the row
-    recorded (:func:`_record_row`), which it returns. A diverged iteration is rolled back, passed to
-    ``on_divergence`` and gives None."""
+    """One iteration of :func:`train`.
+
+    The episodes' physics drawn (``sims`` = the training and the nominal simulator), the learning
+    rate set, the windows trained (:func:`_iteration`) and the row recorded (:func:`_record_row`),
+    which it returns. A diverged iteration is rolled back, passed to ``on_divergence`` and gives
+    None.
+    """
     train_sim, nominal_sim = sims
     task.sim = train_sim
     drawn = (_randomized_sim(train_sim, cfg, gen, dist.shard(cfg.num_envs) if dist.active else None)
@@ -510,8 +553,11 @@ def _train_iteration(task: Task, cfg: TrainConfig, net: _Learners, run: _RunStat
 
 
 def _write_run_reports(task: Task, policy: torch.nn.Module, history: List[Dict[str, float]], out_dir: Path) -> None:
-    """The end of a run in ``out_dir``: the learning curve, and for a four-footed robot the footfall
-    diagram and the gait the policy uses (tasks/gait.py)."""
+    """Write the end of a run in ``out_dir``.
+
+    The learning curve, and for a four-footed robot the footfall diagram and the gait the policy
+    uses (tasks/gait.py).
+    """
     plot_history(history, out_dir, title=f"{task.name}: gradient through the simulator")
     if getattr(task, "feet", None) and len(task.feet) == 4:
         # Legged: the footfall diagram and the gait the policy uses (tasks/gait.py).
@@ -586,7 +632,7 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     run.last_saved = run.it
 
     def save(finished: bool) -> None:
-        """This run's checkpoints (:func:`_save_run`)."""
+        """Save this run's checkpoints (:func:`_save_run`)."""
         _save_run(checkpoints, gen, net, run, task, cfg, run_info, finished)
 
     bar = _progress_bar(task, cfg, run.it) if progress else None
@@ -617,16 +663,20 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
 
 
 def _restarts_now(it: int, attempt: int, solved_steps, cfg: TrainConfig) -> bool:
-    """Whether the attempt that began after iteration ``attempt`` ends unsolved after iteration ``it``
-    (restart_after), with iterations left to try again."""
+    """Whether the attempt that began after iteration ``attempt`` ends unsolved after iteration ``it``.
+
+    That is restart_after, with iterations left to try again.
+    """
     return bool(cfg.restart_after) and solved_steps is None and it - attempt >= cfg.restart_after \
         and it < cfg.iterations
 
 
 def _attempt_start(history: List[Dict[str, float]], cfg: TrainConfig) -> int:
-    """The iteration after which the current attempt began: the rule of :func:`_restarts_now`
-    replayed over a resumed run's history (0 for a new run; a solved run has stopped, so every row
-    before the last is unsolved)."""
+    """Return the iteration after which the current attempt began.
+
+    The rule of :func:`_restarts_now` replayed over a resumed run's history (0 for a new run; a
+    solved run has stopped, so every row before the last is unsolved).
+    """
     attempt = 0
     for row in history:
         if _restarts_now(int(row["iteration"]), attempt, None, cfg):
@@ -635,9 +685,11 @@ def _attempt_start(history: List[Dict[str, float]], cfg: TrainConfig) -> int:
 
 
 def _fresh_start(task: Task, cfg: TrainConfig, it: int, policy: torch.nn.Module, opt, critic, critic_opt) -> None:
-    """A new attempt after iteration ``it``: the policy (and its observation normaliser) and the
-    critic initialised afresh from a seed of their own (``cfg.seed`` and ``it``), the optimisers'
-    moments forgotten."""
+    """Start a new attempt after iteration ``it``.
+
+    The policy (and its observation normaliser) and the critic initialised afresh from a seed of
+    their own (``cfg.seed`` and ``it``), the optimisers' moments forgotten.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed * 1_000_003 + it)
         fresh = make_policy(task, cfg)
@@ -653,10 +705,12 @@ def _fresh_start(task: Task, cfg: TrainConfig, it: int, policy: torch.nn.Module,
 
 # ---------------------------------------------------------------------------- resume (this trainer's state)
 def load_resume_state(out_dir) -> Dict[str, Any]:
-    """The training state of the run in ``out_dir`` (``checkpoints/latest/resume.pt``; the ``.old``
-    copy when a kill fell between the two renames that replace it), read without unpickling
-    arbitrary objects (``torch.load(weights_only=True)``), tensors on the CPU. A folder without one,
-    or an unreadable one, is a :class:`ResumeError` naming the file."""
+    """Read the training state of the run in ``out_dir`` (``checkpoints/latest/resume.pt``).
+
+    The ``.old`` copy is read when a kill fell between the two renames that replace it. The state is
+    read without unpickling arbitrary objects (``torch.load(weights_only=True)``), tensors on the
+    CPU. A folder without one, or an unreadable one, is a :class:`ResumeError` naming the file.
+    """
     state = read_resume_file(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, (
         "iteration", "env_steps", "diverged", "finished", "history", "policy", "optimizer", "rng",
         "train_config", "task"))
@@ -667,8 +721,10 @@ def load_resume_state(out_dir) -> Dict[str, Any]:
 
 
 def check_resume_state(state: Dict[str, Any], task: Task, cfg: TrainConfig) -> None:
-    """A :class:`ResumeError` unless ``state`` continues a run of ``task`` with ``cfg`` that has
-    iterations left; it names what differs."""
+    """Raise a :class:`ResumeError` unless ``state`` continues a run of ``task`` with ``cfg``.
+
+    The run must have iterations left; the error names what differs.
+    """
     where = state.get("path", "resume state")
     # An option added since the run started is taken at its default.
     then = {**dataclasses.asdict(TrainConfig()), **state["train_config"]}
@@ -680,13 +736,16 @@ def check_resume_state(state: Dict[str, Any], task: Task, cfg: TrainConfig) -> N
 
 def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist: Context = SINGLE,
                drawn: Optional[Simulator] = None):
-    """One training iteration over ``cfg.num_envs`` fresh episodes, truncated back-propagation
-    every ``cfg.window`` steps. A non-finite gradient is a SimulationError (as a non-finite
-    state is): the update it would make is not taken. Distributed (``dist``): this rank's slice
-    of the episodes, gradients averaged over the ranks before clipping; the returned loss is
-    this rank's (``train`` averages it). ``drawn``: the simulator of this iteration's per-episode
-    physics (:func:`_randomized_sim`), which steps the episodes once they start (from the states
-    the task's own simulator resets them to, as a robot starts from its controller's guess)."""
+    """One training iteration over ``cfg.num_envs`` fresh episodes.
+
+    Truncated back-propagation every ``cfg.window`` steps. A non-finite gradient is a
+    SimulationError (as a non-finite state is): the update it would make is not taken.
+    Distributed (``dist``): this rank's slice of the episodes, gradients averaged over the ranks
+    before clipping; the returned loss is this rank's (``train`` averages it). ``drawn``: the
+    simulator of this iteration's per-episode physics (:func:`_randomized_sim`), which steps the
+    episodes once they start (from the states the task's own simulator resets them to, as a robot
+    starts from its controller's guess).
+    """
     ts = task.reset(cfg.num_envs, gen)
     if cfg.randomize_latency:
         ts.sim = ts.sim.replace(latency=_draw_latency(task.sim, cfg, cfg.num_envs, gen))
@@ -737,14 +796,16 @@ def _iteration(task, cfg, policy, opt, critic, critic_opt, gen, env_steps, dist:
 
 
 def _critic_input(policy, cfg, task, obs, step):
-    """The value's input: the policy's normalised observation and the elapsed fraction of the episode."""
+    """Return the value's input: the policy's normalised observation and the elapsed fraction of the episode."""
     x = policy.norm(obs) if cfg.normalize_obs else obs
     return torch.cat((x, torch.full_like(x[..., :1], step / task.horizon)), -1)
 
 
 def _fit_critic(critic, opt, policy, cfg, obs_list, loss_list, task, ts, dist: Context = SINGLE):
-    """Regress V(obs_t, t) on the discounted loss-to-go inside the window, bootstrapped at its end
-    (distributed: on this rank's environments, the gradients averaged over the ranks)."""
+    """Regress V(obs_t, t) on the discounted loss-to-go inside the window, bootstrapped at its end.
+
+    Distributed: on this rank's environments, the gradients averaged over the ranks.
+    """
     with torch.no_grad():
         boot = (critic(_critic_input(policy, cfg, task, task.observe(ts), ts.step)) if ts.step < task.horizon
                 else torch.zeros_like(loss_list[-1]))

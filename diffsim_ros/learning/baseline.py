@@ -54,16 +54,21 @@ LOOP_OPTIONS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 
 
 def loop_option(name: str, default: Any) -> Any:
-    """The field ``name`` of :data:`LOOP_OPTIONS` (schema.option: its documentation and bounds) with this
-    algorithm's ``default``; the sections declare each where they list it."""
+    """Return the field ``name`` of :data:`LOOP_OPTIONS` with this algorithm's ``default``.
+
+    The field is the schema.option with its documentation and bounds; the sections declare each where they list it.
+    """
     doc, bounds = LOOP_OPTIONS[name]
     return option(default, doc, **bounds)
 
 
 class BaselineConfig:
-    """What the sections of the baselines (:class:`~.ppo.PPOConfig`, :class:`~.sac.SACConfig`, frozen dataclasses
-    under schema.section) do alike: check and convert every field when built (schema.normalise), and the rules
-    between fields (:meth:`check`: a subclass's own rules, then these)."""
+    """What the sections of the baselines do alike.
+
+    The sections (:class:`~.ppo.PPOConfig`, :class:`~.sac.SACConfig`) are frozen dataclasses under schema.section.
+    What they do alike: check and convert every field when built (schema.normalise), and the rules between fields
+    (:meth:`check`: a subclass's own rules, then these).
+    """
 
     def __post_init__(self):
         normalise(self)
@@ -74,9 +79,12 @@ class BaselineConfig:
 
 
 class SB3Actor(nn.Module):
-    """Raw observation -> action in [-1, 1]: frozen normaliser (``norm``, a :class:`RunningNorm` or
-    identity, like ``MLPPolicy.norm``), SB3's actor MLP (``body``) and output layer (``head``);
-    :meth:`squash` maps the output into the action box (each algorithm's deterministic action)."""
+    """Raw observation -> action in [-1, 1].
+
+    Frozen normaliser (``norm``, a :class:`RunningNorm` or identity, like ``MLPPolicy.norm``), SB3's
+    actor MLP (``body``) and output layer (``head``); :meth:`squash` maps the output into the action
+    box (each algorithm's deterministic action).
+    """
 
     def __init__(self, obs_dim: int, action_dim: int, norm: nn.Module, body: nn.Module, head: nn.Linear):
         super().__init__()
@@ -93,9 +101,11 @@ class SB3Actor(nn.Module):
 
 
 def frozen_actor(cls, venv_norm, task: Task, body: nn.Module, head: nn.Linear) -> SB3Actor:
-    """An actor of class ``cls`` (copies of ``body`` and ``head``; the observation normaliser of
-    ``venv_norm``, SB3's ``VecNormalize`` or None, frozen), in the task's dtype and device, without
-    gradients."""
+    """Build an actor of class ``cls`` in the task's dtype and device, without gradients.
+
+    It holds copies of ``body`` and ``head`` and the observation normaliser of ``venv_norm``, SB3's
+    ``VecNormalize`` or None, frozen.
+    """
     norm: nn.Module = nn.Identity()
     if venv_norm is not None and venv_norm.norm_obs:
         rms = venv_norm.obs_rms
@@ -112,9 +122,12 @@ def frozen_actor(cls, venv_norm, task: Task, body: nn.Module, head: nn.Linear) -
 
 
 def make_env(task: Task, cfg):
-    """(the environment SB3 learns on, its VecNormalize wrapper or None, the TaskVecEnv) for a
-    baseline section ``cfg`` (``num_envs``, ``seed``, ``bootstrap_time_limit``, ``normalize_obs``,
-    ``normalize_reward``, ``gamma``)."""
+    """Build the environment SB3 learns on for a baseline section ``cfg``.
+
+    Returns (the environment SB3 learns on, its VecNormalize wrapper or None, the TaskVecEnv); ``cfg``
+    gives ``num_envs``, ``seed``, ``bootstrap_time_limit``, ``normalize_obs``, ``normalize_reward``
+    and ``gamma``.
+    """
     from stable_baselines3.common.vec_env import VecNormalize
 
     from .gym_env import TaskVecEnv
@@ -127,8 +140,11 @@ def make_env(task: Task, cfg):
 
 
 def silence(model) -> None:
-    """A logger with no outputs: without one, every ``learn()`` makes an empty tempdir/SB3-<time>
-    folder (the run's own CSV and TensorBoard logs are written by :func:`train_baseline`)."""
+    """Return a logger with no outputs.
+
+    Without one, every ``learn()`` makes an empty tempdir/SB3-<time> folder (the run's own CSV and
+    TensorBoard logs are written by :func:`train_baseline`).
+    """
     from stable_baselines3.common.logger import Logger
 
     model.set_logger(Logger(folder=None, output_formats=[]))
@@ -136,7 +152,7 @@ def silence(model) -> None:
 
 # ---------------------------------------------------------------------------- resume state
 def array(x) -> torch.Tensor:
-    """A numpy array (or a list) as a tensor of its own memory, for a resume state."""
+    """Return a numpy array (or a list) as a tensor of its own memory, for a resume state."""
     import numpy as np
 
     return torch.from_numpy(np.array(x, copy=True))
@@ -147,10 +163,12 @@ def _rms(r) -> Dict[str, Any]:
 
 
 def learner_state(model, vn, raw) -> Dict[str, Any]:
-    """What every SB3 learner carries from one ``learn`` call to the next, as tensors and plain
-    values: the networks (``policy``; the optimisers are each algorithm's), the step counters,
-    the last observation and episode starts, the normaliser's statistics and running returns,
-    and the environments themselves."""
+    """Return what every SB3 learner carries from one ``learn`` call to the next.
+
+    As tensors and plain values: the networks (``policy``; the optimisers are each algorithm's), the
+    step counters, the last observation and episode starts, the normaliser's statistics and running
+    returns, and the environments themselves.
+    """
     state = {"policy": copy.deepcopy(model.policy.state_dict()),
              "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates),
              "episode_num": int(model._episode_num), "last_obs": array(model._last_obs),
@@ -184,21 +202,25 @@ def set_learner_state(state: Dict[str, Any], model, vn, raw) -> None:
 
 
 def config_values(cfg) -> Dict[str, Any]:
-    """A section's values as a resume state records them (lists for tuples)."""
+    """Return a section's values as a resume state records them (lists for tuples)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
 def read_state(out_dir, fmt: str, version: int, method: str) -> Dict[str, Any]:
-    """The ``method`` run's resume state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
-    :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
-    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong."""
+    """Read the ``method`` run's resume state in ``out_dir`` (``checkpoints/latest/resume.pt``).
+
+    As :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
+    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong.
+    """
     return read_resume_file(out_dir, fmt, version, (
         "iteration", "finished", "history", "next_eval", "best", "learner", "rng", f"{method}_config", "task"))
 
 
 def check_state(state: Dict[str, Any], task: Task, method: str, cfg) -> None:
-    """A ResumeError unless ``state`` continues a ``method`` run of ``task`` with ``cfg`` that has
-    iterations left; it names what differs."""
+    """Raise a ResumeError unless ``state`` continues a ``method`` run of ``task`` with ``cfg``.
+
+    The run must have iterations left; the error names what differs.
+    """
     check_same_trainer(state, task, method, state[f"{method}_config"], config_values(cfg))
     if state["finished"]:
         raise ResumeError(f"{state.get('path', 'resume state')}: the run already finished (iteration "
@@ -206,8 +228,10 @@ def check_state(state: Dict[str, Any], task: Task, method: str, cfg) -> None:
 
 
 def run_method(out_dir) -> Optional[str]:
-    """The trainer (``training.method`` of checkpoints/latest/policy.json: "ppo", "sac", ...) of the
-    run in ``out_dir``, or None where it has none or the file is unreadable."""
+    """Return the trainer of the run in ``out_dir``, or None where it has none or the file is unreadable.
+
+    The trainer is ``training.method`` of checkpoints/latest/policy.json: "ppo", "sac", ...
+    """
     import json
 
     for kind in ("latest", "latest.old"):
@@ -225,6 +249,7 @@ def run_method(out_dir) -> Optional[str]:
 @dataclass
 class Learner:
     """One SB3 algorithm as :func:`train_baseline` drives it."""
+
     method: str                                  # "ppo", "sac": policy.json's training.method, the section
     title: str                                   # the learning curve's title
     model: Any                                   # the SB3 algorithm
@@ -242,12 +267,14 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
                    callback: Optional[Callable[[Dict[str, float]], None]] = None,
                    resume: Optional[Dict[str, Any]] = None, export: Optional[Callable[..., Any]] = None,
                    run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
-    """Train with the SB3 ``learner`` until ``cfg.total_timesteps`` environment steps (whole
-    iterations of ``learner.steps_per_iteration``) or, with ``cfg.stop_at_success``, the task's
-    success threshold; see :func:`diffsim_ros.learning.ppo.train_ppo` for the log, the checkpoints and
-    ``resume``, ``export`` and ``run_info``. ``cfg``: the baseline's section (``total_timesteps``,
-    ``eval_every_steps``, ``eval_envs``, ``stop_at_success``, ``checkpoint_every``,
-    ``learning_rate``)."""
+    """Train with the SB3 ``learner`` until ``cfg.total_timesteps`` environment steps or the success threshold.
+
+    The steps are whole iterations of ``learner.steps_per_iteration``; the threshold is the task's success
+    threshold, with ``cfg.stop_at_success``. See :func:`diffsim_ros.learning.ppo.train_ppo` for the log, the
+    checkpoints and ``resume``, ``export`` and ``run_info``. ``cfg``: the baseline's section
+    (``total_timesteps``, ``eval_every_steps``, ``eval_envs``, ``stop_at_success``, ``checkpoint_every``,
+    ``learning_rate``).
+    """
     model, raw, step = learner.model, learner.raw, learner.steps_per_iteration
     iterations = max(1, math.ceil(cfg.total_timesteps / step))
     history: List[Dict[str, float]] = []
@@ -280,8 +307,11 @@ def train_baseline(task: Task, cfg, learner: Learner, out_dir: Optional[Path] = 
     pending_best = None
 
     def save(finished: bool) -> None:
-        """checkpoints/best (when a better evaluation came since the last save) and checkpoints/latest
-        with the resume state; nothing the run draws from its random generators changes."""
+        """Save checkpoints/best and checkpoints/latest with the resume state.
+
+        checkpoints/best only when a better evaluation came since the last save; nothing the run draws
+        from its random generators changes.
+        """
         nonlocal pending_best
         fmt, version = learner.resume_format, learner.resume_version
         checkpoints.save_run(raw.generator, pending_best, learner.actor(), it, history, solved_steps, solved_time,

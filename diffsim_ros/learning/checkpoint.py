@@ -72,8 +72,11 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------------------------- helpers
 def json_safe(x: Any) -> Any:
-    """``x`` as plain JSON values: tuples/tensors/arrays -> lists, dataclass-likes via
-    ``to_dict``/``asdict``, non-finite floats -> "inf"/"-inf"/"nan", other objects -> str."""
+    """``x`` as plain JSON values.
+
+    Tuples/tensors/arrays -> lists, dataclass-likes via ``to_dict``/``asdict``, non-finite floats
+    -> "inf"/"-inf"/"nan", other objects -> str.
+    """
     import dataclasses
 
     if x is None or isinstance(x, (bool, str)):
@@ -136,8 +139,11 @@ def _sha256(path: Path) -> str:
 
 @contextlib.contextmanager
 def _quiet_jit():
-    """TorchScript is the deployment format here (C++/ROS controllers load it without
-    Python); recent torch releases flag torch.jit as deprecated: keep that note out of the CLI."""
+    """Keep torch's deprecation note on torch.jit out of the CLI.
+
+    TorchScript is the deployment format here (C++/ROS controllers load it without Python);
+    recent torch releases flag torch.jit as deprecated.
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r".*is deprecated.*torch\.(compile|export)",
@@ -247,7 +253,7 @@ def command_mapping(task) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------------------- export
 def export_policy(policy: nn.Module, obs_dim: int) -> Tuple[torch.jit.ScriptModule, str]:
-    """A float32, CPU, eval-mode TorchScript copy of ``policy`` (script, else trace)."""
+    """Return a float32, CPU, eval-mode TorchScript copy of ``policy`` (script, else trace)."""
     module = copy.deepcopy(policy).to(device="cpu", dtype=torch.float32).eval()
     for p in module.parameters():
         p.requires_grad_(False)
@@ -448,15 +454,18 @@ def validate_metadata(meta: Any, where: str = META_FILE) -> Dict[str, Any]:
 
 
 def load_metadata(path_or_dir: PathLike) -> Dict[str, Any]:
-    """The validated ``policy.json`` of a checkpoint (a folder, its policy.json, or its policy.pt)."""
+    """Read the validated ``policy.json`` of a checkpoint (a folder, its policy.json, or its policy.pt)."""
     meta, _, _ = _read_meta(path_or_dir)
     return meta
 
 
 def robot_kind(meta: Mapping[str, Any]) -> str:
-    """'arm' (fixed base), 'quadrotor' (floating base with rotors) or 'legged' (floating base, joints
-    and no rotors) from validated metadata alone: what ``PolicyRunner.kind`` finds by building the
-    robot, for callers that only need to know which topics the robot speaks (launch files)."""
+    """'arm', 'quadrotor' or 'legged' from validated metadata alone.
+
+    'arm': fixed base; 'quadrotor': floating base with rotors; 'legged': floating base, joints and
+    no rotors. This is what ``PolicyRunner.kind`` finds by building the robot, for callers that only
+    need to know which topics the robot speaks (launch files).
+    """
     if not meta["robot"]["floating_base"]:
         return "arm"
     return "quadrotor" if meta.get("simulator", {}).get("rotors") else "legged"
@@ -505,11 +514,13 @@ def _read_meta(path_or_dir: PathLike) -> Tuple[Dict[str, Any], Path, Path]:
 # ---------------------------------------------------------------------------- loading
 def check_compatible(meta: Dict[str, Any], model=None, expect_joints: Optional[Sequence[str]] = None,
                      where: str = "checkpoint", same_urdf: bool = True) -> None:
-    """Refuse (``CheckpointError``) a checkpoint made for another robot than ``model``, or one
-    whose actuated joints are not exactly ``expect_joints`` (the joints the caller commands;
-    compared as sets: the action order is the checkpoint's ``robot.actuated_joints``).
+    """Refuse (``CheckpointError``) a checkpoint made for another robot than ``model``.
+
+    Refuse too one whose actuated joints are not exactly ``expect_joints`` (the joints the caller
+    commands; compared as sets: the action order is the checkpoint's ``robot.actuated_joints``).
     ``same_urdf=False``: the same tree (joints, floating base) is enough, the URDF's values may
-    differ (a calibrated copy to fine-tune on)."""
+    differ (a calibrated copy to fine-tune on).
+    """
     robot = meta["robot"]
     if model is not None:
         theirs, ours = list(robot["joint_names"]), list(model.joint_names)
@@ -595,15 +606,17 @@ def load_checkpoint(path_or_dir: PathLike, model=None, expect_joints: Optional[S
 # ---------------------------------------------------------------------------- fine-tuning
 def initial_weights(path_or_dir: PathLike, task, hidden: Sequence[int], normalize: bool
                     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-    """The weights of a trained policy to start a new training run of ``task`` from (fine-tuning:
-    on a calibrated simulator, another ground, a longer schedule): ``(state_dict, info)``.
+    """Return the weights of a trained policy to start a new training run of ``task`` from: ``(state_dict, info)``.
+
+    That is fine-tuning: on a calibrated simulator, another ground, a longer schedule.
 
     The checkpoint must drive the same joints in the same action order, on the same tree (joint
     names, floating base), and observe the same quantities in the same order (``observation.names``);
     its network must have the ``hidden`` layer sizes and, when ``normalize``, an observation
     normaliser (which is carried over with its statistics). The URDF may differ in its inertial
     and geometric values (a calibrated copy from ``diffsim-ros sysid``): ``info`` records both
-    sha256 sums. Anything else raises :class:`CheckpointError` naming the difference."""
+    sha256 sums. Anything else raises :class:`CheckpointError` naming the difference.
+    """
     policy, meta = load_checkpoint(path_or_dir)
     where = str(Path(os.fspath(path_or_dir)))
     spec = task.spec()

@@ -59,10 +59,14 @@ class StateError(ValueError):
 
 @dataclass
 class Decision:
-    """One policy step: ``command`` (simulator interface, clamped, float64 numpy), ``action``
-    (the raw policy output in [-1, 1]), ``clamped`` (True if a limit changed the command),
-    ``state`` (the simulator state it was computed from) and ``predicted`` (one step later),
-    or None when the runner was asked not to predict."""
+    """One policy step.
+
+    ``command`` (simulator interface, clamped, float64 numpy), ``action`` (the raw policy output in
+    [-1, 1]), ``clamped`` (True if a limit changed the command), ``state`` (the simulator state it
+    was computed from) and ``predicted`` (one step later), or None when the runner was asked not to
+    predict.
+    """
+
     command: np.ndarray
     action: np.ndarray
     clamped: bool
@@ -87,10 +91,12 @@ FORMER_DEFAULTS = {"locomotion": {"observation": "privileged"}, "jump": {"observ
 
 
 def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """The ``task:`` mapping that rebuilds the checkpoint's task: the task's own export
-    (``command.task_parameters``, Task.export_parameters), else the stored training config's; a
-    parameter it does not record takes the value it had when the checkpoint was made
-    (:data:`FORMER_DEFAULTS`)."""
+    """Return the ``task:`` mapping that rebuilds the checkpoint's task.
+
+    The task's own export (``command.task_parameters``, Task.export_parameters), else the stored
+    training config's; a parameter it does not record takes the value it had when the checkpoint
+    was made (:data:`FORMER_DEFAULTS`).
+    """
     def completed(spec):
         return {**FORMER_DEFAULTS.get(spec["type"], {}), **spec}
     exported = meta["command"].get("task_parameters")
@@ -108,11 +114,14 @@ def _task_spec(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
 
 
 def resolve_urdf_source(meta: Dict[str, Any], where: str) -> str:
-    """The URDF the checkpoint names, on this machine: its recorded path where that file exists,
-    else the training file's own ``urdf`` entry (``package://...`` or a path in this package's share
-    folder, recorded in ``config``: a checkpoint trained in another clone or virtual environment
-    names that one's absolute path), else the file of the recorded name in this package's urdf
-    folder. Whether it is the same robot is checked when the model is compared with the checkpoint."""
+    """Find the URDF the checkpoint names, on this machine.
+
+    Its recorded path where that file exists, else the training file's own ``urdf`` entry
+    (``package://...`` or a path in this package's share folder, recorded in ``config``: a checkpoint
+    trained in another clone or virtual environment names that one's absolute path), else the file
+    of the recorded name in this package's urdf folder. Whether it is the same robot is checked when
+    the model is compared with the checkpoint.
+    """
     src = str(meta["robot"].get("urdf") or "")
     if src and os.path.isfile(src):
         return src
@@ -157,8 +166,10 @@ def _build_task(meta: Dict[str, Any], where: str, model):
 
 def task_from_metadata(meta: Dict[str, Any], where: str, urdf: Optional[str] = None,
                        dtype: torch.dtype = torch.float64):
-    """The model and task a checkpoint's metadata describes (robot, simulator, task), without its
-    policy: what the analysis of a bag needs. Raises CheckpointError naming ``where``."""
+    """Build the model and task a checkpoint's metadata describes (robot, simulator, task), without its policy.
+
+    That is what the analysis of a bag needs. Raises CheckpointError naming ``where``.
+    """
     model = _load_model(meta, where, urdf, dtype)
     return model, _build_task(meta, where, model)
 
@@ -167,9 +178,11 @@ POLICY_FORMATS = ("torchscript", "onnx")
 
 
 def _onnx_policy(checkpoint: Path, meta: Dict[str, Any]):
-    """The checkpoint's policy.onnx (diffsim-ros export --onnx) run by onnxruntime, as a callable
-    from float32 observations (B, n) to actions (B, m) like the TorchScript module; refused when it
-    was exported from another policy.pt than the checkpoint's (a stale export)."""
+    """Return the checkpoint's policy.onnx (diffsim-ros export --onnx) run by onnxruntime.
+
+    It is a callable from float32 observations (B, n) to actions (B, m) like the TorchScript module;
+    refused when it was exported from another policy.pt than the checkpoint's (a stale export).
+    """
     from ..onboard import SOURCE_SHA_KEY, OnnxPolicy
 
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
@@ -305,8 +318,10 @@ class PolicyRunner:
 
     # ------------------------------------------------------------------ measured state -> simulator state
     def joint_index(self, names: Sequence[str]) -> np.ndarray:
-        """For each model joint, its index in ``names`` (a message's name list); cached for the
-        last list seen. A model joint missing from ``names`` is a :class:`StateError`."""
+        """For each model joint, its index in ``names`` (a message's name list).
+
+        Cached for the last list seen. A model joint missing from ``names`` is a :class:`StateError`.
+        """
         key = tuple(names)
         if key == self._name_cache[0] and self._name_cache[1] is not None:
             return self._name_cache[1]
@@ -364,8 +379,11 @@ class PolicyRunner:
         return x
 
     def state(self, q, v) -> State:
-        """The simulator state (batch 1) of a whole q, v in the simulator's convention (a floating
-        base's pose then the joints; its twist in the body frame), with the carried actuator state."""
+        """Build the simulator state (batch 1) of a whole q, v in the simulator's convention.
+
+        That is a floating base's pose then the joints, its twist in the body frame, with the carried
+        actuator state.
+        """
         return self._tensors(np.asarray(q, dtype=np.float64), np.asarray(v, dtype=np.float64))
 
     def _tensors(self, q: np.ndarray, v: np.ndarray) -> State:
@@ -373,7 +391,7 @@ class PolicyRunner:
                                 torch.from_numpy(v).to(self.dtype).unsqueeze(0))
 
     def arm_state(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float]) -> State:
-        """Simulator state from a joint state matched by name (any order, extra joints ignored)."""
+        """Build the simulator state from a joint state matched by name (any order, extra joints ignored)."""
         if self.kind != ARM:
             raise StateError(f"robot '{self.model.name}' has a floating base: use "
                              f"{'quadrotor' if self.kind == QUADROTOR else 'legged'}_state(), not arm_state()")
@@ -381,9 +399,12 @@ class PolicyRunner:
         return self._tensors(p, v)
 
     def quadrotor_state(self, position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> State:
-        """Simulator state from odometry: world position, orientation (x y z w), body-frame linear and
-        angular velocity (nav_msgs/Odometry's twist is in the child, i.e. body, frame). Joints of a
-        floating-base robot with rotors (none measured) are at zero."""
+        """Build the simulator state from odometry.
+
+        World position, orientation (x y z w), body-frame linear and angular velocity (nav_msgs/Odometry's
+        twist is in the child, i.e. body, frame). Joints of a floating-base robot with rotors (none
+        measured) are at zero.
+        """
         if self.kind != QUADROTOR:
             raise StateError(f"robot '{self.model.name}' is not a multirotor: use "
                              f"{'arm' if self.kind == ARM else 'legged'}_state(), not quadrotor_state()")
@@ -395,7 +416,7 @@ class PolicyRunner:
 
     def legged_state(self, names: Sequence[str], positions: Sequence[float], velocities: Sequence[float],
                      position, orientation_xyzw, linear_velocity_body, angular_velocity_body) -> State:
-        """Simulator state of a legged robot: the joint state (matched by name) and the base odometry."""
+        """Build the simulator state of a legged robot from the joint state (matched by name) and the base odometry."""
         if self.kind != LEGGED:
             raise StateError(f"robot '{self.model.name}' is not a legged robot (kind {self.kind})")
         x = self._base(position, orientation_xyzw, linear_velocity_body, angular_velocity_body)
@@ -403,7 +424,7 @@ class PolicyRunner:
         return self._tensors(np.concatenate((x[0:7], p)), np.concatenate((x[7:13], v)))
 
     def _with_carry(self, q: torch.Tensor, v: torch.Tensor) -> State:
-        """A simulator state at the measured q, v with the carried (else initial) actuator state."""
+        """Build a simulator state at the measured q, v with the carried (else initial) actuator state."""
         act, delay = self._carry
         has_act = self.sim.rotors is not None or self.sim.config.actuator_lag > 0
         has_delay = self.sim.config.command_delay > 0 or self.sim.config.max_latency > 0
@@ -418,17 +439,23 @@ class PolicyRunner:
         return st
 
     def reset(self) -> None:
-        """Forget the carried actuator state (rotor speeds, lag, delay line), the policy's last
-        action (which a legged robot observation holds) and the count of decisions (a gait clock's
-        time): the next call starts an episode afresh."""
+        """Forget the carried state, the policy's last action and the count of decisions.
+
+        The carried state is the actuator state (rotor speeds, lag, delay line); the last action is
+        what a legged robot observation holds; the count of decisions is a gait clock's time. The next
+        call starts an episode afresh.
+        """
         self._carry = (None, None)
         self._action = None
         self._steps = 0
 
     # ------------------------------------------------------------------ target
     def target_tensor(self, target=None) -> torch.Tensor:
-        """(1, 3) goal: reach: a point (required); hover/waypoint: a point (default: the task's home);
-        velocity mode: a world velocity (default zero)."""
+        """(1, 3) goal.
+
+        reach: a point (required); hover/waypoint: a point (default: the task's home); velocity mode: a
+        world velocity (default zero).
+        """
         if target is None:
             if self.kind == QUADROTOR:
                 if self.mode == "velocity":
@@ -446,10 +473,12 @@ class PolicyRunner:
 
     # ------------------------------------------------------------------ the step
     def decide(self, state: State, target=None, predict: bool = True) -> Decision:
-        """Command (and prediction) for a simulator state of batch 1. The runner remembers the
-        action it gave (a legged robot observation holds the previous one, as in training) until
-        :meth:`reset`, and counts its decisions: the task's step, which a gait clock observes (its
-        time is that count x the control period, as in training)."""
+        """Command (and prediction) for a simulator state of batch 1.
+
+        The runner remembers the action it gave (a legged robot observation holds the previous one, as
+        in training) until :meth:`reset`, and counts its decisions: the task's step, which a gait clock
+        observes (its time is that count x the control period, as in training).
+        """
         tgt = (target if isinstance(target, torch.Tensor) and target.shape == (1, self.target_dim)
                else self.target_tensor(target))
         with torch.inference_mode():
@@ -476,9 +505,12 @@ class PolicyRunner:
         return nxt
 
     def warm_prediction(self) -> float:
-        """Build the compiled prediction now (from the neutral configuration at rest, the safe
-        command's zeros) instead of on the first measured state, and forget that step's carried
-        actuator state; seconds it took (0 without ``compile_prediction``)."""
+        """Build the compiled prediction now instead of on the first measured state.
+
+        It is built from the neutral configuration at rest, the safe command's zeros, and that step's
+        carried actuator state is forgotten; returns the seconds it took (0 without
+        ``compile_prediction``).
+        """
         if self._predictor is self.sim:
             return 0.0
         t0 = time.perf_counter()
@@ -507,8 +539,11 @@ class PolicyRunner:
         return self.sim.joint_positions(state.q)[0, self.sim.act_index].to(torch.float64).numpy()
 
     def stance_command(self) -> np.ndarray:
-        """A legged robot standing: its task's stance joint positions as a position command (in
-        ``actuated_joints`` order), what a walker's controller sends when told to stop."""
+        """Return the stance command of a legged robot standing.
+
+        Its task's stance joint positions as a position command (in ``actuated_joints`` order), what a
+        walker's controller sends when told to stop.
+        """
         if self.kind != LEGGED or self.interface != "position" or getattr(self.task, "stance", None) is None:
             raise ValueError(f"standing needs a legged checkpoint on the position interface; this one is a "
                              f"{self.kind} policy commanding '{self.interface}'")

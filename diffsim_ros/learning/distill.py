@@ -33,10 +33,14 @@ from .policy import MLPPolicy
 
 @dataclass
 class DistillConfig:
-    """iterations: DAgger rounds; episodes: fresh episodes per round; updates: least-squares
+    """Settings of the DAgger distillation.
+
+    iterations: DAgger rounds; episodes: fresh episodes per round; updates: least-squares
     steps per round (Adam, ``learning_rate``, minibatches of ``batch`` samples); eval_episodes:
     the student alone on fresh episodes after every round; sensor_noise: [position, velocity]
-    noise on the student's observation (as training.sensor_noise; none: [])."""
+    noise on the student's observation (as training.sensor_noise; none: []).
+    """
+
     iterations: int = 6
     episodes: int = 64
     updates: int = 400
@@ -68,9 +72,12 @@ def _mixed_rollout(task: Task, teacher_task: Task, student: MLPPolicy, teacher: 
 
 
 def _evaluate(task: Task, policy: Callable, episodes: int) -> Dict[str, float]:
-    """The student alone on fresh episodes: ``eval_success`` by the task's metric and, for a legged
-    velocity command, ``eval_tracking``: the speed and posture parts of the strict metric without
-    the gait rules (what a teacher with a gait the rules refuse can pass on)."""
+    """Evaluate the student alone on fresh episodes.
+
+    Gives ``eval_success`` by the task's metric and, for a legged velocity command,
+    ``eval_tracking``: the speed and posture parts of the strict metric without the gait rules
+    (what a teacher with a gait the rules refuse can pass on).
+    """
     with torch.no_grad():
         ts = task.reset(episodes, torch.Generator().manual_seed(12345))
         for _ in range(task.horizon):
@@ -84,11 +91,14 @@ def _evaluate(task: Task, policy: Callable, episodes: int) -> Dict[str, float]:
 
 def distill(task: Task, teacher: Callable, teacher_task: Task, hidden: Sequence[int] = (128, 128),
             config: Optional[DistillConfig] = None, progress: Optional[Callable[[str], None]] = None):
-    """The student (an :class:`MLPPolicy` on ``task``'s observation, normaliser inside) and the
-    history of its rounds (``iteration``, ``beta``, ``samples``, ``fit_mse``, ``eval_success``,
+    """Distil ``teacher`` into a student and return the student and the history of its rounds.
+
+    The student is an :class:`MLPPolicy` on ``task``'s observation, normaliser inside; the
+    history lists its rounds (``iteration``, ``beta``, ``samples``, ``fit_mse``, ``eval_success``,
     ``wall_time``). ``teacher``: observations of ``teacher_task`` -> actions in [-1, 1] (a loaded
     checkpoint's policy); ``teacher_task`` must drive the same robot as ``task`` with the same
-    actions (it only observes: the episodes are ``task``'s, its horizon and reset included)."""
+    actions (it only observes: the episodes are ``task``'s, its horizon and reset included).
+    """
     cfg = config or DistillConfig()
     if teacher_task.action_dim != task.action_dim:
         raise ValueError(f"distill: the teacher's task has {teacher_task.action_dim} actions, the student's "

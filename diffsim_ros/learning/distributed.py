@@ -33,8 +33,11 @@ DEFAULT_TIMEOUT_S = 600.0       # s, longest wait of one collective (a stuck ran
 
 
 class DistributedError(ConfigError):
-    """A distributed run that cannot start: no torchrun environment, a batch the ranks cannot
-    share evenly, a device that does not fit the ranks."""
+    """A distributed run that cannot start.
+
+    No torchrun environment, a batch the ranks cannot share evenly, a device that does not fit the
+    ranks.
+    """
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Context:
     "nccl", None while no process group is set up [None]; device: where the collectives'
     tensors live (the GPU under NCCL) [cpu].
     """
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -64,17 +68,21 @@ class Context:
 
     # ------------------------------------------------------------------ sharding
     def shard(self, n: int, what: str = "training.num_envs") -> slice:
-        """This rank's contiguous share of ``n`` environments; a DistributedError naming ``what``
-        when ``n`` is not a multiple of the world size."""
+        """Return this rank's contiguous share of ``n`` environments.
+
+        A DistributedError naming ``what`` when ``n`` is not a multiple of the world size.
+        """
         check_divisible(n, self.world_size, what)
         k = n // self.world_size
         return slice(self.rank * k, (self.rank + 1) * k)
 
     # ------------------------------------------------------------------ collectives
     def gather_batch(self, x: torch.Tensor) -> torch.Tensor:
-        """The ranks' slices (..., leading dim = this rank's environments) concatenated in rank
-        order along the first dimension: the whole batch, on every rank. ``x`` unchanged when
-        not distributed."""
+        """Concatenate the ranks' slices in rank order along the first dimension.
+
+        The slices have leading dim = this rank's environments; the result is the whole batch, on every
+        rank. ``x`` unchanged when not distributed.
+        """
         if not self.active:
             return x
         import torch.distributed as dist
@@ -85,8 +93,10 @@ class Context:
         return torch.cat(parts, 0).to(x.device)
 
     def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Replace every parameter's gradient by its mean over the ranks (one all-reduce of all of
-        them flattened; a missing gradient counts as zero)."""
+        """Replace every parameter's gradient by its mean over the ranks.
+
+        One all-reduce of all of them flattened; a missing gradient counts as zero.
+        """
         if not self.active:
             return
         import torch.distributed as dist
@@ -105,7 +115,7 @@ class Context:
             i += n
 
     def mean(self, values: List[float]) -> List[float]:
-        """The mean over the ranks of each number in ``values`` (in float64)."""
+        """Return the mean over the ranks of each number in ``values`` (in float64)."""
         if not self.active:
             return list(values)
         import torch.distributed as dist
@@ -127,9 +137,11 @@ class Context:
                 t.copy_(buf.to(t.device))
 
     def from_rank0(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` run on rank 0 alone; every rank returns its result, or raises the exception it
-        raised (both pickled across). Keeps the ranks in step where only rank 0 can or should look,
-        e.g. at the run's folder."""
+        """``fn()`` run on rank 0 alone; every rank returns its result, or raises the exception it raised.
+
+        Both are pickled across. Keeps the ranks in step where only rank 0 can or should look, e.g. at
+        the run's folder.
+        """
         if not self.active:
             return fn()
         import torch.distributed as dist
@@ -147,9 +159,11 @@ class Context:
         return value
 
     def agreed(self, fn: Callable[..., Any], *args, **kw) -> Any:
-        """``fn(*args, **kw)`` (a simulation step), with a SimulationError on any rank raised on every
-        rank, so that all of them drop the iteration together (one small all-reduce per call). The
-        error names the first rank that diverged and its message."""
+        """``fn(*args, **kw)`` (a simulation step), with a SimulationError on any rank raised on every rank.
+
+        So all of them drop the iteration together (one small all-reduce per call). The error names
+        the first rank that diverged and its message.
+        """
         if not self.active:
             return fn(*args, **kw)
         import torch.distributed as dist
@@ -179,8 +193,11 @@ class Context:
         return out
 
     def barrier(self, quiet: bool = False) -> None:
-        """Wait until every rank is here. ``quiet``: on the way out after an error, where a rank may
-        have left already: nothing to wait for then, and no error."""
+        """Wait until every rank is here.
+
+        ``quiet``: on the way out after an error, where a rank may have left already: nothing to wait
+        for then, and no error.
+        """
         if not self.active or self.backend is None:
             return
         import torch.distributed as dist
@@ -196,7 +213,7 @@ SINGLE = Context()      # the single-process run
 
 
 def check_divisible(n: int, world_size: int, what: str = "training.num_envs") -> None:
-    """A DistributedError unless ``n`` environments split evenly over ``world_size`` ranks."""
+    """Raise a DistributedError unless ``n`` environments split evenly over ``world_size`` ranks."""
     if world_size > 1 and n % world_size:
         below, above = n - n % world_size, n + world_size - n % world_size
         raise DistributedError(f"{what} = {n} is not divisible by the world size {world_size} (torchrun "
@@ -211,8 +228,11 @@ def launched_by_torchrun() -> bool:
 
 
 def from_environment(required: bool = False) -> Context:
-    """This process's place from torchrun's environment variables; :data:`SINGLE` outside torchrun
-    (a DistributedError then if ``required``, as ``train --distributed`` asks)."""
+    """Read this process's place from torchrun's environment variables.
+
+    :data:`SINGLE` outside torchrun (a DistributedError then if ``required``, as ``train
+    --distributed`` asks).
+    """
     if not launched_by_torchrun():
         if required:
             missing = [k for k in TORCHRUN_VARS if k not in os.environ]
@@ -233,9 +253,12 @@ def from_environment(required: bool = False) -> Context:
 
 
 def rank_device(ctx: Context, device: torch.device) -> torch.device:
-    """The device this rank trains on: ``cuda`` becomes ``cuda:LOCAL_RANK`` (one GPU per process);
-    the CPU stays. An explicit ``cuda:N`` cannot serve several ranks of a machine (NCCL needs one GPU
-    per rank): a DistributedError."""
+    """Return the device this rank trains on.
+
+    ``cuda`` becomes ``cuda:LOCAL_RANK`` (one GPU per process); the CPU stays. An explicit
+    ``cuda:N`` cannot serve several ranks of a machine (NCCL needs one GPU per rank): a
+    DistributedError.
+    """
     device = torch.device(device)
     if not ctx.active or device.type != "cuda":
         return device
@@ -250,9 +273,11 @@ def rank_device(ctx: Context, device: torch.device) -> torch.device:
 
 
 def init(ctx: Context, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> Context:
-    """Join the process group torchrun set up (env:// rendezvous: MASTER_ADDR, MASTER_PORT), gloo for
-    the CPU and NCCL for a GPU ``device`` (from :func:`rank_device`); returns ``ctx`` with its backend
-    and the collectives' device. Nothing to do for a single process."""
+    """Join the process group torchrun set up (env:// rendezvous: MASTER_ADDR, MASTER_PORT).
+
+    Gloo for the CPU and NCCL for a GPU ``device`` (from :func:`rank_device`); returns ``ctx`` with
+    its backend and the collectives' device. Nothing to do for a single process.
+    """
     if not ctx.active:
         return ctx
     import torch.distributed as dist
@@ -288,8 +313,11 @@ def shutdown(ctx: Context) -> None:
 
 
 def slice_state(ts, sl: slice):
-    """The environments ``sl`` of a batch of episodes (a :class:`~diffsim_ros.tasks.base.TaskState`
-    whose tensors have the batch as first dimension)."""
+    """Return the environments ``sl`` of a batch of episodes.
+
+    The batch is a :class:`~diffsim_ros.tasks.base.TaskState` whose tensors have the batch as first
+    dimension.
+    """
     from ..physics import State
     from ..tasks.base import TaskState
 

@@ -75,9 +75,12 @@ class TaskVecEnv(VecEnv):
         return loss, succ
 
     def get_state(self) -> Dict[str, Any]:
-        """What the batch carries between steps (the episodes' task state, the reset generator,
-        the running returns and counters), as tensors and plain values (``torch.load(...,
-        weights_only=True)`` reads them back); :meth:`set_state` restores it."""
+        """Return what the batch carries between steps.
+
+        That is the episodes' task state, the reset generator, the running returns and counters, as
+        tensors and plain values (``torch.load(..., weights_only=True)`` reads them back);
+        :meth:`set_state` restores it.
+        """
         ts = None
         if self.ts is not None:
             sim = self.ts.sim

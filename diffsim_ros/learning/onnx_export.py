@@ -40,8 +40,11 @@ class OnnxExportError(CheckpointError):
 
 
 def _observations(folder: Path, meta: Dict[str, Any], module, episodes: int, seed: int) -> Dict[str, np.ndarray]:
-    """Inputs to compare on: drawn around the normaliser's statistics, far outside them, and met
-    in ``episodes`` simulator episodes of the checkpoint's task (the TorchScript policy acting)."""
+    """Draw the inputs to compare on.
+
+    They are drawn around the normaliser's statistics, far outside them, and met in ``episodes``
+    simulator episodes of the checkpoint's task (the TorchScript policy acting).
+    """
     from .deploy import task_from_metadata
 
     n = int(meta["observation"]["dim"])
@@ -71,9 +74,11 @@ def _observations(folder: Path, meta: Dict[str, Any], module, episodes: int, see
 
 def export_onnx(folder: Union[str, os.PathLike], episodes: int = 8, seed: int = 0,
                 tolerance: float = 1e-5) -> Dict[str, Any]:
-    """Write ``folder``/policy.onnx from ``folder``/policy.pt (module doc). Returns the path, the
-    opset, the largest |action difference| per kind of input (``max_abs_diff``) and how many
-    observations were compared."""
+    """Write ``folder``/policy.onnx from ``folder``/policy.pt (module doc).
+
+    Returns the path, the opset, the largest |action difference| per kind of input
+    (``max_abs_diff``) and how many observations were compared.
+    """
     import onnx
     import onnxruntime as ort
 

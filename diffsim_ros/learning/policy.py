@@ -9,8 +9,10 @@ from torch import nn
 
 
 class RunningNorm(nn.Module):
-    """Observation normaliser: running mean and variance (Chan's parallel update),
-    frozen while gradients flow; stored as buffers so TorchScript keeps them."""
+    """Observation normaliser: running mean and variance (Chan's parallel update).
+
+    Frozen while gradients flow; stored as buffers so TorchScript keeps them.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6, clip: float = 10.0):
         super().__init__()
@@ -60,20 +62,22 @@ class MLPPolicy(nn.Module):
 
 
 class GaitReference(nn.Module):
-    """A fixed trajectory generator: joint offsets (action units) that step each foot through the
-    gait clock's pattern, read from the clock's sine and cosine in the observation (and the speed
-    command, where there is one). Foot ``f``'s phase is the clock's plus ``offsets[f]``, mod 1. For
-    the first ``duty`` of its cycle it is in stance: it moves backwards along the base at the
-    commanded speed (from ``+d/2`` to ``-d/2``, ``d = command x stride_time``); through the rest it
-    swings: up and down along ``swing_height`` sin^2 (it leaves and meets the ground at zero
-    vertical speed, where the task's swing target, a half sine, meets it at speed) and forwards
-    back to ``+d/2`` along a cubic whose slope at both ends is the stance's, so that the foot leaves
-    and meets the ground at rest relative to it (a foot landing with the base's speed skids; a
+    """A fixed trajectory generator stepping each foot through the gait clock's pattern.
+
+    Its output is joint offsets (action units), read from the clock's sine and cosine in the
+    observation (and the speed command, where there is one). Foot ``f``'s phase is the clock's plus
+    ``offsets[f]``, mod 1. For the first ``duty`` of its cycle it is in stance: it moves backwards
+    along the base at the commanded speed (from ``+d/2`` to ``-d/2``, ``d = command x stride_time``);
+    through the rest it swings: up and down along ``swing_height`` sin^2 (it leaves and meets the
+    ground at zero vertical speed, where the task's swing target, a half sine, meets it at speed) and
+    forwards back to ``+d/2`` along a cubic whose slope at both ends is the stance's, so that the foot
+    leaves and meets the ground at rest relative to it (a foot landing with the base's speed skids; a
     servo a step or two behind the pattern still follows a continuous velocity). ``lift`` and
     ``stride`` (A, F) turn each foot's height and forward displacement (m) into joint offsets in
     action units (the leg's Jacobian at the stance, inverted, over the action scale). Its
     arguments come from the task (``LocomotionTask.gait_pattern``). Buffers only: nothing here is
-    trained, and TorchScript keeps it."""
+    trained, and TorchScript keeps it.
+    """
 
     def __init__(self, clock_index: int, command_index: int, offsets: torch.Tensor, duty: float,
                  swing_height: float, stride_time: float, lift: torch.Tensor, stride: torch.Tensor):
@@ -104,9 +108,11 @@ class GaitReference(nn.Module):
 
 
 class ReferencePolicy(MLPPolicy):
-    """An :class:`MLPPolicy` whose action is a :class:`GaitReference`'s plus the network's own,
-    clamped to [-1, 1]: the network learns to balance and steer a stepping pattern rather than to
-    find one (the trajectory-generator policies of legged locomotion)."""
+    """An :class:`MLPPolicy` whose action is a :class:`GaitReference`'s plus the network's own.
+
+    The sum is clamped to [-1, 1]: the network learns to balance and steer a stepping pattern
+    rather than to find one (the trajectory-generator policies of legged locomotion).
+    """
 
     def __init__(self, obs_dim: int, action_dim: int, reference: GaitReference, hidden: Sequence[int] = (64, 64),
                  activation: str = "elu", normalize: bool = True):

@@ -38,6 +38,7 @@ from .run import TrainResult
 @dataclass(frozen=True)
 class PPOConfig(BaselineConfig):
     """Options of the PPO baseline (the ``ppo:`` section of a training file)."""
+
     total_timesteps: int = loop_option("total_timesteps", 2_000_000)
     num_envs: int = option(64, "parallel environments (the task batch)", low=1)
     n_steps: int = option(64, "control steps per environment per rollout; a rollout is num_envs * n_steps steps",
@@ -78,23 +79,29 @@ class PPOConfig(BaselineConfig):
 
 
 class PPOPolicy(SB3Actor):
-    """Raw observation -> action in [-1, 1]: frozen normaliser, SB3's actor MLP, the
-    Gaussian mean, clipped. ``norm`` is a :class:`RunningNorm` (or identity) like
-    ``MLPPolicy.norm``."""
+    """Raw observation -> action in [-1, 1].
+
+    Frozen normaliser, SB3's actor MLP, the Gaussian mean, clipped. ``norm`` is a
+    :class:`RunningNorm` (or identity) like ``MLPPolicy.norm``.
+    """
 
     def squash(self, out: torch.Tensor) -> torch.Tensor:
         return torch.clamp(out, -1.0, 1.0)
 
 
 def actor_from_sb3(model, venv_norm, task: Task) -> PPOPolicy:
-    """A :class:`PPOPolicy` (copied weights, task dtype and device) from an SB3 PPO
-    ``model`` and its ``VecNormalize`` wrapper (or None)."""
+    """Build a :class:`PPOPolicy` from an SB3 PPO ``model`` and its ``VecNormalize`` wrapper (or None).
+
+    The weights are copied, in the task's dtype and on its device.
+    """
     return frozen_actor(PPOPolicy, venv_norm, task, model.policy.mlp_extractor.policy_net, model.policy.action_net)
 
 
 def make_model(task: Task, cfg: PPOConfig):
-    """(SB3 PPO model, its VecNormalize wrapper or None, the TaskVecEnv). The networks live on
-    the task's device (the simulator's)."""
+    """(SB3 PPO model, its VecNormalize wrapper or None, the TaskVecEnv).
+
+    The networks live on the task's device (the simulator's).
+    """
     from stable_baselines3 import PPO
 
     venv, vn, raw = make_env(task, cfg)
@@ -115,8 +122,9 @@ RESUME_FORMAT_VERSION = 1
 def train_ppo(task: Task, cfg: PPOConfig = PPOConfig(), out_dir: Optional[Path] = None, progress: bool = True,
               callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
               export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
-    """Train ``task`` with PPO; history rows as :func:`diffsim_ros.learning.apg.train`
-    (``grad_norm`` is nan). ``out_dir``: ``training.csv`` with one row appended (flushed) per
+    """Train ``task`` with PPO; history rows as :func:`diffsim_ros.learning.apg.train`.
+
+    ``grad_norm`` is nan. ``out_dir``: ``training.csv`` with one row appended (flushed) per
     iteration, TensorBoard event files of the same numbers when ``tensorboard`` is importable
     (:class:`~diffsim_ros.learning.run.RunLog`), ``checkpoints/latest/`` (with the resume state)
     and ``checkpoints/best/`` every ``cfg.checkpoint_every`` iterations and at the end,
@@ -153,13 +161,17 @@ def _set_learner_state(state: Dict[str, Any], model, vn, raw) -> None:
 
 
 def load_resume_state(out_dir) -> Dict[str, Any]:
-    """The PPO run's state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
-    :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
-    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong."""
+    """Read the PPO run's state in ``out_dir`` (``checkpoints/latest/resume.pt``).
+
+    As :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
+    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong.
+    """
     return read_state(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, "ppo")
 
 
 def check_resume_state(state: Dict[str, Any], task: Task, cfg: PPOConfig) -> None:
-    """A ResumeError unless ``state`` continues a PPO run of ``task`` with ``cfg`` that has
-    iterations left; it names what differs."""
+    """Raise a ResumeError unless ``state`` continues a PPO run of ``task`` with ``cfg``.
+
+    The run must have iterations left; the error names what differs.
+    """
     check_state(state, task, "ppo", cfg)

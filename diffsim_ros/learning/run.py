@@ -43,8 +43,12 @@ class ResumeError(ConfigError):
 
 @dataclass
 class TrainResult:
-    """What a trainer returns: the final policy, the rows of training.csv, and when the evaluation first
-    reached the task's success threshold (None if it never did)."""
+    """What a trainer returns.
+
+    The final policy, the rows of training.csv, and when the evaluation first reached the task's
+    success threshold (None if it never did).
+    """
+
     policy: MLPPolicy
     history: List[Dict[str, float]]
     solved_env_steps: Optional[int]      # training env steps when success was first reached
@@ -57,12 +61,14 @@ COLUMNS = ("iteration", "env_steps", "wall_time", "loss", "grad_norm", "train_su
 
 
 def evaluation_columns(task: Task, policy: Callable, episodes: int, seed: int = 12345) -> Dict[str, float]:
-    """The evaluation columns of a training row, over the same fresh episodes as
-    :func:`~diffsim_ros.learning.apg.evaluate`:
+    """Return the evaluation columns of a training row.
+
+    Over the same fresh episodes as :func:`~diffsim_ros.learning.apg.evaluate`:
     ``eval_success``, and the fractions of episodes with an actuated joint at its URDF position
     limit (``eval_at_limit``) or over its URDF velocity limit (``eval_over_speed``) at any step
     (nan for a robot without such limits): a policy can meet the task by leaning on a stop or by
-    moving faster than the real drives would."""
+    moving faster than the real drives would.
+    """
     gen = torch.Generator().manual_seed(seed)
     rep = task.rollout_report(policy, episodes, gen)
     return {"eval_success": rep["success"], "eval_at_limit": rep["at_limit"], "eval_over_speed": rep["over_speed"]}
@@ -79,9 +85,12 @@ def better(row: Dict[str, float], best: Optional[Dict[str, float]]) -> bool:
 
 def after_row(row: Dict[str, float], it: int, done: bool, checkpoint_every: int, log, checkpoints, save: Callable,
               callback: Optional[Callable], bar, advance: int) -> None:
-    """A trainer's bookkeeping after its row of iteration ``it`` (the gradient trainer's and the
-    baselines'): the log, a checkpoint every ``checkpoint_every`` iterations and at the end
-    (``save(done)``), the callback, the progress bar moved on by ``advance``."""
+    """Do a trainer's bookkeeping after its row of iteration ``it``.
+
+    For the gradient trainer and the baselines alike: the log, a checkpoint every
+    ``checkpoint_every`` iterations and at the end (``save(done)``), the callback, the progress bar
+    moved on by ``advance``.
+    """
     if log is not None:
         log.append(row)
     if checkpoints is not None and (it % checkpoint_every == 0 or done):
@@ -95,12 +104,15 @@ def after_row(row: Dict[str, float], it: int, done: bool, checkpoint_every: int,
 
 # ---------------------------------------------------------------------------- the run's folder
 class RunLog:
-    """A run's log in ``out_dir``: ``training.csv``, rewritten with the rows of ``history`` (a
-    resumed run's rows up to its checkpoint; none for a fresh run) and then one row appended and
-    flushed per :meth:`append`, so a killed run keeps every row it finished; and, when the
-    ``tensorboard`` package is importable, TensorBoard event files beside it holding the same
-    numbers (tag = column name, step = ``iteration``; nan left out; a resumed run's file purges
-    the steps the killed run logged after its checkpoint, so TensorBoard shows each step once)."""
+    """A run's log in ``out_dir``: ``training.csv`` and TensorBoard event files.
+
+    ``training.csv`` is rewritten with the rows of ``history`` (a resumed run's rows up to its
+    checkpoint; none for a fresh run) and then one row appended and flushed per :meth:`append`, so a
+    killed run keeps every row it finished; and, when the ``tensorboard`` package is importable,
+    TensorBoard event files beside it hold the same numbers (tag = column name, step =
+    ``iteration``; nan left out; a resumed run's file purges the steps the killed run logged after
+    its checkpoint, so TensorBoard shows each step once).
+    """
 
     def __init__(self, out_dir: Path, history=(), tensorboard: bool = True):
         self.out_dir = Path(out_dir)
@@ -146,8 +158,11 @@ class RunLog:
 
 
 def clear_run(out_dir: Path) -> None:
-    """Remove what an earlier run left in ``out_dir`` that a new run would mix with its own: the
-    checkpoints (a later resume would otherwise take the old run's) and the TensorBoard event files."""
+    """Remove what an earlier run left in ``out_dir`` that a new run would mix with its own.
+
+    That is the checkpoints (a later resume would otherwise take the old run's) and the TensorBoard
+    event files.
+    """
     shutil.rmtree(out_dir / CHECKPOINTS, ignore_errors=True)
     if out_dir.is_dir():
         for f in out_dir.glob("events.out.tfevents.*"):
@@ -155,8 +170,11 @@ def clear_run(out_dir: Path) -> None:
 
 
 def default_export(task: Task, cfg, method: str):
-    """The checkpoint export of a run without one given: policy.pt and policy.json with its training
-    summary (``cfg``: the trainer's options; ``method``: policy.json's ``training.method``)."""
+    """Return the checkpoint export of a run without one given.
+
+    It writes policy.pt and policy.json with its training summary (``cfg``: the trainer's options;
+    ``method``: policy.json's ``training.method``).
+    """
     def export(policy, result, folder, info):
         from .checkpoint import save_checkpoint, training_summary
 
@@ -166,9 +184,11 @@ def default_export(task: Task, cfg, method: str):
 
 
 class Checkpoints:
-    """``out_dir/checkpoints/<kind>/``, each written whole into ``<kind>.tmp`` and then put in
-    place by two renames (the previous one kept as ``<kind>.old`` in between), so a kill leaves
-    a complete checkpoint behind, never half of one."""
+    """``out_dir/checkpoints/<kind>/``, each written whole and then put in place by two renames.
+
+    Each is written into ``<kind>.tmp`` and the previous one kept as ``<kind>.old`` in between, so a
+    kill leaves a complete checkpoint behind, never half of one.
+    """
 
     def __init__(self, out_dir: Path, task, export: Callable[..., Any]):
         self.root = Path(out_dir) / CHECKPOINTS
@@ -183,10 +203,12 @@ class Checkpoints:
 
     def save_run(self, gen: torch.Generator, pending_best, policy, iteration: int, history, solved_steps,
                  solved_time, state_of: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
-        """A run's checkpoints: ``best`` when a better evaluation (``pending_best``) came since the
-        last save, and ``latest`` of ``policy`` with the resume state ``state_of(rng)`` (``rng``:
-        every generator's state, ``gen`` the trainer's own); nothing the run draws from its random
-        generators changes."""
+        """Save a run's checkpoints.
+
+        ``best`` when a better evaluation (``pending_best``) came since the last save, and ``latest`` of
+        ``policy`` with the resume state ``state_of(rng)`` (``rng``: every generator's state, ``gen`` the
+        trainer's own); nothing the run draws from its random generators changes.
+        """
         device = self.task.model.device
         rng = _rng_state(gen, device)
         try:
@@ -198,8 +220,10 @@ class Checkpoints:
             set_rng_state(rng, gen, device)
 
     def write_best(self, pending, history: List[Dict[str, float]], solved_steps, solved_time) -> Path:
-        """checkpoints/best: ``pending`` = (policy, iteration) of the best evaluation, with the
-        history up to that iteration (and the solve only if it came by then)."""
+        """checkpoints/best: ``pending`` = (policy, iteration) of the best evaluation.
+
+        With the history up to that iteration (and the solve only if it came by then).
+        """
         pol, k = pending
         upto = history[:k]
         solved = solved_steps if solved_steps is not None and solved_steps <= upto[-1]["env_steps"] else None
@@ -224,8 +248,10 @@ class Checkpoints:
 
 # ---------------------------------------------------------------------------- resume state
 def _rng_state(gen: torch.Generator, device: torch.device) -> Dict[str, Any]:
-    """Every random generator a run may draw from: the trainer's ``gen``, torch's global CPU (and,
-    on a GPU, CUDA) generator, numpy's and Python's, as plain values and tensors."""
+    """Every random generator a run may draw from, as plain values and tensors.
+
+    The trainer's ``gen``, torch's global CPU (and, on a GPU, CUDA) generator, numpy's and Python's.
+    """
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"generator": gen.get_state(), "torch": torch.get_rng_state(),
              "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -248,9 +274,11 @@ def set_rng_state(state: Dict[str, Any], gen: torch.Generator, device: torch.dev
 
 
 def read_resume_file(out_dir, fmt: str, version: int, required) -> Dict[str, Any]:
-    """``out_dir``'s resume state of format ``fmt`` (see :func:`diffsim_ros.learning.apg.load_resume_state`), with its
-    ``path``; a :class:`ResumeError` when it is missing, unreadable, of another format or version,
-    or lacks one of the ``required`` entries."""
+    """``out_dir``'s resume state of format ``fmt``, with its ``path``.
+
+    See :func:`diffsim_ros.learning.apg.load_resume_state`; a :class:`ResumeError` when it is missing,
+    unreadable, of another format or version, or lacks one of the ``required`` entries.
+    """
     out_dir = Path(out_dir)
     root = out_dir / CHECKPOINTS
     path = next((p for p in (root / "latest" / RESUME_FILE, root / "latest.old" / RESUME_FILE) if p.is_file()),
@@ -280,13 +308,13 @@ def read_resume_file(out_dir, fmt: str, version: int, required) -> Dict[str, Any
 
 
 def task_signature(task: Task) -> Dict[str, Any]:
-    """What a resume state records of its task, and checks against the task it resumes on."""
+    """Return what a resume state records of its task and checks against the task it resumes on."""
     return {"name": task.name, "obs_dim": task.obs_dim, "action_dim": task.action_dim}
 
 
 def run_state(fmt: str, version: int, task: Task, iteration: int, finished: bool, history, best, solved_steps,
               solved_time, rng: Dict[str, Any], run_info) -> Dict[str, Any]:
-    """The entries every trainer's resume state has (its own weights and options are added to it)."""
+    """Return the entries every trainer's resume state has (its own weights and options are added to it)."""
     return {"format": fmt, "format_version": version, "iteration": iteration, "finished": finished,
             "history": history, "solved_env_steps": solved_steps, "solved_time": solved_time, "best": best,
             "rng": rng, "task": task_signature(task), "device": str(task.model.device), "run_info": run_info}
@@ -294,8 +322,11 @@ def run_state(fmt: str, version: int, task: Task, iteration: int, finished: bool
 
 def check_same_trainer(state: Dict[str, Any], task: Task, section: str, then: Dict[str, Any],
                        now: Dict[str, Any]) -> None:
-    """A :class:`ResumeError` naming each difference when the run in ``state`` was of another task
-    (name, dimensions) or had other trainer options (``then`` against ``now``, the ``section``'s)."""
+    """Raise a :class:`ResumeError` naming each difference when ``state``'s run was of another task or trainer.
+
+    Another task: name, dimensions; other trainer options: ``then`` against ``now``, the
+    ``section``'s.
+    """
     want = task_signature(task)
     diff = [f"task {k}: {state['task'].get(k)!r} then, {v!r} now" for k, v in want.items()
             if state["task"].get(k) != v]
@@ -320,8 +351,10 @@ def write_history(history: List[Dict[str, float]], out_dir: Path, title: str = "
 
 
 def plot_history(history: List[Dict[str, float]], out_dir: Path, title: str = "") -> None:
-    """learning_curve.png: loss and success rate (training episodes, evaluations) against environment
-    steps; nothing without matplotlib or rows."""
+    """learning_curve.png: loss and success rate (training episodes, evaluations).
+
+    Plotted against environment steps; nothing without matplotlib or rows.
+    """
     if not history:
         return
     try:

@@ -42,6 +42,7 @@ from .run import TrainResult
 @dataclass(frozen=True)
 class SACConfig(BaselineConfig):
     """Options of the SAC baseline (the ``sac:`` section of a training file)."""
+
     total_timesteps: int = loop_option("total_timesteps", 1_000_000)
     num_envs: int = option(16, """parallel environments (the task batch); each step of them adds num_envs
         transitions to the replay buffer""", low=1)
@@ -84,28 +85,37 @@ class SACConfig(BaselineConfig):
         super().check()
 
     def steps_per_iteration(self, task: Task) -> int:
-        """Environment steps of one iteration (one ``learn`` call, one row of the log): one episode of
-        every environment, rounded up to whole ``train_freq`` periods."""
+        """Environment steps of one iteration (one ``learn`` call, one row of the log).
+
+        One episode of every environment, rounded up to whole ``train_freq`` periods.
+        """
         return self.num_envs * self.train_freq * math.ceil(task.horizon / self.train_freq)
 
 
 class SACPolicy(SB3Actor):
-    """Raw observation -> action in [-1, 1]: frozen normaliser, SB3's actor MLP (``latent_pi``),
-    the Gaussian mean (``mu``) squashed by tanh, SB3's deterministic action."""
+    """Raw observation -> action in [-1, 1].
+
+    Frozen normaliser, SB3's actor MLP (``latent_pi``), the Gaussian mean (``mu``) squashed by
+    tanh, SB3's deterministic action.
+    """
 
     def squash(self, out: torch.Tensor) -> torch.Tensor:
         return torch.tanh(out)
 
 
 def actor_from_sb3(model, venv_norm, task: Task) -> SACPolicy:
-    """A :class:`SACPolicy` (copied weights, task dtype and device) from an SB3 SAC ``model`` and
-    its ``VecNormalize`` wrapper (or None)."""
+    """Build a :class:`SACPolicy` from an SB3 SAC ``model`` and its ``VecNormalize`` wrapper (or None).
+
+    The weights are copied, in the task's dtype and on its device.
+    """
     return frozen_actor(SACPolicy, venv_norm, task, model.actor.latent_pi, model.actor.mu)
 
 
 def make_model(task: Task, cfg: SACConfig):
-    """(SB3 SAC model, its VecNormalize wrapper or None, the TaskVecEnv). The networks live on the
-    task's device (the simulator's)."""
+    """(SB3 SAC model, its VecNormalize wrapper or None, the TaskVecEnv).
+
+    The networks live on the task's device (the simulator's).
+    """
     from stable_baselines3 import SAC
 
     venv, vn, raw = make_env(task, cfg)
@@ -127,11 +137,13 @@ _BUFFER = ("observations", "next_observations", "actions", "rewards", "dones", "
 def train_sac(task: Task, cfg: SACConfig = SACConfig(), out_dir: Optional[Path] = None, progress: bool = True,
               callback: Optional[Callable[[Dict[str, float]], None]] = None, resume: Optional[Dict[str, Any]] = None,
               export: Optional[Callable[..., Any]] = None, run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
-    """Train ``task`` with SAC: the contract of :func:`diffsim_ros.learning.ppo.train_ppo` (history
-    rows, ``out_dir``'s log and checkpoints, ``callback``, ``export``, ``run_info``; ``resume``: the
-    state :func:`load_resume_state` read, which brings back SB3's networks, their three optimisers
-    and the entropy coefficient, the replay buffer, the environments mid-episode, the normaliser's
-    statistics and every random generator, the warm-up's uniform draws included).
+    """Train ``task`` with SAC: the contract of :func:`diffsim_ros.learning.ppo.train_ppo`.
+
+    That is history rows, ``out_dir``'s log and checkpoints, ``callback``, ``export``,
+    ``run_info``; ``resume``: the state :func:`load_resume_state` read, which brings back SB3's
+    networks, their three optimisers and the entropy coefficient, the replay buffer, the
+    environments mid-episode, the normaliser's statistics and every random generator, the
+    warm-up's uniform draws included.
 
     One iteration is one episode of every environment (:meth:`SACConfig.steps_per_iteration`
     environment steps) with the updates SAC makes on the way; ``env_steps`` counts every
@@ -147,9 +159,11 @@ def train_sac(task: Task, cfg: SACConfig = SACConfig(), out_dir: Optional[Path] 
 
 
 def _learner_state(model, vn, raw) -> Dict[str, Any]:
-    """:func:`~diffsim_ros.learning.baseline.learner_state` and SAC's own: the actor's, critics' and
-    entropy coefficient's optimisers, the coefficient, the replay buffer's transitions so far and
-    the generator of the warm-up's uniform actions."""
+    """:func:`~diffsim_ros.learning.baseline.learner_state` and SAC's own.
+
+    SAC's own: the actor's, critics' and entropy coefficient's optimisers, the coefficient, the
+    replay buffer's transitions so far and the generator of the warm-up's uniform actions.
+    """
     rb = model.replay_buffer
     n = rb.buffer_size if rb.full else rb.pos
     ent = model.ent_coef_optimizer
@@ -180,7 +194,9 @@ def _set_learner_state(state: Dict[str, Any], model, vn, raw) -> None:
 
 
 def load_resume_state(out_dir) -> Dict[str, Any]:
-    """The SAC run's state in ``out_dir`` (``checkpoints/latest/resume.pt``), as
-    :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
-    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong."""
+    """Read the SAC run's state in ``out_dir`` (``checkpoints/latest/resume.pt``).
+
+    As :func:`diffsim_ros.learning.apg.load_resume_state` reads the gradient trainer's; a
+    :class:`~diffsim_ros.learning.run.ResumeError` naming what is wrong.
+    """
     return read_state(out_dir, RESUME_FORMAT, RESUME_FORMAT_VERSION, "sac")

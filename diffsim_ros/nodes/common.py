@@ -86,12 +86,14 @@ def _is_real(x: Any) -> bool:
 
 
 def coerce_value(default: Any, val: Any) -> Any:
-    """``val`` (a parameter's override) in the type of the parameter's ``default`` where that loses
-    nothing, as the configuration schema reads numbers: an integer where a double is declared
+    """Return ``val`` (a parameter's override) in the type of the parameter's ``default`` where that loses nothing.
+
+    This is how the configuration schema reads numbers: an integer where a double is declared
     (``-p real_time_factor:=2``, ``latency: 0`` in a YAML file), integers in a double array
-    (``initial_positions:=[0, 0, 1]``), one number where a double array is declared (a list of
-    that number) and a whole double where an integer is (``seed:=3.0``). Anything else is returned
-    unchanged (a wrong type stays wrong, for :func:`declare` to report)."""
+    (``initial_positions:=[0, 0, 1]``), one number where a double array is declared (a list of that
+    number) and a whole double where an integer is (``seed:=3.0``). Anything else is returned
+    unchanged (a wrong type stays wrong, for :func:`declare` to report).
+    """
     if isinstance(default, float):
         return float(val) if _is_int(val) else val
     if _is_int(default):
@@ -106,9 +108,12 @@ def coerce_value(default: Any, val: Any) -> Any:
 
 
 def coerce_override(node, name: str, convert: Callable[[Any], Any]) -> None:
-    """Replace the override (command line, params file) of the not yet declared parameter ``name``
-    with ``convert(value)``, so that it is declared with the converted value; nothing when the
-    parameter has no override. rclpy keeps the overrides in ``Node._parameter_overrides``."""
+    """Replace the override of the not yet declared parameter ``name`` with ``convert(value)``.
+
+    The override comes from the command line or a params file; the parameter is then declared with
+    the converted value. Nothing is done when the parameter has no override. rclpy keeps the
+    overrides in ``Node._parameter_overrides``.
+    """
     from rclpy.parameter import Parameter
 
     overrides = getattr(node, "_parameter_overrides", None)
@@ -134,11 +139,14 @@ def _type_words(x: Any) -> str:
 
 def declare(node, name: str, default: Any, description: str, *, dynamic_typing: bool = False,
             read_only: bool = False, constraints: str = "") -> Any:
-    """Declare ``name`` with ``default``, ``description`` and ``constraints`` (the descriptor's
-    additional_constraints; both shown by ``ros2 param describe``) and return its value (the
-    override from the command line or a params file, if any). The override is first converted to
-    the default's type where nothing is lost (:func:`coerce_value`: an integer for a double, ...);
-    an override of another type is a StartupError naming the parameter, not rclpy's exception."""
+    """Declare ``name`` with ``default``, ``description`` and ``constraints``, and return its value.
+
+    ``constraints`` are the descriptor's additional_constraints; both they and the description are
+    shown by ``ros2 param describe``. The value is the override from the command line or a params
+    file, if any. The override is first converted to the default's type where nothing is lost
+    (:func:`coerce_value`: an integer for a double, ...); an override of another type is a
+    StartupError naming the parameter, not rclpy's exception.
+    """
     from rcl_interfaces.msg import ParameterDescriptor
     from rclpy.exceptions import InvalidParameterTypeException
 
@@ -157,15 +165,17 @@ def declare(node, name: str, default: Any, description: str, *, dynamic_typing: 
 
 def declare_all(node, specs: Iterable[Tuple[str, Any, str]], constraints: Optional[Mapping[str, str]] = None
                 ) -> Dict[str, Any]:
-    """Declare every ``(name, default, description)``, with its ``constraints[name]`` where
-    given; returns {name: value}."""
+    """Declare every ``(name, default, description)``, with its ``constraints[name]`` where given.
+
+    Returns {name: value}.
+    """
     constraints = constraints or {}
     return {name: declare(node, name, default, text, constraints=constraints.get(name, ""))
             for name, default, text in specs}
 
 
 def value(node, name: str) -> Any:
-    """A declared parameter's value; arrays as Python lists, unset arrays as []."""
+    """Return a declared parameter's value; arrays as Python lists, unset arrays as []."""
     from rclpy.exceptions import ParameterUninitializedException
 
     try:
@@ -183,19 +193,22 @@ def value(node, name: str) -> Any:
 
 def _overrides(node) -> Dict[str, Any]:
     """Parameter values given to the node at start (params files, ``-p``), by name.
-    rclpy keeps them in ``Node._parameter_overrides`` (every release since Foxy)."""
+
+    rclpy keeps them in ``Node._parameter_overrides`` (every release since Foxy).
+    """
     return {name: p.value for name, p in getattr(node, "_parameter_overrides", {}).items()}
 
 
 def config_parameters(node, config_param: str = "config", sections: Sequence[str] = ("simulator",),
                       keys: Sequence[str] = ("urdf", "floating_base")) -> Dict[str, Any]:
-    """The training/robot configuration of a node, as :func:`diffsim_ros.config.load_yaml` returns it.
+    """Return the training/robot configuration of a node, as :func:`diffsim_ros.config.load_yaml` returns it.
 
     The file named by the ``config_param`` parameter (declared here, default "") is read
     first; then every key in ``keys`` and under ``sections`` that the node was given
     directly overrides it. Those keys are declared here with their description and constraints
     (the simulator's schema, diffsim_ros/schema.py) so that ``ros2 param describe`` explains them.
-    Raises ConfigError (naming the file or the key) on a bad file."""
+    Raises ConfigError (naming the file or the key) on a bad file.
+    """
     from .. import config as cfgmod
     from ..physics import SimConfig
     from ..schema import describe, entries
@@ -228,18 +241,22 @@ def _qos(depth: int, transient_local: bool = False):
 
 
 def state_qos(depth: int = 1000):
-    """Reliable, volatile, keep last ``depth``: states (/joint_states, /odom, /imu) and the
-    controller's recorded topics. The deep default is for the publisher side: a reliable
-    KEEP_LAST writer drops unacknowledged samples beyond its depth, so depth 1000 lets a
-    recorder stall 2 s at 500 Hz unharmed (a lockstep plant under the emergency stop runs
-    faster than that, and a loaded 2-core machine stalled a recorder past depth 100)."""
+    """Reliable, volatile, keep last ``depth``: states (/joint_states, /odom, /imu) and recorded topics.
+
+    The recorded topics are the controller's. The deep default is for the publisher side: a reliable
+    KEEP_LAST writer drops unacknowledged samples beyond its depth, so depth 1000 lets a recorder
+    stall 2 s at 500 Hz unharmed (a lockstep plant under the emergency stop runs faster than that,
+    and a loaded 2-core machine stalled a recorder past depth 100).
+    """
     return _qos(depth)
 
 
 def flush_publishers(publishers, timeout_s: float = 5.0) -> List[str]:
-    """At shutdown, wait (at most ``timeout_s`` in all) until every reliable subscriber has
-    acknowledged what ``publishers`` sent, so that a recorder gets the last messages before
-    the process exits. Returns the topics still unacknowledged at the deadline."""
+    """At shutdown, wait until every reliable subscriber has acknowledged what ``publishers`` sent.
+
+    The wait is at most ``timeout_s`` in all, so that a recorder gets the last messages before the
+    process exits. Returns the topics still unacknowledged at the deadline.
+    """
     from rclpy.duration import Duration
 
     end = time.monotonic() + timeout_s
@@ -267,8 +284,10 @@ def latched_qos(depth: int = 1):
 
 
 def recorder_qos(depth: int = 1000, transient_local: bool = False):
-    """Reliable with a deep history, so that a burst at 500 Hz waits in the queue instead of
-    being dropped while the recorder writes."""
+    """Reliable with a deep history.
+
+    A burst at 500 Hz then waits in the queue instead of being dropped while the recorder writes.
+    """
     return _qos(depth, transient_local)
 
 
@@ -320,7 +339,8 @@ def joint_state_arrays(msg, names: Sequence[str]) -> Tuple[np.ndarray, Optional[
     """Positions (and velocities, efforts when present) of ``names`` from a JointState, by name.
 
     MessageError when a joint is missing, a field's length differs from ``name``'s, a name
-    repeats, or a used value is not finite."""
+    repeats, or a used value is not finite.
+    """
     got = list(msg.name)
     n = len(got)
     if len(set(got)) != n:
@@ -350,8 +370,10 @@ def joint_state_arrays(msg, names: Sequence[str]) -> Tuple[np.ndarray, Optional[
 
 
 def float64_array(msg, size: Optional[int] = None, what: str = "command") -> np.ndarray:
-    """The data of a Float64MultiArray as a float64 array; MessageError on a wrong length or a
-    non-finite entry."""
+    """Return the data of a Float64MultiArray as a float64 array.
+
+    MessageError on a wrong length or a non-finite entry.
+    """
     arr = np.asarray(msg.data, dtype=np.float64).reshape(-1)
     if size is not None and arr.size != size:
         raise MessageError(f"{what}: Float64MultiArray.data has {arr.size} entries, expected {size}")
@@ -362,8 +384,10 @@ def float64_array(msg, size: Optional[int] = None, what: str = "command") -> np.
 
 
 def trajectory_point(msg, names: Sequence[str]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """Positions (and velocities if given) of ``names`` from the first point of a
-    trajectory_msgs/JointTrajectory, by joint name (MessageError otherwise)."""
+    """Positions (and velocities if given) of ``names`` from a trajectory_msgs/JointTrajectory.
+
+    They are taken from the first point of the trajectory, by joint name (MessageError otherwise).
+    """
     got = list(msg.joint_names)
     if not msg.points:
         raise MessageError("JointTrajectory has no points")
@@ -420,8 +444,11 @@ def have_tf2_msgs() -> bool:
 
 
 def tf_message(t: float, transforms: Sequence[Tuple[str, str, Sequence[float], Sequence[float]]]):
-    """tf2_msgs/TFMessage: one geometry_msgs/TransformStamped per (parent frame, child frame,
-    translation x y z in the parent frame (m), rotation quaternion x y z w), stamped ``t``."""
+    """tf2_msgs/TFMessage: one geometry_msgs/TransformStamped per transform, stamped ``t``.
+
+    A transform is (parent frame, child frame, translation x y z in the parent frame (m), rotation
+    quaternion x y z w).
+    """
     from geometry_msgs.msg import TransformStamped
     from tf2_msgs.msg import TFMessage
 
@@ -468,8 +495,11 @@ EXECUTORS = ("events", "single_threaded")
 
 
 def make_executor(kind: str):
-    """rclpy's EventsExecutor (``events``: ready entities queued from C++ and their callbacks
-    called without rebuilding a wait set per message) or SingleThreadedExecutor."""
+    """Return rclpy's EventsExecutor (``events``) or SingleThreadedExecutor.
+
+    The EventsExecutor queues ready entities from C++ and calls their callbacks without rebuilding a
+    wait set per message.
+    """
     if kind == "events":
         from rclpy.experimental import EventsExecutor
 
@@ -489,7 +519,8 @@ def run_node(factory: Callable[[], Any], args: Optional[List[str]] = None, name:
     (rclpy's are disabled) only set a flag; the loop then calls the node's ``close()`` if
     it has one (flush files, stop timers), destroys the node and shuts rclpy down, so a
     signal never interrupts a callback half-way. A node with a ``drain_seconds`` attribute
-    keeps being spun that long after the signal (queued messages are taken) before close."""
+    keeps being spun that long after the signal (queued messages are taken) before close.
+    """
     import rclpy
     from rclpy.executors import ExternalShutdownException
     from rclpy.signals import SignalHandlerOptions
@@ -559,8 +590,11 @@ def run_node(factory: Callable[[], Any], args: Optional[List[str]] = None, name:
 
 
 def resolve_path(path: str) -> Path:
-    """A file parameter: absolute, relative to the working directory, or to the diffsim_ros
-    share folder (config/..., policies/...); returned unchanged when none exists."""
+    """Resolve a file parameter: absolute, relative to the working directory, or to the share folder.
+
+    The share folder is diffsim_ros's (config/..., policies/...); the path is returned unchanged
+    when none exists.
+    """
     p = Path(os.path.expanduser(path))
     if p.is_absolute() or p.exists():
         return p

@@ -72,12 +72,14 @@ ros = SimpleNamespace()
 
 
 def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):
-    """(parent, child, xyz, quaternion xyzw) of every MuJoCo body named in ``links`` relative to
-    its parent body (the world body is ``world_frame``), from MuJoCo's kinematics at ``qpos``
-    computed in ``scratch`` (an MjData of ``model``; the plant's own data is not touched). Bodies
-    not in ``links`` (the payload perturbation) and their children are left out. A URDF link named
-    ``world`` is MuJoCo's world body: it is the root frame (hung from ``world_frame`` when that is
-    another name)."""
+    """Return (parent, child, xyz, quaternion xyzw) of every MuJoCo body named in ``links``.
+
+    Each is relative to its parent body (the world body is ``world_frame``), from MuJoCo's
+    kinematics at ``qpos`` computed in ``scratch`` (an MjData of ``model``; the plant's own data is
+    not touched). Bodies not in ``links`` (the payload perturbation) and their children are left
+    out. A URDF link named ``world`` is MuJoCo's world body: it is the root frame (hung from
+    ``world_frame`` when that is another name).
+    """
     import mujoco
 
     scratch.qpos[:] = qpos
@@ -103,7 +105,7 @@ def link_transforms(model, qpos, scratch, links, world_frame: str = "world"):
 
 
 def make_node_class():
-    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    """Build the rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
     for module, names in _ROS.items():
         ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
     return type("MujocoPlantNode", (_MujocoPlantLogic, ros.Node), {"__module__": __name__})
@@ -113,9 +115,11 @@ _build_node_class = make_node_class     # the name the tests build the node by
 
 
 class _MujocoPlantLogic:
-    """The node's side of mujoco_plant (parameters, publishers, subscriptions, timers), mixed into
-    rclpy's Node by make_node_class(); the robot is plant.MujocoPlant, the parameters' table and
-    checks plant/plant_settings.py."""
+    """The node's side of mujoco_plant (parameters, publishers, subscriptions, timers).
+
+    It is mixed into rclpy's Node by make_node_class(); the robot is plant.MujocoPlant, the
+    parameters' table and checks plant/plant_settings.py.
+    """
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
@@ -158,14 +162,14 @@ class _MujocoPlantLogic:
         self._set_initial_state(p["initial_positions"], p["initial_velocities"])
 
     def _map_joints(self):
-        """Controller joint order -> plant order."""
+        """Map the controller joint order -> plant order."""
         self.controller_joints, self._to_plant = ps.controller_order(self.p["controller_joints"],
                                                                      self.plant.actuated_joints)
         self.rejected = 0
         self.commands = 0
 
     def _advertise(self):
-        """The state publishers."""
+        """Create the state publishers."""
         p, plant = self.p, self.plant
         qos = common.state_qos()
         self.pub_js = self.pub_odom = self.pub_imu = self.pub_clock = None
@@ -180,7 +184,7 @@ class _MujocoPlantLogic:
             self.pub_clock = self.create_publisher(ros.Clock, p["clock_topic"], qos)
 
     def _subscribe(self) -> List[str]:
-        """The command subscriptions (only the interfaces this robot accepts) and ~/reset; their topics."""
+        """Create the command subscriptions (only the interfaces this robot accepts) and ~/reset; their topics."""
         p, plant = self.p, self.plant
         cq = common.command_qos()
         topics = []
@@ -236,7 +240,7 @@ class _MujocoPlantLogic:
         self._start()
 
     def _start(self):
-        """The first state out; then the clock runs (realtime) or waits for commands (lockstep)."""
+        """Send the first state out; then the clock runs (realtime) or waits for commands (lockstep)."""
         if self.lockstep:
             period = float(self.p["lockstep_republish_s"])
             self.idle_timer = self.create_timer(period, self._republish_idle) if period > 0 else None
@@ -380,7 +384,7 @@ class _MujocoPlantLogic:
         return response
 
     def close(self):
-        """Called once by run_node at shutdown: a recorder gets the last states before the exit."""
+        """Finish at shutdown, called once by run_node: a recorder gets the last states before the exit."""
         for t in (self.timer, self.idle_timer):
             if t is not None:
                 t.cancel()

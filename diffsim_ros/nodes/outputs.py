@@ -1,7 +1,9 @@
-"""policy_controller's command outputs (doc/interfaces.md): one table of adapters, interface ->
-the messages it publishes, each with its message type, the parameter naming its topic and the
-converter that builds it from a command. The node creates its publishers from the table and
-publishes through it; the numbers come from control/outputs.py (ROS-free).
+"""policy_controller's command outputs (doc/interfaces.md).
+
+One table of adapters, interface -> the messages it publishes, each with its message type, the
+parameter naming its topic and the converter that builds it from a command. The node creates its
+publishers from the table and publishes through it; the numbers come from control/outputs.py
+(ROS-free).
 
 A converter is ``convert(cmd, stamp, now_ns, state, ctx) -> message``: ``cmd`` the command in
 the simulator's interface (float64, clamped), ``stamp`` the stamp (ns) of the state it answers
@@ -51,9 +53,12 @@ class Channel:
 
 @dataclass(frozen=True)
 class Output:
-    """An interface's messages, published in this order; the last one carries the command (its
-    topic is the node's ``command_topic`` in the metadata, its publisher the one the preflight and
-    wait_for_subscribers count)."""
+    """An interface's messages, published in this order.
+
+    The last one carries the command (its topic is the node's ``command_topic`` in the metadata, its
+    publisher the one the preflight and wait_for_subscribers count).
+    """
+
     channels: Tuple[Channel, ...]
     qos: str = "default"          # px4: the QoS PX4's uXRCE-DDS bridge expects on /fmu/in/*
     missing: str = ""             # the StartupError when a message package is not importable
@@ -178,8 +183,11 @@ def _load(msg_type: str) -> None:
 
 
 def load_messages(output: Output) -> None:
-    """Import the message classes of ``output`` (and the common ones) into :data:`msgs`. Message
-    packages that only some installs have: a missing one stops the node at start with the reason."""
+    """Import the message classes of ``output`` (and the common ones) into :data:`msgs`.
+
+    Message packages that only some installs have: a missing one stops the node at start with the
+    reason.
+    """
     for msg_type in _COMMON:
         _load(msg_type)
     try:
@@ -190,7 +198,7 @@ def load_messages(output: Output) -> None:
 
 
 def qos_profile(output: Output, default):
-    """The publishers' QoS of ``output``: ``default``, or the one PX4's uXRCE-DDS bridge expects."""
+    """Return the publishers' QoS of ``output``: ``default``, or the one PX4's uXRCE-DDS bridge expects."""
     if output.qos != "px4":
         return default
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -200,8 +208,10 @@ def qos_profile(output: Output, default):
 
 
 def command_msg(cmd: np.ndarray, stamp: int):
-    """/diffsim/command: the command in the simulator's interface, its state's stamp (ns) as the
-    dimension's label."""
+    """/diffsim/command: the command in the simulator's interface.
+
+    Its state's stamp (ns) is the dimension's label.
+    """
     c = msgs.Float64MultiArray()
     dim = msgs.MultiArrayDimension()
     dim.label, dim.size, dim.stride = str(int(stamp)), len(cmd), len(cmd)
@@ -211,14 +221,16 @@ def command_msg(cmd: np.ndarray, stamp: int):
 
 
 def prediction_type(kind: str):
-    """The /diffsim/predicted_state message class of a robot ``kind``."""
+    """Return the /diffsim/predicted_state message class of a robot ``kind``."""
     return msgs.Odometry if kind == "quadrotor" else msgs.JointState
 
 
 def prediction_msg(pred, stamp: int, runner, param: Callable[[str], Any]):
-    """/diffsim/predicted_state: the simulator's state one step on, stamped ``stamp`` (ns): a
-    JointState for an arm, an Odometry (frames of the ``frame_id``/``child_frame_id`` parameters,
-    read through ``param``) for a multirotor."""
+    """/diffsim/predicted_state: the simulator's state one step on, stamped ``stamp`` (ns).
+
+    A JointState for an arm, an Odometry (frames of the ``frame_id``/``child_frame_id`` parameters,
+    read through ``param``) for a multirotor.
+    """
     if runner.kind == "arm":
         m = msgs.JointState()
         m.header.stamp = stamp_from_ns(stamp)

@@ -102,15 +102,18 @@ ros = SimpleNamespace()
 
 
 def make_node_class():
-    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    """Build the rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
     for module, names in _ROS.items():
         ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
     return type("PolicyController", (_PolicyControllerLogic, ros.Node), {"__module__": __name__})
 
 
 class _PolicyControllerLogic:
-    """The node's side of policy_controller (parameters, messages, publishers, timers), mixed into
-    rclpy's Node by make_node_class(); what it decides is control/controller_loop.py's."""
+    """The node's side of policy_controller (parameters, messages, publishers, timers).
+
+    It is mixed into rclpy's Node by make_node_class(); what it decides is
+    control/controller_loop.py's.
+    """
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
@@ -195,7 +198,7 @@ class _PolicyControllerLogic:
                                    f"({'TwistStamped' if stamped else 'Twist'}): {self.velocity.describe()}")
 
     def _advertise(self):
-        """The output's publishers from its row of the table (nodes/outputs.py), the others, the services."""
+        """Create the output's publishers from its row of the table (nodes/outputs.py), the others, the services."""
         p = self._p
         qos = outputs.qos_profile(self.output, self.qos)
         self._out_pubs = []
@@ -303,7 +306,7 @@ class _PolicyControllerLogic:
         return self.loop.diagnostics_values()
 
     def close(self):
-        """Called once by run_node at shutdown (SIGINT/SIGTERM): the counters to stderr and stats_file."""
+        """Finish at shutdown (SIGINT/SIGTERM), called once by run_node: the counters to stderr and stats_file."""
         self.timer.cancel()
         if self.watchdog is not None:
             self.watchdog.cancel()
@@ -314,16 +317,21 @@ class _PolicyControllerLogic:
         self.finish(unacknowledged=late)
 
     def finish(self, unacknowledged=()):
-        """Counters to the log (and stats_file) at shutdown; ``unacknowledged``: the topics a
-        reliable subscriber had not acknowledged when the process gave up waiting."""
+        """Counters to the log (and stats_file) at shutdown.
+
+        ``unacknowledged``: the topics a reliable subscriber had not acknowledged when the process
+        gave up waiting.
+        """
         stats = status.shutdown_stats(self.counts, self.loop.timing, unacknowledged, self.out_topic, *map(self._p, (
             "command_topic", "predicted_state_topic", "metadata_topic", "diagnostics_topic")))
         status.report_stats(stats, self._p("stats_file"), NODE_NAME)
 
 
 def main(argv=None) -> int:
-    """Console script: runs until SIGINT/SIGTERM (exit 0); a refused checkpoint or a bad
-    parameter prints ``policy_controller: error: ...`` and exits 2."""
+    """Console script: runs until SIGINT/SIGTERM (exit 0).
+
+    A refused checkpoint or a bad parameter prints ``policy_controller: error: ...`` and exits 2.
+    """
     from .common import run_node
 
     def factory():

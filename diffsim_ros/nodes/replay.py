@@ -62,8 +62,11 @@ PARAMETERS = [
 
 
 class Playback:
-    """The samples to publish, without ROS: times (ns, bag clock), recorded and predicted
-    velocities (NaN where no prediction exists for that instant)."""
+    """The samples to publish, without ROS.
+
+    Times (ns, bag clock), recorded and predicted velocities (NaN where no prediction exists for
+    that instant).
+    """
 
     def __init__(self, bag: str, config: str = "", source: str = "simulator", horizon: int = 1,
                  state_topic: str = "", command_topic: str = ""):
@@ -105,15 +108,17 @@ class Playback:
 
 
 def make_node_class():
-    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    """Build the rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
     for module, names in _ROS.items():
         ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
     return type("ReplayNode", (_ReplayLogic, ros.Node), {"__module__": __name__})
 
 
 class _ReplayLogic:
-    """Publishes a :class:`Playback` on a wall timer at ``rate`` times real time (mixed into rclpy's
-    Node by make_node_class())."""
+    """Publishes a :class:`Playback` on a wall timer at ``rate`` times real time.
+
+    It is mixed into rclpy's Node by make_node_class().
+    """
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
@@ -139,7 +144,7 @@ class _ReplayLogic:
             raise common.StartupError(f"parameter 'start_delay' must be >= 0, got {p['start_delay']}")
 
     def _load(self):
-        """The bag read and its predictions made (a Playback); a bag that cannot be used is a StartupError."""
+        """Read the bag and make its predictions (a Playback); a bag that cannot be used is a StartupError."""
         from ..analysis import AnalysisError
         from ..physics import ConfigError
 

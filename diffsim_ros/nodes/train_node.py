@@ -74,15 +74,18 @@ PARAMETERS: Dict[str, Any] = {
 
 
 def make_node_class():
-    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    """Build the rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
     for module, names in _ROS.items():
         ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
     return type("TrainNode", (_TrainNodeLogic, ros.Node), {"__module__": __name__})
 
 
 class _TrainNodeLogic:
-    """The node's side of train_node (parameters, the URDF topic, progress topics), mixed into rclpy's
-    Node by make_node_class(); the training is the CLI's (workflows.training.train_from_params)."""
+    """The node's side of train_node (parameters, the URDF topic, progress topics).
+
+    It is mixed into rclpy's Node by make_node_class(); the training is the CLI's
+    (workflows.training.train_from_params).
+    """
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
@@ -96,7 +99,7 @@ class _TrainNodeLogic:
         return self.get_parameter(name).value
 
     def train(self) -> None:
-        """The whole run: the checkpoint written into ``out``; bad input is a StartupError."""
+        """Run the whole training: the checkpoint written into ``out``; bad input is a StartupError."""
         import torch
 
         from ..learning.checkpoint import CheckpointError
@@ -125,8 +128,11 @@ class _TrainNodeLogic:
 
     # -------------------------------------------------------------- what is trained
     def _configuration(self, out: Path, resume: bool) -> Tuple[Dict[str, Any], Path]:
-        """(the configuration, its file): the unfinished run's own in ``out`` (resume), else parameter
-        'config' (an ``out`` holding an earlier run refused unless force)."""
+        """Return (the configuration, its file).
+
+        The unfinished run's own in ``out`` (resume), else parameter 'config' (an ``out`` holding an
+        earlier run refused unless force).
+        """
         from .. import config
         from ..physics import ConfigError
 
@@ -156,8 +162,10 @@ class _TrainNodeLogic:
             raise StartupError(str(e)) from None
 
     def _place_urdf(self, params: Dict[str, Any], out: Path, resume: bool) -> None:
-        """Where the URDF comes from: topic > XML parameter > file parameter > the config's. A URDF
-        received is written to ``out``/robot_description.urdf and trained on."""
+        """Where the URDF comes from: topic > XML parameter > file parameter > the config's.
+
+        A URDF received is written to ``out``/robot_description.urdf and trained on.
+        """
         p = self._p
         xml: Optional[str] = None
         if p("robot_description_topic"):
@@ -178,7 +186,7 @@ class _TrainNodeLogic:
             params["urdf"] = str(resolve_path(p("urdf")).resolve())
 
     def _wait_urdf(self) -> str:
-        """The URDF on the latched robot_description_topic, waited for robot_description_timeout_s."""
+        """Return the URDF on the latched robot_description_topic, waited for robot_description_timeout_s."""
         p = self._p
         got: List[str] = []
         qos = ros.QoSProfile(depth=1, durability=ros.DurabilityPolicy.TRANSIENT_LOCAL)
@@ -194,7 +202,7 @@ class _TrainNodeLogic:
 
     # -------------------------------------------------------------- progress
     def _progress(self, row: Dict[str, float]) -> None:
-        """Called by the trainer after every iteration, on this thread: the loss and a diagnostic."""
+        """Report progress, called by the trainer after every iteration on this thread: the loss and a diagnostic."""
         loss = float(row["loss"])
         self.pub_loss.publish(ros.Float64(data=loss))
         st = ros.DiagnosticStatus(name=f"{NODE_NAME}: {self.get_fully_qualified_name()}",
@@ -209,7 +217,7 @@ class _TrainNodeLogic:
                                              if not math.isnan(row.get("eval_success", float("nan"))) else ""))
 
     def _report(self, task, result, files, t0: float) -> None:
-        """The end of the run: the log, a last diagnostic, a line on stderr."""
+        """Report the end of the run: the log, a last diagnostic, a line on stderr."""
         hist = result.history
         solved = result.solved_env_steps
         self.get_logger().info(f"trained {task.name}: {len(hist)} iterations in {time.monotonic() - t0:.1f} s, "
@@ -226,8 +234,10 @@ class _TrainNodeLogic:
 
 
 def main(argv=None) -> int:
-    """Console script: trains, writes the checkpoint and exits 0; bad input prints
-    ``train_node: error: ...`` and exits 2; SIGINT exits 130."""
+    """Console script: trains, writes the checkpoint and exits 0.
+
+    Bad input prints ``train_node: error: ...`` and exits 2; SIGINT exits 130.
+    """
     cls = make_node_class()
     ros.init(args=argv)
     node = cls()

@@ -96,8 +96,11 @@ def prepare_output(path: Path, overwrite: bool) -> None:
 
 
 def given_types(entries: Sequence[str], topics: List[str]) -> Dict[str, str]:
-    """{topic: 'package/msg/Type'} of parameter 'types' ('topic:package/msg/Type' entries; empty
-    ones skipped); each topic not in ``topics`` is appended to it."""
+    """Return {topic: 'package/msg/Type'} of parameter 'types'.
+
+    The parameter holds 'topic:package/msg/Type' entries; empty ones are skipped. Each topic not in
+    ``topics`` is appended to it.
+    """
     given: Dict[str, str] = {}
     for entry in entries:
         if not entry:
@@ -128,8 +131,10 @@ def _msg_search_dirs() -> List[Path]:
 
 
 def ensure_type(typestore, msgtype: str, _depth: int = 0) -> None:
-    """Register ``msgtype`` (and the types it uses) in ``typestore`` from the installed
-    ``share/<pkg>/msg/<Type>.msg`` files when the typestore lacks it."""
+    """Register ``msgtype`` (and the types it uses) in ``typestore`` when the typestore lacks it.
+
+    The definitions come from the installed ``share/<pkg>/msg/<Type>.msg`` files.
+    """
     from rosbags.typesys import get_types_from_msg
 
     if msgtype in typestore.fielddefs:
@@ -164,13 +169,13 @@ def _nested_types(desc) -> List[str]:
 
 
 def message_class(msgtype: str):
-    """The rclpy message class of 'pkg/msg/Type'."""
+    """Return the rclpy message class of 'pkg/msg/Type'."""
     pkg, kind, name = msgtype.split("/")
     return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
 
 
 def _qos_to_rosbags(qos):
-    """rclpy QoSProfile -> rosbags Qos (for the bag's offered_qos_profiles)."""
+    """Convert an rclpy QoSProfile to a rosbags Qos (for the bag's offered_qos_profiles)."""
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, ReliabilityPolicy
     from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 
@@ -186,15 +191,17 @@ def _qos_to_rosbags(qos):
 
 
 def make_node_class():
-    """The rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
+    """Build the rclpy Node subclass (built lazily so that importing this module needs no rclpy)."""
     for module, names in _ROS.items():
         ros.__dict__.update((n, getattr(importlib.import_module(module), n)) for n in names.split())
     return type("TrajectoryRecorder", (_TrajectoryRecorderLogic, ros.Node), {"__module__": __name__})
 
 
 class _TrajectoryRecorderLogic:
-    """The node's side of trajectory_recorder (parameters, subscriptions, timers), mixed into rclpy's
-    Node by make_node_class(); the bag is analysis.bagfile.McapBagWriter's."""
+    """The node's side of trajectory_recorder (parameters, subscriptions, timers).
+
+    It is mixed into rclpy's Node by make_node_class(); the bag is analysis.bagfile.McapBagWriter's.
+    """
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
@@ -211,7 +218,7 @@ class _TrajectoryRecorderLogic:
 
     # -------------------------------------------------------------- start-up
     def _read_topics(self) -> None:
-        """The typestore, the topics to record, the latched ones, the depth and the types given."""
+        """Read the typestore, the topics to record, the latched ones, the depth and the types given."""
         p = self.p
         self.typestore = make_typestore(p["typestore"])
         self.topics = [t for t in p["topics"] if t]
@@ -222,7 +229,7 @@ class _TrajectoryRecorderLogic:
         self.given: Dict[str, str] = given_types(p["types"], self.topics)
 
     def _open_writer(self, out: Path) -> float:
-        """The bag opened (metadata.yaml written); returns the flush period, s."""
+        """Open the bag (metadata.yaml written); returns the flush period, s."""
         flush_period = float(self.p["flush_period_s"])
         if not flush_period > 0:
             raise common.StartupError(f"parameter 'flush_period_s' must be > 0, got {flush_period}")
@@ -235,7 +242,7 @@ class _TrajectoryRecorderLogic:
         return flush_period
 
     def _start_discovery(self, flush_period: float) -> None:
-        """The given types subscribed at once, the others when a publisher appears (the discovery timer)."""
+        """Subscribe the given types at once, the others when a publisher appears (the discovery timer)."""
         for topic, msgtype in self.given.items():
             self._subscribe(topic, msgtype, None)
         period = float(self.p["discovery_period_s"])

@@ -1,5 +1,7 @@
 """Differentiable rigid-body physics in PyTorch (no ROS imports here).
 
+Typical use::
+
     from diffsim_ros import physics
     model = physics.load_urdf("robot.urdf", floating_base=False, dtype=torch.float64)
     tau = physics.rnea(model, q, v, a)

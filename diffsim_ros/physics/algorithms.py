@@ -112,8 +112,10 @@ def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _skew(w: torch.Tensor) -> torch.Tensor:
-    """(..., 3, B) -> the cross-product matrices (..., 3, 3, B): the components gathered into
-    the nine entries, times their signs (three operations)."""
+    """(..., 3, B) -> the cross-product matrices (..., 3, 3, B).
+
+    The components are gathered into the nine entries, times their signs (three operations).
+    """
     index, sign = _skew_map(w.dtype, str(w.device))
     return (w.index_select(-2, index) * sign).unflatten(-2, (3, 3))
 
@@ -148,8 +150,11 @@ def _cross_force(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 
 def _quat_to_matrix(quat: torch.Tensor) -> torch.Tensor:
-    """(4, B) quaternion x, y, z, w (normalised here) -> (3, 3, B): the rotation's entries
-    are quadratic forms of the unit quaternion, one constant (9, 16) map of its outer product."""
+    """(4, B) quaternion x, y, z, w (normalised here) -> (3, 3, B).
+
+    The rotation's entries are quadratic forms of the unit quaternion, one constant (9, 16) map of
+    its outer product.
+    """
     quat = quat / torch.linalg.vector_norm(quat, dim=0, keepdim=True)
     outer = (quat[:, None] * quat[None, :]).reshape(16, -1)
     return (_quat_matrix_map(quat.dtype, str(quat.device)) @ outer).reshape((3, 3) + quat.shape[1:])
@@ -266,9 +271,12 @@ def _joint_placements(model: Model, q: torch.Tensor) -> Tuple[torch.Tensor, torc
 
 
 def _joint_tables(model: Model):
-    """Per 1-DOF joint, constants of the model: T_R (n1, 3, 3), T_p (n1, 3), [T_R K, T_R K^2]
-    as (n1, 9, 2) with K the skew matrix of the axis, and T_R axis (n1, 3, 1). Kept in the
-    (frozen) model's instance dict: computed once per model, not per step."""
+    """Per 1-DOF joint, constants of the model.
+
+    They are T_R (n1, 3, 3), T_p (n1, 3), [T_R K, T_R K^2] as (n1, 9, 2) with K the skew matrix of
+    the axis, and T_R axis (n1, 3, 1). Kept in the (frozen) model's instance dict: computed once per
+    model, not per step.
+    """
     def make():
         jb = _topo(model).jb
         T_R, T_p, axis = model.tree_R[jb], model.tree_p[jb], model.axis[jb]
@@ -279,15 +287,20 @@ def _joint_tables(model: Model):
 
 
 def cached_on(obj, key: str, make):
-    """``make()``, computed once and kept in the instance dict of a frozen object (a Model): a
-    replaced copy is a new object and computes its own (see spatial.kept_in)."""
+    """``make()``, computed once and kept in the instance dict of a frozen object (a Model).
+
+    A replaced copy is a new object and computes its own (see spatial.kept_in).
+    """
     return kept_in(obj.__dict__, key, make)
 
 
 def model_constants(model: Model) -> None:
-    """Compute and keep the model's per-model constants (joint tables, the gravity's spatial
-    acceleration) now, so that a traced or compiled step finds them made (torch.compile then
-    takes them as constants instead of tracing their construction)."""
+    """Compute and keep the model's per-model constants now.
+
+    They are the joint tables and the gravity's spatial acceleration, made now so that a traced or
+    compiled step finds them made (torch.compile then takes them as constants instead of tracing
+    their construction).
+    """
     if len(_topo(model).jb):
         _joint_tables(model)
     _gravity_acc(model)
@@ -305,7 +318,8 @@ def _body_placements(model: Model, q: torch.Tensor, relative: bool = False) -> T
 
     relative: positions relative to the floating base's position (computed
     without ever forming the absolute positions, so no precision is lost far
-    from the world origin); the same as absolute for a fixed base."""
+    from the world origin); the same as absolute for a fixed base.
+    """
     R, p = _joint_placements(model, q)
     if relative and model.joint_type[0] == "free":
         p = torch.cat((torch.zeros_like(p[0:1]), p[1:]), 0)
@@ -336,8 +350,10 @@ def _level_lists(parent: Tuple[int, ...]) -> List[Tuple[List[int], List[int]]]:
 
 
 def _gather(xs, idx: List[int]) -> torch.Tensor:
-    """Entries ``idx`` of a list of per-body tensors (or of a tensor's first dimension), stacked
-    (one body: as it is, with a leading 1)."""
+    """Entries ``idx`` of a list of per-body tensors (or of a tensor's first dimension), stacked.
+
+    One body is returned as it is, with a leading 1.
+    """
     if len(idx) == 1:
         return xs[idx[0]][None]
     if isinstance(xs, torch.Tensor):
@@ -360,8 +376,11 @@ def _scatter(xs: List, idx: List[int], values: torch.Tensor) -> None:
 
 
 def _chain_homogeneous(model: Model, R: torch.Tensor, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The same world poses for a few environments: 4x4 products batch first, one per depth
-    of the tree (fewer, larger ops where per-op overhead dominates)."""
+    """Return the same world poses for a few environments.
+
+    They are computed as 4x4 products batch first, one per depth of the tree (fewer, larger ops
+    where per-op overhead dominates).
+    """
     nb, B = R.shape[0], R.shape[-1]
     X = torch.cat((torch.cat((R, p[:, :, None]), 2),
                    torch.eye(4, dtype=R.dtype, device=R.device)[3:].reshape(1, 1, 4, 1).expand(nb, 1, 4, B)), 1)
@@ -438,10 +457,12 @@ def forward_kinematics(model: Model, q: torch.Tensor) -> torch.Tensor:
 
 
 def link_kinematics(model: Model, q: torch.Tensor, link: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """World position of the origin of link ``link`` (index in ``model.link_names``)
-    and its Jacobian, from one pass over the body placements: (..., 3), (..., 3, nv).
-    The origin's velocity is ``J @ v``; the columns of dofs that do not move the link
-    are zero."""
+    """World position of the origin of link ``link`` and its Jacobian, from one pass.
+
+    ``link`` is an index in ``model.link_names``, the pass is over the body placements, and the
+    results are (..., 3), (..., 3, nv). The origin's velocity is ``J @ v``; the columns of dofs
+    that do not move the link are zero.
+    """
     batch, (qf,) = _flatten(model, q)
     topo = _topo(model)
     body = model.link_body[link]
@@ -462,9 +483,11 @@ def link_kinematics(model: Model, q: torch.Tensor, link: int) -> Tuple[torch.Ten
 
 
 def link_jacobian(model: Model, q: torch.Tensor, link: int) -> torch.Tensor:
-    """Jacobian of the origin of link ``link`` (index in ``model.link_names``) in the
-    world frame: its velocity is ``J @ v``. (..., 3, nv); the columns of dofs that
-    do not move the link are zero. ``link_kinematics`` gives the position with it."""
+    """Jacobian of the origin of link ``link`` (index in ``model.link_names``) in the world frame.
+
+    It is (..., 3, nv) and the origin's velocity is ``J @ v``; the columns of dofs that do not move
+    the link are zero. ``link_kinematics`` gives the position with it.
+    """
     return link_kinematics(model, q, link)[1]
 
 
@@ -499,18 +522,22 @@ def _motion_subspaces(model: Model, Rw: torch.Tensor, pw: torch.Tensor) -> torch
 
 
 def _frame_origin(model: Model, q: torch.Tensor) -> torch.Tensor:
-    """Origin of the frame the dynamics are computed in, (1, 3, B): the floating
-    base's position (so the results do not lose precision as the robot travels
-    away from the world origin), or the world origin for a fixed base."""
+    """Origin of the frame the dynamics are computed in, (1, 3, B).
+
+    It is the floating base's position (so the results do not lose precision as the robot travels
+    away from the world origin), or the world origin for a fixed base.
+    """
     if model.joint_type[0] == "free":
         return q[None, 0:3]
     return torch.zeros(1, 3, 1, dtype=q.dtype, device=q.device)
 
 
 def _world_quantities(model: Model, q: torch.Tensor):
-    """Motion subspace of every dof (nv, 6, B), spatial inertia of every body
-    (nb, 6, 6, B), in world-aligned axes at the point ``o`` (see
-    :func:`_frame_origin`), and ``o`` (1, 3, B)."""
+    """Motion subspace of every dof (nv, 6, B), spatial inertia of every body (nb, 6, 6, B), and ``o``.
+
+    The first two are in world-aligned axes at the point ``o`` (see :func:`_frame_origin`), which
+    is (1, 3, B).
+    """
     Rw, pw = _body_placements(model, q, relative=True)
     o = _frame_origin(model, q)
     S = _motion_subspaces(model, Rw, pw)
@@ -521,10 +548,12 @@ def _world_quantities(model: Model, q: torch.Tensor):
 
 
 def inertials(model: Model) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The bodies' centres of mass (nb, 3, B or 1) and rotational inertias (nb, 3, 3, B or 1),
-    batch-last: a model of one set of inertial parameters has them unbatched (mass (nb,), com
-    (nb, 3), inertia (nb, 3, 3)); a model of per-environment ones (domain randomisation,
-    ``parameters.apply_per_episode``) has a trailing batch dimension on each."""
+    """Return the bodies' centres of mass (nb, 3, B or 1) and rotational inertias (nb, 3, 3, B or 1).
+
+    Both are batch-last: a model of one set of inertial parameters has them unbatched (mass (nb,),
+    com (nb, 3), inertia (nb, 3, 3)); a model of per-environment ones (domain randomisation,
+    ``parameters.apply_per_episode``) has a trailing batch dimension on each.
+    """
     com = model.com if model.com.dim() == 3 else model.com[..., None]
     inertia = model.inertia if model.inertia.dim() == 4 else model.inertia[..., None]
     return com, inertia
@@ -537,8 +566,10 @@ def _shift_wrench(f_ext: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
 
 
 def _gravity_acc(model: Model) -> torch.Tensor:
-    """Spatial acceleration of the world that stands in for gravity: [-g; 0], (6, 1). Kept in
-    the (frozen) model's instance dict, unless the gravity carries a gradient."""
+    """Spatial acceleration of the world that stands in for gravity: [-g; 0], (6, 1).
+
+    Kept in the (frozen) model's instance dict, unless the gravity carries a gradient.
+    """
     def make():
         return torch.cat((-model.gravity, torch.zeros_like(model.gravity)))[:, None]
     return make() if model.gravity.requires_grad else cached_on(model, "_gravity_acc", make)
@@ -555,8 +586,11 @@ def _body_sum(topo: _Topology, x: torch.Tensor, nb: int) -> torch.Tensor:
 
 
 def _of_dof(topo: _Topology, x: torch.Tensor) -> torch.Tensor:
-    """Per-body (nb, k, B) -> per-dof (nv, k, B): each dof's body's value. Compiled, a product
-    with the one-hot map, whose gradient is another product rather than a scatter-add."""
+    """Per-body (nb, k, B) -> per-dof (nv, k, B): each dof's body's value.
+
+    Compiled, a product with the one-hot map, whose gradient is another product rather than a
+    scatter-add.
+    """
     if traced():
         return (topo.dof_body @ x.reshape(x.shape[0], -1)).reshape(topo.dof_body.shape[:1] + x.shape[1:])
     return x[topo.body_of_dof]
@@ -583,11 +617,13 @@ def rnea(model: Model, q: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
 
 def joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor, vJ: torch.Tensor, vel: torch.Tensor,
                  af: Optional[torch.Tensor] = None, f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """RNEA on batch-last kinematics (all at the point o, world axes): motion subspaces
-    S (nv_full, 6, B), inertias I (nb, 6, 6, B), joint and body twists vJ, vel (nb, 6, B),
-    accelerations af (nv, B) (None: zero; reduced coordinates) and external wrenches f_ext
-    (nb, 6, B) about o. Returns tau (nv, B) (reduced: G^T tau_full with mimic joints); with
-    af None it is the bias ``b(q, v) - J^T f_ext``."""
+    """RNEA on batch-last kinematics (all at the point o, world axes).
+
+    The inputs are motion subspaces S (nv_full, 6, B), inertias I (nb, 6, 6, B), joint and body
+    twists vJ, vel (nb, 6, B), accelerations af (nv, B) (None: zero; reduced coordinates) and
+    external wrenches f_ext (nb, 6, B) about o. Returns tau (nv, B) (reduced: G^T tau_full with
+    mimic joints); with af None it is the bias ``b(q, v) - J^T f_ext``.
+    """
     topo = _topo(model)
     # a_i = a_parent + S_i qdd_i + v_i x S_i qd_i (the last term is dS_i/dt qd_i in the world frame).
     c = _cross_motion(vel, vJ)
@@ -602,8 +638,11 @@ def joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor, vJ: torch.Tenso
 
 
 def gravity_joint_forces(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
-    """The joint forces that hold the bodies against gravity at rest, ``rnea(q, 0, 0)``, on
-    batch-last S (nv_full, 6, B) and inertias I (nb, 6, 6, B) at o: (nv, B) (reduced)."""
+    """Return the joint forces that hold the bodies against gravity at rest, ``rnea(q, 0, 0)``.
+
+    They are computed on batch-last S (nv_full, 6, B) and inertias I (nb, 6, 6, B) at o, as
+    (nv, B) (reduced).
+    """
     topo = _topo(model)
     f = _mv(I, _gravity_acc(model))
     F = _tree_sum(topo.anc, f, subtree=True)
@@ -619,9 +658,11 @@ def crba(model: Model, q: torch.Tensor) -> torch.Tensor:
 
 
 def joint_space_inertia(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
-    """CRBA on batch-last quantities at o: S (nv_full, 6, B), body inertias I (nb, 6, 6, B)
-    -> M (nv, nv, B) (reduced: G^T M_full G with mimic joints). Any symmetric per-body 6x6
-    blocks (a contact's friction damping, say) map to joint space the same way."""
+    """CRBA on batch-last quantities at o: S (nv_full, 6, B), body inertias I (nb, 6, 6, B) -> M (nv, nv, B).
+
+    M is reduced: G^T M_full G with mimic joints. Any symmetric per-body 6x6 blocks (a contact's
+    friction damping, say) map to joint space the same way.
+    """
     topo = _topo(model)
     Ic = _tree_sum(topo.anc, I, subtree=True)                  # composite inertias
     F = _mv(_of_dof(topo, Ic), S)                              # (nv, 6, B)
@@ -712,9 +753,11 @@ def aba_batch_last(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.T
 
 def _coupled_forward_dynamics(model: Model, qf: torch.Tensor, vf: torch.Tensor, tf: torch.Tensor,
                               f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Forward dynamics of a model with mimic joints: reduced q (nq, B), v, tau (nv, B)
-    -> qdd (nv, B) from M = G^T M_full G and b = G^T b_full (the ABA recursion has no
-    place for a coordinate shared by two bodies)."""
+    """Forward dynamics of a model with mimic joints: reduced q (nq, B), v, tau (nv, B) -> qdd (nv, B).
+
+    It uses M = G^T M_full G and b = G^T b_full (the ABA recursion has no place for a coordinate
+    shared by two bodies).
+    """
     topo = _topo(model)
     S, I, o, _, _ = _world_quantities(model, _full_q(model, qf))
     vJ = _body_sum(topo, S * _full_v(model, vf)[:, None], model.nb)
@@ -730,7 +773,8 @@ def solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     A few environments: one batched Cholesky factorisation (few large ops: the step
     is bound by per-op overhead there). Many: Gauss-Jordan over the batch-last layout,
     whose elementwise kernels beat batched LAPACK calls on thousands of tiny systems (and
-    fuse into a few kernels under torch.compile)."""
+    fuse into a few kernels under torch.compile).
+    """
     if A.shape[-1] <= CHOLESKY_MAX_BATCH and not traced():
         L = torch.linalg.cholesky_ex(A.permute(2, 0, 1))[0]   # no raise: a NaN state is the NaN guard's to name
         return torch.cholesky_solve(b.T[..., None], L)[..., 0].T
@@ -745,7 +789,8 @@ def _solve_spd(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Gauss-Jordan elimination without pivoting (safe for SPD matrices), vectorised
     over the batch; much faster on a CPU than a batched LAPACK call on thousands
-    of tiny systems, and differentiable."""
+    of tiny systems, and differentiable.
+    """
     n = A.shape[0]
     M = torch.cat((A, b[:, None]), 1)                          # augmented (n, n+1, B)
     for k in range(n):

@@ -61,13 +61,16 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "diffsim_ros", "torc
 
 
 def _input_guards(fn):
-    """The guard filter for Dynamo that keeps the guards on ``fn``'s arguments (shape, dtype,
-    device, strides, requires_grad) and on the global state (grad mode and the like). The ones on
-    the captured System (a few hundred: every tensor's metadata, every constant) and on the
-    modules' globals are dropped: each CompiledStep compiles its own copy of the step function
-    for one frozen System, so they hold as long as nobody patches diffsim_ros's modules or
-    mutates the System's tensors in place (neither is supported: ``sys.replace`` and a new
-    CompiledStep are), and checking them cost a fifth of a step at one environment."""
+    """Return the guard filter for Dynamo that keeps the guards on ``fn``'s arguments and global state.
+
+    The guards kept are those on the arguments (shape, dtype, device, strides, requires_grad) and
+    on the global state (grad mode and the like). The ones on the captured System (a few hundred:
+    every tensor's metadata, every constant) and on the modules' globals are dropped: each
+    CompiledStep compiles its own copy of the step function for one frozen System, so they hold as
+    long as nobody patches diffsim_ros's modules or mutates the System's tensors in place (neither
+    is supported: ``sys.replace`` and a new CompiledStep are), and checking them cost a fifth of a
+    step at one environment.
+    """
     inputs = frozenset(fn.__code__.co_varnames[:fn.__code__.co_argcount])
 
     def keep(entries):
@@ -76,8 +79,11 @@ def _input_guards(fn):
 
 
 def _own_copy(fn):
-    """``fn`` with a code object of its own: Dynamo keeps compiled graphs per code object,
-    so two CompiledSteps (two systems) never share, or pick from, each other's graphs."""
+    """``fn`` with a code object of its own.
+
+    Dynamo keeps compiled graphs per code object, so two CompiledSteps (two systems) never share,
+    or pick from, each other's graphs.
+    """
     code = fn.__code__.replace(co_name="%s_%d" % (fn.__code__.co_name, next(_SERIAL)))
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
@@ -90,9 +96,12 @@ def _persistent_cache() -> None:
 
 def pack_values(varying: Sequence[Tuple[str, int]], values: Mapping[str, object], like: torch.Tensor,
                 per_episode: bool = False) -> torch.Tensor:
-    """The vector a compiled step with ``varying`` parameters takes: ``values`` (name -> value of
-    that parameter's size) concatenated in ``varying``'s order, as ``like``'s dtype and device.
-    ``per_episode``: values (B, size), one row per environment; the result is (B, total)."""
+    """Return the vector a compiled step with ``varying`` parameters takes.
+
+    It is ``values`` (name -> value of that parameter's size) concatenated in ``varying``'s order,
+    as ``like``'s dtype and device. ``per_episode``: values (B, size), one row per environment; the
+    result is (B, total).
+    """
     missing = [n for n, _ in varying if n not in values]
     if missing or len(values) != len(varying):
         raise KeyError(f"values for {[n for n, _ in varying]} expected, got {sorted(values)}")
@@ -101,16 +110,18 @@ def pack_values(varying: Sequence[Tuple[str, int]], values: Mapping[str, object]
 
 
 def _chooses_groups(sys: System) -> bool:
-    """Whether a compiled step of ``sys`` evaluates only the contact groups near the ground:
-    ground contact, one semi-implicit substep (the contact is evaluated at the step's start,
-    where the nearness is) and no self-collision pairs."""
+    """Whether a compiled step of ``sys`` evaluates only the contact groups near the ground.
+
+    It does with ground contact, one semi-implicit substep (the contact is evaluated at the step's
+    start, where the nearness is) and no self-collision pairs.
+    """
     cfg, cs = sys.config, sys.contact
     return (cfg.ground and cfg.integrator == "semi_implicit" and cfg.substeps == 1 and cs.n > 0
             and cs.pairs.numel() == 0)
 
 
 def _groups_key(sys: System, groups) -> Optional[tuple]:
-    """``groups`` as the key of a graph: a sorted tuple, or None when it is every group of ``sys``."""
+    """Return ``groups`` as the key of a graph: a sorted tuple, or None when it is every group of ``sys``."""
     groups = tuple(groups)
     return None if len(groups) == sys.contact.group_valid.shape[0] else groups
 
@@ -123,9 +134,12 @@ def _inside(watch: System, groups: Optional[tuple], device) -> torch.Tensor:
 
 
 def _flags(new: State, data, action, watch: Optional[System], inside: Optional[torch.Tensor]):
-    """The graph's flags after a step: whether everything is finite (the NaN guard's test, fused
-    into the last kernels: the sum of everything is finite exactly when every entry is) and,
-    with ``watch``, every group's nearness and whether one the graph leaves out came near."""
+    """Return the graph's flags after a step.
+
+    They are whether everything is finite (the NaN guard's test, fused into the last kernels: the
+    sum of everything is finite exactly when every entry is) and, with ``watch``, every group's
+    nearness and whether one the graph leaves out came near.
+    """
     parts = [x for x in (new.q, new.v, new.actuator, data.qdd, action) if x is not None]
     finite = torch.isfinite(torch.stack([x.sum() for x in parts]).sum())
     if watch is None:
@@ -135,22 +149,27 @@ def _flags(new: State, data, action, watch: Optional[System], inside: Optional[t
 
 
 def _small_batch_options(device: torch.device, batch: int) -> dict:
-    """Inductor's options for a batch below VECTOR_BATCH on the CPU: no vector kernels (the
-    batch is the vectorised dimension; they and their scalar tails would cost compile time only)."""
+    """Inductor's options for a batch below VECTOR_BATCH on the CPU: no vector kernels.
+
+    The batch is the vectorised dimension; the vector kernels and their scalar tails would cost
+    compile time only.
+    """
     return {"cpp.simdlen": 1} if device.type == "cpu" and batch < VECTOR_BATCH else {}
 
 
 class _Graphs:
-    """The step's graphs for one input signature, traced by AOTAutograd and compiled by Inductor
-    directly, without Dynamo: with ``train`` a forward graph (that also returns what the backward
-    keeps) and a backward graph behind one autograd.Function, otherwise an inference graph.
+    """The step's graphs for one input signature, traced by AOTAutograd and compiled by Inductor directly.
+
+    They are made without Dynamo: with ``train`` a forward graph (that also returns what the
+    backward keeps) and a backward graph behind one autograd.Function, otherwise an inference graph.
 
     torch.compile makes the same two graphs; what this leaves out is its per-call machinery in
     Python (Dynamo's frame and guards, AOTAutograd's runtime wrappers, which look at each of the
     ~100 saved tensors on every call), about half of a forward and backward step at one
     environment. It can do without: the inputs are plain tensors of a fixed signature (the
     key), the System is constant, nothing is mutated and no output aliases an input (each is
-    cloned in the graph, which Inductor folds into the kernel that computes it)."""
+    cloned in the graph, which Inductor folds into the kernel that computes it).
+    """
 
     def __init__(self, fn, inputs, train: bool, options: dict):
         from torch._functorch.aot_autograd import aot_export_joint_simple
@@ -228,9 +247,11 @@ class _GraphStep(torch.autograd.Function):
 
 
 class CompiledStep:
-    """``Simulator.step`` for a fixed :class:`System`, compiled; with ``nan_check`` the graph
-    also returns whether everything is finite (one host synchronisation), and only a
-    non-finite step runs the eager guard that names the environment and quantity.
+    """``Simulator.step`` for a fixed :class:`System`, compiled.
+
+    With ``nan_check`` the graph also returns whether everything is finite (one host
+    synchronisation), and only a non-finite step runs the eager guard that names the environment
+    and quantity.
 
     With ground contact, one semi-implicit substep per step and no self-collision pairs, the
     step evaluates only the contact point groups that can reach the ground, as the eager step
@@ -239,12 +260,15 @@ class CompiledStep:
     first step at a batch shape runs every group, later ones a graph of the groups seen near
     so far, and a step that finds another group near is run again with every group (the set
     grows by it). One graph per set of groups, each compiled on first use: a robot that
-    touches down with a new body compiles once more then."""
+    touches down with a new body compiles once more then.
+    """
 
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cpp_wrapper: bool = True,
                  watch: Optional[System] = None, groups: Optional[tuple] = None, direct: Optional[bool] = None,
                  varying: Sequence[Tuple[str, int]] = ()):
-        """varying: ``(name, size)`` of the registry parameters (:mod:`.registry`) that are inputs
+        """Set up the compiled step of ``sys``; the options are as follows.
+
+        varying: ``(name, size)`` of the registry parameters (:mod:`.registry`) that are inputs
         of the graphs rather than constants: a call then passes their values as one vector, in this
         order (:func:`pack_values`), and the graphs apply them to ``sys`` (its structure must
         already admit them: a lag that the configuration leaves out is not made by a value).
@@ -252,7 +276,8 @@ class CompiledStep:
         its groups ``sys`` holds (None: all); given to the graphs of the groups seen near.
         direct: trace and compile the forward and backward graphs here (:class:`_Graphs`)
         rather than through torch.compile (default: on the CPU, where it halves a forward and
-        backward step at one environment; torch.compile is the fallback if that fails)."""
+        backward step at one environment; torch.compile is the fallback if that fails).
+        """
         _persistent_cache()
         self.system = sys
         for model in (sys.model, sys.nominal):
@@ -288,10 +313,12 @@ class CompiledStep:
         self.reruns = 0                              # steps run again with every group (a group came near)
 
     def _compiled(self, batch: int):
-        """The compiled function for this batch size's class. The batch is the innermost
-        dimension, the one Inductor's CPU kernels vectorise: below VECTOR_BATCH environments
-        the vector kernels (and their scalar tails) would cost compile time only, so they
-        are not generated (half the compile time of the quadrotor's step)."""
+        """Return the compiled function for this batch size's class.
+
+        The batch is the innermost dimension, the one Inductor's CPU kernels vectorise: below
+        VECTOR_BATCH environments the vector kernels (and their scalar tails) would cost compile
+        time only, so they are not generated (half the compile time of the quadrotor's step).
+        """
         small = _small_batch_options(self.system.model.device, batch)
         fn = self._fns.get(bool(small))
         if fn is None:
@@ -314,8 +341,11 @@ class CompiledStep:
         return self._compiled(state.q[..., 0].numel())(*inputs)
 
     def _trace(self, inputs, tensors, train: bool) -> Union[_Traced, Literal[False]]:
-        """(_Graphs, which of the step's outputs are tensors) for this signature, or False
-        (with a warning) where tracing or compiling them failed: torch.compile steps then."""
+        """(_Graphs, which of the step's outputs are tensors) for this signature.
+
+        False instead (with a warning) where tracing or compiling them failed: torch.compile steps
+        then.
+        """
         present = [x is not None for x in inputs]
         kept: List[bool] = []
         flat = self._flat
@@ -335,7 +365,7 @@ class CompiledStep:
         return graphs, tuple(kept)
 
     def _graph_of(self, groups: Optional[tuple]) -> "CompiledStep":
-        """The step over the contact groups ``groups`` (None: all), reporting every group's nearness."""
+        """Return the step over the contact groups ``groups`` (None: all), reporting every group's nearness."""
         hit = self._by_groups.get(groups)
         if hit is None:
             sys = self.system if groups is None else self.system.replace(contact=self.system.contact.subset(groups))
@@ -384,11 +414,13 @@ _OUT_FIELDS = _STATE_FIELDS[:-1]
 
 
 class _Forward(torch.nn.Module):
-    """The step as a module for torch.export: the System's tensors are constants of the graph;
-    inputs and outputs are the state's fields that exist (None ones are left out), then the
+    """The step as a module for torch.export: the System's tensors are constants of the graph.
+
+    Inputs and outputs are the state's fields that exist (None ones are left out), then the
     action; outputs end with qdd, the finite flag of the NaN guard and, where the step has
     contact groups to choose (``watch``: the full system, ``inside``: the mask of its groups
-    ``sys`` holds), every group's nearness and whether one left out came near."""
+    ``sys`` holds), every group's nearness and whether one left out came near.
+    """
 
     def __init__(self, sys: System, present: Tuple[bool, ...], watch: Optional[System] = None,
                  inside: Optional[torch.Tensor] = None):
@@ -406,8 +438,11 @@ class _Forward(torch.nn.Module):
 
 
 def _fingerprint(program, batch: int) -> str:
-    """What decides the compiled library: the graph's code, every constant's value, the
-    torch version and the CPU's vector instruction set (the library is built for it)."""
+    """Return what decides the compiled library.
+
+    That is the graph's code, every constant's value, the torch version and the CPU's vector
+    instruction set (the library is built for it).
+    """
     from torch._inductor.cpu_vec_isa import pick_vec_isa
     h = hashlib.sha256()
     for part in (torch.__version__, platform.machine(), str(pick_vec_isa()), str(batch),
@@ -426,20 +461,25 @@ def _fingerprint(program, batch: int) -> str:
 
 
 class _QuietISA(logging.Filter):
-    """Loading a library built without vector kernels (one environment) logs an instruction-set
-    'mismatch' that is by design; other records pass."""
+    """Log filter that passes every record but the instruction-set 'mismatch' of AOTInductor.
+
+    Loading a library built without vector kernels (one environment) logs an instruction-set
+    'mismatch' that is by design; other records pass.
+    """
 
     def filter(self, record):
         return "AOTI_CPU_ISA" not in record.getMessage()
 
 
 class ExportedStep:
-    """The forward step of a fixed :class:`System`, compiled ahead of time per batch shape
-    (torch.export + AOTInductor): the same results as the compiled step, without its
-    per-call Python (the controller's prediction at one environment). No gradient: inputs
+    """The forward step of a fixed :class:`System`, compiled ahead of time per batch shape.
+
+    It is compiled with torch.export + AOTInductor: the same results as the compiled step, without
+    its per-call Python (the controller's prediction at one environment). No gradient: inputs
     that require grad with grad mode on are refused (use :class:`CompiledStep` or the eager
     step). The first call for a shape exports the step (seconds) and builds the library
-    (about 20 s for an arm on a two-core machine) or loads it from ``cache_dir``."""
+    (about 20 s for an arm on a two-core machine) or loads it from ``cache_dir``.
+    """
 
     def __init__(self, sys: System, nan_check: Optional[bool] = None, cache_dir: Optional[str] = None):
         _persistent_cache()

@@ -36,9 +36,11 @@ class Inertial:
     inertia: np.ndarray              # (3, 3) about the COM, in the inertial origin's frame
 
     def placed(self, R: np.ndarray, p: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """This link's centre of mass and rotational inertia about the origin of a frame in which
-        the link frame sits at rotation ``R``, position ``p``, both in that frame (the parallel-axis
-        theorem: R_c I R_c^T + m (|c|^2 1 - c c^T))."""
+        """Return this link's centre of mass and rotational inertia about the origin of another frame.
+
+        In that frame the link frame sits at rotation ``R``, position ``p``, both in that frame (the
+        parallel-axis theorem: R_c I R_c^T + m (|c|^2 1 - c c^T)).
+        """
         from .rotation import rpy_to_matrix
         Rc = R @ rpy_to_matrix(self.origin.rpy)
         c = p + R @ np.asarray(self.origin.xyz, dtype=np.float64)
@@ -55,6 +57,7 @@ class Geometry:
     A mesh in the URDF becomes the box that bounds its vertices (after scale),
     with ``origin`` moved to the box centre and ``mesh`` set to the resolved file.
     """
+
     link: str
     kind: str
     size: Tuple[float, ...]

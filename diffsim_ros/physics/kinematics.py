@@ -1,6 +1,7 @@
-"""The kinematics record: everything about the bodies' placements and motion that a
-step needs, computed once per (sub)step and shared by the stages, as Pinocchio's
-``Data`` after ``forwardKinematics``.
+"""The kinematics record: everything about the bodies' placements and motion that a step needs.
+
+It is computed once per (sub)step and shared by the stages, as Pinocchio's ``Data`` after
+``forwardKinematics``.
 
 Internally the batch is the last dimension (see :mod:`.algorithms`): ``R`` is
 (nb, 3, 3, B). Positions are relative to the point ``o`` (the floating base's
@@ -26,11 +27,12 @@ class Kinematics(NamedTuple):
 
     R (nb, 3, 3, B): body orientations in the world; p (nb, 3, B): body origins
     relative to ``o`` (1, 3, B); S (nv_full, 6, B): every dof's motion subspace at ``o``
-(the full tree's: mimic joints included);
+    (the full tree's: mimic joints included);
     vJ (nb, 6, B): the joints' twists; vel (nb, 6, B): the bodies' twists at ``o``
     (``[velocity of the body point at o; angular velocity]``; zero without v);
     batch: the leading batch shape of the inputs.
     """
+
     R: torch.Tensor
     p: torch.Tensor
     o: torch.Tensor
@@ -50,9 +52,11 @@ class Kinematics(NamedTuple):
 
 def kinematics_record(model: Model, qf: torch.Tensor, vf: Optional[torch.Tensor] = None,
                       batch: Tuple[int, ...] = ()) -> Kinematics:
-    """The record for batch-last q (nq, B) and v (nv, B) (v None: at rest). With mimic
-    joints q and v are the reduced coordinates; the record is of the full tree (``S`` has
-    one column per moving joint, mimic joints included: nv_full)."""
+    """Return the record for batch-last q (nq, B) and v (nv, B) (v None: at rest).
+
+    With mimic joints q and v are the reduced coordinates; the record is of the full tree (``S``
+    has one column per moving joint, mimic joints included: nv_full).
+    """
     topo = _topo(model)
     qf, vf = _full_q(model, qf), _full_v(model, vf)
     R, p = _body_placements(model, qf, relative=True)
@@ -68,7 +72,7 @@ def kinematics_record(model: Model, qf: torch.Tensor, vf: Optional[torch.Tensor]
 
 
 def kinematics(model: Model, q: torch.Tensor, v: Optional[torch.Tensor] = None) -> Kinematics:
-    """The kinematics record of q (..., nq) and, optionally, v (..., nv)."""
+    """Return the kinematics record of q (..., nq) and, optionally, v (..., nv)."""
     if v is None:
         batch, (qf,) = _flatten(model, q)
         return kinematics_record(model, qf, None, batch)

@@ -52,8 +52,11 @@ _NEXT, _PREV = np.array([1, 2, 0]), np.array([2, 0, 1])
 
 
 def cross(xp, a, b):
-    """Cross product of (..., 3) vectors, broadcast. NumPy's is np.cross's arithmetic (the same
-    values) by two gathers, a third of its overhead on 3-vectors."""
+    """Cross product of (..., 3) vectors, broadcast.
+
+    NumPy's is np.cross's arithmetic (the same values) by two gathers, a third of its overhead on
+    3-vectors.
+    """
     if xp is np:
         return a[..., _NEXT] * b[..., _PREV] - a[..., _PREV] * b[..., _NEXT]
     return xp.linalg.cross(*xp.broadcast_tensors(a, b), dim=-1)
@@ -67,7 +70,7 @@ def clamp_min(xp, x, lo: float):
 
 
 def limit_scale(xp, x):
-    """x where it is a limit (finite and positive), else 1: the scale of a limit that may be absent."""
+    """Return x where it is a limit (finite and positive), else 1: the scale of a limit that may be absent."""
     return xp.where(xp.isfinite(x) & (x > 0), x, 1.0)
 
 
@@ -78,14 +81,17 @@ def lag_factor(xp, h: float, tau):
 
 
 def first_order_lag(xp, state, target, h: float, tau):
-    """The exact discretisation of state' = (target - state) / tau over h (target held)."""
+    """Return the exact discretisation of state' = (target - state) / tau over h (target held)."""
     return state + lag_factor(xp, h, tau) * (target - state)
 
 
 # ----------------------------------------------------------------------------- joint drives
 def effort_saturation(xp, u, lim):
-    """(torque, slope d/du) of the effort limit: ``L tanh(u / L)`` where L is finite and positive,
-    ``u`` elsewhere (an infinite, zero or missing limit: URDF's none given)."""
+    """(torque, slope d/du) of the effort limit.
+
+    The torque is ``L tanh(u / L)`` where L is finite and positive, ``u`` elsewhere (an infinite,
+    zero or missing limit: URDF's none given).
+    """
     ok = xp.isfinite(lim) & (lim > 0)
     safe = xp.where(ok, lim, 1.0)
     th = xp.tanh(u / safe)
@@ -93,7 +99,7 @@ def effort_saturation(xp, u, lim):
 
 
 def _window(xp, va, lim, vmax, band: float):
-    """The torque-speed window's parts: lo, hi, ok, and the safe L, v_max and band width."""
+    """Return the torque-speed window's parts: lo, hi, ok, and the safe L, v_max and band width."""
     ok = xp.isfinite(vmax) & xp.isfinite(lim) & (lim > 0)
     safe_v = xp.where(ok, vmax, 1.0)
     safe_l = xp.where(ok, lim, 1.0)
@@ -112,13 +118,17 @@ def torque_window(xp, va, lim, vmax, band: float):
     with L the effort limit and b the band (``velocity_limit_band``); below about (1 - 2b) v_max the
     full effort is there. A joint then does not drive itself past its speed limit (gravity or a
     collision may push it there; the drive brakes it back). ``ok``: joints with a finite positive
-    effort limit and a velocity limit."""
+    effort limit and a velocity limit.
+    """
     return _window(xp, va, lim, vmax, band)[:3]
 
 
 def _mid_half(xp, lo, hi, safe_l):
-    """The window's centre and half-width; far beyond the limit the window closes on -L..-L, and
-    a floor on its width keeps the slope finite."""
+    """Return the window's centre and half-width.
+
+    Far beyond the limit the window closes on -L..-L, and a floor on its width keeps the slope
+    finite.
+    """
     return 0.5 * (hi + lo), xp.maximum(0.5 * (hi - lo), MIN_HALF_WIDTH * safe_l)
 
 
@@ -127,7 +137,8 @@ def saturate(xp, u, lim, va=None, vmax=None, band: float = 0.1):
 
     ``L tanh(u / L)`` at the effort limit L; with a window (``va`` the joint speeds and ``vmax``
     the velocity limits; None: none), ``mid + half tanh((u - mid) / half)`` with mid and half the
-    centre and half-width of :func:`torque_window` (which at rest is L tanh(u / L) again)."""
+    centre and half-width of :func:`torque_window` (which at rest is L tanh(u / L) again).
+    """
     out, slope = effort_saturation(xp, u, lim)
     if va is None or vmax is None:
         return out, slope
@@ -138,14 +149,15 @@ def saturate(xp, u, lim, va=None, vmax=None, band: float = 0.1):
 
 
 def window_brake(xp, u, va, torque, lim, vmax, band: float):
-    """The window's damping for the linearly implicit step, N m s/rad (0 where a joint has none).
+    """Return the window's damping for the linearly implicit step, N m s/rad (0 where a joint has none).
 
     Inside the limit, -d torque / d va at fixed command (the window's stiffness). Beyond it the
     window has closed on full braking and its tangent is flat, so the secant to the limit is
     used instead, (torque(v) - torque(v*)) / (v - v*) with v* the nearest speed within the
     limit: the implicit step then lands at most on the limit instead of braking past it and
     oscillating (a light joint brakes in a fraction of a substep). ``torque``:
-    saturate(xp, u, lim, va, vmax, band)'s, which the caller has already."""
+    saturate(xp, u, lim, va, vmax, band)'s, which the caller has already.
+    """
     lo, hi, ok, safe_l, safe_v, width = _window(xp, va, lim, vmax, band)
     dhi = -(safe_l / width) * (1.0 - (hi / safe_l) ** 2)        # d hi / d v = -(L / B) sech^2
     dlo = -(safe_l / width) * (1.0 - (lo / safe_l) ** 2)
@@ -164,13 +176,13 @@ def window_brake(xp, u, va, torque, lim, vmax, band: float):
 
 
 def secant(xp, f0, f1, dx, tangent, scale):
-    """The secant slope (f0 - f1) / dx, or ``tangent`` where |dx| <= 1e-9 ``scale``."""
+    """Return the secant slope (f0 - f1) / dx, or ``tangent`` where |dx| <= 1e-9 ``scale``."""
     small = xp.abs(dx) <= EPS_SCALE * scale
     return xp.where(small, tangent, (f0 - f1) / xp.where(small, 1.0, dx))
 
 
 def drive(xp, u, pd, va, lim, vmax=None, band: float = 0.1, servo: bool = False, pd_slope: bool = False):
-    """A drive's saturated torque and its linearisation for the implicit step: (torque, slope, brake).
+    """Return a drive's saturated torque and its linearisation for the implicit step: (torque, slope, brake).
 
     ``u``: the torque command (the PD part ``pd`` plus any gravity compensation), ``va`` the
     joint speeds, ``vmax`` the velocity limits (None: no torque-speed window). slope: the
@@ -179,7 +191,8 @@ def drive(xp, u, pd, va, lim, vmax=None, band: float = 0.1, servo: bool = False,
     of the saturated torque over the PD part, (W(u) - W(u - pd)) / pd, not its tangent: a
     saturated light joint keeps its damping (the tangent is ~0 there, and the explicit full
     torque overshoots). Without a window and with gravity compensation (``pd_slope``) the
-    slope is the saturation's at the PD part alone (the torque saturates all of u)."""
+    slope is the saturation's at the PD part alone (the torque saturates all of u).
+    """
     torque, tangent = saturate(xp, u, lim, va, vmax, band)
     if vmax is not None:
         brake = window_brake(xp, u, va, torque, lim, vmax, band)
@@ -195,16 +208,18 @@ def drive(xp, u, pd, va, lim, vmax=None, band: float = 0.1, servo: bool = False,
 
 def servo_secants(xp, base, pd, va, torque, slope, brake, va_next, kd, kp, h: float, lim, vmax=None,
                   band: float = 0.1):
-    """(slope, brake): a saturated servo's linearisation for the implicit gains (kd slope + brake,
-    kp slope), given the joint speeds ``va_next`` predicted at the end of the substep, as secants
-    of the drive's torque T(c, v) = W(base + pd, v) between the start and that end instead of its
+    """(slope, brake): a saturated servo's linearisation for the implicit gains (kd slope + brake, kp slope).
+
+    Given the joint speeds ``va_next`` predicted at the end of the substep, they are secants of the
+    drive's torque T(c, v) = W(base + pd, v) between the start and that end instead of its
     tangents at the start. ``base``, ``pd``, ``va``, ``torque``, ``slope``, ``brake``: the drive at
     the start (:func:`drive`; ``base`` the command outside the PD part). slope = (T(c0, v0) -
     T(c1, v0)) / (pd0 - pd1), with pd1 = pd0 - kd (v1 - v0) - h kp v1 for a position servo (the
     linearly implicit step's own prediction of q and v) and pd0 - kd (v1 - v0) for a velocity
     servo (``kp`` None); with a window (``brake`` not None), brake = -(T(c1, v1) - T(c1, v0)) /
     (v1 - v0), the window's part (else None). In the linear range these are the tangents;
-    saturated, they are the average slopes over what the substep crosses."""
+    saturated, they are the average slopes over what the substep crosses.
+    """
     dv = va_next - va
     dpd = kd * dv
     if kp is not None:
@@ -219,9 +234,12 @@ def servo_secants(xp, base, pd, va, torque, slope, brake, va_next, kd, kp, h: fl
 
 
 def relaxed(old, new):
-    """One relaxed step of the servo iterations (SimConfig.servo_iterations): half way from the
-    current linearisation to the new secants, so that the iteration settles where a plain one
-    alternates between a flat and a steep secant. The simulator and the stand-in take the same."""
+    """One relaxed step of the servo iterations (SimConfig.servo_iterations).
+
+    It goes half way from the current linearisation to the new secants, so that the iteration
+    settles where a plain one alternates between a flat and a steep secant. The simulator and the
+    stand-in take the same.
+    """
     return 0.5 * (old + new)
 
 
@@ -234,40 +252,52 @@ def tanh_ratio(xp, x):
 
 
 def coulomb_friction(xp, v, f, eps: float):
-    """The smoothed Coulomb friction's magnitude f tanh(v / eps) (it acts against v) and its
-    secant slope through zero, f tanh(v / eps) / v (doc/friction.md: with the secant the
-    implicit step never carries a joint's friction-only velocity across zero)."""
+    """Return the smoothed Coulomb friction's magnitude f tanh(v / eps) and its secant slope through zero.
+
+    The friction acts against v; the slope is f tanh(v / eps) / v (doc/friction.md: with the
+    secant the implicit step never carries a joint's friction-only velocity across zero).
+    """
     x = v / eps
     return f * xp.tanh(x), f / eps * tanh_ratio(xp, x)
 
 
 # ----------------------------------------------------------------------------- multirotors
 def allocation(xp, positions, directions, kf: float, km: float):
-    """The mixer's allocation matrix (4, n): [F_z; M_x; M_y; M_z] = A @ thrusts, for rotors at
-    ``positions`` (n, 3) pushing along body +z, reacting ``directions`` km / kf per N about +z."""
+    """Return the mixer's allocation matrix (4, n): [F_z; M_x; M_y; M_z] = A @ thrusts.
+
+    The rotors are at ``positions`` (n, 3), pushing along body +z and reacting ``directions``
+    km / kf per N about +z.
+    """
     x, y = positions[:, 0], positions[:, 1]
     return xp.stack((xp.ones_like(x), y, -x, directions * (km / kf)))
 
 
 def ctbr_wrench(xp, command, omega, rate_gain, inertia):
-    """[F_z, M_x, M_y, M_z] (..., 4) the rate loop asks for: a CTBR command (..., 4) = [collective
-    thrust N, p, q, r rad/s] at body rates ``omega`` (..., 3), a proportional loop on the rate
-    error with the gyroscopic term fed forward, J k (w* - w) + w x J w."""
+    """[F_z, M_x, M_y, M_z] (..., 4) the rate loop asks for.
+
+    The input is a CTBR command (..., 4) = [collective thrust N, p, q, r rad/s] at body rates
+    ``omega`` (..., 3); the loop is proportional on the rate error with the gyroscopic term fed
+    forward, J k (w* - w) + w x J w.
+    """
     alpha = rate_gain * (command[..., 1:4] - omega)
     torque = alpha @ inertia.T + cross(xp, omega, omega @ inertia.T)
     return xp.concatenate((command[..., 0:1], torque), -1)
 
 
 def ctbr_thrusts(xp, command, omega, rate_gain, inertia, allocation_pinv):
-    """Per-rotor thrusts (..., n) of a CTBR command: :func:`ctbr_wrench` mixed through the
-    allocation's pseudo-inverse (n, 4)."""
+    """Per-rotor thrusts (..., n) of a CTBR command.
+
+    They are :func:`ctbr_wrench` mixed through the allocation's pseudo-inverse (n, 4).
+    """
     return ctbr_wrench(xp, command, omega, rate_gain, inertia) @ allocation_pinv.T
 
 
 def clamp_thrust(xp, thrust, max_thrust: float):
-    """Per-rotor thrust smoothly clamped to [0, max_thrust]: softplus corners 0.01 % of the range
-    wide, so gradients survive near the bounds, and a zero command leaves a residual thrust of
-    only ln(2) 1e-4 max_thrust."""
+    """Per-rotor thrust smoothly clamped to [0, max_thrust].
+
+    The softplus corners are 0.01 % of the range wide, so gradients survive near the bounds, and a
+    zero command leaves a residual thrust of only ln(2) 1e-4 max_thrust.
+    """
     beta = 1.0e4 / max_thrust
     return softplus(xp, thrust, beta) - softplus(xp, thrust - max_thrust, beta)
 
@@ -278,12 +308,16 @@ def speed_for_thrust(xp, thrust, kf: float):
 
 
 def rotor_thrusts(xp, speed, kf: float, scale=1.0):
-    """Each rotor's thrust (N) at ``speed`` (rad/s): ``scale`` kf w^2, with ``scale`` the motors'
-    real thrust against the model the mixer commands with (thrust_scale)."""
+    """Each rotor's thrust (N) at ``speed`` (rad/s): ``scale`` kf w^2.
+
+    ``scale`` is the motors' real thrust against the model the mixer commands with (thrust_scale).
+    """
     return (scale * kf) * speed ** 2
 
 
 def drag_force(xp, v_com, linear, quadratic):
-    """Body-frame drag force (..., 3) on a centre of mass moving at ``v_com`` (body axes, m/s):
-    F = -(D_1 v + D_2 |v| v) per body axis (low-speed regime, below about 7 m/s)."""
+    """Body-frame drag force (..., 3) on a centre of mass moving at ``v_com`` (body axes, m/s).
+
+    F = -(D_1 v + D_2 |v| v) per body axis (low-speed regime, below about 7 m/s).
+    """
     return -(linear * v_com + quadratic * xp.abs(v_com) * v_com)

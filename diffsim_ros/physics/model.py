@@ -43,6 +43,7 @@ MOVING_JOINTS = ("revolute", "continuous", "prismatic")
 @dataclass(frozen=True)
 class Collision:
     """A collision primitive in the frame of a body (``body == -1``: the world)."""
+
     link: str
     body: int
     kind: str                    # "sphere" | "box" | "cylinder"
@@ -78,6 +79,7 @@ class Model:
     (+ |multiplier| f), which is exact for viscous damping and for unsmoothed Coulomb
     friction; its limits, velocity and effort limits are not used (the leader's are).
     """
+
     name: str
     floating_base: bool
     joint_names: List[str]
@@ -140,8 +142,10 @@ class Model:
         return self.nv + len(self.mimic_joints)
 
     def full_configuration(self, q: torch.Tensor) -> torch.Tensor:
-        """Reduced q (..., nq) -> full-tree coordinates (..., nq_full), mimic joints at
-        ``multiplier * q_leader + offset`` (q itself without mimic joints)."""
+        """Reduced q (..., nq) -> full-tree coordinates (..., nq_full).
+
+        Mimic joints are at ``multiplier * q_leader + offset`` (q itself without mimic joints).
+        """
         if not self.mimic_joints:
             return q
         G, c = cast(torch.Tensor, self.mimic_G), cast(torch.Tensor, self.mimic_offset)   # set with mimic joints
@@ -164,11 +168,11 @@ class Model:
         return self.mass.device
 
     def replace(self, **changes) -> "Model":
-        """A copy with some fields replaced (e.g. a ``mass`` tensor that requires grad)."""
+        """Return a copy with some fields replaced (e.g. a ``mass`` tensor that requires grad)."""
         return dataclasses.replace(self, **changes)
 
     def to(self, dtype: Optional[torch.dtype] = None, device=None) -> "Model":
-        """The same model with every tensor moved to ``dtype`` and/or ``device``."""
+        """Return the same model with every tensor moved to ``dtype`` and/or ``device``."""
         changes: Dict[str, Any] = {}                                # field name -> the moved tensor
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
@@ -200,7 +204,7 @@ class Model:
             raise KeyError(f"link '{name}' is not in model '{self.name}'") from None
 
     def neutral_configuration(self, batch_shape=()) -> torch.Tensor:
-        """q with all joints at zero (clamped into their limits) and an identity base at the origin."""
+        """Return q with all joints at zero (clamped into their limits) and an identity base at the origin."""
         qj = torch.zeros(self.nj, dtype=self.dtype, device=self.device)
         qj = torch.minimum(torch.maximum(qj, self.lower), self.upper)
         if self.floating_base:
@@ -211,8 +215,11 @@ class Model:
 
 # ---------------------------------------------------------------------- building
 class _MimicFields(TypedDict, total=False):
-    """The mimic fields of a :class:`Model` as :func:`build_model` passes them (none without
-    mimic joints)."""
+    """The mimic fields of a :class:`Model` as :func:`build_model` passes them.
+
+    There are none without mimic joints.
+    """
+
     mimic_G: torch.Tensor
     mimic_offset: torch.Tensor
     mimic_joints: Tuple[str, ...]
@@ -221,6 +228,7 @@ class _MimicFields(TypedDict, total=False):
 
 class _MimicMap(TypedDict):
     """The constant coordinate map of :func:`_mimic_map`: v_full = G v, q_full = G q + offset."""
+
     G: np.ndarray           # (nv_full, nv)
     offset: np.ndarray      # (nq_full,)
 
@@ -231,10 +239,13 @@ def _origin_np(origin) -> Tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class _Tree:
-    """The bodies and links of a description as :func:`_traverse` finds them, depth-first: per
-    body its name, parent, joint type, joint frame in the parent body (``tree_R``, ``tree_p``)
+    """The bodies and links of a description as :func:`_traverse` finds them, depth-first.
+
+    Per body its name, parent, joint type, joint frame in the parent body (``tree_R``, ``tree_p``)
     and unit axis; the moving joints in body order; per link its body and its constant frame in
-    that body (``link_R``, ``link_p``)."""
+    that body (``link_R``, ``link_p``).
+    """
+
     body_names: List[str] = dataclasses.field(default_factory=list)
     parent: List[int] = dataclasses.field(default_factory=list)
     jtype: List[str] = dataclasses.field(default_factory=list)
@@ -248,8 +259,10 @@ class _Tree:
     link_p: List[np.ndarray] = dataclasses.field(default_factory=list)
 
     def add_body(self, name: str, parent: int, jtype: str, R: np.ndarray, p: np.ndarray, axis: np.ndarray) -> int:
-        """Append a body moved by a joint of type ``jtype`` (frame ``R``, ``p`` in the parent body);
-        returns its index."""
+        """Append a body moved by a joint of type ``jtype`` (frame ``R``, ``p`` in the parent body).
+
+        Returns its index.
+        """
         self.body_names.append(name)
         self.parent.append(parent)
         self.jtype.append(jtype)
@@ -260,8 +273,10 @@ class _Tree:
 
 
 def _children(desc: RobotDescription) -> Dict[str, List[Joint]]:
-    """Parent link name -> the joints hanging from it, in file order (the description's own map
-    when it has one)."""
+    """Parent link name -> the joints hanging from it, in file order.
+
+    The description's own map is used when it has one.
+    """
     children: Dict[str, List[Joint]] = desc.children or {}
     if not children:
         for j in desc.joints:
@@ -270,9 +285,12 @@ def _children(desc: RobotDescription) -> Dict[str, List[Joint]]:
 
 
 def _traverse(desc: RobotDescription, floating_base: bool) -> _Tree:
-    """The tree of ``desc``: a free-flyer body for the root link of a floating base, then a body per
-    moving joint, depth-first in file order among siblings; links on fixed joints kept as frames of
-    the body they hang from. Raises UrdfError for a link reached twice or an unsupported joint."""
+    """Return the tree of ``desc``.
+
+    It has a free-flyer body for the root link of a floating base, then a body per moving joint,
+    depth-first in file order among siblings; links on fixed joints are kept as frames of the body
+    they hang from. Raises UrdfError for a link reached twice or an unsupported joint.
+    """
     children = _children(desc)
     tree = _Tree()
     eye, zero = np.eye(3), np.zeros(3)
@@ -308,10 +326,12 @@ def _traverse(desc: RobotDescription, floating_base: bool) -> _Tree:
 
 
 def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each body's mass (nb,), centre of mass (nb, 3) and rotational inertia about it (nb, 3, 3),
-    the inertias of the links fixed to it merged in (parallel-axis theorem, in the body frame).
+    """Each body's mass (nb,), centre of mass (nb, 3) and rotational inertia about it (nb, 3, 3).
+
+    The inertias of the links fixed to it are merged in (parallel-axis theorem, in the body frame).
     Raises UrdfError for a body without mass and for a floating root whose inertia is not positive
-    definite."""
+    definite.
+    """
     nb = len(tree.body_names)
     eye = np.eye(3)
     mass = np.zeros(nb)
@@ -342,8 +362,10 @@ def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.
 
 
 def _coordinate_starts(jtype: List[str]) -> Tuple[List[int], List[int], int, int]:
-    """Each body's first index in q and in v, and the full tree's nq and nv (a free-flyer takes
-    7 and 6, a moving joint 1 and 1)."""
+    """Each body's first index in q and in v, and the full tree's nq and nv.
+
+    A free-flyer takes 7 and 6, a moving joint 1 and 1.
+    """
     q_start, v_start = [], []
     nq = nv = 0
     for typ in jtype:
@@ -377,15 +399,18 @@ def _tensor(x, dtype, device) -> torch.Tensor:
 
 
 def _joint_tensor(indep: List[Joint], attr: str, dtype, device) -> torch.Tensor:
-    """The attribute ``attr`` of each independent joint, as a (len(indep),) tensor."""
+    """Return the attribute ``attr`` of each independent joint, as a (len(indep),) tensor."""
     return _tensor([getattr(j, attr) for j in indep], dtype, device).reshape(len(indep))
 
 
 def _mimic_fields(joints: List[Joint], indep: List[Joint], mimic_of: Dict[str, Tuple[str, float, float]],
                   floating_base: bool, nq: int, nv: int, dtype, device
                   ) -> Tuple[_MimicFields, torch.Tensor, torch.Tensor]:
-    """For a tree with mimic joints: the Model's mimic fields, and the damping and Coulomb
-    friction each mimic joint adds to its leader through the coupling ((len(indep),) each)."""
+    """For a tree with mimic joints: the Model's mimic fields, and what each mimic joint adds to its leader.
+
+    That is the damping and Coulomb friction each mimic joint adds to its leader through the
+    coupling ((len(indep),) each).
+    """
     coupling = _mimic_map(joints, indep, mimic_of, floating_base, nq, nv)
     # A mimic joint's viscous damping d and Coulomb friction f act on the leader through
     # the coupling: G^T (-d G v) adds multiplier^2 d, G^T (-f sign(G v)) adds |multiplier| f.
@@ -473,9 +498,11 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
 
 
 def _resolve_mimic(desc: RobotDescription, joints: List[Joint]) -> Dict[str, Tuple[str, float, float]]:
-    """Mimic joint name -> (independent leader, multiplier, offset), a chain of mimics
-    composed: q = multiplier * q_leader + offset. Raises UrdfError for a leader that is
-    not a moving joint and for a cycle of mimics."""
+    """Mimic joint name -> (independent leader, multiplier, offset), a chain of mimics composed.
+
+    Then q = multiplier * q_leader + offset. Raises UrdfError for a leader that is not a moving
+    joint and for a cycle of mimics.
+    """
     moving = {j.name: j for j in joints}
     out: Dict[str, Tuple[str, float, float]] = {}
     for j in joints:
@@ -501,8 +528,11 @@ def _resolve_mimic(desc: RobotDescription, joints: List[Joint]) -> Dict[str, Tup
 
 def _mimic_map(joints: List[Joint], indep: List[Joint], mimic_of: Dict[str, Tuple[str, float, float]],
                floating_base: bool, nq_full: int, nv_full: int) -> _MimicMap:
-    """The constant map from reduced to full coordinates: G (nv_full, nv) with v_full = G v,
-    and the offsets (nq_full,) with q_full = G q + offset (base block: identity)."""
+    """Return the constant map from reduced to full coordinates.
+
+    It is G (nv_full, nv) with v_full = G v, and the offsets (nq_full,) with q_full = G q + offset
+    (base block: identity).
+    """
     nb_v, nb_q = (6, 7) if floating_base else (0, 0)
     col = {j.name: k for k, j in enumerate(indep)}
     G = np.zeros((nv_full, nb_v + len(indep)))

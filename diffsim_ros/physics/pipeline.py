@@ -35,11 +35,14 @@ from .system import System
 
 @dataclass
 class Data:
-    """What the last substep computed: qdd (..., nv) the accelerations; kin the kinematics
-    record (batch-last, at the substep's start); contact the wrenches per body (nb, 6, B)
-    about kin.o and the evaluated points' gaps and normal forces (see
-    :class:`~diffsim_ros.physics.stages.contact.Contact`; ``Contact.flat`` lays them out
-    per point)."""
+    """What the last substep computed.
+
+    qdd (..., nv) the accelerations; kin the kinematics record (batch-last, at the substep's
+    start); contact the wrenches per body (nb, 6, B) about kin.o and the evaluated points' gaps
+    and normal forces (see :class:`~diffsim_ros.physics.stages.contact.Contact`; ``Contact.flat``
+    lays them out per point).
+    """
+
     qdd: torch.Tensor
     kin: Kinematics
     contact: Contact
@@ -92,11 +95,14 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
 
 
 def applied_forces(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
-    """The generalised forces (B, nv) at batch-first states q (B, nq), v (B, nv) under ``command``
-    (B, action_dim), contact excluded: the actuators (the controller's gravity torques included),
-    the passive joint forces and aerodynamics, explicit (as one substep's right-hand side before
-    the implicit terms). For actuators without their own state (no actuator_lag, no rotors):
-    with one, the force depends on the history, and this raises ValueError."""
+    """Return the generalised forces (B, nv) at batch-first states q (B, nq), v (B, nv) under ``command``.
+
+    ``command`` is (B, action_dim). Contact is excluded: the forces are the actuators' (the
+    controller's gravity torques included), the passive joint forces and aerodynamics, explicit (as
+    one substep's right-hand side before the implicit terms). For actuators without their own
+    state (no actuator_lag, no rotors): with one, the force depends on the history, and this raises
+    ValueError.
+    """
     if sys.rotors is not None or sys.config.actuator_lag > 0:
         raise ValueError("applied_forces needs an actuator without state (no rotors, actuator_lag 0)")
     kin = kinematics_record(sys.model, q.T, v.T)
@@ -104,10 +110,12 @@ def applied_forces(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch
 
 
 def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
-    """The implicit diagonals (D, K), batch-last, with the saturated servo's slopes re-taken from
-    a predicted end of the substep (accelerations qdd, batch-last): each call moves them half way
-    to servo_slope's secants there (relaxed, so that the iteration settles where a plain one
-    would alternate between a flat and a steep secant)."""
+    """Return the implicit diagonals (D, K), batch-last, with the saturated servo's slopes re-taken.
+
+    The slopes are re-taken from a predicted end of the substep (accelerations qdd, batch-last):
+    each call moves them half way to servo_slope's secants there (relaxed, so that the iteration
+    settles where a plain one would alternate between a flat and a steep secant).
+    """
     nb, idx, servo = sys.nbase, sys.act_index, cast(Servo, f.servo)   # made for a servo to re-linearise
     cur: List[Optional[torch.Tensor]] = [servo.slope, servo.brake]
 
@@ -164,8 +172,10 @@ def _substep(sys: System, q, v, command, act, h: float):
 
 def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
     """Advance by ``sys.config.dt``: the new :class:`State` and the last substep's :class:`Data`.
+
     Pure: the inputs are not changed. The only host synchronisation is the contact stage's
-    choice of point groups on the CPU in eager mode (none under torch.compile or on a GPU)."""
+    choice of point groups on the CPU in eager mode (none under torch.compile or on a GPU).
+    """
     cfg, m = sys.config, sys.model
     batch = state.q.shape[:-1]
     na = sys.action_dim
@@ -195,13 +205,15 @@ def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
 
 
 def latency_lookback(sys: System) -> int:
-    """K: how many control steps back a command of the largest latency can reach
-    (ceil(max_latency / substeps)); the delay line then holds command_delay + K commands."""
+    """K: how many control steps back a command of the largest latency can reach.
+
+    K = ceil(max_latency / substeps); the delay line then holds command_delay + K commands.
+    """
     return -(-int(sys.config.max_latency) // int(sys.config.substeps))
 
 
 def latency_commands(sys: System, line: torch.Tensor, action: torch.Tensor, latency: Optional[torch.Tensor]):
-    """(the command of each substep, the delay line after the step) under per-environment latency.
+    """Return the command of each substep and the delay line after the step, under per-environment latency.
 
     ``line`` (..., D + K, na) holds the last D + K actions, oldest first (D = command_delay, K =
     :func:`latency_lookback`); with the current action appended, entry K is the action of D steps
@@ -209,7 +221,8 @@ def latency_commands(sys: System, line: torch.Tensor, action: torch.Tensor, late
     applies the action issued (L - j) substeps before it would apply without latency, that is
     c = ceil((L - j) / substeps) control steps further back (none once j >= L). The choice is a
     comparison per environment, so the commands stay differentiable in every action and the
-    latency is an input tensor, not a constant of the step."""
+    latency is an input tensor, not a constant of the step.
+    """
     cfg = sys.config
     S, K = int(cfg.substeps), latency_lookback(sys)
     seq = torch.cat((line, action.unsqueeze(-2)), -2)
@@ -226,8 +239,10 @@ def latency_commands(sys: System, line: torch.Tensor, action: torch.Tensor, late
 
 
 def batch_action(sys: System, state: State, action) -> torch.Tensor:
-    """The action as a tensor of the state's dtype and device, expanded to its batch; a wrong
-    last dimension is a ValueError naming the interface."""
+    """Return the action as a tensor of the state's dtype and device, expanded to its batch.
+
+    A wrong last dimension is a ValueError naming the interface.
+    """
     q = state.q
     na = sys.action_dim
     if (isinstance(action, torch.Tensor) and action.shape[:-1] == q.shape[:-1] and action.shape[-1] == na
@@ -241,8 +256,10 @@ def batch_action(sys: System, state: State, action) -> torch.Tensor:
 
 
 def guard(before: State, after: State, action: torch.Tensor, qdd: torch.Tensor) -> None:
-    """The NaN guard of a step: raise SimulationError for a non-finite result, naming the
-    input state instead when that was already bad."""
+    """Run the NaN guard of a step: raise SimulationError for a non-finite result.
+
+    The error names the input state instead when that was already bad.
+    """
     try:
         check_finite(after, action=action, qdd=qdd)
     except SimulationError:
@@ -251,9 +268,11 @@ def guard(before: State, after: State, action: torch.Tensor, qdd: torch.Tensor) 
 
 
 def check_finite(state: State, where: str = "result", **extra: Optional[torch.Tensor]) -> None:
-    """Raise :class:`SimulationError` naming the first environment and quantity that is not
-    finite. One host synchronisation when all is well (a sum of everything: any NaN or
-    infinity makes it non-finite)."""
+    """Raise :class:`SimulationError` naming the first environment and quantity that is not finite.
+
+    One host synchronisation when all is well (a sum of everything: any NaN or infinity makes it
+    non-finite).
+    """
     named: List[Tuple[str, Optional[torch.Tensor]]] = [
         ("action", extra.get("action")), ("qdd", extra.get("qdd")), ("q", state.q), ("v", state.v),
         ("actuator state", state.actuator)]

@@ -1,5 +1,7 @@
-"""Multirotor actuation and aerodynamics: rotor mixing, motor dynamics, a
-collective-thrust-and-body-rates (CTBR) inner loop, and body drag.
+"""Multirotor actuation and aerodynamics.
+
+The parts are rotor mixing, motor dynamics, a collective-thrust-and-body-rates (CTBR) inner
+loop, and body drag.
 
 Everything acts on the floating base (body 0) as a body-frame wrench
 ``[F; M]`` about the body origin, which for a free-flyer is exactly the
@@ -27,9 +29,12 @@ from .spatial import fast_cross as cross
 @section("simulator.rotors")
 @dataclass(frozen=True)
 class RotorConfig:
-    """Rotor layout and aerodynamic coefficients of a multirotor (SI units). The rotors are
-    ``rotor_links`` (URDF links at the hubs, whose origins give the positions) or
-    ``positions``, one of the two; ``directions`` has one entry per rotor (see the module doc)."""
+    """Rotor layout and aerodynamic coefficients of a multirotor (SI units).
+
+    The rotors are ``rotor_links`` (URDF links at the hubs, whose origins give the positions) or
+    ``positions``, one of the two; ``directions`` has one entry per rotor (see the module doc).
+    """
+
     rotor_links: Tuple[str, ...] = option((), "names of the URDF links at the rotor hubs (their origins give the "
                                           "positions); or give positions")
     positions: Tuple[Tuple[float, float, float], ...] = option(
@@ -58,7 +63,7 @@ class RotorConfig:
         normalise(self)
 
     def check(self) -> None:
-        """The rules between fields (the layout), with relative key paths."""
+        """Check the rules between fields (the layout), with relative key paths."""
         n = len(self.rotor_links) or len(self.positions)
         if n == 0:
             raise ConfigError("needs 'rotor_links' or 'positions'", "")
@@ -132,7 +137,7 @@ class Rotors:
         self._arms = self.allocation.T.contiguous()
 
     def replace(self, **changes) -> "Rotors":
-        """A copy with some tensors replaced (e.g. ``drag_linear`` requiring grad)."""
+        """Return a copy with some tensors replaced (e.g. ``drag_linear`` requiring grad)."""
         unknown = [k for k in changes if k not in self.__dict__ or k.startswith("_")]
         if unknown:
             raise AttributeError(f"Rotors has no parameter {', '.join(unknown)}")
@@ -162,9 +167,12 @@ class Rotors:
 
     # ---------------------------------------------------------------- CTBR
     def ctbr_thrusts(self, command: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-        """Per-rotor thrusts for a CTBR command (..., 4) = [collective thrust N, p, q, r rad/s]
-        given the body rates ``omega`` (..., 3): a proportional rate loop with feedforward
-        of the gyroscopic term, mixed through the allocation pseudo-inverse (physics/laws.py)."""
+        """Per-rotor thrusts for a CTBR command (..., 4) = [collective thrust N, p, q, r rad/s].
+
+        The command is taken at the body rates ``omega`` (..., 3): a proportional rate loop with
+        feedforward of the gyroscopic term, mixed through the allocation pseudo-inverse
+        (physics/laws.py).
+        """
         return laws.ctbr_thrusts(torch, command, omega, self.rate_gain, self.inertia, self.allocation_pinv)
 
     # ---------------------------------------------------------------- drag

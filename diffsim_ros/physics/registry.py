@@ -1,5 +1,7 @@
-"""One registry of the physical parameters that calibration, domain randomisation and the
-stand-in's perturbations change, over the frozen :class:`~diffsim_ros.physics.system.System`.
+"""One registry of the physical parameters that calibration, domain randomisation and perturbations change.
+
+The perturbations are the stand-in's; the registry works over the frozen
+:class:`~diffsim_ros.physics.system.System`.
 
     from diffsim_ros.physics.registry import PARAMETERS, apply_values
     p = PARAMETERS["mass_scale"]
@@ -43,6 +45,7 @@ _Apply = Callable[[System, object], System]
 @dataclass(frozen=True)
 class Parameter:
     """A physical parameter: ``size(sys)`` values of ``unit``; see the module doc."""
+
     name: str
     doc: str
     unit: str
@@ -104,8 +107,10 @@ def _scale_bounds_of_nominal(lo: float, hi: float):
 
 
 def _abs_bounds(floor: float, rel_low: float = 1e-3):
-    """[rel_low x (nominal or floor), 10 x nominal + floor]: positive, so log space works, and
-    wide enough for a zero nominal to grow."""
+    """[rel_low x (nominal or floor), 10 x nominal + floor].
+
+    Positive, so log space works, and wide enough for a zero nominal to grow.
+    """
     def b(nominal: Tensor):
         base = torch.where(nominal > 0, nominal, torch.full_like(nominal, floor))
         return rel_low * base, 10.0 * nominal + floor
@@ -144,8 +149,10 @@ def _joint_friction(sys, value):
 
 
 def _ground(name: str, convert=None):
-    """apply() of one of the ground contact's scalars (System.contact_stiffness, ...); with
-    ``convert`` :func:`_column`, one per environment ((B,), as the contact stage's batch)."""
+    """apply() of one of the ground contact's scalars (System.contact_stiffness, ...).
+
+    With ``convert`` :func:`_column`, one per environment ((B,), as the contact stage's batch).
+    """
     def apply(sys, value):
         v = _scalar(sys, value) if convert is None else convert(sys, value)[:, 0]
         return sys.replace(**{name: v})
@@ -176,7 +183,7 @@ def _thrust_scale(sys, value):
 
 
 def rebuild(sys: System, cfg) -> System:
-    """The same physics (model, controller model) under a new structure."""
+    """Rebuild the same physics (model, controller model) under a new structure."""
     new = build_system(sys.model, cfg, nominal=sys.nominal)
     if sys.rotors is not None and new.rotors is not None:
         r = sys.rotors
@@ -221,7 +228,7 @@ def _com_offset(sys, value):
 
 
 def _base_row(m, x: Tensor) -> Tensor:
-    """A zero tensor shaped as the bodies' centres of mass with ``x`` in the first body's row."""
+    """Return a zero tensor shaped as the bodies' centres of mass with ``x`` in the first body's row."""
     rows = torch.zeros(m.com.shape[0], dtype=x.dtype, device=x.device)
     rows[0] = 1.0
     return rows.reshape((-1,) + (1,) * x.dim()) * x
@@ -266,12 +273,14 @@ def _com_offset_pe(sys, value):
 
 
 def apply_per_episode(sys: System, values: Mapping[str, object]) -> System:
-    """``sys`` with one value of each named parameter per environment: ``values`` maps names to
-    (B, size) tensors (row i: environment i), all of one batch B. The result steps B
-    environments at once, each with its own physics, as B systems of :func:`apply_values` of
-    its row would (``test_per_episode`` compares them). Parameters without a per-episode form
-    (per-link or per-joint vectors, latency: ``State.latency`` is per environment already) are
-    a ValueError naming them; the order is :func:`apply_values`'."""
+    """``sys`` with one value of each named parameter per environment.
+
+    ``values`` maps names to (B, size) tensors (row i: environment i), all of one batch B. The
+    result steps B environments at once, each with its own physics, as B systems of
+    :func:`apply_values` of its row would (``test_per_episode`` compares them). Parameters without
+    a per-episode form (per-link or per-joint vectors, latency: ``State.latency`` is per
+    environment already) are a ValueError naming them; the order is :func:`apply_values`'.
+    """
     order = _in_order(values)
     fixed = [n for n in order if PARAMETERS[n].per_episode is None]
     if fixed:
@@ -356,17 +365,22 @@ EXCLUSIVE = (("mass_scale", "link_mass_scale"), ("joint_damping", "joint_damping
 
 
 def apply_values(sys: System, values: Mapping[str, object]) -> System:
-    """``sys`` with every named parameter applied: structural ones first, then the rest, each
-    group in registry order (the result does not depend on the mapping's order). Unknown
-    names are a KeyError naming them."""
+    """``sys`` with every named parameter applied.
+
+    Structural ones apply first, then the rest, each group in registry order (the result does not
+    depend on the mapping's order). Unknown names are a KeyError naming them.
+    """
     for n in _in_order(values):
         sys = PARAMETERS[n].apply(sys, values[n])
     return sys
 
 
 def _in_order(values: Mapping[str, object]) -> list:
-    """The names of ``values`` in the order they apply: structural ones first, then the rest,
-    each group in registry order; unknown names are a KeyError naming them."""
+    """Return the names of ``values`` in the order they apply.
+
+    Structural ones come first, then the rest, each group in registry order; unknown names are a
+    KeyError naming them.
+    """
     unknown = [n for n in values if n not in PARAMETERS]
     if unknown:
         raise KeyError(f"unknown parameter(s) {unknown} (known: {', '.join(PARAMETERS)})")
@@ -387,12 +401,14 @@ PERTURBATION_FIELDS = ("mass_scale", "joint_damping_scale", "added_joint_damping
 
 
 def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[str, Tensor]:
-    """The registry values that describe a stand-in perturbation (the fields of
-    ``diffsim_ros.plant.Perturbation``; others are ignored) on the robot of ``sys``: the truth
-    a calibration should find. ``actuator_lag`` is the rotors' ``motor_time_constant`` on a
-    multirotor; ``latency`` (s) becomes control steps after the plant's rounding to substeps;
-    ``added_joint_damping`` and ``joint_friction_scale`` become per-joint values,
-    ``ground_friction_scale`` the ground's coefficient."""
+    """Return the registry values that describe a stand-in perturbation on the robot of ``sys``.
+
+    The perturbation is given as the fields of ``diffsim_ros.plant.Perturbation`` (others are
+    ignored); the values are the truth a calibration should find. ``actuator_lag`` is the rotors'
+    ``motor_time_constant`` on a multirotor; ``latency`` (s) becomes control steps after the
+    plant's rounding to substeps; ``added_joint_damping`` and ``joint_friction_scale`` become
+    per-joint values, ``ground_friction_scale`` the ground's coefficient.
+    """
     p = dict(perturbation)
     out: Dict[str, Tensor] = {}
     for k in ("mass_scale", "drag_scale", "thrust_scale"):

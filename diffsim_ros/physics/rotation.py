@@ -1,6 +1,7 @@
-"""Rotations in NumPy float64, for the code that runs beside the differentiable physics:
-the URDF parser, the MuJoCo stand-in and its flight controller, the excitation, the
-recordings and the message conversions.
+"""Rotations in NumPy float64, for the code that runs beside the differentiable physics.
+
+That code is the URDF parser, the MuJoCo stand-in and its flight controller, the excitation,
+the recordings and the message conversions.
 
 Quaternions are stored x, y, z, w (ROS order) as everywhere in diffsim_ros; roll-pitch-yaw
 is URDF's and ROS's fixed-axis x, y, z convention, R = Rz(yaw) Ry(pitch) Rx(roll). The
@@ -39,7 +40,7 @@ def quat_mul(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
 
 
 def quat_exp(phi: Union[Sequence[float], np.ndarray]) -> np.ndarray:
-    """Unit quaternion x, y, z, w of the rotation vector ``phi`` (axis times angle, rad)."""
+    """Return the unit quaternion x, y, z, w of the rotation vector ``phi`` (axis times angle, rad)."""
     phi = np.asarray(phi, dtype=np.float64)
     angle = float(np.linalg.norm(phi))
     if angle < 1e-12:

@@ -14,8 +14,12 @@ INTEGRATORS = ("semi_implicit", "rk4")
 @section("simulator")
 @dataclass(frozen=True)
 class SimConfig:
-    """Simulator options. Units SI; every field has its documentation, unit, range and default
-    here in the schema's terms (:mod:`diffsim_ros.schema`), listed below and in doc/parameters.md."""
+    """Simulator options.
+
+    Units SI; every field has its documentation, unit, range and default here in the schema's
+    terms (:mod:`diffsim_ros.schema`), listed below and in doc/parameters.md.
+    """
+
     dt: float = option(1e-3, "control step (one step call)", "s", above=0)
     substeps: int = option(1, "physics substeps per control step (each dt/substeps)", low=1)
     integrator: str = option("semi_implicit", "semi_implicit (symplectic Euler) or rk4", choices=INTEGRATORS)
@@ -91,7 +95,7 @@ class SimConfig:
         normalise(self)
 
     def check(self) -> None:
-        """The rules between fields (relative key paths)."""
+        """Check the rules between fields (relative key paths)."""
         if not any(self.ground_normal):
             raise ConfigError("must be a non-zero vector", "ground_normal")
         if self.actuator in ("rotor_thrust", "ctbr") and self.rotors is None:

@@ -57,13 +57,16 @@ class Simulator:
 
     def __init__(self, model: Union[Model, System], config: Optional[SimConfig] = None,
                  compile: Union[bool, str] = False, varying: Sequence[str] = ()):
-        """compile: True steps through :class:`~diffsim_ros.physics.compiled.CompiledStep`
+        """Set up the simulator; ``compile`` and ``varying`` choose how it steps.
+
+        compile: True steps through :class:`~diffsim_ros.physics.compiled.CompiledStep`
         (Inductor; minutes the first time, then cached; differentiable); ``"aot"`` through
         :class:`~diffsim_ros.physics.compiled.ExportedStep` (compiled ahead of time, forward
         only, the fastest at one environment). Either way ``last_data`` stays None.
         ``varying`` (with compile=True): names of registry parameters (:mod:`.registry`) that
         the compiled graphs take as inputs instead of constants; :meth:`with_values` then gives
-        simulators of other values of them that share the graphs (domain randomisation)."""
+        simulators of other values of them that share the graphs (domain randomisation).
+        """
         if isinstance(model, System):
             self.system = model
         else:
@@ -98,12 +101,15 @@ class Simulator:
                 self._values = pack_values(spec, nominal, self.system.model.mass)
 
     def with_values(self, values: Mapping[str, object], per_episode: bool = False) -> "Simulator":
-        """A simulator of this one's system with the registry ``values`` applied
-        (:func:`~.registry.apply_values`) that steps through the same compiled graphs, the
-        values passed to them as inputs: every parameter this simulator was compiled with as
-        ``varying``, and no other. ``per_episode``: each value is (B, size), one row per
-        environment (:func:`~.registry.apply_per_episode`); the simulator then steps batches of
-        B. Eager simulators (compiled False) take them too, applied to their system."""
+        """Return a simulator of this one's system with the registry ``values`` applied.
+
+        The values are applied as by :func:`~.registry.apply_values`; the new simulator steps
+        through the same compiled graphs, the values passed to them as inputs: every parameter this
+        simulator was compiled with as ``varying``, and no other. ``per_episode``: each value is
+        (B, size), one row per environment (:func:`~.registry.apply_per_episode`); the simulator
+        then steps batches of B. Eager simulators (compiled False) take them too, applied to their
+        system.
+        """
         from .compiled import pack_values
         from .registry import apply_per_episode, apply_values
 
@@ -128,8 +134,10 @@ class Simulator:
         return "aot" if isinstance(self._compiled, ExportedStep) else True
 
     def replace(self, **changes) -> "Simulator":
-        """A simulator over ``self.system.replace(**changes)`` (calibration, randomisation;
-        an eager one: a compiled step holds its system's tensors as constants)."""
+        """Return a simulator over ``self.system.replace(**changes)`` (calibration, randomisation).
+
+        It is an eager one: a compiled step holds its system's tensors as constants.
+        """
         return Simulator(self.system.replace(**changes))
 
     # ------------------------------------------------------------ the system's fields
@@ -200,9 +208,11 @@ class Simulator:
     # ------------------------------------------------------------ states
     def initial_state(self, q: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
                       batch: Sequence[int] = (), latency=None) -> State:
-        """A state at rest (or at the given q, v); actuators and delay line at hover/zero.
+        """Return a state at rest (or at the given q, v); actuators and delay line at hover/zero.
+
         ``latency``: each environment's command latency in substeps (a number or a tensor over
-        the batch, whole numbers up to ``config.max_latency``; default 0), with max_latency > 0."""
+        the batch, whole numbers up to ``config.max_latency``; default 0), with max_latency > 0.
+        """
         m, cfg = self.model, self.config
         if q is None:
             q = m.neutral_configuration(tuple(batch) if not isinstance(batch, int) else (batch,))
@@ -249,16 +259,20 @@ class Simulator:
         return v[..., 6:] if self.model.floating_base else v
 
     def integrate(self, q: torch.Tensor, v: torch.Tensor, h: float) -> torch.Tensor:
-        """q (+) v h: joints add; a floating base moves along its body-frame twist
-        (position by R v h, orientation by the exact exponential of w h), and its
-        quaternion is renormalised (smoothly, so gradients pass)."""
+        """Return q (+) v h: joints add; a floating base moves along its body-frame twist.
+
+        The base's position moves by R v h, its orientation by the exact exponential of w h, and
+        its quaternion is renormalised (smoothly, so gradients pass).
+        """
         return _integrate(self.model.floating_base, q, v, h)
 
     # ------------------------------------------------------------ inspection
     def contact_forces(self, q: torch.Tensor, v: torch.Tensor):
-        """For inspection: contact wrenches per body (..., nb, 6) in the world frame
-        about the world origin, and every contact point's gap (..., P) (m, negative
-        in penetration) and ground normal force (..., P) (N)."""
+        """For inspection: contact wrenches per body (..., nb, 6) in the world frame about the world origin.
+
+        With them, every contact point's gap (..., P) (m, negative in penetration) and ground
+        normal force (..., P) (N).
+        """
         m = self.model
         batch = q.shape[:-1]
         kin = kinematics_record(m, q.reshape(-1, m.nq).T, v.reshape(-1, m.nv).T, batch)
@@ -274,7 +288,9 @@ class Simulator:
     # ------------------------------------------------------------ public step
     def step(self, state: State, action: torch.Tensor) -> State:
         """Advance by ``config.dt``: returns a new :class:`State` (the input is not changed).
-        The last step's :class:`Data` is kept as ``last_data`` (eager steps only)."""
+
+        The last step's :class:`Data` is kept as ``last_data`` (eager steps only).
+        """
         if self._compiled is not None:
             if self._values is None:
                 return self._compiled(state, action)
@@ -292,8 +308,11 @@ class Simulator:
 
     def rollout(self, state: State, actions: Union[torch.Tensor, Callable[[State], torch.Tensor]],
                 steps: Optional[int] = None) -> Trajectory:
-        """Run ``steps`` steps from ``state`` with an action sequence (T, ..., n_act) or a
-        policy ``policy(state) -> action``; returns the stacked trajectory, differentiable."""
+        """Run ``steps`` steps from ``state`` with an action sequence or a policy.
+
+        The action sequence is (T, ..., n_act), the policy ``policy(state) -> action``; returns the
+        stacked trajectory, differentiable.
+        """
         if callable(actions):
             if steps is None:
                 raise ValueError("rollout with a policy needs 'steps'")

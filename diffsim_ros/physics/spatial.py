@@ -16,7 +16,7 @@ import torch
 
 
 def skew(w: torch.Tensor) -> torch.Tensor:
-    """(..., 3) -> (..., 3, 3) with skew(w) @ x == cross(w, x)."""
+    """(..., 3) w -> (..., 3, 3) matrix [w]x with [w]x @ x == cross(w, x)."""
     x, y, z = w.unbind(-1)
     o = torch.zeros_like(x)
     return torch.stack(
@@ -25,9 +25,12 @@ def skew(w: torch.Tensor) -> torch.Tensor:
 
 
 def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cross product of (..., 3) vectors, written out: elementwise products and differences
-    round the same at every batch size (a fused kernel's vectorised and scalar paths may
-    not), so an observation is bitwise the same for one environment or many."""
+    """Cross product of (..., 3) vectors, written out.
+
+    Elementwise products and differences round the same at every batch size (a fused kernel's
+    vectorised and scalar paths may not), so an observation is bitwise the same for one
+    environment or many.
+    """
     ax, ay, az = a.unbind(-1)
     bx, by, bz = b.unbind(-1)
     return torch.stack((ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx), -1)
@@ -63,11 +66,13 @@ _CONSTANTS: dict = {}
 
 
 def kept_in(store: dict, key, make):
-    """``store[key]``, made by ``make()`` the first time, outside inference mode (a first caller
-    under torch.inference_mode must not leave inference tensors for a later one that trains).
-    A plain dict rather than functools.lru_cache: torch.compile reads an entry that exists as a
-    constant of the graph, whereas it traces through an lru_cache'd function, building the
-    table again inside every graph."""
+    """``store[key]``, made by ``make()`` the first time, outside inference mode.
+
+    A first caller under torch.inference_mode must not leave inference tensors for a later one
+    that trains. A plain dict rather than functools.lru_cache: torch.compile reads an entry that
+    exists as a constant of the graph, whereas it traces through an lru_cache'd function,
+    building the table again inside every graph.
+    """
     value = store.get(key)
     if value is None:
         with torch.inference_mode(False), _real_tensors():
@@ -80,8 +85,11 @@ _TRACING = [0]      # depth of tracing() blocks
 
 @contextlib.contextmanager
 def tracing():
-    """Marks a trace of the step made by the project itself (compiled.py's forward and backward
-    graphs, traced by AOTAutograd without Dynamo) as :func:`traced`."""
+    """Mark a trace of the step made by the project itself as :func:`traced`.
+
+    Such a trace is one of compiled.py's forward and backward graphs, traced by AOTAutograd
+    without Dynamo.
+    """
     _TRACING[0] += 1
     try:
         yield
@@ -90,16 +98,22 @@ def tracing():
 
 
 def traced() -> bool:
-    """Whether the step is being traced into one graph (torch.compile, torch.export for the
-    ahead-of-time compiled step, or :func:`tracing`): the branches that suit eager execution
-    (host-side selection, small-batch kernels) give way to ones without host synchronisation."""
+    """Whether the step is being traced into one graph (torch.compile, torch.export or :func:`tracing`).
+
+    torch.export traces the ahead-of-time compiled step. While tracing, the branches that suit
+    eager execution (host-side selection, small-batch kernels) give way to ones without host
+    synchronisation.
+    """
     return bool(_TRACING[0]) or torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 def _real_tensors():
-    """Under torch.export's tracing (non-strict: Python runs with fake tensors) or :func:`tracing`, a table made
-    for the store must still be a real tensor: the export takes it as a constant, and a later
-    eager caller reads the same entry. Outside an export this does nothing."""
+    """Return a context in which a table made for the store is a real tensor, even while tracing.
+
+    Under torch.export's tracing (non-strict: Python runs with fake tensors) or :func:`tracing`,
+    a table made for the store must still be a real tensor: the export takes it as a constant,
+    and a later eager caller reads the same entry. Outside an export this does nothing.
+    """
     if _TRACING[0] or torch.compiler.is_exporting():
         from torch.utils._python_dispatch import _disable_current_modes
         return _disable_current_modes()
@@ -135,8 +149,11 @@ def _hamilton_table(dtype: torch.dtype, device: str) -> torch.Tensor:
 
 
 def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Hamilton product of quaternions stored x, y, z, w: the outer product of the two
-    through a constant table, a few operations instead of sixteen products."""
+    """Hamilton product of quaternions stored x, y, z, w.
+
+    It is the outer product of the two through a constant table, a few operations instead of
+    sixteen products.
+    """
     outer = (a.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2)
     return outer @ _hamilton_table(outer.dtype, str(outer.device))
 
@@ -149,7 +166,7 @@ def quat_rotate(quat: torch.Tensor, x: torch.Tensor, cross_fn=cross) -> torch.Te
 
 
 def quat_exp(phi: torch.Tensor) -> torch.Tensor:
-    """Unit quaternion (x, y, z, w) of the rotation vector ``phi`` (..., 3), smooth at zero."""
+    """Return the unit quaternion (x, y, z, w) of the rotation vector ``phi`` (..., 3), smooth at zero."""
     theta2 = (phi ** 2).sum(-1, keepdim=True)
     theta = torch.sqrt(theta2 + 1e-24)
     half = 0.5 * theta

@@ -25,6 +25,7 @@ class State:
         line's whole control steps (whole numbers, 0 to ``config.max_latency``); None when
         ``max_latency`` is 0. The step passes it through unchanged.
     """
+
     q: torch.Tensor
     v: torch.Tensor
     actuator: Optional[torch.Tensor] = None
@@ -43,6 +44,7 @@ class State:
 @dataclass
 class Trajectory:
     """A rollout: q (T+1, ..., nq), v (T+1, ..., nv), actions (T, ..., n_act), final State."""
+
     q: torch.Tensor
     v: torch.Tensor
     actions: torch.Tensor

@@ -41,6 +41,7 @@ class ContactSet:
     group that cannot touch the ground in any environment is skipped exactly.
     ``flat_index`` (P,) long: each flat point's slot in the (G * S) grouped layout.
     """
+
     body: torch.Tensor
     local: torch.Tensor
     radius: torch.Tensor
@@ -58,9 +59,11 @@ class ContactSet:
         return int(self.body.numel())
 
     def subset(self, groups) -> "ContactSet":
-        """The contact set of the point groups ``groups`` (indices into the grouped layout, in
-        order) and their points; no self-collision pairs. What the compiled step evaluates
-        when the other groups cannot reach the ground (physics.compiled)."""
+        """Return the contact set of the point groups ``groups`` and their points; no self-collision pairs.
+
+        ``groups`` are indices into the grouped layout, in order. This is what the compiled step
+        evaluates when the other groups cannot reach the ground (physics.compiled).
+        """
         if self.pairs.numel():
             raise ValueError("a subset of a contact set with self-collision pairs is not defined")
         dev = self.body.device
@@ -77,8 +80,10 @@ class ContactSet:
 
 
 def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
-    """Group the flat points by body, at most S per group (S = 8, a box's corners, or fewer
-    when no body has that many)."""
+    """Group the flat points by body, at most S per group.
+
+    S = 8 (a box's corners), or fewer when no body has that many.
+    """
     dt, dev = local.dtype, local.device
     bodies = body.tolist()
     per_body: Dict[int, List[int]] = {}     # body -> its points (flat indices)
@@ -112,8 +117,12 @@ def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
 
 @dataclass(frozen=True)
 class System:
-    """Everything a step reads. Fields other than ``config`` and the index/name fields are
-    parameters: ``replace`` them (with tensors that may require grad)."""
+    """Everything a step reads.
+
+    Fields other than ``config`` and the index/name fields are parameters: ``replace`` them (with
+    tensors that may require grad).
+    """
+
     model: Model
     nominal: Model
     config: SimConfig
@@ -134,8 +143,11 @@ class System:
     rotors: Optional[Rotors]
 
     def replace(self, **changes) -> "System":
-        """A copy with some parameters replaced; ``model=`` alone keeps the controller's
-        ``nominal`` model (as a calibrated robot keeps its controller)."""
+        """Return a copy with some parameters replaced.
+
+        ``model=`` alone keeps the controller's ``nominal`` model (as a calibrated robot keeps its
+        controller).
+        """
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------ sizes
@@ -159,7 +171,7 @@ class System:
         return self.rotors is not None or self.config.actuator_lag > 0
 
     def to(self, dtype: Optional[torch.dtype] = None, device=None) -> "System":
-        """The same system rebuilt for another dtype/device (parameters kept by value)."""
+        """Return the same system rebuilt for another dtype/device (parameters kept by value)."""
         return build_system(self.model.to(dtype=dtype, device=device), self.config,
                             nominal=self.nominal.to(dtype=dtype, device=device))
 
@@ -218,9 +230,11 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
 
 def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = None,
                  nominal: Optional[Model] = None) -> System:
-    """Resolve a :class:`SimConfig` against a model: actuated joints by name, gains per
-    joint, contact points from the collision geometry, rotors. Raises ConfigError
-    naming the key at fault."""
+    """Resolve a :class:`SimConfig` against a model.
+
+    It resolves actuated joints by name, gains per joint, contact points from the collision
+    geometry and rotors. Raises ConfigError naming the key at fault.
+    """
     cfg = config or SimConfig()
     if isinstance(cfg, dict):
         cfg = SimConfig.from_mapping(cfg)  # type: ignore[attr-defined]  # from_mapping: set by schema.section

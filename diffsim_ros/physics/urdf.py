@@ -369,8 +369,11 @@ def _short_list(names: Iterable[str], n: int = 6) -> List[str]:
 
 
 def _element_name(element, tag: str, label: str, seen: Container[str]) -> Tuple[str, str]:
-    """(name, where) of a <link> or <joint> (``tag``): its name, neither empty nor one of ``seen``, and the text that
-    names it in errors ("link 'base'")."""
+    """(name, where) of a <link> or <joint> (``tag``).
+
+    name: its name, neither empty nor one of ``seen``; where: the text that names it in errors
+    ("link 'base'").
+    """
     name = element.name
     if not isinstance(name, str) or not name.strip():
         raise UrdfError(f"{label}: a <{tag}> has an empty name")
@@ -586,8 +589,10 @@ def _body_inertia(links: Dict[str, Link], children: Dict[str, List[Joint]], main
 
 
 def _subtree_inertias(links: Dict[str, Link], children: Dict[str, List[Joint]], root: str) -> Dict[str, np.ndarray]:
-    """For every link, the inertia of it and all its descendants (joints at q = 0)
-    about the link's origin, in the link's frame. One pass, leaves first."""
+    """For every link, the inertia of it and all its descendants (joints at q = 0).
+
+    Each is taken about the link's origin, in the link's frame. One pass, leaves first.
+    """
     order, stack = [], [root]
     while stack:
         name = stack.pop()

@@ -50,14 +50,18 @@ class FlightController:
         return self.cfg.max_thrust
 
     def ctbr_thrusts(self, command: np.ndarray, omega: np.ndarray) -> np.ndarray:
-        """Per-rotor thrust (N) for ``command`` = [collective thrust N, p, q, r rad/s] at body
-        rates ``omega``: proportional rate loop plus the gyroscopic feed-forward, mixed by the
-        allocation pseudo-inverse (physics/laws.py, as physics.quadrotor.Rotors.ctbr_thrusts)."""
+        """Per-rotor thrust (N) for ``command`` = [collective thrust N, p, q, r rad/s] at body rates ``omega``.
+
+        A proportional rate loop plus the gyroscopic feed-forward, mixed by the allocation
+        pseudo-inverse (physics/laws.py, as physics.quadrotor.Rotors.ctbr_thrusts).
+        """
         return laws.ctbr_thrusts(np, command, omega, self.rate_gain, self.inertia, self.allocation_pinv)
 
     def clamp_thrust(self, thrust: np.ndarray) -> np.ndarray:
-        """Thrust limited to [0, max_thrust] with the simulator's softplus corners (0.01 % of
-        the range wide), so that plant and simulator saturate alike."""
+        """Thrust limited to [0, max_thrust] with the simulator's softplus corners (0.01 % of the range wide).
+
+        Plant and simulator thus saturate alike.
+        """
         return laws.clamp_thrust(np, thrust, self.max_thrust)
 
     def speed_for_thrust(self, thrust: np.ndarray) -> np.ndarray:
@@ -78,11 +82,15 @@ class FlightController:
         return laws.rotor_thrusts(np, speed, self.kf, self.cfg_thrust_scale)
 
     def rotor_torques(self, speed: np.ndarray) -> np.ndarray:
-        """Reaction yaw torque of each rotor on the body about body +z, N m (the allocation's
-        yaw row times the thrust)."""
+        """Reaction yaw torque of each rotor on the body about body +z, N m.
+
+        The allocation's yaw row times the thrust.
+        """
         return self.allocation[3] * self.rotor_thrusts(speed)
 
     def drag_force(self, v_com_body: np.ndarray, scale: float = 1.0) -> np.ndarray:
-        """Body-frame drag force (N) at the centre of mass moving at ``v_com_body`` (m/s, body
-        frame): F = -(D1 v + D2 |v| v) per axis (physics.quadrotor.Rotors.drag)."""
+        """Body-frame drag force (N) at the centre of mass moving at ``v_com_body`` (m/s, body frame).
+
+        F = -(D1 v + D2 |v| v) per axis (physics.quadrotor.Rotors.drag).
+        """
         return scale * laws.drag_force(np, v_com_body, self.drag_linear, self.drag_quadratic)

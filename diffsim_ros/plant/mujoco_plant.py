@@ -84,8 +84,10 @@ CONTACT_STEP = 5e-4         # s, the largest MuJoCo step of a plant with ground 
 
 
 def default_refinement(substep: float, ground: bool) -> int:
-    """MuJoCo steps per simulator substep: with ground contact as many as keep the step at or
-    below :data:`CONTACT_STEP`, else 1."""
+    """MuJoCo steps per simulator substep.
+
+    With ground contact as many as keep the step at or below :data:`CONTACT_STEP`, else 1.
+    """
     if not ground:
         return 1
     return max(1, int(np.ceil(substep / CONTACT_STEP - 1e-9)))
@@ -100,6 +102,7 @@ class JointState:
     position: rad or m; velocity: rad/s or m/s; effort: the actuator torque/force applied
     (after gravity compensation, saturation and lag), N m or N; 0 for unactuated joints.
     """
+
     t: float
     names: List[str]
     position: np.ndarray
@@ -123,6 +126,7 @@ class BaseState:
     m/s^2, from the velocity change over the last substep. rotor_speeds: rad/s (empty
     without rotors). joints: the joint measurement when the base carries joints, else None.
     """
+
     t: float
     position: np.ndarray
     orientation: np.ndarray
@@ -267,13 +271,15 @@ class MujocoPlant:
 
     # ------------------------------------------------------------------ MuJoCo model
     def _compile(self, payload: bool = False):
-        """MuJoCo model of the URDF: visuals and collisions stripped (collisions come from the
-        physics model when the ground is on), a free joint on the root link for a floating
-        base, the simulator's substep, gravity, integrator and switches. A <mimic> joint is
-        coupled to its leader by the equality constraint MuJoCo's URDF reader makes of it
-        (q = multiplier q_leader + offset), stiff (time constant two substeps), as a gear or
-        a tendon couples a real gripper's fingers; it is not reported (the simulator's
-        coordinates are the leaders)."""
+        """MuJoCo model of the URDF.
+
+        Visuals and collisions stripped (collisions come from the physics model when the ground is
+        on), a free joint on the root link for a floating base, the simulator's substep, gravity,
+        integrator and switches. A <mimic> joint is coupled to its leader by the equality constraint
+        MuJoCo's URDF reader makes of it (q = multiplier q_leader + offset), stiff (time constant
+        two substeps), as a gear or a tendon couples a real gripper's fingers; it is not reported
+        (the simulator's coordinates are the leaders).
+        """
         mujoco = self._mj
         from ..physics.urdf import _read_source
 
@@ -332,8 +338,10 @@ class MujocoPlant:
         return m
 
     def _add_ground(self, spec):
-        """The ground plane, and the physics model's collision primitives (meshes already
-        replaced by their bounding boxes there) as MuJoCo geoms touching the plane only."""
+        """Add the ground plane, and the physics model's collision primitives as MuJoCo geoms.
+
+        The primitives (meshes already replaced by their bounding boxes there) touch the plane only.
+        """
         mujoco = self._mj
         cfg, pm = self.sim_config, self.physics_model
         n = np.asarray(cfg.ground_normal, dtype=np.float64)
@@ -441,8 +449,10 @@ class MujocoPlant:
         return np.concatenate((R.T @ d.qvel[0:3], d.qvel[3:6], vj))
 
     def set_state(self, q: Sequence[float], v: Optional[Sequence[float]] = None) -> None:
-        """Put the robot at ``q``, ``v`` (simulator convention); actuator states, command line
-        and time are kept (see :meth:`reset`)."""
+        """Put the robot at ``q``, ``v`` (simulator convention).
+
+        Actuator states, command line and time are kept (see :meth:`reset`).
+        """
         q = self._as_q(q)
         v = np.zeros(self.nv) if v is None else self._as_v(v)
         if not (np.isfinite(q).all() and np.isfinite(v).all()):
@@ -468,10 +478,12 @@ class MujocoPlant:
 
     def reset(self, q: Optional[Sequence[float]] = None,
               v: Optional[Sequence[float]] = None) -> Union[JointState, BaseState]:
-        """Back to time 0 at ``q``, ``v`` (default: the initial state): rotors at hover speed
-        for the true mass, torque lag at zero, the command line filled with the hold command
-        (hover thrust; the current joint positions; zero velocity/effort), noise re-seeded.
-        Returns the measured state."""
+        """Back to time 0 at ``q``, ``v`` (default: the initial state).
+
+        Rotors at hover speed for the true mass, torque lag at zero, the command line filled with
+        the hold command (hover thrust; the current joint positions; zero velocity/effort), noise
+        re-seeded. Returns the measured state.
+        """
         self._mj.mj_resetData(self.model, self.data)
         self._steps = 0
         self._rng = np.random.default_rng(self.perturbation.seed)
@@ -496,8 +508,11 @@ class MujocoPlant:
 
     # ------------------------------------------------------------------ commands
     def command_names(self, interface: Optional[str] = None) -> List[str]:
-        """What each entry of a command means: the actuated joints (position/velocity/effort),
-        the rotor links (rotor_thrust), or ['thrust', 'p', 'q', 'r'] (ctbr)."""
+        """Return what each entry of a command means.
+
+        The actuated joints (position/velocity/effort), the rotor links (rotor_thrust), or
+        ['thrust', 'p', 'q', 'r'] (ctbr).
+        """
         interface = interface or self.interface
         if interface in JOINT_INTERFACES:
             return list(self.actuated_joints)
@@ -506,8 +521,10 @@ class MujocoPlant:
         return ["thrust", "p", "q", "r"]
 
     def check_command(self, command, interface: Optional[str] = None) -> np.ndarray:
-        """``command`` as a float64 array, or ValueError saying what is wrong (unknown
-        interface, wrong length, non-finite entry)."""
+        """``command`` as a float64 array, or ValueError saying what is wrong.
+
+        What is wrong: an unknown interface, a wrong length, a non-finite entry.
+        """
         interface = interface or self.interface
         if interface not in self.interfaces:
             raise ValueError(f"interface '{interface}' is not one this plant accepts ({', '.join(self.interfaces)})")
@@ -525,8 +542,11 @@ class MujocoPlant:
         return c
 
     def hold_command(self, interface: Optional[str] = None) -> np.ndarray:
-        """The command that holds the current state: current joint positions (position), zero
-        (velocity, effort), hover thrust and zero rates (ctbr), hover thrust / n (rotor_thrust)."""
+        """Return the command that holds the current state.
+
+        Current joint positions (position), zero (velocity, effort), hover thrust and zero rates
+        (ctbr), hover thrust / n (rotor_thrust).
+        """
         interface = interface or self.interface
         if interface == "position":
             return self.data.qpos[self._qadr][self._act].copy()
@@ -537,7 +557,7 @@ class MujocoPlant:
         return np.full(self.flight.n, self.hover_thrust / self.flight.n)
 
     def safe_command(self, interface: Optional[str] = None) -> np.ndarray:
-        """The safe command of interfaces.md: hold position, zero velocity, zero effort, zero thrust."""
+        """Return the safe command of interfaces.md: hold position, zero velocity, zero effort, zero thrust."""
         interface = interface or self.interface
         if interface == "position":
             return self.hold_command("position")
@@ -547,10 +567,12 @@ class MujocoPlant:
 
     # ------------------------------------------------------------------ stepping
     def step(self, command=None, interface: Optional[str] = None) -> Union[JointState, BaseState]:
-        """Advance one control step (``dt``, in ``substeps`` MuJoCo steps) under ``command``
-        in ``interface`` (default: the plant's). ``command=None`` repeats the last command.
-        The command passes the delay line (``command_delay`` + latency) substep by substep.
-        Returns the measured state (with sensor noise, if any)."""
+        """Advance one control step (``dt``, in ``substeps`` MuJoCo steps) under ``command``.
+
+        The command is in ``interface`` (default: the plant's). ``command=None`` repeats the last
+        command. The command passes the delay line (``command_delay`` + latency) substep by substep.
+        Returns the measured state (with sensor noise, if any).
+        """
         if command is None:
             entry = self.last_command
         else:
@@ -610,9 +632,11 @@ class MujocoPlant:
         return self._measure()
 
     def _joint_friction(self, applied, damping):
-        """The simulator's smoothed Coulomb friction (physics/stages/passive.py) into ``applied``;
-        with the linearly implicit Euler its secant slope joins MuJoCo's implicit damping, and
-        adding slope x v back keeps the explicit force -f tanh(v / eps)."""
+        """Add the simulator's smoothed Coulomb friction (physics/stages/passive.py) into ``applied``.
+
+        With the linearly implicit Euler its secant slope joins MuJoCo's implicit damping, and
+        adding slope x v back keeps the explicit force -f tanh(v / eps).
+        """
         cfg, dof = self.sim_config, self._dadr
         v = self.data.qvel[dof]
         force, slope = laws.coulomb_friction(np, v, self._friction, cfg.joint_friction_smoothing)
@@ -622,8 +646,10 @@ class MujocoPlant:
             applied[dof] += slope * v
 
     def _gravity_torque(self) -> np.ndarray:
-        """Joint torques holding the nominal model against gravity at the current q (MuJoCo's
-        bias force at zero velocity), for the actuated joints."""
+        """Joint torques holding the nominal model against gravity at the current q, for the actuated joints.
+
+        They are MuJoCo's bias force at zero velocity.
+        """
         mujoco, m0, d0 = self._mj, self._nominal, self._nominal_data
         d0.qpos[:] = self.data.qpos
         d0.qvel[:] = 0.0
@@ -632,14 +658,16 @@ class MujocoPlant:
         return d0.qfrc_bias[self._dadr[self._act]].copy()
 
     def _window(self):
-        """The drives' velocity limits and band as physics/laws.py takes them (None: no window)."""
+        """Return the drives' velocity limits and band as physics/laws.py takes them (None: no window)."""
         cfg = self.sim_config
         return (self.velocity_limit if cfg.velocity_limits else None), cfg.velocity_limit_band
 
     def _joint_actuation(self, interface, cmd, applied, damping):
-        """The simulator's joint actuator (see the module doc; physics/laws.py, drive) into
-        ``applied`` and ``damping``. Returns what :meth:`_servo_refine` needs for a saturated
-        position or velocity servo (base, pd, va, torque, slope, brake), else None."""
+        """Add the simulator's joint actuator (see the module doc; physics/laws.py, drive).
+
+        It goes into ``applied`` and ``damping``. Returns what :meth:`_servo_refine` needs for a
+        saturated position or velocity servo (base, pd, va, torque, slope, brake), else None.
+        """
         d, cfg, h = self.data, self.sim_config, self.h
         dof = self._dadr[self._act]
         qa, va = d.qpos[self._qadr[self._act]], d.qvel[dof].copy()
@@ -680,8 +708,11 @@ class MujocoPlant:
         return None
 
     def _end_lagged_torque(self):
-        """The lagged torque at the end of the substep just taken (physics/stages/actuation.py,
-        lagged_torque): less the implicit terms MuJoCo's solve applied over it."""
+        """Return the lagged torque at the end of the substep just taken.
+
+        As physics/stages/actuation.py, lagged_torque: less the implicit terms MuJoCo's solve
+        applied over it.
+        """
         kd, kp, va = self._lag_end
         self._lag_end = None
         v1 = self.data.qvel[self._dadr[self._act]]
@@ -689,10 +720,13 @@ class MujocoPlant:
         self._effort = self._torque.copy()
 
     def _implicit_gains(self, interface, s, brake, va, applied, damping, sign: float = 1.0):
-        """Adds (``sign`` 1) or takes back (-1) the drive's linearly implicit terms: D_act = s kd
-        (+ h s kp under Euler) joins MuJoCo's implicit damping; adding s kd v back keeps the explicit
-        force u - h s kp v as the simulator's. The velocity-limit brake's stiffness joins it the same
-        way (all interfaces). Returns the drive's slopes (kd + brake, s kp or None) it integrated."""
+        """Add (``sign`` 1) or take back (-1) the drive's linearly implicit terms.
+
+        D_act = s kd (+ h s kp under Euler) joins MuJoCo's implicit damping; adding s kd v back
+        keeps the explicit force u - h s kp v as the simulator's. The velocity-limit brake's
+        stiffness joins it the same way (all interfaces). Returns the drive's slopes (kd + brake, s
+        kp or None) it integrated.
+        """
         dof = self._dadr[self._act]
         euler = self.model.opt.integrator == self._mj.mjtIntegrator.mjINT_EULER
         kd = s * self.kd if interface != "effort" else np.zeros_like(va)
@@ -703,10 +737,12 @@ class MujocoPlant:
         return kd + brake, kp
 
     def _servo_refine(self, interface, servo, applied, damping):
-        """The simulator's servo_iterations (physics/laws.py, servo_secants): the
-        saturated servo's implicit gains moved half way to the secants from the substep's start to
-        the end MuJoCo predicts with the current ones (a trial step, undone), ``servo_iterations``
-        times."""
+        """Apply the simulator's servo_iterations (physics/laws.py, servo_secants).
+
+        The saturated servo's implicit gains are moved half way to the secants from the substep's
+        start to the end MuJoCo predicts with the current ones (a trial step, undone),
+        ``servo_iterations`` times.
+        """
         mujoco, m, d, cfg, h = self._mj, self.model, self.data, self.sim_config, self.h
         base, pd, va, torque, s, brake = servo
         dof = self._dadr[self._act]
@@ -729,8 +765,10 @@ class MujocoPlant:
             self._implicit_gains(interface, s, brake, va, applied, damping)
 
     def _rotor_forces(self) -> np.ndarray:
-        """Generalised force of the rotor thrusts and torques and of the body drag, from the
-        kinematics MuJoCo computed for the current state."""
+        """Generalised force of the rotor thrusts and torques and of the body drag.
+
+        From the kinematics MuJoCo computed for the current state.
+        """
         mujoco, m, d, fc = self._mj, self.model, self.data, self.flight
         out = np.zeros(m.nv)
         b = self._base
@@ -793,7 +831,7 @@ class MujocoPlant:
         return bs
 
     def measured(self) -> Union[JointState, BaseState]:
-        """The measurement of the current step (what step/reset returned)."""
+        """Return the measurement of the current step (what step/reset returned)."""
         return self._measured
 
     def joint_state(self) -> JointState:

@@ -59,12 +59,15 @@ from ..schema import ConfigError, from_mapping, normalise, option, section
 @section("perturbation")
 @dataclass(frozen=True)
 class Perturbation:
-    """How the plant differs from the configuration it was built from (SI units). Every field
-    defaults to no perturbation.
+    """How the plant differs from the configuration it was built from (SI units).
+
+    Every field defaults to no perturbation.
 
     The fields that are physical parameters of the simulator map onto the registry of
     :mod:`diffsim_ros.physics.registry` (``from_perturbation``), which gives the values a
-    calibration of a recording of this plant should find."""
+    calibration of a recording of this plant should find.
+    """
+
     mass_scale: float = option(1.0, """factor on every link mass and inertia tensor (the centres of mass stay).
         Gravity compensation and the CTBR rate loop keep the nominal model, as a robot's controller would""",
                                above=0)
@@ -109,9 +112,11 @@ class Perturbation:
 
     @classmethod
     def from_mapping(cls, d: Optional[Dict[str, Any]], where: str = "perturbation") -> "Perturbation":
-        """Build from a mapping (a YAML section or node parameters; None: no perturbation);
-        errors name the key path under ``where``. ``actuator_lag`` or ``contact_time_constant`` < 0
-        means None (ROS parameters cannot be null)."""
+        """Build from a mapping (a YAML section or node parameters; None: no perturbation).
+
+        Errors name the key path under ``where``. ``actuator_lag`` or ``contact_time_constant`` < 0
+        means None (ROS parameters cannot be null).
+        """
         if d is None:
             return cls()
         if isinstance(d, dict):
@@ -162,7 +167,7 @@ def robot_kind(kind: str) -> str:
 
 
 def _parse_value(text: str, item: str, where: str) -> Any:
-    """A value of the text form: a number, true/false, null, or [a, b, ...] of numbers."""
+    """Parse a value of the text form: a number, true/false, null, or [a, b, ...] of numbers."""
     t = text.strip()
     if t.startswith("[") and t.endswith("]"):
         return [_parse_value(x, item, where) for x in t[1:-1].split(",") if x.strip()]
@@ -184,7 +189,7 @@ def _parse_value(text: str, item: str, where: str) -> Any:
 
 
 def _split(text: str):
-    """The comma-separated entries of ``text``, commas inside [...] kept."""
+    """Return the comma-separated entries of ``text``, commas inside [...] kept."""
     items, depth, cur = [], 0, ""
     for ch in text:
         depth += {"[": 1, "]": -1}.get(ch, 0)
@@ -198,11 +203,13 @@ def _split(text: str):
 
 
 def parse_perturbation(text: str, where: str = "--perturb") -> Dict[str, Any]:
-    """The mapping of the text form ``[PRESET,]KEY=VALUE,...`` (``hardware,latency=0.015``;
-    ``sensor_noise=[0.001,0.01]``; '' for none): the fields given, and the preset's name under
-    ``preset``. Unknown presets and fields, and values the schema refuses, are a ConfigError naming
-    ``where``; a preset's own values are filled in later, for a robot kind
-    (:func:`resolve_perturbation`)."""
+    """Return the mapping of the text form ``[PRESET,]KEY=VALUE,...``.
+
+    For example ``hardware,latency=0.015``; ``sensor_noise=[0.001,0.01]``; '' for none. The mapping
+    holds the fields given, and the preset's name under ``preset``. Unknown presets and fields, and
+    values the schema refuses, are a ConfigError naming ``where``; a preset's own values are filled
+    in later, for a robot kind (:func:`resolve_perturbation`).
+    """
     out: Dict[str, Any] = {}
     for item in _split(text or ""):
         key, sep, val = item.partition("=")
@@ -224,9 +231,11 @@ def parse_perturbation(text: str, where: str = "--perturb") -> Dict[str, Any]:
 
 def perturbation_spec(spec: Union[str, Mapping[str, Any], "Perturbation", None],
                       where: str = "--perturb") -> Dict[str, Any]:
-    """``spec`` (the text form, a mapping, a :class:`Perturbation` or None) as a mapping of the
-    fields given and, under ``preset``, a preset's name, checked as far as it can be without the
-    robot's kind (a preset's values need it: :func:`resolve_perturbation`)."""
+    """``spec`` as a mapping of the fields given and, under ``preset``, a preset's name.
+
+    ``spec`` is the text form, a mapping, a :class:`Perturbation` or None. It is checked as far as
+    it can be without the robot's kind (a preset's values need it: :func:`resolve_perturbation`).
+    """
     if spec is None:
         return {}
     if isinstance(spec, str):
@@ -249,13 +258,16 @@ def _check_fields(fields_: Mapping[str, Any], where: str) -> Perturbation:
 
 def resolve_perturbation(spec: Union[str, Mapping[str, Any], "Perturbation", None], kind: Optional[str] = None,
                          where: str = "--perturb") -> Dict[str, Any]:
-    """The perturbation fields of ``spec`` for a robot of ``kind`` (arm, legged, multirotor;
-    quadrotor as multirotor): ``spec`` is the text form (:func:`parse_perturbation`), a mapping of
-    fields with an optional ``preset`` name, a :class:`Perturbation` (its fields that differ from
-    none) or None (none). A preset's values for the kind come first, the fields given replace them.
-    Returns ``{field: value}`` of the fields set, checked and converted by the schema (plain
-    Python values: lists for the vectors, so ``sensor_noise`` 0.001 is [0.001, 0.001]); a preset
-    without a kind, an unknown preset or kind, and a bad field are a ConfigError naming ``where``."""
+    """Return the perturbation fields of ``spec`` for a robot of ``kind``.
+
+    ``kind`` is arm, legged, multirotor (quadrotor as multirotor). ``spec`` is the text form
+    (:func:`parse_perturbation`), a mapping of fields with an optional ``preset`` name, a
+    :class:`Perturbation` (its fields that differ from none) or None (none). A preset's values for
+    the kind come first, the fields given replace them. Returns ``{field: value}`` of the fields
+    set, checked and converted by the schema (plain Python values: lists for the vectors, so
+    ``sensor_noise`` 0.001 is [0.001, 0.001]); a preset without a kind, an unknown preset or kind,
+    and a bad field are a ConfigError naming ``where``.
+    """
     if isinstance(spec, Perturbation):
         none = Perturbation().to_dict()
         return {k: v for k, v in spec.to_dict().items() if v != none[k]}
@@ -283,10 +295,13 @@ def _plain(val: Any) -> Any:
 
 
 def ros_values(perturbation: Mapping[str, Any], where: str = "perturbation") -> Dict[str, Any]:
-    """``{field: value}`` of a perturbation mapping as mujoco_plant's ROS parameters hold them
-    (``perturbation.<field>``): checked and converted by the schema, vectors as lists of floats
-    (``sensor_noise`` 0.001 is [0.001, 0.001]), floats as floats (an integer 0 is 0.0), and null as
-    the field's stand-in (-1.0 for ``actuator_lag``). ConfigError names ``where``.<field>."""
+    """``{field: value}`` of a perturbation mapping as mujoco_plant's ROS parameters hold them.
+
+    The parameters are ``perturbation.<field>``. The values are checked and converted by the schema,
+    vectors as lists of floats (``sensor_noise`` 0.001 is [0.001, 0.001]), floats as floats (an
+    integer 0 is 0.0), and null as the field's stand-in (-1.0 for ``actuator_lag``). ConfigError
+    names ``where``.<field>.
+    """
     from ..schema import entries
 
     pert = _check_fields(dict(perturbation), where)

@@ -1,5 +1,7 @@
-"""mujoco_plant's settings, ROS-free: the parameters the node declares and the checks their values
-pass at start (nodes/mujoco_plant.py is the node).
+"""mujoco_plant's settings, ROS-free.
+
+The parameters the node declares and the checks their values pass at start (nodes/mujoco_plant.py is
+the node).
 
 Each check raises :class:`SetupError` (diffsim_ros.errors, policy_controller's settings raise it
 too) naming the parameter; the node turns it into its StartupError (the message printed, exit
@@ -75,11 +77,14 @@ PERTURBATION_KEYS = tuple(f.name for f in dataclasses.fields(Perturbation))
 
 
 def perturbation_parameter(key: str, val):
-    """The value of parameter ``perturbation.<key>`` as the node declares it, from any value the
-    configuration schema accepts for the field (plant.Perturbation): one number for
-    ``sensor_noise`` (both entries), integers for doubles (``latency: 0``), a whole double for the
-    integer ``seed``, ... -> a list of floats, a float, an int, a bool. A value the schema refuses
-    (a string for a number, two numbers for three) is a ConfigError naming the parameter."""
+    """Return the value of parameter ``perturbation.<key>`` as the node declares it.
+
+    It is made from any value the configuration schema accepts for the field (plant.Perturbation):
+    one number for ``sensor_noise`` (both entries), integers for doubles (``latency: 0``), a whole
+    double for the integer ``seed``, ... -> a list of floats, a float, an int, a bool. A value the
+    schema refuses (a string for a number, two numbers for three) is a ConfigError naming the
+    parameter.
+    """
     if hasattr(val, "tolist") and not isinstance(val, (str, bytes)):
         val = val.tolist()                      # rclpy's arrays (array.array)
     if isinstance(val, tuple):
@@ -88,7 +93,7 @@ def perturbation_parameter(key: str, val):
 
 
 def check_robot(params: Mapping[str, Any]) -> None:
-    """The configuration (``config_parameters``) names a robot."""
+    """Check that the configuration (``config_parameters``) names a robot."""
     if not params.get("urdf"):
         raise SetupError("no robot: set parameter 'config' (a training/robot YAML) or pass its "
                          "keys (--params-file config/<robot>.yaml)")
@@ -102,8 +107,10 @@ def check_mode(mode: str) -> bool:
 
 
 def initial_state(plant, positions: Sequence[float], velocities: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
-    """(q, v) of parameters ``initial_positions`` and ``initial_velocities`` for ``plant`` (a MujocoPlant):
-    [0.0] alone is the neutral configuration, at rest."""
+    """(q, v) of parameters ``initial_positions`` and ``initial_velocities`` for ``plant`` (a MujocoPlant).
+
+    [0.0] alone is the neutral configuration, at rest.
+    """
     pos = [float(x) for x in positions]
     vel = [float(x) for x in velocities]
     q = plant.physics_model.neutral_configuration().numpy()
@@ -126,8 +133,11 @@ def initial_state(plant, positions: Sequence[float], velocities: Sequence[float]
 
 
 def controller_order(controller_joints: Sequence[str], actuated_joints) -> Tuple[List[str], np.ndarray]:
-    """(the command arrays' joint order, the index taking a command in that order to the plant's
-    ``actuated_joints`` order) of parameter ``controller_joints`` (empty: the plant's order)."""
+    """Return the command order of parameter ``controller_joints`` (empty: the plant's order).
+
+    As (the command arrays' joint order, the index taking a command in that order to the plant's
+    ``actuated_joints`` order).
+    """
     cj = [j for j in controller_joints if j]
     if cj and sorted(cj) != sorted(actuated_joints):
         raise SetupError(f"parameter 'controller_joints' {cj} must name exactly the actuated "

@@ -1,5 +1,8 @@
-"""Tasks: observation, action mapping, differentiable loss, reset distribution and
-success metric over the differentiable simulator (no ROS imports here)."""
+"""Tasks over the differentiable simulator (no ROS imports here).
+
+Each gives the observation, action mapping, differentiable loss, reset distribution and
+success metric.
+"""
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping
@@ -17,9 +20,11 @@ __all__ = ["Task", "TaskState", "ReachTask", "QuadrotorTask", "LocomotionTask", 
 
 
 def make_task(model: Model, sim_config: SimConfig, spec: Dict[str, Any], where: str = "task") -> Task:
-    """Build a task from a mapping such as ``{type: reach, ee_link: ee_link, horizon: 100}``
-    (:meth:`Task.from_mapping` of the type's class); an unknown type or key, or a wrong
-    value, is a :class:`ConfigError` naming the key path under ``where``."""
+    """Build a task from a mapping such as ``{type: reach, ee_link: ee_link, horizon: 100}``.
+
+    Uses :meth:`Task.from_mapping` of the type's class; an unknown type or key, or a wrong
+    value, is a :class:`ConfigError` naming the key path under ``where``.
+    """
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise ConfigError(f"must be a mapping with a 'type' ({', '.join(TASKS)}), got {spec!r}", where)
     kind = spec["type"]

@@ -1,5 +1,7 @@
-"""What every task provides: observation, action mapping, a differentiable
-loss, a reset distribution and a success metric independent of the trainer.
+"""What every task provides.
+
+Observation, action mapping, a differentiable loss, a reset distribution and a success
+metric independent of the trainer.
 
 A task owns a :class:`~diffsim_ros.physics.Simulator`. Policies act in the
 normalised box [-1, 1]^action_dim; :meth:`Task.command` maps that box to the
@@ -27,9 +29,12 @@ LIMIT_MARGIN = 0.01
 
 @dataclass
 class TaskState:
-    """A batch of episodes: the simulator state, the goal of each episode
-    (``target``, task-specific), the step index and the reward-free bookkeeping
-    the success metric needs (``extra``)."""
+    """A batch of episodes.
+
+    The simulator state, the goal of each episode (``target``, task-specific), the step index and
+    the reward-free bookkeeping the success metric needs (``extra``).
+    """
+
     sim: State
     target: torch.Tensor
     step: int = 0
@@ -41,14 +46,18 @@ class TaskState:
 
 
 class Task:
-    """Base class. Subclasses set ``kind`` (the ``type`` of their ``task:`` section), ``name``,
+    """Base class of the tasks.
+
+    Subclasses set ``kind`` (the ``type`` of their ``task:`` section), ``name``,
     ``obs_dim``, ``action_dim``, ``horizon`` and implement ``reset``, ``observe``, ``command``,
     ``step_loss`` and ``success``.
 
     A task's parameters are its constructor's keyword arguments after ``model`` and
     ``sim_config``: :meth:`from_mapping` builds one from a ``task:`` mapping (checked
     against the constructor's annotations, errors naming the key path) and
-    :meth:`export_parameters` gives the mapping that rebuilds it (what a checkpoint stores)."""
+    :meth:`export_parameters` gives the mapping that rebuilds it (what a checkpoint stores).
+    """
+
     kind = ""
     name = "task"
     obs_dim: int
@@ -76,9 +85,12 @@ class Task:
 
     @classmethod
     def parameter_spec(cls) -> List[Tuple[str, Any, Any]]:
-        """``(name, type hint, default)`` of the task's parameters (its constructor's keyword
-        arguments after model and sim_config); the default is ``inspect.Parameter.empty`` for a
-        required one. What from_mapping converts to and the reference's task tables show."""
+        """``(name, type hint, default)`` of the task's parameters.
+
+        The parameters are its constructor's keyword arguments after model and sim_config; the default
+        is ``inspect.Parameter.empty`` for a required one. What from_mapping converts to and the
+        reference's task tables show.
+        """
         init = inspect.unwrap(cls.__init__)
         hints = typing.get_type_hints(init)
         params = inspect.signature(init).parameters
@@ -86,15 +98,17 @@ class Task:
 
     @classmethod
     def parameter_names(cls) -> List[str]:
-        """The task's parameters (its constructor's keyword arguments after model and sim_config)."""
+        """Return the task's parameters (its constructor's keyword arguments after model and sim_config)."""
         return [name for name, _, _ in cls.parameter_spec()]
 
     @classmethod
     def from_mapping(cls, model: Model, sim_config: SimConfig, spec: Mapping[str, Any],
                         where: str = "task") -> "Task":
-        """The task of the mapping ``spec`` (its ``type`` key, if present, is ignored here). Unknown
-        keys, values of the wrong type and values the task refuses are a ConfigError naming the
-        key path under ``where``."""
+        """Build the task of the mapping ``spec`` (its ``type`` key, if present, is ignored here).
+
+        Unknown keys, values of the wrong type and values the task refuses are a ConfigError naming
+        the key path under ``where``.
+        """
         hints = {name: hint for name, hint, _ in cls.parameter_spec()}
         allowed = list(hints)
         kw = {}
@@ -115,8 +129,10 @@ class Task:
             raise ConfigError(f"{{key}}: {e}", "").under(where) from None
 
     def export_parameters(self) -> Dict[str, Any]:
-        """``{type: kind, parameter: value, ...}``: the ``task:`` mapping that rebuilds this task
-        with :meth:`from_mapping` (plain Python values: lists, numbers, strings)."""
+        """``{type: kind, parameter: value, ...}``: the ``task:`` mapping that rebuilds this task.
+
+        It rebuilds it with :meth:`from_mapping` (plain Python values: lists, numbers, strings).
+        """
         out: Dict[str, Any] = {"type": self.kind}
         for k, v in getattr(self, "_parameters", {}).items():
             if isinstance(v, torch.Tensor):
@@ -140,10 +156,13 @@ class Task:
         raise NotImplementedError
 
     def recorded_verdict(self, t, q, v, target) -> Optional[dict]:
-        """The task's own verdict on one recorded trajectory (plain arrays: times ``t`` in s, ``q``
-        and ``v`` as recorded, a floating base's twist in the body frame, ``target`` the goal), or
-        None where recordings are judged otherwise: an arm per target by :meth:`success` on the
-        recorded state, a legged robot by its strict metric (tasks.locomotion.strict_metric)."""
+        """Give the task's own verdict on one recorded trajectory, or None where recordings are judged otherwise.
+
+        The trajectory is plain arrays: times ``t`` in s, ``q`` and ``v`` as recorded, a floating
+        base's twist in the body frame, ``target`` the goal. Judged otherwise: an arm per target by
+        :meth:`success` on the recorded state, a legged robot by its strict metric
+        (tasks.locomotion.strict_metric).
+        """
         return None
 
     def deployment_start(self) -> Optional[list]:
@@ -181,7 +200,7 @@ class Task:
         return new
 
     def update_extra(self, ts: TaskState, action: torch.Tensor) -> None:
-        """Hook to accumulate per-episode quantities used by ``success``."""
+        """Accumulate per-episode quantities used by ``success`` (a hook)."""
 
     def spec(self) -> dict:
         """Observation and action specification for checkpoint metadata."""
@@ -200,11 +219,14 @@ class Task:
 
     def rollout_report(self, policy, batch: int, generator: Optional[torch.Generator] = None,
                        limit_margin: float = LIMIT_MARGIN) -> Dict[str, float]:
-        """``policy`` (obs -> action) on ``batch`` fresh episodes, no gradients: the fractions of
-        episodes that succeed (``success``), that put an actuated joint at its URDF position limit
-        at any step (``at_limit``, within ``limit_margin``) and that drive one past its URDF velocity
-        limit at any step (``over_speed``); nan for a mode no joint of the robot can show (no joints
-        with limits). The same episodes as :meth:`rollout_success` for the same generator."""
+        """``policy`` (obs -> action) on ``batch`` fresh episodes, no gradients.
+
+        Gives the fractions of episodes that succeed (``success``), that put an actuated joint at its
+        URDF position limit at any step (``at_limit``, within ``limit_margin``) and that drive one past
+        its URDF velocity limit at any step (``over_speed``); nan for a mode no joint of the robot can
+        show (no joints with limits). The same episodes as :meth:`rollout_success` for the same
+        generator.
+        """
         with torch.no_grad():
             ts = self.reset(batch, generator)
             at_limit, over = joint_limit_flags(self, ts.sim.q, ts.sim.v, limit_margin)
@@ -221,7 +243,7 @@ class Task:
 
 
 def actuated_limits(task: Task):
-    """The actuated joints' URDF (lower, upper, velocity) limits, in the model's dtype and device."""
+    """Return the actuated joints' URDF (lower, upper, velocity) limits, in the model's dtype and device."""
     idx = task.sim.act_index
     m = task.model
     return m.lower[idx], m.upper[idx], m.velocity_limit[idx]
@@ -233,10 +255,13 @@ def has_velocity_limit(vmax: torch.Tensor) -> torch.Tensor:
 
 
 def joint_limit_flags(task: Task, q: torch.Tensor, v: torch.Tensor, limit_margin: float = LIMIT_MARGIN):
-    """Per actuated joint (``simulator.actuated_joints``, the joints the policy drives): (at_limit,
-    over_speed), bool tensors of shape (..., n_actuated) for configurations q (..., nq) and speeds
+    """Per actuated joint: (at_limit, over_speed).
+
+    The actuated joints are ``simulator.actuated_joints``, the joints the policy drives. The flags
+    are bool tensors of shape (..., n_actuated) for configurations q (..., nq) and speeds
     v (..., nv). at_limit: within ``limit_margin`` of a finite URDF position limit, or past it;
-    over_speed: |v| above the URDF velocity limit (joints without one are never over)."""
+    over_speed: |v| above the URDF velocity limit (joints without one are never over).
+    """
     off_q, off_v = (7, 6) if task.model.floating_base else (0, 0)
     idx = task.sim.act_index.to(q.device)
     qj, vj = q[..., off_q:][..., idx], v[..., off_v:][..., idx]

@@ -1,5 +1,6 @@
-"""Gait analysis of a legged robot from its foot contacts: duty factor, stride frequency, the
-phase offsets between feet and the gait's name.
+"""Gait analysis of a legged robot from its foot contacts.
+
+It gives the duty factor, stride frequency, the phase offsets between feet and the gait's name.
 
     stats = analyze_gait(contact, dt, feet, foot_xy)     # contact (T, F) bool, foot_xy (F, 2) base frame
     stats.name            # walk, trot, pace, bound, pronk, stand or irregular
@@ -43,6 +44,7 @@ TEMPLATES: Dict[str, List[Sequence[float]]] = {
 @dataclass
 class GaitStats:
     """The gait of one window of contacts (see the module doc)."""
+
     name: str
     feet: List[str]
     roles: List[str]
@@ -80,8 +82,10 @@ def _circ(a: float, b: float) -> float:
 
 
 def _circular_mean(x: np.ndarray) -> Tuple[float, float]:
-    """Circular mean of phases (fractions of a cycle) and the mean resultant length R in [0, 1]
-    (1: all equal; near 0: spread over the cycle)."""
+    """Circular mean of phases (fractions of a cycle) and the mean resultant length R in [0, 1].
+
+    R is 1 when all are equal and near 0 when they are spread over the cycle.
+    """
     ang = 2 * np.pi * np.asarray(x)
     s, c = np.sin(ang).mean(), np.cos(ang).mean()
     return float((np.arctan2(s, c) / (2 * np.pi)) % 1.0), float(np.hypot(s, c))
@@ -96,6 +100,7 @@ EDGE = 0.2
 def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: float = 0.125,
                  max_period_spread: float = 0.15, min_phase_coherence: float = 0.8) -> GaitStats:
     """Gait statistics of a contact timeline ``contact`` (T, 4) bool sampled every ``dt`` s.
+
     A gait is named only when the feet move in step: each foot touches down as often as the
     reference foot (the left fore) over the run, within ``max_period_spread`` of its count (one
     touchdown more or less always allowed), and at a steady phase of the reference's strides
@@ -103,7 +108,8 @@ def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: fl
     after the reference's last touchdown as a fraction of that stride (the time to the
     reference's next touchdown; before its first or after its last touchdown only those within
     ``EDGE`` of the nearest stride are phased, by that stride's length, where its error is small),
-    so strides of uneven length, a run of hops of different heights, keep their phases."""
+    so strides of uneven length, a run of hops of different heights, keep their phases.
+    """
     c = np.asarray(contact, dtype=bool)
     if c.ndim != 2 or c.shape[1] != len(feet):
         raise ValueError(f"contact must be (T, {len(feet)}), got {c.shape}")
@@ -155,7 +161,7 @@ def analyze_gait(contact, dt: float, feet: Sequence[str], foot_xy, tolerance: fl
 
 
 def footfall_png(contact, dt: float, feet: Sequence[str], path, title: str = "", roles: Optional[Sequence[str]] = None):
-    """The footfall diagram: one row per foot, a bar where it touches the ground."""
+    """Draw the footfall diagram: one row per foot, a bar where it touches the ground."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,8 +190,11 @@ def footfall_png(contact, dt: float, feet: Sequence[str], path, title: str = "",
 
 # ---------------------------------------------------------------------- from the simulator
 def foot_bodies(sim) -> List[int]:
-    """The feet of a legged robot: the bodies at the ends of the kinematic chains that carry
-    contact points (a foot link fixed to its shank is part of the shank's body)."""
+    """Find the feet of a legged robot: the bodies at the ends of the kinematic chains.
+
+    Those are the chains that carry contact points (a foot link fixed to its shank is part of the
+    shank's body).
+    """
     m = sim.model
     parents = set(int(p) for p in m.parent)
     with_points = set(int(b) for b in sim.system.contact.body.tolist())
@@ -210,8 +219,10 @@ def foot_xy(sim, q) -> np.ndarray:
 
 
 def foot_contacts(sim, feet: Sequence[int], threshold: float = 1e-3) -> np.ndarray:
-    """(B, F) bool: each foot body's ground contact force (world z, N) above ``threshold`` in the
-    simulator's last step (``Simulator.last_data``)."""
+    """(B, F) bool: each foot body's ground contact force (world z, N) above ``threshold``.
+
+    In the simulator's last step (``Simulator.last_data``).
+    """
     data = sim.last_data
     if data is None:
         raise ValueError("foot_contacts needs an eager Simulator.step first (last_data is None)")
@@ -220,8 +231,11 @@ def foot_contacts(sim, feet: Sequence[int], threshold: float = 1e-3) -> np.ndarr
 
 
 def foot_points(sim, q, feet: Sequence[int]) -> list:
-    """Per foot body, the world positions (P, 3, T) of its contact points (sphere centres, box
-    corners) at the configurations ``q`` (T, nq), by the kinematics record."""
+    """Per foot body, the world positions (P, 3, T) of its contact points.
+
+    The points are sphere centres and box corners, at the configurations ``q`` (T, nq), by the
+    kinematics record.
+    """
     import torch
 
     from ..physics.kinematics import kinematics
@@ -236,13 +250,15 @@ def foot_points(sim, q, feet: Sequence[int]) -> list:
 
 def foot_slip(sim, q, feet: Sequence[int], contact, dt: float, points: Optional[list] = None
               ) -> List[Optional[float]]:
-    """Per foot, its mean horizontal speed (m/s) while it stays on the ground: over each pair of
-    consecutive steps with the foot in contact at both, the displacement of the foot's contact
-    point that was lowest at the first of them (one body-fixed point, so a foot rolling from one
-    corner to another does not count as a jump). A planted foot reads about 0; a foot dragged
-    along reads about the speed it is dragged at. ``q`` (T, nq) configurations, ``contact``
-    (T, F) bool for the same steps; None for a foot with no such pair of steps. ``points``:
-    :func:`foot_points` of ``q`` when the caller has them already."""
+    """Per foot, its mean horizontal speed (m/s) while it stays on the ground.
+
+    Over each pair of consecutive steps with the foot in contact at both, the displacement of the
+    foot's contact point that was lowest at the first of them (one body-fixed point, so a foot
+    rolling from one corner to another does not count as a jump). A planted foot reads about 0; a
+    foot dragged along reads about the speed it is dragged at. ``q`` (T, nq) configurations,
+    ``contact`` (T, F) bool for the same steps; None for a foot with no such pair of steps.
+    ``points``: :func:`foot_points` of ``q`` when the caller has them already.
+    """
     import torch
 
     c = np.asarray(contact, dtype=bool)
@@ -264,11 +280,13 @@ def foot_slip(sim, q, feet: Sequence[int], contact, dt: float, points: Optional[
 
 # ---------------------------------------------------------------------- a policy's gait
 def rollout_contacts(task, policy, target=None, seed: int = 0, states: Optional[list] = None):
-    """One episode of ``policy`` (obs -> action) on a legged ``task`` (batch 1, no gradients):
-    the (T, 4) foot contacts, the final TaskState and the feet's (x, y) at the start; with a list
-    ``states``, each step's configuration q (nq,) is appended to it. A task stepping through a
+    """One episode of ``policy`` (obs -> action) on a legged ``task`` (batch 1, no gradients).
+
+    Gives the (T, 4) foot contacts, the final TaskState and the feet's (x, y) at the start; with a
+    list ``states``, each step's configuration q (nq,) is appended to it. A task stepping through a
     compiled simulator (which keeps no contact data) runs the episode on the eager step of the
-    same system."""
+    same system.
+    """
     from ..physics import Simulator
 
     compiled = task.sim
@@ -299,9 +317,12 @@ def _rollout_contacts(task, policy, target, seed: int, states: Optional[list]):
 
 
 def write_gait_report(task, policy, out_dir, speeds: Sequence[float] = (0.2, 0.5, 0.8)) -> Dict[str, object]:
-    """footfall.png (one panel per commanded speed, or one for a forward-progress task) and
-    gait.json: which gait the policy uses at which commanded speed, its duty factors, stride
-    frequency and foot slip (:func:`foot_slip`), and the task's own success on that episode."""
+    """Write footfall.png and gait.json.
+
+    footfall.png: one panel per commanded speed, or one for a forward-progress task. gait.json:
+    which gait the policy uses at which commanded speed, its duty factors, stride frequency and
+    foot slip (:func:`foot_slip`), and the task's own success on that episode.
+    """
     import json
     from pathlib import Path
 

@@ -31,8 +31,11 @@ from .locomotion import LocomotionTask
 
 
 class JumpTask(LocomotionTask):
-    """A legged robot on the position interface jumps as high as it can from the ``stance``
-    pose (joint targets about it, ``action_scale`` rad per unit action); see the module doc."""
+    """A legged robot on the position interface jumps as high as it can from the ``stance`` pose.
+
+    Joint targets are about that pose, ``action_scale`` rad per unit action; see the module doc.
+    """
+
     kind = "jump"
 
     name = "jump"
@@ -78,8 +81,10 @@ class JumpTask(LocomotionTask):
                 ts.extra["airborne_peak"] = torch.where(higher, ~feet.any(0), ts.extra["airborne_peak"])
 
     def feet_contact(self, ts: Optional[TaskState] = None) -> Optional[torch.Tensor]:
-        """(F, B) bool: each foot touching the ground in the last step, or in the replayed state
-        ``ts`` (None when the step kept no contact data)."""
+        """(F, B) bool: each foot touching the ground in the last step, or in the replayed state ``ts``.
+
+        None when the step kept no contact data.
+        """
         return self.touching(self.feet, ts)
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
@@ -93,12 +98,14 @@ class JumpTask(LocomotionTask):
         return high & ts.extra["airborne_peak"] & ~ts.extra["violation"]
 
     def recorded_verdict(self, t, q, v, target) -> dict:
-        """:func:`jump_metric` of one recorded episode from plain arrays, as the stand-in or a bag
-        gives them (``q`` the base pose then the joints, ``v`` the body-frame twist then the joints,
-        per step; ``t`` and ``target`` are not needed): base height, roll and pitch from the pose,
-        and the feet's and the other bodies' ground contact judged from each recorded state's own
+        """:func:`jump_metric` of one recorded episode from plain arrays, as the stand-in or a bag gives them.
+
+        ``q`` is the base pose then the joints, ``v`` the body-frame twist then the joints, per step;
+        ``t`` and ``target`` are not needed. Base height, roll and pitch come from the pose, and the
+        feet's and the other bodies' ground contact is judged from each recorded state's own
         configuration and velocity (no simulator step produced them). The same parts as
-        :meth:`success` judges from the simulator's own flags."""
+        :meth:`success` judges from the simulator's own flags.
+        """
         import numpy as np
 
         from ..physics.spatial import roll_pitch
@@ -121,10 +128,12 @@ class JumpTask(LocomotionTask):
 
 def jump_metric(z, roll, pitch, feet_contact, other_contact, base_height: float, min_apex: float = 0.05,
                 max_tilt: float = 0.5, fall_height: float = 0.5) -> dict:
-    """The jump's success on one recorded episode, from plain arrays (simulator, stand-in or bag
-    alike): base height ``z`` (m), ``roll`` and ``pitch`` (rad) per step, ``feet_contact`` (T, F)
-    bool per foot, ``other_contact`` (T,) bool (a body other than a foot touching). Returns
-    the verdict and each of its parts."""
+    """Judge the jump's success on one recorded episode, from plain arrays.
+
+    The arrays may come from the simulator, the stand-in or a bag alike: base height ``z`` (m),
+    ``roll`` and ``pitch`` (rad) per step, ``feet_contact`` (T, F) bool per foot, ``other_contact``
+    (T,) bool (a body other than a foot touching). Returns the verdict and each of its parts.
+    """
     z = np.asarray(z, dtype=np.float64)
     roll, pitch = np.asarray(roll, dtype=np.float64), np.asarray(pitch, dtype=np.float64)
     feet = np.asarray(feet_contact, dtype=bool).reshape(len(z), -1)

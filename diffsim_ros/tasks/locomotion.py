@@ -66,9 +66,13 @@ OBSERVATIONS = ("robot", "privileged")
 
 
 class LocomotionTask(Task):
-    """A legged robot on the position interface: move forward from the ``stance`` pose (joint
-    targets about it, ``action_scale`` rad per unit action), or track a commanded forward speed
-    drawn per episode from ``command_speed``; see the module doc for the success metric."""
+    """A legged robot on the position interface: move forward or track a commanded forward speed.
+
+    It moves from the ``stance`` pose (joint targets about it, ``action_scale`` rad per unit
+    action); the speed is drawn per episode from ``command_speed``. See the module doc for the
+    success metric.
+    """
+
     kind = "locomotion"
 
     name = "locomotion"
@@ -193,16 +197,18 @@ class LocomotionTask(Task):
         return ts
 
     def observe(self, ts: TaskState) -> torch.Tensor:
-        """``observation: robot``: what a legged robot's own sensors give, the IMU's gravity
-        direction in the base frame and its body rates, the joint encoders' positions (about the
-        stance) and velocities, the policy's previous action (``ts.extra["action"]``, zero at the
-        start of an episode) and the command; with ``velocity_estimate``, the base's linear velocity
+        """``observation: robot``: what a legged robot's own sensors give.
+
+        The IMU's gravity direction in the base frame and its body rates, the joint encoders' positions
+        (about the stance) and velocities, the policy's previous action (``ts.extra["action"]``, zero at
+        the start of an episode) and the command; with ``velocity_estimate``, the base's linear velocity
         in its own frame as legged odometry estimates it from those sensors
         (:meth:`estimated_velocity`); with ``gait_period``, the gait clock's sine and cosine
         (time since the episode started, ``ts.step``: a controller's own clock). ``privileged``:
         the base height, its world orientation and body-frame twist, the joints and the command (a
         motion-capture room's state; the observation of policies trained before the robot
-        observation existed)."""
+        observation existed).
+        """
         q, v = ts.sim.q, ts.sim.v
         qj, vj = q[:, 7:][:, self.sim.act_index], v[:, 6:][:, self.sim.act_index]
         if self.observation == "robot":
@@ -227,14 +233,16 @@ class LocomotionTask(Task):
         return torch.cat(obs, -1)
 
     def foot_velocities(self, q: torch.Tensor, v: torch.Tensor):
-        """Legged odometry, per foot, from what the robot's IMU and joint encoders give: the base's
-        orientation (its gravity direction only), body rates and the joints' positions and
-        velocities of ``q`` (B, nq), ``v`` (B, nv); the base's position and linear velocity are
-        not read. Returns, in the base frame, (B, F, 3) the base's linear velocity that would keep
-        each foot's lowest point (along gravity) at rest, and (B, F) how far below the base that
-        point lies along gravity (m). Forward kinematics of the base held at the origin with the
+        """Legged odometry, per foot, from what the robot's IMU and joint encoders give.
+
+        That is the base's orientation (its gravity direction only), body rates and the joints'
+        positions and velocities of ``q`` (B, nq), ``v`` (B, nv); the base's position and linear
+        velocity are not read. Returns, in the base frame, (B, F, 3) the base's linear velocity that
+        would keep each foot's lowest point (along gravity) at rest, and (B, F) how far below the base
+        that point lies along gravity (m). Forward kinematics of the base held at the origin with the
         measured body rates: a foot's point moves there at ``w x r + J qdot``; standing on the
-        ground it is at rest in the world, so the base moves at minus that."""
+        ground it is at rest in the world, so the base moves at minus that.
+        """
         from ..physics.kinematics import kinematics
 
         base = torch.zeros(q.shape[0], 7, dtype=q.dtype, device=q.device)
@@ -251,10 +259,12 @@ class LocomotionTask(Task):
         return -speed, depth
 
     def estimated_velocity(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """(B, 3) the base's linear velocity in its own frame by legged odometry
-        (:meth:`foot_velocities`): each foot's estimate weighted by how low it is, a softmax of
-        its depth along gravity over ``ODOMETRY_DEPTH_SCALE`` (a foot 3 cm above the lowest
-        weighs e^-3 of it): the feet on the ground, whatever the gait. Differentiable."""
+        """(B, 3) the base's linear velocity in its own frame by legged odometry (:meth:`foot_velocities`).
+
+        Each foot's estimate is weighted by how low it is, a softmax of its depth along gravity over
+        ``ODOMETRY_DEPTH_SCALE`` (a foot 3 cm above the lowest weighs e^-3 of it): the feet on the
+        ground, whatever the gait. Differentiable.
+        """
         est, depth = self.foot_velocities(q, v)
         w = torch.softmax(depth / ODOMETRY_DEPTH_SCALE, dim=-1)
         return (w[..., None] * est).sum(1)
@@ -272,11 +282,13 @@ class LocomotionTask(Task):
         return self.base_velocity_world(ts)[:, 0]
 
     def with_physical_terms(self, loss: torch.Tensor, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
-        """(B,) ``loss`` plus the physical terms every legged objective carries: the action squared
-        and, with ``upright_weight``, the base's tilt (1 - cos of its z axis's angle from vertical),
-        and, with ``height_weight``, the base's drop below ``min_height`` as a fraction of its
-        standing height, squared (nothing above it: a barrier at the metric's floor, not a
-        posture target)."""
+        """(B,) ``loss`` plus the physical terms every legged objective carries.
+
+        The action squared and, with ``upright_weight``, the base's tilt (1 - cos of its z axis's angle
+        from vertical), and, with ``height_weight``, the base's drop below ``min_height`` as a fraction
+        of its standing height, squared (nothing above it: a barrier at the metric's floor, not a
+        posture target).
+        """
         loss = loss + self.action_weight * (action ** 2).sum(-1)
         if self.upright_weight:
             loss = loss + self.upright_weight * (1.0 - quat_to_matrix(ts.sim.q[:, 3:7])[:, 2, 2])
@@ -294,7 +306,7 @@ class LocomotionTask(Task):
         return loss
 
     def _gait_clock(self, period, offsets, duty, swing_height, weight) -> None:
-        """The gait clock's options (see :meth:`swing_target`), checked."""
+        """Check and set the gait clock's options (see :meth:`swing_target`)."""
         period, duty, swing_height, weight = float(period), float(duty), float(swing_height), float(weight)
         offsets = [float(x) for x in offsets]
         if not period >= 0 or not weight >= 0:
@@ -316,23 +328,27 @@ class LocomotionTask(Task):
         self.gait_offsets = torch.tensor(offsets, dtype=self.model.dtype, device=self.model.device)
 
     def swing_target(self, step: int) -> torch.Tensor:
-        """(F,) m: the height each foot's lowest point follows at control step ``step`` under the gait
-        clock (``gait_period`` s, a foot's phase ``step dt / gait_period + gait_offsets[foot]`` mod
-        1): on the ground (0) for the first ``gait_duty`` of its cycle, then a half sine of peak
-        ``swing_height`` through its swing. The gait term, ``gait_weight`` x the squared gap summed
-        over the feet, is the only gait shaping the task has, and only where asked for."""
+        """(F,) m: the height each foot's lowest point follows at control step ``step`` under the gait clock.
+
+        The clock: ``gait_period`` s, a foot's phase ``step dt / gait_period + gait_offsets[foot]`` mod
+        1. The foot is on the ground (0) for the first ``gait_duty`` of its cycle, then follows a half
+        sine of peak ``swing_height`` through its swing. The gait term, ``gait_weight`` x the squared
+        gap summed over the feet, is the only gait shaping the task has, and only where asked for.
+        """
         phase = torch.remainder(step * self.dt / self.gait_period + self.gait_offsets, 1.0)
         swing = torch.clamp((phase - self.gait_duty) / (1.0 - self.gait_duty), min=0.0)
         return self.swing_height * torch.sin(math.pi * swing)
 
     def gait_pattern(self) -> dict:
-        """What a stepping pattern on the gait clock needs of this task (the keyword arguments of
-        :class:`diffsim_ros.learning.policy.GaitReference`): where the clock and the command sit in
-        the observation, each foot's phase offset, the duty, the swing height, the stance's
-        duration (a stride covers the command's distance in it), and ``lift`` and ``stride``
-        (A, F): each foot's height and forward displacement mapped to joint offsets in action units
-        through the pseudo-inverse of its lowest point's Jacobian (base frame, joints of the
-        action) at the stance."""
+        """Return what a stepping pattern on the gait clock needs of this task.
+
+        These are the keyword arguments of :class:`diffsim_ros.learning.policy.GaitReference`: where the
+        clock and the command sit in the observation, each foot's phase offset, the duty, the swing
+        height, the stance's duration (a stride covers the command's distance in it), and ``lift`` and
+        ``stride`` (A, F): each foot's height and forward displacement mapped to joint offsets in action
+        units through the pseudo-inverse of its lowest point's Jacobian (base frame, joints of the
+        action) at the stance.
+        """
         from ..physics.kinematics import kinematics
 
         if not self.gait_period:
@@ -357,27 +373,32 @@ class LocomotionTask(Task):
                 "stride_time": self.gait_period * self.gait_duty, "lift": inv[:, :, 2].T, "stride": inv[:, :, 0].T}
 
     def foot_slip(self, ts: TaskState) -> torch.Tensor:
-        """(B,) differentiable: over the feet, the squared horizontal speed (m^2/s^2) of each foot's
-        lowest point (the foot-fixed point the gait rules follow), weighted by how close it is to
-        the ground: 1 in contact, falling linearly to 0 at ``slip_height`` above it. A foot
+        """(B,) differentiable: over the feet, the squared horizontal speed (m^2/s^2) of each foot's lowest point.
+
+        The lowest point is the foot-fixed point the gait rules follow; each is weighted by how close it
+        is to the ground: 1 in contact, falling linearly to 0 at ``slip_height`` above it. A foot
         skating or scuffing along the ground costs; one swinging clear of it does not. A physical
         term (sliding feet waste work and wear on carpet or grass), not a gait pattern: how and
-        when the feet lift is left to the forward-progress objective."""
+        when the feet lift is left to the forward-progress objective.
+        """
         return self.foot_motion(ts)[1]
 
     def foot_landing(self, ts: TaskState) -> torch.Tensor:
-        """(B,) differentiable: over the feet, the squared speed (m^2/s^2) at which each foot's
-        lowest point moves into the ground, weighted as :meth:`foot_slip` weights the sliding
-        (1 in contact, 0 from ``slip_height`` up). A foot that lands hard sinks into a soft
-        floor (on the stand-in's default ground a foot arriving at 1 m/s sank 14 mm); solo12
-        trained with it landed at 0.45 m/s and sank 6 mm, though its feet still slid there. A
-        physical term, ``landing_weight`` in the loss; when and where the feet land is left to the
-        objective."""
+        """(B,) differentiable: the squared landing speed (m^2/s^2) of each foot's lowest point, over the feet.
+
+        That is the speed at which the point moves into the ground, weighted as :meth:`foot_slip`
+        weights the sliding (1 in contact, 0 from ``slip_height`` up). A foot that lands hard sinks
+        into a soft floor (on the stand-in's default ground a foot arriving at 1 m/s sank 14 mm); solo12
+        trained with it landed at 0.45 m/s and sank 6 mm, though its feet still slid there. A physical
+        term, ``landing_weight`` in the loss; when and where the feet land is left to the objective.
+        """
         return self.foot_motion(ts)[2]
 
     def foot_motion(self, ts: TaskState):
-        """Differentiable, of each foot's lowest point: its height above the ground (B, F) m,
-        :meth:`foot_slip` (B,) and :meth:`foot_landing` (B,)."""
+        """Differentiable, of each foot's lowest point.
+
+        Its height above the ground (B, F) m, :meth:`foot_slip` (B,) and :meth:`foot_landing` (B,).
+        """
         from ..physics.kinematics import kinematics
 
         sys = self.sim.system
@@ -399,10 +420,12 @@ class LocomotionTask(Task):
         return height, (near * (horizontal ** 2).sum(-1)).sum(-1), (near * down ** 2).sum(-1)
 
     def tracked_speed(self, ts: TaskState) -> torch.Tensor:
-        """(B,) the forward speed the command is compared with in the loss: the base's forward
-        velocity now, or with ``speed_average_s`` its exponential moving average of that time
-        constant (a hopping or stepping base's speed swings within every stride; the metric judges
-        the mean over seconds)."""
+        """(B,) the forward speed the loss compares with the command.
+
+        The base's forward velocity now, or with ``speed_average_s`` its exponential moving average of
+        that time constant (a hopping or stepping base's speed swings within every stride; the metric
+        judges the mean over seconds).
+        """
         return ts.extra["speed_average"] if self.speed_average_s > 0 else self.forward_velocity(ts)
 
     def step_loss(self, ts: TaskState, action: torch.Tensor) -> torch.Tensor:
@@ -421,10 +444,12 @@ class LocomotionTask(Task):
         return self.horizon - int(round(self.window_s / self.dt))
 
     def touching(self, bodies: Sequence[int], ts: Optional[TaskState] = None) -> Optional[torch.Tensor]:
-        """(len(bodies), B) bool: each body pushed by the ground (normal force over 1 mN) in the
-        last step (None when the step kept no contact data, e.g. under torch.compile, or no body
-        is given). A state no step of this task produced (``ts.extra["replayed"]``: a recorded
-        episode read back) is judged from its own configuration and velocity instead."""
+        """(len(bodies), B) bool: each body pushed by the ground (normal force over 1 mN) in the last step.
+
+        None when the step kept no contact data, e.g. under torch.compile, or no body is given. A state
+        no step of this task produced (``ts.extra["replayed"]``: a recorded episode read back) is judged
+        from its own configuration and velocity instead.
+        """
         if not bodies:
             return None
         if ts is not None and "replayed" in ts.extra:
@@ -437,14 +462,20 @@ class LocomotionTask(Task):
         return data.contact.wrench[list(bodies), 2, :] > 1e-3
 
     def other_contact(self, ts: Optional[TaskState] = None) -> Optional[torch.Tensor]:
-        """(B,) bool: a body other than the feet touched the ground in the last step (or in the
-        replayed state ``ts``; None when the step kept no contact data, e.g. under torch.compile)."""
+        """(B,) bool: a body other than the feet touched the ground in the last step.
+
+        Or in the replayed state ``ts``; None when the step kept no contact data, e.g. under
+        torch.compile.
+        """
         other = self.touching(self.other_bodies, ts)
         return None if other is None else other.any(0)
 
     def posture_violation(self, ts: TaskState, floor: float) -> torch.Tensor:
-        """(B,) bool: the base below ``floor`` m, roll or pitch beyond ``max_tilt``, or a body
-        other than the feet touching the ground, in this step."""
+        """(B,) bool: a posture violation in this step.
+
+        The base below ``floor`` m, roll or pitch beyond ``max_tilt``, or a body other than the feet
+        touching the ground.
+        """
         with torch.no_grad():
             roll, pitch = roll_pitch(ts.sim.q[:, 3:7])
             bad = (ts.sim.q[:, 2] < floor) | (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
@@ -453,9 +484,12 @@ class LocomotionTask(Task):
 
     # -------------------------------------------------------------- the gait rules
     def _foot_table(self) -> None:
-        """Each foot's collision points (sphere centres with their radii, box corners with radius
-        0) as one table, ``_foot_point`` (F, P): indices into the contact set, padded with the
-        set's size where a foot has fewer points than another."""
+        """Each foot's collision points as one table, ``_foot_point`` (F, P).
+
+        The points are sphere centres with their radii and box corners with radius 0; the table holds
+        indices into the contact set, padded with the set's size where a foot has fewer points than
+        another.
+        """
         cs = self.sim.system.contact
         rows = [torch.nonzero(cs.body == b).flatten() for b in self.feet]
         size = int(cs.body.numel())
@@ -465,13 +499,15 @@ class LocomotionTask(Task):
             self._foot_point[i, :len(r)] = r
 
     def foot_track(self, q: torch.Tensor, kin=None) -> dict:
-        """Where each foot meets the ground at the configurations ``q`` (B, nq), by forward
-        kinematics, without gradients: ``height`` (B, F) m, the height of the foot's lowest
-        collision point (a sphere's bottom, a box corner) above the ground, negative in
-        penetration; that point as a point of the foot's body, ``local`` (B, F, 3) in the body's
-        frame and ``world`` (B, F, 3); and the foot bodies' placements ``R`` (B, F, 3, 3) and
-        ``p`` (B, F, 3) (for :meth:`foot_moved`). ``kin``: the kinematics record of ``q``
-        where the caller has it already (physics.kinematics)."""
+        """Where each foot meets the ground at the configurations ``q`` (B, nq).
+
+        By forward kinematics, without gradients: ``height`` (B, F) m, the height of the foot's lowest
+        collision point (a sphere's bottom, a box corner) above the ground, negative in penetration;
+        that point as a point of the foot's body, ``local`` (B, F, 3) in the body's frame and ``world``
+        (B, F, 3); and the foot bodies' placements ``R`` (B, F, 3, 3) and ``p`` (B, F, 3) (for
+        :meth:`foot_moved`). ``kin``: the kinematics record of ``q`` where the caller has it already
+        (physics.kinematics).
+        """
         from ..physics.kinematics import kinematics
 
         sys = self.sim.system
@@ -486,11 +522,13 @@ class LocomotionTask(Task):
         return {"height": h, "local": local_pt, "world": world, "R": R, "p": p}
 
     def _lowest_points(self, R: torch.Tensor, p: torch.Tensor, down: torch.Tensor):
-        """Each foot's lowest collision point along the unit vectors ``down`` (B, 3), its feet
-        placed at ``R`` (B, F, 3, 3), ``p`` (B, F, 3) (positions from any common origin, ``down``
-        in the same axes): (B, F) how far the point lies along ``down`` (the bottom of its lowest
-        sphere, a box corner), the point (B, F, 3) from that origin, and the point in the foot
-        body's frame (B, F, 3). Differentiable in ``R``, ``p`` and ``down``."""
+        """Each foot's lowest collision point along the unit vectors ``down`` (B, 3).
+
+        Its feet placed at ``R`` (B, F, 3, 3), ``p`` (B, F, 3) (positions from any common origin,
+        ``down`` in the same axes): (B, F) how far the point lies along ``down`` (the bottom of its
+        lowest sphere, a box corner), the point (B, F, 3) from that origin, and the point in the foot
+        body's frame (B, F, 3). Differentiable in ``R``, ``p`` and ``down``.
+        """
         cs = self.sim.system.contact
         idx = self._foot_point
         valid = idx < cs.body.numel()
@@ -508,8 +546,10 @@ class LocomotionTask(Task):
         return d, pick(centre) + r * down[:, None], pick(local) + r * torch.einsum("bfji,bj->bfi", R, down)
 
     def foot_moved(self, track: dict, local: torch.Tensor) -> torch.Tensor:
-        """(B, F, 3) world positions, at the placements of ``track`` (:meth:`foot_track`), of the
-        foot-fixed points ``local`` (B, F, 3) (each in its foot body's frame)."""
+        """(B, F, 3) world positions of the foot-fixed points ``local`` at the placements of ``track``.
+
+        ``track`` is from :meth:`foot_track`; ``local`` is (B, F, 3), each in its foot body's frame.
+        """
         return torch.einsum("bfij,bfj->bfi", track["R"], local) + track["p"]
 
     def horizontal(self, d: torch.Tensor) -> torch.Tensor:
@@ -518,10 +558,12 @@ class LocomotionTask(Task):
         return torch.linalg.vector_norm(d - (d * n).sum(-1, keepdim=True) * n, dim=-1)
 
     def foot_arrays(self, q) -> tuple:
-        """The feet of one recorded episode, ``q`` (T, nq), as :func:`strict_metric` takes them:
+        """Return the feet of one recorded episode, ``q`` (T, nq), as :func:`strict_metric` takes them.
+
         ``contact`` (T, F) bool, the foot's lowest point within ``contact_height`` of the ground,
         and ``step`` (T, F) m, the horizontal displacement from the sample before of the
-        foot-fixed point that was lowest there (0 at the first sample)."""
+        foot-fixed point that was lowest there (0 at the first sample).
+        """
         import numpy as np
 
         qt = torch.as_tensor(np.asarray(q, dtype=np.float64), dtype=self.model.dtype, device=self.model.device)
@@ -535,7 +577,7 @@ class LocomotionTask(Task):
         return contact.cpu().numpy(), step.double().cpu().numpy()
 
     def _start_feet(self, ts: TaskState) -> None:
-        """The gait rules' bookkeeping at the start of an episode (see :meth:`_step_feet`)."""
+        """Start the gait rules' bookkeeping at the start of an episode (see :meth:`_step_feet`)."""
         tr = self.foot_track(ts.sim.q)
         contact = tr["height"] <= self.contact_height
         e = ts.extra
@@ -546,10 +588,13 @@ class LocomotionTask(Task):
         e["contact_time"] = torch.zeros_like(e["touchdowns"])
 
     def _step_feet(self, ts: TaskState) -> None:
-        """Per control step, without gradients: each foot's contact from forward kinematics; within
-        the judged window its touchdowns (in contact after a swing of at least ``min_swing_s``)
-        and, over each step it spends in contact at both ends, the horizontal displacement of the
-        foot-fixed point that was lowest at the step's start, with the time."""
+        """Update the gait rules' bookkeeping per control step, without gradients.
+
+        Each foot's contact from forward kinematics; within the judged window its touchdowns (in contact
+        after a swing of at least ``min_swing_s``) and, over each step it spends in contact at both
+        ends, the horizontal displacement of the foot-fixed point that was lowest at the step's start,
+        with the time.
+        """
         e = ts.extra
         tr = self.foot_track(ts.sim.q)
         with torch.no_grad():
@@ -566,10 +611,12 @@ class LocomotionTask(Task):
             e["foot_contact"], e["foot_local"], e["foot_world"] = contact, tr["local"], tr["world"]
 
     def gait_parts(self, ts: TaskState) -> dict:
-        """The gait rules of the strict metric on a finished batch of episodes (velocity command):
+        """Judge the gait rules of the strict metric on a finished batch of episodes (velocity command).
+
         ``touchdowns_per_s`` (B, F) over the judged window, ``foot_slide_m_s`` (B, F), each foot's
         mean horizontal speed while in contact (nan for a foot never in contact over a step of the
-        window), and ``steps_ok``, ``no_slide_ok`` (B,) bool."""
+        window), and ``steps_ok``, ``no_slide_ok`` (B,) bool.
+        """
         e = ts.extra
         duration = (self.horizon - self.window_start_step()) * self.dt
         slide = e["slide_distance"] / e["contact_time"]
@@ -591,12 +638,14 @@ class LocomotionTask(Task):
             self._step_feet(ts)
 
     def recorded_verdict(self, t, q, v, target) -> Optional[dict]:
-        """The strict metric (:func:`strict_metric`) of one recorded velocity-command episode (plain
-        arrays, as the stand-in or a bag gives them: ``q`` the base pose then the joints, ``v`` the
-        body-frame twist then the joints, ``target`` the command); whether a body other than a foot
-        touches is judged from each recorded state's own configuration and velocity, the feet's
-        contacts and slide by forward kinematics of ``q`` (:meth:`foot_arrays`). None for the
-        forward-progress task (no command: its episode is judged by :meth:`success`)."""
+        """Judge the strict metric (:func:`strict_metric`) of one recorded velocity-command episode.
+
+        The episode is plain arrays, as the stand-in or a bag gives them: ``q`` the base pose then the
+        joints, ``v`` the body-frame twist then the joints, ``target`` the command. Whether a body other
+        than a foot touches is judged from each recorded state's own configuration and velocity, the
+        feet's contacts and slide by forward kinematics of ``q`` (:meth:`foot_arrays`). None for the
+        forward-progress task (no command: its episode is judged by :meth:`success`).
+        """
         if not self.command_speed:
             return None
         import numpy as np
@@ -629,11 +678,13 @@ class LocomotionTask(Task):
         return (ts.sim.q[:, 0] - ts.extra["x_window"]) / max(steps * self.dt, 1e-9)
 
     def strict_parts(self, ts: TaskState) -> dict:
-        """The strict metric's parts on a batch of velocity-command episodes, each (B,): the
-        window's mean speed ``window_speed_m_s`` and ``speed_ok``; ``posture_ok``, no step below
+        """Judge the strict metric's parts on a batch of velocity-command episodes, each (B,).
+
+        The window's mean speed ``window_speed_m_s`` and ``speed_ok``; ``posture_ok``, no step below
         the height floor, beyond the tilt or with a body other than a foot touching
         (:func:`strict_metric`'s height_ok, tilt_ok and only_feet_touch together); the gait rules
-        of :meth:`gait_parts`; and ``success``, all of them at the episode's end."""
+        of :meth:`gait_parts`; and ``success``, all of them at the episode's end.
+        """
         cmd = ts.target[:, 0]
         speed = self.window_speed(ts)
         parts = {"window_speed_m_s": speed, "speed_ok": (speed - cmd).abs() <= self.speed_tolerance * cmd,
@@ -652,10 +703,12 @@ def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_heig
                   speed_tolerance: float = 0.2, min_height: float = 0.7, max_tilt: float = 0.5, feet_contact=None,
                   feet_step=None, min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1,
                   min_swing_s: float = 0.02) -> dict:
-    """The velocity-command success of one recorded episode, from plain arrays (simulator,
-    stand-in or bag alike): times ``t`` (s), base ``x``, ``z`` (m), ``roll``, ``pitch`` (rad),
-    ``other_contact`` (bool: a body other than a foot touching the ground), the commanded
-    forward speed (m/s). Returns the verdict and each of its parts.
+    """Judge the velocity-command success of one recorded episode, from plain arrays.
+
+    The arrays may come from the simulator, the stand-in or a bag alike: times ``t`` (s), base
+    ``x``, ``z`` (m), ``roll``, ``pitch`` (rad), ``other_contact`` (bool: a body other than a foot
+    touching the ground), the commanded forward speed (m/s). Returns the verdict and each of its
+    parts.
 
     With ``feet_contact`` (T, F) bool, each foot on the ground, and ``feet_step`` (T, F) m, the
     horizontal displacement of each foot's lowest point since the sample before
@@ -665,7 +718,8 @@ def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_heig
     off the ground for at least ``min_swing_s``), and each foot's mean horizontal speed while in
     contact (its displacement over the intervals with the foot in contact at both ends, over
     their time) is below ``max_foot_slide`` m/s (``no_slide_ok``; a foot with no such interval
-    does not slide). Without them those rules are not judged."""
+    does not slide). Without them those rules are not judged.
+    """
     import numpy as np
 
     t, x, z = (np.asarray(a, dtype=np.float64) for a in (t, x, z))
@@ -691,9 +745,11 @@ def strict_metric(t, x, z, roll, pitch, other_contact, command: float, base_heig
 
 def gait_rules(t, i0: int, feet_contact, feet_step, min_touchdown_rate: float = 1.0, max_foot_slide: float = 0.1,
                min_swing_s: float = 0.02) -> dict:
-    """The gait rules of :func:`strict_metric` over the window from sample ``i0`` to the end:
-    ``touchdowns_per_s`` and ``foot_slide_m_s`` per foot (None for a foot never in contact over
-    an interval of the window), ``steps_ok`` and ``no_slide_ok``."""
+    """Apply the gait rules of :func:`strict_metric` over the window from sample ``i0`` to the end.
+
+    Gives ``touchdowns_per_s`` and ``foot_slide_m_s`` per foot (None for a foot never in contact
+    over an interval of the window), ``steps_ok`` and ``no_slide_ok``.
+    """
     import numpy as np
 
     t = np.asarray(t, dtype=np.float64)

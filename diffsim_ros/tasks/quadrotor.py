@@ -26,9 +26,13 @@ MODES = ("hover", "waypoint", "velocity")
 
 
 class QuadrotorTask(Task):
-    """A multirotor on the CTBR interface: hover at a point, fly to a waypoint or track a commanded
-    velocity (``mode``); success: within ``success_distance`` m (or of the commanded velocity) and
-    ``success_speed`` after ``settle_time`` s."""
+    """A multirotor on the CTBR interface: hover at a point, fly to a waypoint or track a velocity.
+
+    Which one is set by ``mode`` (the velocity is commanded); success: within
+    ``success_distance`` m (or of the commanded velocity) and ``success_speed`` after
+    ``settle_time`` s.
+    """
+
     kind = "quadrotor"
 
     def __init__(self, model: Model, sim_config: SimConfig, mode: str = "hover", horizon: int = 150,
@@ -124,19 +128,23 @@ class QuadrotorTask(Task):
 
     def within_tolerance(self, position: torch.Tensor, world_velocity: torch.Tensor,
                          target: torch.Tensor) -> torch.Tensor:
-        """Per-sample tolerance of one step (positions and world-frame velocities, (..., 3)):
-        hover and waypoint, within ``success_distance`` of the target and slower than
-        ``success_speed``; velocity tracking, within ``success_speed`` of the commanded velocity.
-        Also used on recorded trajectories (the main job's stand-in flight)."""
+        """Per-sample tolerance of one step (positions and world-frame velocities, (..., 3)).
+
+        Hover and waypoint: within ``success_distance`` of the target and slower than
+        ``success_speed``; velocity tracking: within ``success_speed`` of the commanded velocity.
+        Also used on recorded trajectories (the main job's stand-in flight).
+        """
         if self.mode == "velocity":
             return torch.linalg.vector_norm(world_velocity - target, dim=-1) < self.success_speed
         dist = torch.linalg.vector_norm(position - target, dim=-1)
         return (dist < self.success_distance) & (torch.linalg.vector_norm(world_velocity, dim=-1) < self.success_speed)
 
     def recorded_verdict(self, t, q, v, target) -> dict:
-        """:meth:`within_tolerance` on a recorded flight (odometry: q = position + quaternion x y z w,
-        v = body-frame twist), at every state after the settling time, as :meth:`success` judges an
-        episode."""
+        """:meth:`within_tolerance` on a recorded flight, as :meth:`success` judges an episode.
+
+        The flight is odometry: q = position + quaternion x y z w, v = body-frame twist; the
+        tolerance is checked at every state after the settling time.
+        """
         import numpy as np
 
         from ..physics.rotation import quat_to_matrix as matrix

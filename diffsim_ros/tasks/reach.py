@@ -29,8 +29,12 @@ from .base import Task, TaskState, actuated_limits, has_velocity_limit, uniform
 
 
 class ReachTask(Task):
-    """Reach: move a link (``ee_link``) of a fixed-base arm to a goal point drawn per episode and
-    stop there; success: within ``success_distance`` m and ``success_speed`` m/s at the end."""
+    """Reach: move a link (``ee_link``) of a fixed-base arm to a goal point and stop there.
+
+    The goal is drawn per episode; success: within ``success_distance`` m and ``success_speed``
+    m/s at the end.
+    """
+
     kind = "reach"
 
     name = "reach"
@@ -95,8 +99,11 @@ class ReachTask(Task):
                 + (["bearing/sin", "bearing/cos"] if self.bearing_observation else []))
 
     def _first_joint_frame(self, model: Model):
-        """(origin, x, y) of the first actuated joint at q = 0 in the world frame: the plane about
-        its axis in which the target's bearing is measured. Refused unless that joint is revolute."""
+        """(origin, x, y) of the first actuated joint at q = 0 in the world frame.
+
+        That is the plane about its axis in which the target's bearing is measured. Refused unless
+        that joint is revolute.
+        """
         dof = int(self.sim.act_index[0])
         b = model.v_start.index(dof)
         name = self.sim.actuated_joints[0]
@@ -116,8 +123,10 @@ class ReachTask(Task):
         return p, x, torch.linalg.cross(axis, x)
 
     def _bearing(self, target: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
-        """sin and cos of the target's bearing about the first joint's axis less that joint's
-        angle: which way the arm must turn, at full scale even for a target near the axis."""
+        """Sin and cos of the target's bearing about the first joint's axis less that joint's angle.
+
+        That is which way the arm must turn, at full scale even for a target near the axis.
+        """
         o, x, y = self._bearing_frame
         d = target - o
         az = torch.atan2(d @ y, d @ x)
@@ -131,9 +140,11 @@ class ReachTask(Task):
         return forward_kinematics(self.model, q)[..., self.ee_index, 0:3, 3]
 
     def _ee_kinematics(self, q: torch.Tensor):
-        """End-effector position and Jacobian at q, from one kinematics pass. A rollout asks
-        for them twice per state (the loss after a step, then the next observation), so the
-        last answer is kept for the same tensor q, unchanged in place, in the same grad mode."""
+        """End-effector position and Jacobian at q, from one kinematics pass.
+
+        A rollout asks for them twice per state (the loss after a step, then the next observation), so
+        the last answer is kept for the same tensor q, unchanged in place, in the same grad mode.
+        """
         key = (q, q._version, torch.is_grad_enabled())
         cached = getattr(self, "_ee_cache", None)
         if cached is not None and cached[0][0] is q and cached[0][1:] == key[1:]:
@@ -216,11 +227,13 @@ class ReachTask(Task):
         return (self.distance(ts) < self.success_distance) & (self.ee_speed(ts) < self.success_speed)
 
     def recorded_verdict(self, t, q, v, target) -> dict:
-        """The reach success (:meth:`success`) of one recorded episode from plain arrays (the
-        stand-in's or a bag's joint trajectory: ``q`` (T, nq) and ``v`` (T, nv) in the model's joint
-        order, ``target`` the goal point in m): at the last recorded state the end effector, placed by
-        forward kinematics, within ``success_distance`` of the target and slower than
-        ``success_speed``. Returns the verdict and each of its parts."""
+        """Judge the reach success (:meth:`success`) of one recorded episode from plain arrays.
+
+        The arrays are the stand-in's or a bag's joint trajectory: ``q`` (T, nq) and ``v`` (T, nv) in
+        the model's joint order, ``target`` the goal point in m. At the last recorded state the end
+        effector, placed by forward kinematics, must be within ``success_distance`` of the target and
+        slower than ``success_speed``. Returns the verdict and each of its parts.
+        """
         import numpy as np
 
         m = self.model

@@ -31,9 +31,12 @@ from ..analysis.params import build_simulator
 
 
 class SimulatorPlant:
-    """The differentiable simulator as a plant: batch 1, float64, with perturbations named as
-    ``diffsim_ros.plant.Perturbation``'s (those of ``physics.registry.PERTURBATION_FIELDS``,
-    mapped onto the registry by ``from_perturbation``; latency in s)."""
+    """The differentiable simulator as a plant: batch 1, float64.
+
+    With perturbations named as ``diffsim_ros.plant.Perturbation``'s (those of
+    ``physics.registry.PERTURBATION_FIELDS``, mapped onto the registry by ``from_perturbation``;
+    latency in s).
+    """
 
     def __init__(self, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
                  q0: Optional[np.ndarray] = None):
@@ -66,8 +69,11 @@ class SimulatorPlant:
 
 
 class MujocoStandIn:
-    """``diffsim_ros.plant.MujocoPlant`` behind the recording interface: ``state()`` returns the
-    measured state in the simulator's convention (base twist in the body frame)."""
+    """``diffsim_ros.plant.MujocoPlant`` behind the recording interface.
+
+    ``state()`` returns the measured state in the simulator's convention (base twist in the body
+    frame).
+    """
 
     def __init__(self, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
                  q0: Optional[np.ndarray] = None, source: str = ""):
@@ -100,8 +106,11 @@ class MujocoStandIn:
 
 def make_plant(params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None, backend: str = "mujoco",
                q0: Optional[np.ndarray] = None):
-    """A plant for :func:`record_bag`: the MuJoCo stand-in (``backend="mujoco"``) or the
-    differentiable simulator itself (``"simulator"``), with the same perturbation names."""
+    """Make a plant for :func:`record_bag`.
+
+    The MuJoCo stand-in (``backend="mujoco"``) or the differentiable simulator itself
+    (``"simulator"``), with the same perturbation names.
+    """
     if backend == "mujoco":
         return MujocoStandIn(params, perturbation, q0)
     if backend == "simulator":
@@ -112,10 +121,13 @@ def make_plant(params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = 
 def record_walker(path, runner, params: Dict[str, Any], perturbation: Optional[Dict[str, Any]] = None,
                   speed: float = 0.5, steps: int = 300, backend: str = "mujoco", predictions: bool = False
                   ) -> Dict[str, Any]:
-    """A legged checkpoint's walking policy (``runner``: a learning.deploy.PolicyRunner) from its
-    task's standing start on ``backend`` at the commanded forward ``speed`` (m/s) for ``steps``
-    control steps, recorded as a bag whose metadata names the checkpoint, as policy_controller's
-    does (:func:`record_bag`; the recorded arrays are returned)."""
+    """Record a legged checkpoint's walking policy as a bag whose metadata names the checkpoint.
+
+    The policy (``runner``: a learning.deploy.PolicyRunner) walks from its task's standing start on
+    ``backend`` at the commanded forward ``speed`` (m/s) for ``steps`` control steps; the metadata
+    names the checkpoint as policy_controller's does (:func:`record_bag`; the recorded arrays are
+    returned).
+    """
     with torch.no_grad():
         q0 = runner.task.reset(1, torch.Generator().manual_seed(0)).sim.q[0].double().numpy()
     plant = make_plant(params, perturbation, backend, q0)
@@ -132,11 +144,13 @@ def record_walker(path, runner, params: Dict[str, Any], perturbation: Optional[D
 # ---------------------------------------------------------------------------- exciting commands
 def arm_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 0.4, margin: float = 0.3,
                 noise: float = 0.3) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
-    """Closed-loop exciting commands for an arm in its configured interface: joint targets
-    drawn in the middle ``1 - 2 margin`` of each range, held ``hold`` s, plus white noise
-    (``noise`` x the range half-width for position targets; for efforts, a PD with the
+    """Closed-loop exciting commands for an arm in its configured interface.
+
+    Joint targets drawn in the middle ``1 - 2 margin`` of each range, held ``hold`` s, plus white
+    noise (``noise`` x the range half-width for position targets; for efforts, a PD with the
     nominal gravity compensation towards the target plus ``noise`` x the effort limit).
-    Keeps clear of the joint limits, where plant and simulator model contact differently."""
+    Keeps clear of the joint limits, where plant and simulator model contact differently.
+    """
     model = _config.load_model(params, dtype=torch.float64)
     cfg = _config.simulator_config(params)
     sim = physics.Simulator(model, cfg)
@@ -171,11 +185,13 @@ def arm_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 0.4, margin
 
 def quadrotor_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 1.0, radius: float = 1.5,
                       noise: float = 0.3) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
-    """Closed-loop exciting CTBR commands: a PD position loop on the nominal mass towards
-    waypoints drawn within ``radius`` m of (0, 0, 1) and changed every ``hold`` s (so the
-    velocity sweeps up to a few m/s, which is what shows the drag), an attitude loop to
-    body rates, and white noise on thrust (``noise`` x 10 % of hover) and rates
-    (``noise`` rad/s)."""
+    """Closed-loop exciting CTBR commands.
+
+    A PD position loop on the nominal mass towards waypoints drawn within ``radius`` m of (0, 0, 1)
+    and changed every ``hold`` s (so the velocity sweeps up to a few m/s, which is what shows the
+    drag), an attitude loop to body rates, and white noise on thrust (``noise`` x 10 % of hover)
+    and rates (``noise`` rad/s).
+    """
     model = _config.load_model(params, dtype=torch.float64)
     cfg = _config.simulator_config(params)
     mass = float(model.mass.sum())
@@ -208,10 +224,12 @@ def quadrotor_exciter(params: Dict[str, Any], seed: int = 0, hold: float = 1.0, 
 
 def legged_exciter(params: Dict[str, Any], seed: int = 0, amplitude: float = 0.3,
                    frequency: Tuple[float, float] = (1.0, 3.0)) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
-    """Exciting joint targets for a legged robot on the position interface: the task's
-    ``stance`` plus a sine per joint (``amplitude`` rad, a frequency drawn in ``frequency`` Hz
-    and a phase), so that the feet lift, stamp and slide for as long as the recording lasts:
-    contact throughout, which a walking policy that stops does not give."""
+    """Exciting joint targets for a legged robot on the position interface.
+
+    The task's ``stance`` plus a sine per joint (``amplitude`` rad, a frequency drawn in
+    ``frequency`` Hz and a phase), so that the feet lift, stamp and slide for as long as the
+    recording lasts: contact throughout, which a walking policy that stops does not give.
+    """
     cfg = _config.simulator_config(params)
     stance = np.asarray(params["task"]["stance"], dtype=np.float64)
     rng = np.random.default_rng(seed)
@@ -224,8 +242,10 @@ def legged_exciter(params: Dict[str, Any], seed: int = 0, amplitude: float = 0.3
 
 
 def exciter(params: Dict[str, Any], seed: int = 0, **kw):
-    """The exciting controller for the configured robot (arm, quadrotor, or a legged robot: a
-    floating base with a ``task.stance``)."""
+    """Return the exciting controller for the configured robot.
+
+    The robot is an arm, a quadrotor, or a legged robot: a floating base with a ``task.stance``.
+    """
     if bool(params.get("floating_base", False)):
         if "stance" in (params.get("task") or {}):
             return legged_exciter(params, seed, **kw)
@@ -269,10 +289,12 @@ def write_recording(path, rec: Dict[str, np.ndarray], joint_names, floating_base
                     storage: str = "mcap", predictions: bool = True, receive_delay: float = 2e-4,
                     extra_metadata: Optional[Dict[str, Any]] = None, t0: float = 100.0, labels: bool = True,
                     metadata: bool = True) -> None:
-    """Write recorded arrays (``t`` (N+1,), ``q``, ``v`` (N+1, .), ``cmd`` (N, .)) as a bag;
+    """Write recorded arrays (``t`` (N+1,), ``q``, ``v`` (N+1, .), ``cmd`` (N, .)) as a bag.
+
     ``t0`` s is added to every stamp (a bag rarely starts at time zero). ``labels=False``
     leaves the commands without their state stamp (alignment then falls back to the bag's
-    receive times); ``metadata=False`` leaves out /diffsim/metadata."""
+    receive times); ``metadata=False`` leaves out /diffsim/metadata.
+    """
     t_ns = np.round((rec["t"] + t0) * 1e9).astype(np.int64)
     d_ns = int(round(receive_delay * 1e9))
     cfg = _config.simulator_config(params)
@@ -328,15 +350,17 @@ ARM_RECORDING_GAINS = ((10.0, 15.0, 8.0, 3.0), (1.0, 1.5, 0.5, 0.1))
 
 
 def standard_params(kind: str) -> Dict[str, Any]:
-    """The training file of ``kind`` (arm: config/reach_arm.yaml, quadrotor: config/hover.yaml)
-    as recorded in the tests and the benchmark. The arm runs 4 physics substeps per control
-    step instead of 2: at 10 ms substeps its light wrist joint (kp 3 N m/rad on about
+    """Return the training file of ``kind`` as recorded in the tests and the benchmark.
+
+    arm: config/reach_arm.yaml, quadrotor: config/hover.yaml. The arm runs 4 physics substeps per
+    control step instead of 2: at 10 ms substeps its light wrist joint (kp 3 N m/rad on about
     2.7e-4 kg m^2, w h ~ 1) sits where the simulator's and MuJoCo's implicit integrators
     visibly part, which would blur the perturbations the analysis has to find. It also runs
     a softer servo (kp 10/15/8/3 N m/rad, kd 1/1.5/0.5/0.1) than the training file's: under
     the stiff one the controller's damping (kd) dwarfs the joints' own, and arm_joint3's
     fitted damping came out 13 % off in the calibration test (0.102 for 0.090 N m s/rad;
-    tolerance 5 %)."""
+    tolerance 5 %).
+    """
     share = _config.package_share()
     params = _config.load_yaml(share / CONFIGS[kind])
     if kind == "arm":
@@ -347,8 +371,11 @@ def standard_params(kind: str) -> Dict[str, Any]:
 
 def record_standard(kind: str, path, perturbation: Optional[Dict[str, Any]] = None, steps: int = 300,
                     seed: int = 0, storage: str = "mcap", backend: str = "mujoco", **kw) -> Dict[str, Any]:
-    """Record ``steps`` control steps of the standard ``kind`` robot (see :func:`standard_params`)
-    under exciting commands into the bag ``path``; returns the recorded arrays plus ``params``."""
+    """Record ``steps`` control steps of the standard ``kind`` robot under exciting commands.
+
+    The robot is as :func:`standard_params` gives it; the bag is ``path``. Returns the recorded
+    arrays plus ``params``.
+    """
     params = standard_params(kind)
     plant = make_plant(params, perturbation, backend=backend)
     rec = record_bag(path, plant, exciter(params, seed), steps, params, storage=storage, **kw)

@@ -1,5 +1,7 @@
-"""Evaluating a trained policy: success on fresh episodes with a confidence interval, the
-ways it fails, and a video of a few rollouts (``diffsim-ros eval``).
+"""Evaluating a trained policy (``diffsim-ros eval``).
+
+Success on fresh episodes with a confidence interval, the ways it fails, and a video of a few
+rollouts.
 
     report = evaluate_checkpoint("policies/reach_arm", episodes=256, seed=2024, video="reach.gif")
     print(format_report(report))             # success, 95 % Wilson interval, failure-mode table
@@ -82,7 +84,8 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Tuple[f
 
     With z the two-sided normal quantile of ``confidence`` (1.96 for 0.95) and p = k/n:
     centre (p + z^2/2n) / (1 + z^2/n), half-width z / (1 + z^2/n) sqrt(p(1-p)/n + z^2/4n^2).
-    Unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or n."""
+    Unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or n.
+    """
     if n < 1:
         raise EvalError(f"a confidence interval needs at least one episode, got n = {n}")
     if not 0 <= successes <= n:
@@ -100,9 +103,13 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Tuple[f
 # ---------------------------------------------------------------------------- rollouts
 @dataclass
 class Rollout:
-    """Recorded episodes: ``q`` (T+1, B, nq) and ``v`` (T+1, B, nv) at every control step (float64,
-    CPU, reset state first), ``target`` (B, d), the task's ``success`` (B,) bool on the final state,
-    its final bookkeeping ``extra``, the control step ``dt`` (s) and the ``seed``."""
+    """Recorded episodes.
+
+    ``q`` (T+1, B, nq) and ``v`` (T+1, B, nv) at every control step (float64, CPU, reset state
+    first), ``target`` (B, d), the task's ``success`` (B,) bool on the final state, its final
+    bookkeeping ``extra``, the control step ``dt`` (s) and the ``seed``.
+    """
+
     q: Any
     v: Any
     target: Any
@@ -117,9 +124,11 @@ class Rollout:
 
 
 def rollout(task, policy: Callable, episodes: int, seed: int = DEFAULT_SEED) -> Rollout:
-    """Run ``policy`` (obs -> action in [-1, 1]) on ``episodes`` fresh episodes of ``task`` (reset
-    drawn from ``seed``), no gradients, recording every state: the same episodes and the same
-    verdicts as ``apg.evaluate(task, policy, episodes, seed)``."""
+    """Run ``policy`` (obs -> action in [-1, 1]) on ``episodes`` fresh episodes of ``task``, recording every state.
+
+    The resets are drawn from ``seed``, no gradients: the same episodes and the same verdicts as
+    ``apg.evaluate(task, policy, episodes, seed)``.
+    """
     import torch
 
     if episodes < 1:
@@ -165,9 +174,11 @@ def _fall(task, roll: Rollout, crash_height: float):
 
 
 def failure_modes(task, roll: Rollout, limit_margin: float = 0.01, crash_height: float = 0.1) -> Dict[str, Any]:
-    """Per-episode failure flags of a recorded rollout (see the module doc): ``flags`` {mode: (B,)
-    bool tensor or None where the mode does not apply}, ``per_joint`` {mode: {joint: episodes}},
-    ``max_speed_ratio`` {joint: max |v| / limit}, ``criteria`` {mode: words}."""
+    """Per-episode failure flags of a recorded rollout (see the module doc).
+
+    ``flags`` {mode: (B,) bool tensor or None where the mode does not apply}, ``per_joint`` {mode:
+    {joint: episodes}}, ``max_speed_ratio`` {joint: max |v| / limit}, ``criteria`` {mode: words}.
+    """
     import torch
 
     if not limit_margin >= 0:
@@ -214,6 +225,7 @@ def failure_modes(task, roll: Rollout, limit_margin: float = 0.01, crash_height:
 @dataclass
 class EvalReport:
     """What an evaluation found (see :meth:`to_dict` for the JSON form)."""
+
     checkpoint: str
     task: str
     robot: str
@@ -265,7 +277,7 @@ def evaluate_task(task, policy: Callable, episodes: int = DEFAULT_EPISODES, seed
 
 
 def format_report(report: EvalReport) -> str:
-    """The report as text: the success line, its interval, and the failure-mode table."""
+    """Format the report as text: the success line, its interval, and the failure-mode table."""
     lo, hi = report.interval
     lines = [f"eval: {report.checkpoint or report.task}: task {report.task} on robot {report.robot}, "
              f"{report.episodes} episodes (seed {report.seed}) of {report.horizon} x {report.dt:g} s",
@@ -302,7 +314,7 @@ def format_report(report: EvalReport) -> str:
 
 # ---------------------------------------------------------------------------- checkpoints
 def _policy_fn(module, device):
-    """A task-side callable around an exported (float32, CPU) TorchScript policy."""
+    """Wrap an exported (float32, CPU) TorchScript policy in a task-side callable."""
     import torch
 
     module = module.to(device)
@@ -313,10 +325,13 @@ def _policy_fn(module, device):
 
 
 def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu"):
-    """(task, policy, meta, params) of a checkpoint: the task rebuilt from its metadata (the training
-    configuration's precision, float32 when it is not recorded) with the NaN guard off; ``policy``
-    maps the task's observations to actions; ``params`` is a parameter mapping the MuJoCo stand-in
-    can read (urdf resolved on this machine, floating_base, simulator)."""
+    """(task, policy, meta, params) of a checkpoint.
+
+    The task is rebuilt from its metadata (the training configuration's precision, float32 when it
+    is not recorded) with the NaN guard off; ``policy`` maps the task's observations to actions;
+    ``params`` is a parameter mapping the MuJoCo stand-in can read (urdf resolved on this machine,
+    floating_base, simulator).
+    """
     import torch
 
     from .. import config
@@ -337,8 +352,10 @@ def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu
 
 
 def _standin_params(meta: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """The parameters the MuJoCo stand-in reads from a checkpoint's metadata: the URDF resolved
-    on this machine, the floating base, the simulator section."""
+    """Return the parameters the MuJoCo stand-in reads from a checkpoint's metadata.
+
+    The URDF resolved on this machine, the floating base, the simulator section.
+    """
     from ..learning import deploy
 
     return {"urdf": deploy.resolve_urdf_source(meta, where), "floating_base": bool(meta["robot"]["floating_base"]),
@@ -350,9 +367,11 @@ def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEF
                         video_episodes: int = DEFAULT_VIDEO_EPISODES, renderer: str = "auto", width: int = 320,
                         height: int = 240, fps: float = 25.0, limit_margin: float = 0.01,
                         crash_height: float = 0.1) -> EvalReport:
-    """Evaluate a checkpoint folder (or its policy.pt / policy.json); with ``video`` (a .gif or .mp4
-    path) also draw its first ``video_episodes`` episodes. Bad input raises CheckpointError,
-    EvalError or VideoError naming what is wrong, before anything runs."""
+    """Evaluate a checkpoint folder (or its policy.pt / policy.json).
+
+    With ``video`` (a .gif or .mp4 path) also draw its first ``video_episodes`` episodes. Bad input
+    raises CheckpointError, EvalError or VideoError naming what is wrong, before anything runs.
+    """
     from ..analysis.video import RENDERERS, VideoError, check_video_path
 
     if episodes < 1:
@@ -377,8 +396,10 @@ def evaluate_checkpoint(checkpoint: Union[str, os.PathLike], episodes: int = DEF
 
 # ---------------------------------------------------------------------------- on the stand-in
 def _measured_qv(plant):
-    """(q, v) of the stand-in's measurement (with its sensor noise, if any) in the simulator's
-    convention: a floating base's pose (x y z, quaternion x y z w) and body-frame twist first."""
+    """(q, v) of the stand-in's measurement (with its sensor noise, if any) in the simulator's convention.
+
+    A floating base's pose (x y z, quaternion x y z w) and body-frame twist come first.
+    """
     import numpy as np
 
     m = plant.measured()
@@ -394,8 +415,10 @@ def _measured_qv(plant):
 
 def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32, seed: int = DEFAULT_SEED,
                         perturbation: Any = None, simulator: bool = True) -> Dict[str, Any]:
-    """The checkpoint's policy on the MuJoCo stand-in (``diffsim_ros.plant.MujocoPlant``, another
-    engine; no ROS), episode by episode, beside the simulator it was trained in.
+    """Run the checkpoint's policy on the MuJoCo stand-in, episode by episode, beside the simulator.
+
+    The stand-in is ``diffsim_ros.plant.MujocoPlant`` (another engine; no ROS); the simulator is the
+    one the policy was trained in.
 
     The episodes are the simulator evaluation's (:func:`evaluate_checkpoint`'s rollout: the task's
     reset distribution drawn from ``seed`` in the training precision): each stand-in episode starts
@@ -413,7 +436,8 @@ def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32,
     episodes are then drawn by the deployed task in float64). Returns the stand-in's success rate
     with its 95 % Wilson interval, per part of the verdict that has one (distance_ok, speed_ok,
     height_ok, ...) how many episodes failed it, and with ``simulator`` the simulator's success on
-    the same episodes and the ratio stand-in / simulator (None when the simulator has none)."""
+    the same episodes and the ratio stand-in / simulator (None when the simulator has none).
+    """
     import numpy as np
     import torch
 
@@ -477,8 +501,11 @@ def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32,
 
 
 def format_standin_report(rep: Dict[str, Any]) -> str:
-    """The stand-in evaluation as text: the simulator's and the stand-in's success on the same
-    episodes side by side, their ratio, and how many episodes failed each part of the verdict."""
+    """Format the stand-in evaluation as text.
+
+    The simulator's and the stand-in's success on the same episodes side by side, their ratio, and
+    how many episodes failed each part of the verdict.
+    """
     pert = rep["perturbation"]
     words = "none" if not pert else ", ".join(f"{k}={v}" for k, v in pert.items())
     if rep.get("preset"):
@@ -506,9 +533,12 @@ def format_standin_report(rep: Dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------- video
 def mujoco_scene(params: Dict[str, Any], source: str = ""):
-    """A :class:`~diffsim_ros.analysis.video.MujocoScene` of the robot of ``params`` (urdf,
-    floating_base, simulator): the MuJoCo stand-in's model of the same URDF, with the collision
-    primitives as geoms and a ground plane (drawn only: nothing is stepped)."""
+    """Build a :class:`~diffsim_ros.analysis.video.MujocoScene` of the robot of ``params``.
+
+    ``params`` holds urdf, floating_base, simulator. The scene is the MuJoCo stand-in's model of the
+    same URDF, with the collision primitives as geoms and a ground plane (drawn only: nothing is
+    stepped).
+    """
     from ..analysis.video import MujocoScene
     from ..plant.mujoco_plant import MujocoPlant
 
@@ -544,9 +574,11 @@ def rollout_video(task, roll: Rollout, path: Union[str, os.PathLike], params: Op
                   source: str = "", episodes: Sequence[int] = (0, 1, 2), report: Optional[EvalReport] = None,
                   renderer: str = "auto", width: int = 320, height: int = 240, fps: float = 25.0,
                   max_frames: Optional[int] = None) -> Dict[str, Any]:
-    """Draw the recorded ``episodes`` (indices) of ``roll`` into ``path`` (.gif or .mp4); returns
-    {path, frames, width, height, fps, renderer, fallback_reason, episodes}. ``params`` (urdf,
-    floating_base, simulator) lets MuJoCo draw; without it only matplotlib can."""
+    """Draw the recorded ``episodes`` (indices) of ``roll`` into ``path`` (.gif or .mp4).
+
+    Returns {path, frames, width, height, fps, renderer, fallback_reason, episodes}. ``params``
+    (urdf, floating_base, simulator) lets MuJoCo draw; without it only matplotlib can.
+    """
     from ..analysis.video import Episode, render_episodes, save_video
 
     eps = []
@@ -573,9 +605,12 @@ def rollout_video(task, roll: Rollout, path: Union[str, os.PathLike], params: Op
 def training_video(task, policy: Callable, params: Dict[str, Any], out_dir: Union[str, os.PathLike],
                    source: str = "", name: str = "rollout.gif", episodes: int = 1, width: int = 160,
                    height: int = 120, max_frames: int = 40) -> Path:
-    """The small video ``diffsim-ros train`` writes beside learning_curve.png: ``episodes`` fresh
-    episodes (seed DEFAULT_SEED) of the final ``policy``, at most ``max_frames`` frames of
-    ``width`` x ``height`` pixels (default 1 episode, 40 frames, 160 x 120)."""
+    """Draw the small video ``diffsim-ros train`` writes beside learning_curve.png.
+
+    It shows ``episodes`` fresh episodes (seed DEFAULT_SEED) of the final ``policy``, at most
+    ``max_frames`` frames of ``width`` x ``height`` pixels (default 1 episode, 40 frames,
+    160 x 120).
+    """
     roll = rollout(task, policy, episodes, DEFAULT_SEED)
     path = Path(os.fspath(out_dir)) / name
     info = rollout_video(task, roll, path, params, source, list(range(episodes)), None, "auto", width, height,

@@ -26,8 +26,10 @@ from .loop import (LoopError, _Clock, _NodeRun, _Processes, bag_counts, follow_r
 
 
 def excitation_settings(params: Dict[str, Any], overrides: Dict[str, Any], source: str = ""):
-    """The ExcitationConfig of a config file's ``excitation:`` section with ``overrides`` (CLI
-    options) on top; an ExcitationError names the bad key."""
+    """Return the ExcitationConfig of a config file's ``excitation:`` section.
+
+    ``overrides`` (CLI options) go on top; an ExcitationError names the bad key.
+    """
     from ..control.excitation import ExcitationConfig, ExcitationError
 
     sec = params.get("excitation", {}) or {}
@@ -42,9 +44,11 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
                perturbation: Optional[Dict[str, Any]] = None, domain: Optional[int] = None,
                timeout: float = 600.0, first_state_timeout: float = 60.0,
                log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Run the excitation of ``config`` on the stand-in and record it into ``out/bag``; returns
-    the summary written to ``out/excite.json``. Bad settings raise ExcitationError (before any
-    process starts); a node that fails raises LoopError naming it and its log."""
+    """Run the excitation of ``config`` on the stand-in and record it into ``out/bag``.
+
+    Returns the summary written to ``out/excite.json``. Bad settings raise ExcitationError (before
+    any process starts); a node that fails raises LoopError naming it and its log.
+    """
     from .. import config as cfgmod
     from ..control.excitation import ExcitationRunner, identifiable_parameters
 
@@ -95,8 +99,10 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
         controller["excitation.steps"] = ["none"]
 
     def excite(run: _NodeRun) -> None:
-        """Start the recorder and the plant, wait for the plant's first states, run the controller's
-        excitation to its end."""
+        """Start the recorder and the plant, wait for the plant's first states, run the excitation.
+
+        The controller's excitation runs to its end.
+        """
         procs.start("recorder", "trajectory_recorder", {
             "output_dir": str(bag), "drain_s": 1.0, "types": json.dumps(recorded_types(floating))})
         procs.start("plant", "mujoco_plant", dict(plant, config=controller["config"], mode="lockstep"))
@@ -136,7 +142,7 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
 
 
 def params_file(params: Dict[str, Any], out_dir: Path) -> str:
-    """The config (URDF resolved to a path) as a ROS parameter file in ``out_dir`` for the nodes."""
+    """Write the config (URDF resolved to a path) as a ROS parameter file in ``out_dir`` for the nodes."""
     import yaml
 
     path = out_dir / "robot.yaml"

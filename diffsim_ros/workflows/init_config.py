@@ -84,8 +84,12 @@ class Gain:
 
 @dataclass
 class Plan:
-    """What ``init`` derived: the parameter mapping (``params``, as the file holds it) and the
-    evidence behind it (joints with reasons, gains with their inputs, notes printed)."""
+    """What ``init`` derived.
+
+    The parameter mapping (``params``, as the file holds it) and the evidence behind it (joints
+    with reasons, gains with their inputs, notes printed).
+    """
+
     params: Dict[str, Any]
     urdf_path: Path
     task: str
@@ -100,8 +104,10 @@ class Plan:
 
 # ---------------------------------------------------------------------------- URDF
 def urdf_reference(path: Path) -> str:
-    """How the training file names ``path``: relative to this package's share folder, as
-    ``package://example-robot-data/...``, or absolute."""
+    """How the training file names ``path``.
+
+    Relative to this package's share folder, as ``package://example-robot-data/...``, or absolute.
+    """
     from ..config import package_share
 
     path = path.resolve()
@@ -134,8 +140,10 @@ def _find_urdf(arg: str) -> Path:
 
 
 def srdf_states(urdf: Path, robot: str) -> Dict[str, Dict[str, float]]:
-    """Joint values of the ``<group_state>``s of an SRDF for ``robot`` beside the URDF
-    (same folder or ../srdf, the layout of ROS description packages)."""
+    """Joint values of the ``<group_state>``s of an SRDF for ``robot`` beside the URDF.
+
+    The SRDF is looked for in the same folder or ../srdf (the layout of ROS description packages).
+    """
     import xml.etree.ElementTree as ET
 
     found: Dict[str, Dict[str, float]] = {}
@@ -174,8 +182,10 @@ def _gripper_word(*names: str) -> Optional[str]:
 
 
 def choose_joints(desc, model, include: Sequence[str] = ()) -> List[JointChoice]:
-    """Actuated or not, with the reason, for every moving joint of ``model`` (the full tree's order:
-    ``model.full_joint_names``, mimic joints included)."""
+    """Actuated or not, with the reason, for every moving joint of ``model``.
+
+    The joints come in the full tree's order (``model.full_joint_names``), mimic joints included.
+    """
     by_name = {j.name: j for j in desc.joints}
     include = list(include)
     for name in include:
@@ -223,9 +233,11 @@ def choose_joints(desc, model, include: Sequence[str] = ()) -> List[JointChoice]
 
 # ---------------------------------------------------------------------------- geometry
 def lowest_points(model, q) -> List[Tuple[float, str, int]]:
-    """(height of the lowest point, link, body) of every collision primitive at configuration
-    ``q`` (one state), from the simulator's forward kinematics: sphere centre minus radius, the
-    lowest box corner, the lowest point of a cylinder's rim."""
+    """(height of the lowest point, link, body) of every collision primitive at configuration ``q``.
+
+    ``q`` is one state; the heights come from the simulator's forward kinematics: sphere centre
+    minus radius, the lowest box corner, the lowest point of a cylinder's rim.
+    """
     import torch
 
     from .. import physics
@@ -266,9 +278,12 @@ def _chain(model, body: int) -> List[int]:
 
 
 def heuristic_stance(model, actuated: Sequence[str]) -> Tuple[List[float], str]:
-    """Joint positions (model joint order) of a crouched stance: on every leg the last two joints
-    whose axis is the body's lateral (y) axis bend +STANCE_BEND and -2 STANCE_BEND (the foot
-    back under the hip for equal segments), the sign chosen so both stay within their limits."""
+    """Joint positions (model joint order) of a crouched stance.
+
+    On every leg the last two joints whose axis is the body's lateral (y) axis bend +STANCE_BEND
+    and -2 STANCE_BEND (the foot back under the hip for equal segments), the sign chosen so both
+    stay within their limits.
+    """
     import torch
 
     from .. import physics
@@ -313,9 +328,12 @@ def inertia_diagonal(model, qs):
 
 def servo_gains(model, actuated: Sequence[str], qs, bandwidth_hz: float, zeta: float, error: float,
                 hold_torque=None) -> List[Gain]:
-    """kp = M_ii w^2 (w = 2 pi bandwidth), raised to |hold_torque| / STAND_SAG where given and to
+    """Return the servo gains (kp, kd) of the ``actuated`` joints.
+
+    kp = M_ii w^2 (w = 2 pi bandwidth), raised to |hold_torque| / STAND_SAG where given and to
     friction / FRICTION_ERROR, capped at effort_limit / error; kd = 2 zeta sqrt(kp M_ii) less the
-    joint's URDF damping (at least 0); M_ii the largest over the configurations ``qs``."""
+    joint's URDF damping (at least 0); M_ii the largest over the configurations ``qs``.
+    """
     w = 2 * math.pi * bandwidth_hz
     M = inertia_diagonal(model, qs)
     gains = []
@@ -350,8 +368,10 @@ def _uniform(model, n: int, lo, hi, seed: int = 0):
 def plan(urdf: str, task: str, floating_base: Optional[bool] = None, ee_link: Optional[str] = None,
          include_joints: Sequence[str] = (), bandwidth: float = DEFAULT_BANDWIDTH_HZ,
          damping_ratio: float = DEFAULT_DAMPING_RATIO) -> Plan:
-    """Derive a training file for ``urdf`` and ``task`` (see the module doc); InitError on a
-    robot or option it cannot serve."""
+    """Derive a training file for ``urdf`` and ``task`` (see the module doc).
+
+    InitError on a robot or option it cannot serve.
+    """
     import torch
 
     from .. import physics
@@ -425,10 +445,12 @@ def _gain_comment(p: Plan, error: float, error_name: str, samples: str, bandwidt
 
 
 def _reach_ee_link(model, actuated: List[str], ee_link: Optional[str]) -> Tuple[str, str]:
-    """The reach task's end effector and why it was chosen: ``ee_link`` when given (checked: a link
-    of the model that an actuated joint moves), else the tip of the longest chain (the demo's
-    choice), unless no actuated joint moves that tip (a finger): then the link fixed to the
-    deepest actuated body farthest from its origin."""
+    """Choose the reach task's end effector, and say why it was chosen.
+
+    ``ee_link`` when given (checked: a link of the model that an actuated joint moves), else the
+    tip of the longest chain (the demo's choice), unless no actuated joint moves that tip (a
+    finger): then the link fixed to the deepest actuated body farthest from its origin.
+    """
     from .. import physics
     from ..dynamics_demo import tip_position
 
@@ -559,8 +581,11 @@ def _plan_reach(p: Plan, model, actuated: List[str], ee_link: Optional[str], ban
 
 
 def _as_jump(p: Plan) -> None:
-    """The legged plan turned into the jump task (tasks/jump.py): the same robot, stance, gains
-    and contact, 1 s episodes, the apex objective with the tilt term, 25-step windows."""
+    """Turn the legged plan into the jump task (tasks/jump.py).
+
+    The same robot, stance, gains and contact, 1 s episodes, the apex objective with the tilt term,
+    25-step windows.
+    """
     t = p.params["task"]
     p.params["task"] = dict(type="jump", stance=t["stance"], base_height=t["base_height"], horizon=100,
                             action_scale=t["action_scale"], action_weight=0.001, upright_weight=4.0, min_apex=0.05,
@@ -681,9 +706,12 @@ def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float
 
 
 def _base_half_width(model, mass: float) -> Tuple[float, str]:
-    """Half the width of a multirotor's base (m) from its collision geometry (the largest x or y
-    reach of a box, sphere or cylinder of the base body), or 0.25 m x mass^(1/3) without any, and
-    the words that say how the guessed layout's arm (2/3 of it) was sized."""
+    """Half the width of a multirotor's base (m), and the words that say how the guessed layout's arm was sized.
+
+    The half width comes from its collision geometry (the largest x or y reach of a box, sphere or
+    cylinder of the base body), or 0.25 m x mass^(1/3) without any; the guessed layout's arm is 2/3
+    of it.
+    """
     import torch
 
     ext = []
@@ -912,7 +940,7 @@ def _wrap(text: str, width: int = 100) -> List[str]:
 
 
 def render(p: Plan, out_name: str = "") -> str:
-    """The training file's text: the project's layout (``/**: ros__parameters:``), commented."""
+    """Render the training file's text: the project's layout (``/**: ros__parameters:``), commented."""
     lines = [f"# {out_name or 'training file'}: written by diffsim-ros init --task {p.task} for",
              f"# {p.urdf_path}"]
     lines += [f"# {w}" for h in p.header for w in _wrap(h)]
@@ -967,14 +995,16 @@ def controllers_path(out: str) -> str:
 
 
 def ros2_controllers(p: Plan, joints: Sequence[str], out: str = "") -> Optional[str]:
-    """The robot's ros2_controllers.yaml (a ROS 2 parameter file for the controller_manager): the
-    joint_state_broadcaster, the forward_command controller policy_controller publishes to by
-    default (``/<interface>_controller/commands``) with the actuated joints in the training file's
-    order (the checkpoint's), a joint_trajectory_controller for position robots (policy_controller
-    ``interface:=joint_trajectory``) and, for a legged robot, the IMU broadcaster. None for a
-    multirotor (PX4 or a Crazyflie take its commands, not ros2_control). ``joints``: the actuated
-    joints in the simulator's order (``task.sim.actuated_joints`` of the loaded file), which the
-    checkpoint's commands follow."""
+    """Return the robot's ros2_controllers.yaml (a ROS 2 parameter file for the controller_manager).
+
+    It holds the joint_state_broadcaster, the forward_command controller policy_controller
+    publishes to by default (``/<interface>_controller/commands``) with the actuated joints in the
+    training file's order (the checkpoint's), a joint_trajectory_controller for position robots
+    (policy_controller ``interface:=joint_trajectory``) and, for a legged robot, the IMU
+    broadcaster. None for a multirotor (PX4 or a Crazyflie take its commands, not ros2_control).
+    ``joints``: the actuated joints in the simulator's order (``task.sim.actuated_joints`` of the
+    loaded file), which the checkpoint's commands follow.
+    """
     sim = p.params.get("simulator", {})
     if "rotors" in sim:
         return None
@@ -1025,7 +1055,7 @@ def ros2_controllers(p: Plan, joints: Sequence[str], out: str = "") -> Optional[
 
 
 def report(p: Plan) -> List[str]:
-    """The lines ``diffsim-ros init`` prints: what was chosen and why."""
+    """Return the lines ``diffsim-ros init`` prints: what was chosen and why."""
     out = list(p.notes)
     if p.joints:
         for j in p.joints:

@@ -47,7 +47,7 @@ class LoopError(RuntimeError):
 
 
 def console_script(name: str) -> str:
-    """The console script ``name`` installed next to this interpreter (a venv), else on PATH."""
+    """Return the console script ``name`` installed next to this interpreter (a venv), else on PATH."""
     import shutil
 
     here = Path(sys.executable).parent / name
@@ -55,9 +55,12 @@ def console_script(name: str) -> str:
 
 
 def die_with_parent() -> None:
-    """preexec_fn of the nodes the loop starts: on Linux they get SIGTERM when the process that
-    started them dies, even by SIGKILL (they then close their bags as on Ctrl-C), so a killed
-    loop or test leaves no node running on its ROS domain. Elsewhere a no-op."""
+    """Make a node die with the process that started it (preexec_fn of the nodes the loop starts).
+
+    On Linux they get SIGTERM when the process that started them dies, even by SIGKILL (they then
+    close their bags as on Ctrl-C), so a killed loop or test leaves no node running on its ROS
+    domain. Elsewhere a no-op.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -69,7 +72,7 @@ def die_with_parent() -> None:
 
 
 def _ros_value(val: Any) -> str:
-    """A value as the text of a ROS command line (``-p key:=value``, ``arg:=value``)."""
+    """Return a value as the text of a ROS command line (``-p key:=value``, ``arg:=value``)."""
     if isinstance(val, bool):
         return "true" if val else "false"
     if isinstance(val, (list, tuple)):
@@ -131,7 +134,7 @@ NODES = {"controller": "policy_controller", "plant": "mujoco_plant", "recorder":
 
 
 def ros2_executable() -> Optional[str]:
-    """The ``ros2`` command next to this interpreter (a venv), else on PATH, else None."""
+    """Return the ``ros2`` command next to this interpreter (a venv), else on PATH, else None."""
     import shutil
 
     here = Path(sys.executable).parent / "ros2"
@@ -139,9 +142,12 @@ def ros2_executable() -> Optional[str]:
 
 
 def launch_unavailable() -> Optional[str]:
-    """Why ``ros2 launch diffsim_ros deploy.launch.py`` cannot run here, or None when it can: launch
-    and launch_ros importable, the ``ros2`` command installed, and this package in the ament index
-    with its executables (scripts/bootstrap.sh; on a ROS 2 machine, colcon and install/setup.bash)."""
+    """Why ``ros2 launch diffsim_ros deploy.launch.py`` cannot run here, or None when it can.
+
+    It can when launch and launch_ros are importable, the ``ros2`` command is installed, and this
+    package is in the ament index with its executables (scripts/bootstrap.sh; on a ROS 2 machine,
+    colcon and install/setup.bash).
+    """
     import importlib.util
 
     for module in ("launch", "launch_ros"):
@@ -174,10 +180,12 @@ def launch_unavailable() -> Optional[str]:
 
 
 def venv_on_ament_path() -> bool:
-    """Put this interpreter's prefix on AMENT_PREFIX_PATH (for this process and what it starts) when
-    the package is registered there (scripts/bootstrap.sh registers it in the venv) and it is not on
-    the path yet, as scripts/run.sh does; so `.venv/bin/diffsim-ros loop` run by hand finds the
-    launch file and the nodes. Returns whether it changed the path."""
+    """Put this interpreter's prefix on AMENT_PREFIX_PATH (for this process and what it starts) where needed.
+
+    It does so when the package is registered there (scripts/bootstrap.sh registers it in the venv)
+    and it is not on the path yet, as scripts/run.sh does; so `.venv/bin/diffsim-ros loop` run by
+    hand finds the launch file and the nodes. Returns whether it changed the path.
+    """
     prefix = Path(sys.prefix)
     if not (prefix / "share" / "ament_index" / "resource_index" / "packages" / "diffsim_ros").exists():
         return False
@@ -189,8 +197,11 @@ def venv_on_ament_path() -> bool:
 
 
 def stop_nodes(procs) -> Dict[str, Optional[int]]:
-    """Stop a deployment and return each node's exit status: producers first, then the recorder,
-    which drains what is queued and closes the bag (through launch: launch stops them)."""
+    """Stop a deployment and return each node's exit status.
+
+    Producers first, then the recorder, which drains what is queued and closes the bag (through
+    launch: launch stops them).
+    """
     if isinstance(procs, _Launch):
         statuses = procs.stop()
     else:
@@ -202,26 +213,32 @@ def stop_nodes(procs) -> Dict[str, Optional[int]]:
 
 
 def check_exits(statuses: Dict[str, Optional[int]], logs) -> None:
-    """A LoopError naming the first node that ended with an error status (0, None and SIGINT are fine)."""
+    """Raise a LoopError naming the first node that ended with an error status (0, None and SIGINT are fine)."""
     for name, rc in statuses.items():
         if rc not in (0, None, -signal.SIGINT):
             raise LoopError(f"{NODES[name]} ended with status {rc}; see {logs}")
 
 
 def _launch_preexec() -> None:
-    """preexec_fn of ``ros2 launch``: it dies with the loop (its nodes then get SIGINT from launch, and
-    SIGTERM from their own death signal if launch is killed), and SIGINT is default and unblocked: a
-    process that starts with SIGINT ignored (inherited, as in some test runners) never sees Ctrl-C,
-    since Python then installs no handler and launch's rides on Python's."""
+    """Make ``ros2 launch`` die with the loop and see Ctrl-C (its preexec_fn).
+
+    Launch dies with the loop (its nodes then get SIGINT from launch, and SIGTERM from their own
+    death signal if launch is killed), and SIGINT is default and unblocked: a process that starts
+    with SIGINT ignored (inherited, as in some test runners) never sees Ctrl-C, since Python then
+    installs no handler and launch's rides on Python's.
+    """
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class _Launch:
-    """The deployment as a user starts it: ``ros2 launch diffsim_ros deploy.launch.py ARG:=VALUE ...`` on
-    one ROS domain, its output in ``logs/launch.log`` (split per node into ``logs/<node>.log`` at the
-    end). The same interface as ``_Processes`` where the loop needs it."""
+    """The deployment as a user starts it, through ``ros2 launch``.
+
+    ``ros2 launch diffsim_ros deploy.launch.py ARG:=VALUE ...`` on one ROS domain, its output in
+    ``logs/launch.log`` (split per node into ``logs/<node>.log`` at the end). The same interface as
+    ``_Processes`` where the loop needs it.
+    """
 
     def __init__(self, log_dir: Path, domain: int):
         self.log_dir, self.domain = log_dir, domain
@@ -245,14 +262,14 @@ class _Launch:
         return self.path.read_text(errors="replace") if self.path.exists() else ""
 
     def log(self, name: str, tail: int = 4000) -> str:
-        """What node ``name`` (controller, plant, recorder) printed, from launch's output."""
+        """Return what node ``name`` (controller, plant, recorder) printed, from launch's output."""
         prefix = f"[{NODES[name]}-"
         lines = [ln.split("] ", 1)[1] if "] " in ln else ln for ln in self._text().splitlines()
                  if ln.startswith(prefix)]
         return "\n".join(lines)[-tail:]
 
     def started(self, name: str) -> bool:
-        """launch has started node ``name``'s process."""
+        """Return whether launch has started node ``name``'s process."""
         return re.search(rf"\[INFO\] \[{NODES[name]}-\d+\]: process started", self._text()) is not None
 
     def exit_statuses(self) -> Dict[str, Optional[int]]:
@@ -280,8 +297,11 @@ class _Launch:
                         f"({self.path}) ends with:\n{self._text()[-4000:]}")
 
     def stop(self, timeout: float = 60.0) -> Dict[str, Optional[int]]:
-        """SIGINT to launch (what Ctrl-C does: it passes SIGINT to every node; the recorder drains what is
-        queued and closes the bag), bounded; returns the nodes' exit statuses and writes their logs."""
+        """Send SIGINT to launch, bounded; return the nodes' exit statuses and write their logs.
+
+        SIGINT is what Ctrl-C does: launch passes it to every node; the recorder drains what is
+        queued and closes the bag.
+        """
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -331,8 +351,11 @@ class _Clock:
         self.states += 1
 
     def follow_states(self, state_topic: str, state_type) -> None:
-        """Count the plant's states. The launch path's plant gate counts this subscription, so the
-        lockstep run starts only once it exists (the spinning executor picks it up)."""
+        """Count the plant's states.
+
+        The launch path's plant gate counts this subscription, so the lockstep run starts only once
+        it exists (the spinning executor picks it up).
+        """
         self.node.create_subscription(state_type, state_topic, self._on_state, 10)
 
     def target_listeners(self) -> int:
@@ -340,7 +363,7 @@ class _Clock:
         return self.pub_target.get_subscription_count()
 
     def send_target(self, point) -> None:
-        """A new goal for the controller (/diffsim/target, geometry_msgs/PointStamped, world frame)."""
+        """Send a new goal to the controller (/diffsim/target, geometry_msgs/PointStamped, world frame)."""
         m = self._point()
         m.header.frame_id = "world"
         m.point.x, m.point.y, m.point.z = (float(x) for x in point)
@@ -364,8 +387,10 @@ class _Clock:
 
 
 def state_topic_and_type(floating_base: bool):
-    """The topic the stand-in publishes its states on and its message type: /odom (Odometry) for a
-    floating base, /joint_states (JointState) for a fixed one."""
+    """Return the topic the stand-in publishes its states on and its message type.
+
+    /odom (Odometry) for a floating base, /joint_states (JointState) for a fixed one.
+    """
     if floating_base:
         from nav_msgs.msg import Odometry as state_type
         return interfaces.ODOM, state_type
@@ -381,11 +406,14 @@ class _NodeRun:
 
 
 def run_deployment(procs, logs: Path, tag: str, body: Callable[[_NodeRun], None], log=print) -> float:
-    """Run ``body(run)``, which starts the nodes of ``procs``, opens the clock that follows them as
-    ``run.clock`` and follows the run; then, whatever happened, close the clock and stop the nodes
-    (:func:`stop_nodes`: the recorder last, which closes the bag). A Ctrl-C is logged (``[tag]``) and
-    raised again once the nodes are stopped; a node that ended with an error status is a LoopError
-    (:func:`check_exits`). Returns the seconds it took (the nodes stopped included)."""
+    """Run ``body(run)``, then, whatever happened, close the clock and stop the nodes.
+
+    ``body`` starts the nodes of ``procs``, opens the clock that follows them as ``run.clock`` and
+    follows the run. The nodes are stopped by :func:`stop_nodes` (the recorder last, which closes
+    the bag). A Ctrl-C is logged (``[tag]``) and raised again once the nodes are stopped; a node
+    that ended with an error status is a LoopError (:func:`check_exits`). Returns the seconds it
+    took (the nodes stopped included).
+    """
     run = _NodeRun()
     interrupted = False
     t0 = time.perf_counter()
@@ -407,10 +435,12 @@ def run_deployment(procs, logs: Path, tag: str, body: Callable[[_NodeRun], None]
 
 def follow_run(clock: "_Clock", procs, total_s: float, deadline: float, what: str, too_slow: str, logs: Path,
                tag: str, log=print, each: Optional[Callable[[], None]] = None) -> None:
-    """Wait, in steps of 50 ms, until the plant's clock reaches ``total_s`` of simulated time, logging
-    each whole second it reaches (``[tag]``); ``each()`` first in every step. A LoopError when a node
-    has exited (``procs.check_alive(what)``) or the wall clock passes ``deadline`` (``too_slow``, then
-    how far it got and where the logs are)."""
+    """Wait, in steps of 50 ms, until the plant's clock reaches ``total_s`` of simulated time.
+
+    Each whole second it reaches is logged (``[tag]``); ``each()`` runs first in every step. A
+    LoopError when a node has exited (``procs.check_alive(what)``) or the wall clock passes
+    ``deadline`` (``too_slow``, then how far it got and where the logs are).
+    """
     shown = -1
     while clock.t < total_s:
         if each is not None:
@@ -425,7 +455,7 @@ def follow_run(clock: "_Clock", procs, total_s: float, deadline: float, what: st
 
 
 def _write_params(path: Path, node: str, params: Dict[str, Any]) -> None:
-    """A ROS 2 parameter file for one node (dotted names nested, as ROS reads them)."""
+    """Write a ROS 2 parameter file for one node (dotted names nested, as ROS reads them)."""
     import yaml
 
     nested: Dict[str, Any] = {}
@@ -439,8 +469,10 @@ def _write_params(path: Path, node: str, params: Dict[str, Any]) -> None:
 
 
 def recorded_types(floating_base: bool, kind: Optional[str] = None) -> List[str]:
-    """'topic:type' of everything the loop records (doc/interfaces.md); ``kind`` 'legged': odometry,
-    IMU and joint states in, joint position commands out."""
+    """'topic:type' of everything the loop records (doc/interfaces.md).
+
+    ``kind`` 'legged': odometry, IMU and joint states in, joint position commands out.
+    """
     ifc = interfaces
     common = [ifc.typed(ifc.COMMAND, ifc.FLOAT64_ARRAY_T), ifc.typed(ifc.METADATA, ifc.STRING_T),
               ifc.typed(ifc.DIAGNOSTICS, "diagnostic_msgs/msg/DiagnosticArray"),
@@ -468,9 +500,12 @@ def bag_counts(bag: Path) -> Dict[str, int]:
 
 
 def _recorded_training_file(ckpt: Path, recorded: Dict[str, Any]) -> Dict[str, Any]:
-    """The parameters of the training file an older checkpoint names (``config: {file, task}``): that
-    path, else the file of the same name in this package's config/, accepted only when its task
-    section is the one recorded (another task's file would deploy the policy on the wrong task)."""
+    """Return the parameters of the training file an older checkpoint names (``config: {file, task}``).
+
+    That path, else the file of the same name in this package's config/, accepted only when its
+    task section is the one recorded (another task's file would deploy the policy on the wrong
+    task).
+    """
     from .. import config as cfgmod
 
     name = Path(recorded["file"])
@@ -488,8 +523,11 @@ def _recorded_training_file(ckpt: Path, recorded: Dict[str, Any]) -> Dict[str, A
 
 
 def checkpoint_config(ckpt: Path, out: Path) -> str:
-    """A ROS parameter file for the stand-in made from the checkpoint's own training configuration
-    (robot, simulator, task), with the URDF the checkpoint names resolved to a path."""
+    """Write a ROS parameter file for the stand-in from the checkpoint's own training configuration.
+
+    The configuration gives robot, simulator and task, with the URDF the checkpoint names resolved
+    to a path.
+    """
     import yaml
 
     from ..learning.checkpoint import CheckpointError, load_metadata
@@ -513,10 +551,13 @@ def checkpoint_config(ckpt: Path, out: Path) -> str:
 
 
 def _legged_result(bag: Path, runner) -> Dict[str, Any]:
-    """The locomotion task's own verdict on the stand-in's recorded episode: /odom and
-    /joint_states paired by stamp into simulator states, the task's success over its first
-    episode (horizon steps), and the mean forward speed and lowest base height of the run. A
-    jump's verdict is its metric on the recorded episode (``jump_metric``, Task.recorded_verdict)."""
+    """Judge the stand-in's recorded episode by the locomotion task's own verdict.
+
+    /odom and /joint_states are paired by stamp into simulator states; the result holds the task's
+    success over its first episode (horizon steps), and the mean forward speed and lowest base
+    height of the run. A jump's verdict is its metric on the recorded episode (``jump_metric``,
+    Task.recorded_verdict).
+    """
     import numpy as np
     import torch
 
@@ -577,9 +618,11 @@ def _rounded(values) -> str:
 
 
 def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
-    """Per target (each held ``hold_s`` of simulated time, in sequence): the reach task's own
-    success at the end of its segment, the end effector's distance, and the largest joint speed
-    measured in the segment as a multiple of the joint's URDF velocity limit."""
+    """Per target (each held ``hold_s`` of simulated time, in sequence): success, distance and joint speed.
+
+    The reach task's own success at the end of its segment, the end effector's distance, and the
+    largest joint speed measured in the segment as a multiple of the joint's URDF velocity limit.
+    """
     import numpy as np
     import torch
 
@@ -609,10 +652,13 @@ def _arm_result(data, runner, targets, hold_s: float) -> Dict[str, Any]:
 
 
 def train_policy(config: str, out: Path, threads: int, iterations: Optional[int] = None) -> Path:
-    """Train with the training file ``config`` into ``out`` in this process (the training path of
-    ``diffsim-ros train``, :func:`diffsim_ros.workflows.training.train_from_params`) and print its summary;
-    returns the checkpoint folder. ``out`` is the loop's own policy/ folder: a rerun into the same
-    --out retrains it from the start (a fresh run, as ``diffsim-ros train --force``)."""
+    """Train with the training file ``config`` into ``out`` in this process and print its summary.
+
+    This is the training path of ``diffsim-ros train``
+    (:func:`diffsim_ros.workflows.training.train_from_params`); returns the checkpoint folder.
+    ``out`` is the loop's own policy/ folder: a rerun into the same --out retrains it from the
+    start (a fresh run, as ``diffsim-ros train --force``).
+    """
     import warnings
 
     import torch
@@ -642,10 +688,14 @@ def train_policy(config: str, out: Path, threads: int, iterations: Optional[int]
 
 @dataclass
 class _Deployment:
-    """What :func:`run_loop` deploys and how: the checkpoint and its runner, the robot's parameter file,
-    the bag and logs folders, the ROS domain, the parameters of mujoco_plant and policy_controller,
-    an arm's targets each held ``hold_s`` of simulated time (``total`` in all), the state topic the
-    loop follows, and the time limits (seconds)."""
+    """What :func:`run_loop` deploys and how.
+
+    The checkpoint and its runner, the robot's parameter file, the bag and logs folders, the ROS
+    domain, the parameters of mujoco_plant and policy_controller, an arm's targets each held
+    ``hold_s`` of simulated time (``total`` in all), the state topic the loop follows, and the time
+    limits (seconds).
+    """
+
     runner: Any
     ckpt: Path
     config: str
@@ -688,8 +738,10 @@ class _TargetSequence:
 
 
 def _run_folders(out: str) -> Tuple[Path, Path, Path]:
-    """``out`` resolved and created, its ``logs/`` (created) and its ``bag/``; a LoopError when the bag
-    is there already (a recorded bag is never overwritten)."""
+    """``out`` resolved and created, its ``logs/`` (created) and its ``bag/``.
+
+    A LoopError when the bag is there already (a recorded bag is never overwritten).
+    """
     out_dir = Path(out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = out_dir / "logs"
@@ -701,8 +753,10 @@ def _run_folders(out: str) -> Tuple[Path, Path, Path]:
 
 
 def _perturbation_request(perturbation: Union[str, Dict[str, Any], None]) -> Dict[str, Any]:
-    """The stand-in's perturbation as asked (DEFAULT_PERTURBATION for None), checked before anything
-    runs; a preset's values follow the robot's kind later (:func:`_standin_perturbation`)."""
+    """Return the stand-in's perturbation as asked (DEFAULT_PERTURBATION for None), checked before anything runs.
+
+    A preset's values follow the robot's kind later (:func:`_standin_perturbation`).
+    """
     from ..physics import ConfigError
     from ..plant.perturbation import perturbation_spec
 
@@ -713,8 +767,11 @@ def _perturbation_request(perturbation: Union[str, Dict[str, Any], None]) -> Dic
 
 
 def _loop_config(config: Optional[str], checkpoint: Optional[str], out_dir: Path, log) -> str:
-    """The robot's parameter file, resolved: ``config``, else one written from the checkpoint's own
-    training configuration; a LoopError with neither."""
+    """Return the robot's parameter file, resolved.
+
+    ``config``, else one written from the checkpoint's own training configuration; a LoopError
+    with neither.
+    """
     if config is None:
         if checkpoint is None:
             raise LoopError("neither a training configuration nor a checkpoint to deploy")
@@ -725,8 +782,10 @@ def _loop_config(config: Optional[str], checkpoint: Optional[str], out_dir: Path
 
 def _loop_checkpoint(config: str, checkpoint: Optional[str], out_dir: Path, threads: int,
                      iterations: Optional[int], log) -> Tuple[Path, float]:
-    """Step 1: the checkpoint to deploy (``checkpoint``, else a policy trained with ``config`` into
-    ``out_dir/policy``) and the seconds it took."""
+    """Step 1: the checkpoint to deploy and the seconds it took.
+
+    The checkpoint is ``checkpoint``, else a policy trained with ``config`` into ``out_dir/policy``.
+    """
     t0 = time.perf_counter()
     if checkpoint is None:
         log(f"[loop] 1/4 training a policy with {config}")
@@ -738,8 +797,10 @@ def _loop_checkpoint(config: str, checkpoint: Optional[str], out_dir: Path, thre
 
 
 def _standin_perturbation(spec: Dict[str, Any], runner) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The perturbation ``spec`` resolved for the checkpoint's robot kind, and as mujoco_plant's
-    ``perturbation.*`` parameter values."""
+    """Resolve the perturbation ``spec`` for the checkpoint's robot kind.
+
+    Returns it resolved, and as mujoco_plant's ``perturbation.*`` parameter values.
+    """
     from ..physics import ConfigError
     from ..plant.perturbation import resolve_perturbation, robot_kind, ros_values
 
@@ -751,8 +812,11 @@ def _standin_perturbation(spec: Dict[str, Any], runner) -> Tuple[Dict[str, Any],
 
 
 def _start_pose(start: Optional[Sequence[float]], runner):
-    """The stand-in's initial positions: ``start``, else a legged task's standing pose at its base height
-    (the stand-in's neutral configuration would put the trunk into the ground), else the task's own."""
+    """Return the stand-in's initial positions.
+
+    ``start``, else a legged task's standing pose at its base height (the stand-in's neutral
+    configuration would put the trunk into the ground), else the task's own.
+    """
     import torch
 
     task = runner.task
@@ -765,8 +829,11 @@ def _start_pose(start: Optional[Sequence[float]], runner):
 
 
 def _arm_targets(targets: Optional[Sequence[Sequence[float]]], n_targets: int, runner) -> List[List[float]]:
-    """An arm's targets as points [x, y, z] (m): ``targets``, else ``n_targets`` drawn from the task's
-    reset distribution; a LoopError for anything but points."""
+    """Return an arm's targets as points [x, y, z] (m).
+
+    ``targets``, else ``n_targets`` drawn from the task's reset distribution; a LoopError for
+    anything but points.
+    """
     import torch
 
     if targets is None:
@@ -780,8 +847,10 @@ def _arm_targets(targets: Optional[Sequence[Sequence[float]]], n_targets: int, r
 
 
 def _deployment_path(use_launch: Optional[bool]) -> Optional[str]:
-    """Why the nodes are started one by one rather than through deploy.launch.py (None: through launch);
-    a LoopError when launch was asked for and cannot run here."""
+    """Why the nodes are started one by one rather than through deploy.launch.py (None: through launch).
+
+    A LoopError when launch was asked for and cannot run here.
+    """
     why_not = launch_unavailable() if use_launch is not False else "the subprocess path was asked for"
     if use_launch and why_not:
         raise LoopError(f"cannot deploy through deploy.launch.py: {why_not}")
@@ -789,8 +858,10 @@ def _deployment_path(use_launch: Optional[bool]) -> Optional[str]:
 
 
 def _start_through_launch(procs: "_Launch", dep: _Deployment, log) -> None:
-    """The user's path: deploy.launch.py starts controller, plant and recorder together; the
-    controller holds its first command until the plant and the recorder listen."""
+    """Start the nodes the user's way: deploy.launch.py starts controller, plant and recorder together.
+
+    The controller holds its first command until the plant and the recorder listen.
+    """
     logs = dep.logs
     _write_params(logs / "controller_params.yaml", "policy_controller", dep.controller)
     # The plant's start gate counts each state topic's subscribers: deploy.launch.py's two (the
@@ -813,8 +884,10 @@ def _start_through_launch(procs: "_Launch", dep: _Deployment, log) -> None:
 
 
 def _start_recorder_and_plant(procs: "_Processes", dep: _Deployment) -> None:
-    """The nodes one by one: the recorder, then the lockstep plant (the controller once the plant's
-    states arrive, :func:`_start_controller`)."""
+    """Start the nodes one by one: the recorder, then the lockstep plant.
+
+    The controller follows once the plant's states arrive (:func:`_start_controller`).
+    """
     # Types given up front: the recorder subscribes at once instead of discovering the
     # publishers, so the first states are not lost to discovery.
     floating = dep.runner.model.floating_base
@@ -824,9 +897,12 @@ def _start_recorder_and_plant(procs: "_Processes", dep: _Deployment) -> None:
 
 
 def _open_clock(procs, dep: _Deployment, run: _NodeRun, log) -> "_Clock":
-    """The clock that follows the plant's states, kept in ``run`` as soon as it exists (so it is closed
-    whatever follows). Through launch with several arm targets, it follows the states only once the
-    controller listens to /diffsim/target (or after first_state_timeout)."""
+    """Open the clock that follows the plant's states, kept in ``run`` as soon as it exists.
+
+    Keeping it there means it is closed whatever follows. Through launch with several arm targets,
+    it follows the states only once the controller listens to /diffsim/target (or after
+    first_state_timeout).
+    """
     if isinstance(procs, _Launch) and dep.arm and len(cast(List[List[float]], dep.targets)) > 1:
         # A target sent before the controller's subscription is matched is lost, and a lockstep run
         # reaches the switch in a fraction of a second (test_loop: the second target never arrived,
@@ -847,8 +923,11 @@ def _open_clock(procs, dep: _Deployment, run: _NodeRun, log) -> "_Clock":
 
 
 def _wait_first_states(clock: "_Clock", procs, dep: _Deployment, end: float) -> None:
-    """Wait until two of the plant's states have arrived; a LoopError naming the likely causes when
-    none came within first_state_timeout (through launch, counted from the plant's start) or by ``end``."""
+    """Wait until two of the plant's states have arrived.
+
+    A LoopError naming the likely causes when none came within first_state_timeout (through launch,
+    counted from the plant's start) or by ``end``.
+    """
     # Until its first command the lockstep plant republishes its initial state every second.
     # Two of them seen here mean the plant's publishers are discovered, so the recorder
     # (subscribed since its start) does not miss the first states once the controller runs.
@@ -881,8 +960,10 @@ def _start_controller(procs: "_Processes", dep: _Deployment) -> None:
 
 
 def _deploy(procs, dep: _Deployment, run: _NodeRun, log) -> None:
-    """Step 2's body (:func:`run_deployment`): start the nodes, follow the plant's states from the first
-    two on, and run until ``dep.total`` simulated seconds, streaming an arm's targets."""
+    """Step 2's body (:func:`run_deployment`): start the nodes and run until ``dep.total`` simulated seconds.
+
+    Follow the plant's states from the first two on, and stream an arm's targets.
+    """
     if isinstance(procs, _Launch):
         _start_through_launch(procs, dep, log)
     else:
@@ -899,9 +980,11 @@ def _deploy(procs, dep: _Deployment, run: _NodeRun, log) -> None:
 
 
 def _standin_summary(out_dir: Path, dep: _Deployment, summary: Dict[str, Any], log) -> Dict[str, Any]:
-    """Step 4 for an arm or a multirotor: the bag analysed (analysis/), the task's verdict on the
-    recording (a multirotor's, or each arm target's), the velocity errors; written to summary.json
-    and logged."""
+    """Step 4 for an arm or a multirotor: the bag analysed, the verdict and the velocity errors.
+
+    The bag is analysed (analysis/); the task's verdict on the recording is a multirotor's, or each
+    arm target's; with the velocity errors, this is written to summary.json and logged.
+    """
     from .. import analysis
 
     runner, bag = dep.runner, dep.bag
@@ -943,7 +1026,8 @@ def run_loop(config: Optional[str], out: str, checkpoint: Optional[str] = None, 
     kind (``plant.resolve_perturbation``); None: DEFAULT_PERTURBATION. ``use_launch``: deploy through
     ``ros2 launch diffsim_ros deploy.launch.py`` (True), start the nodes one by one (False), or the
     first where launch is installed and the package is in the ament index (None).
-    Returns a summary dict (also written to ``out/summary.json``)."""
+    Returns a summary dict (also written to ``out/summary.json``).
+    """
     import torch
 
     torch.set_num_threads(threads)
@@ -1006,8 +1090,11 @@ def _check_same_robot(config: str, runner) -> None:
 
 def _run_summary(ckpt: Path, bag: Path, perturbation: Dict[str, Any], logs: Path, wall_s: Dict[str, float],
                  deployment: str) -> Dict[str, Any]:
-    """What every run reports: its inputs, how it was deployed, what the controller published and
-    whether the bag holds every message of it (``lost``: topic -> messages missing)."""
+    """Return what every run reports.
+
+    Its inputs, how it was deployed, what the controller published and whether the bag holds every
+    message of it (``lost``: topic -> messages missing).
+    """
     summary: Dict[str, Any] = {"checkpoint": str(ckpt), "bag": str(bag), "perturbation": perturbation,
                                "deployment": deployment, "wall_s": wall_s}
     stats_file = logs / "controller_stats.json"
@@ -1023,8 +1110,11 @@ def _run_summary(ckpt: Path, bag: Path, perturbation: Dict[str, Any], logs: Path
 
 
 def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
-    """Summary of a legged run: the task's verdict from the bag, its gait, the sim-vs-real velocity
-    comparison (base twist and joints) and the bag's completeness."""
+    """Summary of a legged run.
+
+    The task's verdict from the bag, its gait, the sim-vs-real velocity comparison (base twist and
+    joints) and the bag's completeness.
+    """
     from .. import analysis
     from ..analysis.legged import legged_report
 
@@ -1089,7 +1179,7 @@ def _legged_summary(out_dir, bag, runner, summary, log) -> Dict[str, Any]:
 
 
 def _contact_free_mass(bag) -> Dict[str, Any]:
-    """The contact-free mass estimate of a legged bag (analysis/contact_free.py), or why not."""
+    """Estimate the mass of a legged bag contact-free (analysis/contact_free.py), or say why not."""
     from .. import analysis
     from ..analysis.contact_free import contact_free_mass
 

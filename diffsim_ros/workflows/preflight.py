@@ -25,7 +25,7 @@ __all__ = ["run_preflight", "observe_live", "observe_bag", "default_command_topi
 
 
 def default_command_topic(runner) -> str:
-    """The topic policy_controller commands this checkpoint's robot on by default."""
+    """Return the topic policy_controller commands this checkpoint's robot on by default."""
     if runner.kind == "quadrotor":
         return {"ctbr": ifc.CMD_CTBR, "rotor_thrust": ifc.CMD_ROTOR_THRUST}.get(runner.interface, ifc.CMD_CTBR)
     return {"position": ifc.CONTROLLER_COMMANDS[0], "velocity": ifc.CONTROLLER_COMMANDS[1],
@@ -56,7 +56,7 @@ def _joints(t: int, m) -> JointSample:
 
 def observe_bag(path: Union[str, os.PathLike], joint_states_topic: str = ifc.JOINT_STATES,
                 imu_topic: str = ifc.IMU, odom_topic: str = ifc.ODOM, command_topic: str = "") -> Observed:
-    """What a bag's state topics held, receive times from the bag."""
+    """Read what a bag's state topics held, receive times from the bag."""
     from ..analysis.bag import _messages, _opened
 
     path = Path(os.fspath(path))
@@ -79,9 +79,11 @@ def observe_bag(path: Union[str, os.PathLike], joint_states_topic: str = ifc.JOI
 def observe_live(seconds: float, joint_states_topic: str = ifc.JOINT_STATES, imu_topic: str = ifc.IMU,
                  odom_topic: str = ifc.ODOM, command_topic: str = "", domain_id: Optional[int] = None,
                  discovery_s: float = 5.0) -> Observed:
-    """Subscribe the state topics for ``seconds`` from the first state message (waiting up to
-    ``discovery_s`` for it: DDS discovery), their receive time on this machine's clock, and count
-    the subscribers of ``command_topic`` at the end."""
+    """Subscribe the state topics for ``seconds`` from the first state message.
+
+    It waits up to ``discovery_s`` for that message (DDS discovery), takes their receive time on
+    this machine's clock, and counts the subscribers of ``command_topic`` at the end.
+    """
     import rclpy
     from nav_msgs.msg import Odometry
     from rclpy.executors import SingleThreadedExecutor
@@ -122,8 +124,12 @@ def observe_live(seconds: float, joint_states_topic: str = ifc.JOINT_STATES, imu
 def run_preflight(checkpoint: Union[str, os.PathLike], bag: Optional[Union[str, os.PathLike]] = None,
                   seconds: float = 3.0, joint_states_topic: str = ifc.JOINT_STATES, imu_topic: str = ifc.IMU,
                   odom_topic: str = ifc.ODOM, command_topic: Optional[str] = None, **limits) -> PreflightReport:
-    """Load the checkpoint (a PolicyRunner: refuses another robot's URDF), gather the topics (a bag,
-    else live for ``seconds``) and judge them (control.preflight.preflight; ``limits`` its settings)."""
+    """Load the checkpoint, gather the topics and judge them.
+
+    The checkpoint is loaded as a PolicyRunner (it refuses another robot's URDF); the topics come
+    from a bag, else live for ``seconds``; they are judged by control.preflight.preflight
+    (``limits`` its settings).
+    """
     from ..learning.deploy import PolicyRunner
 
     runner = PolicyRunner(checkpoint)

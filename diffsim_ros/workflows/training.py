@@ -46,7 +46,8 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     ``init_from``: a trained checkpoint folder whose policy this run starts from instead of fresh
     weights (fine-tuning; :func:`~diffsim_ros.learning.checkpoint.initial_weights` says what must
     match, a CheckpointError otherwise); policy.json records it as ``training.initialized_from``.
-    Ignored when resuming (the run continues from its own weights)."""
+    Ignored when resuming (the run continues from its own weights).
+    """
     from .. import config
     from ..learning.apg import TrainConfig, load_resume_state, train
     from ..learning.checkpoint import initial_weights, json_safe, save_checkpoint, training_summary
@@ -121,8 +122,11 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
 
 
 def occupied(out: Union[str, os.PathLike]) -> Optional[str]:
-    """What an earlier run left in ``out`` that a new run would overwrite: "policy" (a trained
-    policy, policy.pt), "unfinished" (a run's checkpoints/latest without a final policy), or None."""
+    """Return what an earlier run left in ``out`` that a new run would overwrite.
+
+    "policy" (a trained policy, policy.pt), "unfinished" (a run's checkpoints/latest without a
+    final policy), or None.
+    """
     out = Path(out)
     if (out / "policy.pt").is_file():
         return "policy"
@@ -132,9 +136,11 @@ def occupied(out: Union[str, os.PathLike]) -> Optional[str]:
 
 
 def resume_source(out: Union[str, os.PathLike]) -> Tuple[Dict[str, Any], str, int]:
-    """(parameters, training file, iterations done) of the run in ``out``, from its resume state
-    (``out/checkpoints/latest/resume.pt``): the parameters as the run trained with them; a
-    ResumeError when there is none."""
+    """(parameters, training file, iterations done) of the run in ``out``.
+
+    They come from its resume state (``out/checkpoints/latest/resume.pt``): the parameters as the
+    run trained with them; a ResumeError when there is none.
+    """
     from ..learning.apg import load_resume_state
     from ..learning.run import ResumeError
 
@@ -164,8 +170,10 @@ def _differences(then: Any, now: Any, where: str = "") -> List[str]:
 
 
 def _summarise(names: List[str], per_section: int = 3) -> str:
-    """The differing entries, at most ``per_section`` named per top-level section (its ``type``
-    first: another task says more than its weights)."""
+    """Summarise the differing entries, at most ``per_section`` named per top-level section.
+
+    Its ``type`` comes first: another task says more than its weights.
+    """
     sections: Dict[str, List[str]] = {}
     for n in names:
         sections.setdefault(n.split(".")[0], []).append(n)
@@ -178,8 +186,11 @@ def _summarise(names: List[str], per_section: int = 3) -> str:
 
 
 def check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
-    """A ResumeError naming what differs when ``run_info`` (the configuration given now) is not
-    the one the run in ``state`` started with: another parameter, or a URDF whose content changed."""
+    """Check that ``run_info`` (the configuration given now) is the one the run in ``state`` started with.
+
+    A ResumeError names what differs when it is not: another parameter, or a URDF whose content
+    changed.
+    """
     from ..learning.run import ResumeError
     from ..learning.checkpoint import json_safe
 
@@ -199,14 +210,14 @@ def check_same_run(state: Dict[str, Any], run_info: Dict[str, Any]) -> None:
 
 
 def last_eval(history, key: str = "eval_success") -> Optional[float]:
-    """The last finite value of ``key`` in a training history."""
+    """Return the last finite value of ``key`` in a training history."""
     vals = [h.get(key) for h in history]
     vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
     return float(vals[-1]) if vals else None
 
 
 def print_summary(kind: str, task, model, result, out_dir, files, wall: float) -> None:
-    """What a training run did, as `diffsim-ros train` and `baseline` print it at the end."""
+    """Print what a training run did, as `diffsim-ros train` and `baseline` print it at the end."""
     history = list(result.history or [])
     last = history[-1] if history else {}
     ev = last_eval(history)
@@ -234,8 +245,10 @@ def print_summary(kind: str, task, model, result, out_dir, files, wall: float) -
 
 
 def written_files(out_dir, before: set) -> List[str]:
-    """The files of ``out_dir`` a run wrote (those not in ``before``, and its policy and log files),
-    and its checkpoint folders."""
+    """Return the files of ``out_dir`` a run wrote, and its checkpoint folders.
+
+    The files are those not in ``before``, and its policy and log files.
+    """
     names = sorted(n for n in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, n))
                    and (n not in before or n in ("policy.pt", "policy.json", "training.csv",
                                                   "learning_curve.png")))

@@ -66,9 +66,12 @@ def _read_independently(bag: Path):
 
 # ------------------------------------------------------------------------------ repair
 def test_repair_of_cut_files_keeps_every_flushed_message(tmp_path):
-    """A writer that flushed every 40 messages and was then cut off (the file truncated at a
+    """Repair of a cut-off bag keeps exactly the messages flushed before the cut.
+
+    A writer that flushed every 40 messages and was then cut off (the file truncated at a
     random offset, no summary, no footer, a stale metadata.yaml): repair keeps exactly the
-    messages flushed at or before the cut, which rosbags and the mcap reader then read."""
+    messages flushed at or before the cut, which rosbags and the mcap reader then read.
+    """
     rng = _seed("repair cuts")
     store = _store()
     src = tmp_path / "src"
@@ -134,9 +137,12 @@ def test_repair_drops_a_chunk_whose_crc_fails(tmp_path):
 
 # ------------------------------------------------------------------------------ fuzz
 def _small_bag(path: Path, steps: int = 30, receive_offset_ns: int = 0) -> None:
-    """An arm bag like the stand-in's (metadata, states, labelled commands, predictions), small
-    chunks so that a mutation hits one of several. ``receive_offset_ns``: added to the receive
-    times (a wall clock against simulated header stamps, as in a lockstep run)."""
+    """Write an arm bag like the stand-in's, in small chunks.
+
+    The bag holds metadata, states, labelled commands and predictions, in small chunks so that
+    a mutation hits one of several. ``receive_offset_ns``: added to the receive times (a wall
+    clock against simulated header stamps, as in a lockstep run).
+    """
     from diffsim_ros.testing.recordings import standard_params
 
     params = standard_params("arm")
@@ -154,8 +160,11 @@ def _small_bag(path: Path, steps: int = 30, receive_offset_ns: int = 0) -> None:
 
 
 def _records(b: bytes):
-    """(opcode, record start, content start, content end) of the top-level records, and inside
-    uncompressed chunks, as far as the lengths are sane."""
+    """Return the top-level records and those inside uncompressed chunks.
+
+    (opcode, record start, content start, content end) of the top-level records, and inside
+    uncompressed chunks, as far as the lengths are sane.
+    """
     out, pending = [], [(8, len(b))]
     while pending:
         o, end = pending.pop(0)
@@ -183,7 +192,7 @@ def _same(a, b) -> bool:
 
 
 def _mutations(rng: random.Random, b: bytes, meta: bytes, n_each: int):
-    """(description, new mcap bytes, new metadata.yaml bytes) of every kind of damage."""
+    """Return (description, new mcap bytes, new metadata.yaml bytes) of every kind of damage."""
     recs = _records(b)
     footer = len(b) - 37
     summary_start = int.from_bytes(b[footer + 9:footer + 17], "little")
@@ -268,7 +277,7 @@ def test_crc_mismatch_names_bag_topic_and_time(tmp_path):
 
 
 def test_log_time_beyond_int64_in_a_bag_without_crcs(tmp_path):
-    """rosbags' own writer (no CRCs): a log time with the top bit set is refused, naming the topic."""
+    """Rosbags' own writer (no CRCs): a log time with the top bit set is refused, naming the topic."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     store = _store()
@@ -333,8 +342,11 @@ def test_latency_only_where_stamps_and_receive_times_share_a_clock():
 
 
 def test_report_of_a_lockstep_bag_says_latency_is_not_computed(tmp_path):
-    """Header stamps in simulated time (100 s), receive times on the wall clock: report.md has
-    no latency figure and says why; the same bag on one clock reports 0.2 ms on the states."""
+    """A lockstep bag's report says why it gives no latency figure.
+
+    Header stamps in simulated time (100 s), receive times on the wall clock: report.md has
+    no latency figure and says why; the same bag on one clock reports 0.2 ms on the states.
+    """
     from diffsim_ros.analysis import analyze
 
     _small_bag(tmp_path / "lockstep", receive_offset_ns=1_760_000_000_000_000_000)
@@ -348,8 +360,11 @@ def test_report_of_a_lockstep_bag_says_latency_is_not_computed(tmp_path):
 
 
 def test_a_diverging_replay_names_the_bag(tmp_path):
-    """Finite but absurd recorded states (intact CRCs: they were recorded so) make the simulator
-    diverge: an AnalysisError naming the bag and the topics, not a bare simulator error."""
+    """A diverging replay raises an AnalysisError naming the bag and the topics.
+
+    Finite but absurd recorded states (intact CRCs: they were recorded so) make the simulator
+    diverge: an AnalysisError naming the bag and the topics, not a bare simulator error.
+    """
     from diffsim_ros.analysis import analyze
     from diffsim_ros.testing.recordings import standard_params
 

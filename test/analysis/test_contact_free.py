@@ -1,10 +1,13 @@
-"""The contact-free mass estimate of a legged robot (analysis/contact_free.py) against truths
-drawn on the MuJoCo stand-in, whose ground (MuJoCo's soft constraints, its friction cone) is not
-the simulator's penalty law: the shipped walking policies of the project's quadruped and of
-example-robot-data's solo12 walk on a drawn floor friction with a drawn mass, and the estimate
-must give the mass back; with an unmodelled command latency the verdict must reject.
+"""The contact-free mass estimate of a legged robot (analysis/contact_free.py).
 
-Seeds print with the line that replays them (DIFFSIM_SYSID_SEED=<seed>)."""
+The estimate is tested against truths drawn on the MuJoCo stand-in, whose ground (MuJoCo's
+soft constraints, its friction cone) is not the simulator's penalty law: the shipped walking
+policies of the project's quadruped and of example-robot-data's solo12 walk on a drawn floor
+friction with a drawn mass, and the estimate must give the mass back; with an unmodelled
+command latency the verdict must reject.
+
+Seeds print with the line that replays them (DIFFSIM_SYSID_SEED=<seed>).
+"""
 from __future__ import annotations
 
 import json
@@ -37,7 +40,7 @@ def walker(request):
 
 
 def _walk_on_standin(path, walker, perturbation, speed, steps=300):
-    """The walker's policy on the MuJoCo stand-in at a commanded speed, recorded as a bag."""
+    """Record the walker's policy on the MuJoCo stand-in at a commanded speed as a bag."""
     _, runner, params, _ = walker
     record_walker(path, runner, params, perturbation, speed, steps)
     return read_bag(path)
@@ -62,8 +65,11 @@ def test_the_mass_comes_back_from_a_standin_bag_on_a_drawn_floor(tmp_path, walke
 
 
 def test_an_unmodelled_latency_is_rejected(tmp_path, walker):
-    """Commands reaching the stand-in two control steps late (latency the training file does not
-    hold): the forces F(q, v, u) are the wrong ones, and the verdict must say so."""
+    """An unmodelled command latency makes the verdict reject.
+
+    Commands reaching the stand-in two control steps late (latency the training file does not
+    hold): the forces F(q, v, u) are the wrong ones, and the verdict must say so.
+    """
     seed = drawn_seed(f"contact-free latency, {walker[0]}", "DIFFSIM_SYSID_SEED")
     rng = np.random.default_rng(seed)
     params = walker[2]
@@ -76,10 +82,13 @@ def test_an_unmodelled_latency_is_rejected(tmp_path, walker):
 
 
 def test_a_fast_walk_on_a_slippery_floor_is_never_accepted_far_off(tmp_path, walker):
-    """At the fastest command on a slippery floor the feet sink and slide, and the 5 mm tolerance
+    """A fast walk on a slippery floor may be rejected but is never accepted far off.
+
+    At the fastest command on a slippery floor the feet sink and slide, and the 5 mm tolerance
     can miss touching points (their impulse then enters the equations): the estimate may be
     rejected, but an accepted one is within 2 % (solo12, x1.139 on a x0.53 floor, was accepted
-    7.5 % light while 90 % explained sufficed)."""
+    7.5 % light while 90 % explained sufficed).
+    """
     seed = drawn_seed(f"contact-free fast walk, {walker[0]}", "DIFFSIM_SYSID_SEED")
     rng = np.random.default_rng(seed)
     pert = {"mass_scale": float(rng.uniform(1.05, 1.2)), "ground_friction_scale": float(rng.uniform(0.45, 0.6))}
@@ -91,9 +100,12 @@ def test_a_fast_walk_on_a_slippery_floor_is_never_accepted_far_off(tmp_path, wal
 
 
 def test_the_cli_writes_a_training_file_with_the_scaled_masses(tmp_path, walker, capsys):
-    """`diffsim-ros sysid --method contact-free`: exit 0, and calibrated.yaml names a URDF whose
+    """The CLI's contact-free sysid writes a training file with the scaled masses.
+
+    `diffsim-ros sysid --method contact-free`: exit 0, and calibrated.yaml names a URDF whose
     masses are the original's times the printed estimate; a parameter it cannot fit is a usage
-    error (exit 2) and an arm's bag an analysis error."""
+    error (exit 2) and an arm's bag an analysis error.
+    """
     import xml.etree.ElementTree as ET
 
     seed = drawn_seed(f"contact-free CLI, {walker[0]}", "DIFFSIM_SYSID_SEED")
@@ -131,9 +143,12 @@ def test_a_bag_that_is_not_legged_is_refused(tmp_path):
 
 
 def test_a_part_of_the_bag_without_equations_is_no_estimate_rather_than_a_crash():
-    """Where every interval of a part has its feet pushing in all directions (no projected equation
+    """A part of the bag without equations gives no estimate rather than a crash.
+
+    Where every interval of a part has its feet pushing in all directions (no projected equation
     left), the fit reports no estimate and no equations (it raised on an empty concatenation), so
-    the verdict's "too few equations" applies; with equations it is the least-squares slope."""
+    the verdict's "too few equations" applies; with equations it is the least-squares slope.
+    """
     import math
 
     from diffsim_ros.analysis.contact_free import _fit

@@ -1,13 +1,16 @@
-"""The ground's friction coefficient of a legged robot from its bag (analysis/ground_friction.py,
-``diffsim-ros sysid --params ground_friction --method contact-free``) against floors drawn on the
-MuJoCo stand-in, whose ground (soft constraints, an elliptic friction cone) is not the simulator's
-penalty law with its regularised friction: the shipped walkers of the project's quadruped (point
-feet) and of example-robot-data's solo12 (box feet), drawn per run, walk fast on a drawn floor
-with a drawn mass; a slippery floor must come back within 5 %, and a grippy one, where a walking
-gait never reaches the cone, must not be called identified, its lower bound staying below the
-truth (Coulomb's law bounds every foot's ratio of tangential to normal impulse).
+"""The ground's friction coefficient of a legged robot from its bag.
 
-Seeds print with the line that replays them (DIFFSIM_SYSID_SEED=<seed>)."""
+The estimate (analysis/ground_friction.py, ``diffsim-ros sysid --params ground_friction
+--method contact-free``) is tested against floors drawn on the MuJoCo stand-in, whose ground
+(soft constraints, an elliptic friction cone) is not the simulator's penalty law with its
+regularised friction: the shipped walkers of the project's quadruped (point feet) and of
+example-robot-data's solo12 (box feet), drawn per run, walk fast on a drawn floor with a drawn
+mass; a slippery floor must come back within 5 %, and a grippy one, where a walking gait never
+reaches the cone, must not be called identified, its lower bound staying below the truth
+(Coulomb's law bounds every foot's ratio of tangential to normal impulse).
+
+Seeds print with the line that replays them (DIFFSIM_SYSID_SEED=<seed>).
+"""
 from __future__ import annotations
 
 import json
@@ -32,8 +35,11 @@ WALKERS = {"quadruped": ("locomotion_velocity", (0.375, 0.55)),
 
 
 def _walk(path, robot, perturbation, speed=0.8, steps=1000):
-    """The robot's shipped walker on the stand-in at ``speed`` m/s for ``steps`` control steps,
-    recorded as a bag; the training file's parameters."""
+    """Record the robot's shipped walker on the stand-in as a bag.
+
+    The walk is at ``speed`` m/s for ``steps`` control steps, recorded as a bag; returns also the
+    training file's parameters.
+    """
     name = WALKERS[robot][0]
     params = config.load_yaml(REPO_ROOT / "config" / f"{name}.yaml")
     record_walker(path, PolicyRunner(REPO_ROOT / "policies" / name), params, perturbation, speed, steps)
@@ -41,9 +47,12 @@ def _walk(path, robot, perturbation, speed=0.8, steps=1000):
 
 
 def test_a_slippery_floor_comes_back_within_5_percent_and_recentres_the_training(tmp_path, capsys):
-    """Through the command line: exit 0, the estimate within 5 % of the drawn floor's coefficient
+    """A slippery floor comes back within 5 % and recentres the training's friction draw.
+
+    Through the command line: exit 0, the estimate within 5 % of the drawn floor's coefficient
     (measured: quadruped -0.2 to +0.4 %, solo12 +0.4 to +2.7 %; the test draws the robot), calibrated.yaml with that
-    friction and training's per-episode draw moved to it (10 % either side)."""
+    friction and training's per-episode draw moved to it (10 % either side).
+    """
     seed = drawn_seed("ground friction, slippery", "DIFFSIM_SYSID_SEED")
     rng = np.random.default_rng(seed)
     robot = str(rng.choice(sorted(WALKERS)))
@@ -68,10 +77,13 @@ def test_a_slippery_floor_comes_back_within_5_percent_and_recentres_the_training
 
 
 def test_a_grippy_floor_is_not_identified_and_bounded_below(tmp_path):
-    """On a floor as grippy as the simulator's or more (x1.0-1.3) the walk stays inside the cone:
+    """A grippy floor is not called identified, and its lower bound stays below the truth.
+
+    On a floor as grippy as the simulator's or more (x1.0-1.3) the walk stays inside the cone:
     the verdict is "not identified" (exit 3 from the command line) and the lower bound, the
     largest ratio any loaded foot used, is below the truth within the estimate's own error (5 %:
-    solo12's box feet, each taken as one point, come out up to 3 % high)."""
+    solo12's box feet, each taken as one point, come out up to 3 % high).
+    """
     seed = drawn_seed("ground friction, grippy", "DIFFSIM_SYSID_SEED")
     rng = np.random.default_rng(seed)
     robot = str(rng.choice(sorted(WALKERS)))

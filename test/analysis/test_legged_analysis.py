@@ -1,9 +1,12 @@
-"""The sim-vs-real comparison and the calibration on a legged robot's bag (/odom and
-/joint_states of equal stamp), against independent references: the simulator replaying a bag
-of itself (exact), MuJoCo with the ground off (the free-floating multibody: the two engines
-agree to round-off), and perturbations drawn at random that the calibration must find.
+"""The sim-vs-real comparison and the calibration on a legged robot's bag.
 
-Seeds print with the line that replays them (DIFFSIM_SYSID_SEED=<seed>)."""
+The bag holds /odom and /joint_states of equal stamp. The tests are against independent
+references: the simulator replaying a bag of itself (exact), MuJoCo with the ground off (the
+free-floating multibody: the two engines agree to round-off), and perturbations drawn at
+random that the calibration must find.
+
+Seeds print with the line that replays them (DIFFSIM_SYSID_SEED=<seed>).
+"""
 from __future__ import annotations
 
 import json
@@ -32,17 +35,23 @@ def runner():
 
 
 def _record(path, runner, backend, perturbation, steps, params=None, speed=0.5):
-    """The shipped walking policy on ``backend`` (the simulator or the MuJoCo stand-in), from
-    its task's standing start, recorded as a bag with the predictions (diffsim_ros.testing)."""
+    """Record the shipped walking policy on ``backend`` as a bag.
+
+    The backend is the simulator or the MuJoCo stand-in; the walk starts from its task's standing
+    start and is recorded as a bag with the predictions (diffsim_ros.testing).
+    """
     return record_walker(path, runner, params or config.load_yaml(CONFIG), perturbation, speed, steps, backend,
                          predictions=True)
 
 
 def test_a_legged_bag_is_the_pair_of_base_and_joints_and_replays_exactly(tmp_path, runner):
-    """The simulator's own legged recording, its /joint_states written in a shuffled joint order:
+    """A legged bag is the pair of base and joints, and replays exactly.
+
+    The simulator's own legged recording, its /joint_states written in a shuffled joint order:
     read back as base-then-joints states, replayed through the same simulator it predicts every
     velocity exactly, 1 and 10 steps ahead; `diffsim-ros analyze` writes the comparison beside
-    the gait."""
+    the gait.
+    """
     rec = _record(tmp_path / "sim", runner, "simulator", {}, 120)
     data = read_bag(tmp_path / "sim")
     assert data.kind == "legged" and data.q.shape == (121, 19) and data.v.shape == (121, 18)
@@ -104,9 +113,12 @@ def test_a_legged_bag_needs_states_on_both_topics(tmp_path):
 
 
 def test_in_the_air_the_legged_comparison_finds_mujoco_and_the_simulator_agree(tmp_path, runner):
-    """Ground off: the quadruped falls with its legs driven by the policy. MuJoCo (the stand-in)
+    """In the air, the legged comparison finds MuJoCo and the simulator equal.
+
+    Ground off: the quadruped falls with its legs driven by the policy. MuJoCo (the stand-in)
     and the simulator share everything but the engine; the analysis of the stand-in's bag finds
-    them equal to round-off. With a drawn mass perturbation on the stand-in, it does not."""
+    them equal to round-off. With a drawn mass perturbation on the stand-in, it does not.
+    """
     params = config.load_yaml(CONFIG)
     params["simulator"] = dict(params["simulator"], ground=False)
     _record(tmp_path / "air", runner, "mujoco", {}, 60, params)
@@ -121,9 +133,12 @@ LEGGED_NAMES = ["mass_scale", "ground_friction"]
 
 
 def fit_drawn_floor(path, runner, backend, seed):
-    """(result, truth, perturbation, setup): the walker's 5 s bag on ``backend`` with a mass
+    """Fit mass and ground friction to a walker's bag on a drawn floor.
+
+    Returns (result, truth, perturbation, setup): the walker's 5 s bag on ``backend`` with a mass
     (x0.8-1.3) and floor friction (x0.4-1.2) drawn from ``seed``, mass and ground friction fitted
-    (also bench/sysid_draws.py --kind legged)."""
+    (also bench/sysid_draws.py --kind legged).
+    """
     rng = np.random.default_rng(seed)
     pert = {"mass_scale": drawn_away(rng, 0.8, 1.3, 1.0, 0.08),
             "ground_friction_scale": drawn_away(rng, 0.4, 1.2, 1.0, 0.15)}
@@ -136,9 +151,12 @@ def fit_drawn_floor(path, runner, backend, seed):
 
 
 def test_sysid_recovers_drawn_mass_and_ground_friction_from_a_legged_bag(tmp_path, runner):
-    """The simulator as the robot, heavier and on a drawn floor: the walking policy's bag gives
+    """Sysid recovers a drawn mass and ground friction from a legged bag.
+
+    The simulator as the robot, heavier and on a drawn floor: the walking policy's bag gives
     both back (the model is exact here, so the fit must be too), and the calibrated training
-    file builds a system with the fitted floor."""
+    file builds a system with the fitted floor.
+    """
     seed = drawn_seed("legged sysid", "DIFFSIM_SYSID_SEED")
     r, truth, pert, setup = fit_drawn_floor(tmp_path / "bag", runner, "simulator", seed)
     names = LEGGED_NAMES
@@ -154,8 +172,11 @@ def test_sysid_recovers_drawn_mass_and_ground_friction_from_a_legged_bag(tmp_pat
 
 @pytest.fixture(scope="module")
 def solo12():
-    """example-robot-data's solo12 as `diffsim-ros init` set it up (config/jump_solo12.yaml) and
-    its standing configuration."""
+    """Example-robot-data's solo12 and its standing configuration.
+
+    The robot as `diffsim-ros init` set it up (config/jump_solo12.yaml) and its standing
+    configuration.
+    """
     params = config.load_yaml(REPO_ROOT / "config" / "jump_solo12.yaml")
     task, _ = config.build_task(params, "solo12")
     with torch.no_grad():
@@ -164,10 +185,13 @@ def solo12():
 
 
 def test_a_solo12_bag_replays_exactly_and_matches_mujoco_in_the_air(tmp_path, solo12):
-    """A robot the project does not ship: solo12 stamping and sliding on the floor under drawn
+    """A solo12 bag replays exactly and matches MuJoCo in the air.
+
+    A robot the project does not ship: solo12 stamping and sliding on the floor under drawn
     sine targets (testing.recordings.legged_exciter), recorded from the simulator, replays
     exactly (1 and 5 steps ahead); with the ground off, the MuJoCo stand-in's bag of the same
-    motion is the simulator's to round-off, and a drawn mass on the stand-in is seen."""
+    motion is the simulator's to round-off, and a drawn mass on the stand-in is seen.
+    """
     from diffsim_ros.testing.recordings import legged_exciter
 
     params, q0 = solo12
@@ -193,8 +217,11 @@ def test_a_solo12_bag_replays_exactly_and_matches_mujoco_in_the_air(tmp_path, so
 
 
 def test_sysid_recovers_a_drawn_solo12_mass_from_its_bag(tmp_path, solo12):
-    """solo12 (example-robot-data) as the robot, its mass drawn: the exciter's bag on the floor
-    gives it back within 1 % (the model is exact)."""
+    """Sysid recovers a drawn solo12 mass from its bag within 1 %.
+
+    solo12 (example-robot-data) as the robot, its mass drawn: the exciter's bag on the floor
+    gives it back within 1 % (the model is exact).
+    """
     from diffsim_ros.testing.recordings import legged_exciter
 
     params, q0 = solo12

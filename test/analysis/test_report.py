@@ -1,6 +1,8 @@
-"""``diffsim-ros analyze``: bag reading (MCAP and sqlite3), alignment, the timing report,
-k-step velocity comparison against bags the MuJoCo stand-in records here, and clear
-errors for bad bags."""
+"""Tests of ``diffsim-ros analyze``.
+
+Bag reading (MCAP and sqlite3), alignment, the timing report, k-step velocity comparison
+against bags the MuJoCo stand-in records here, and clear errors for bad bags.
+"""
 from __future__ import annotations
 
 import json
@@ -102,7 +104,7 @@ def test_receive_time_fallback_aligns_like_the_stamp_labels(bags, tmp_path):
 
 def _arm_bag(path, stamps_ms, receive_order=None, names=None, label_offset_ms=0.0, state_type=None,
              commands=True, states=True, metadata=True):
-    """A small arm bag with states at the given stamps (ms) and one command per state."""
+    """Write a small arm bag with states at the given stamps (ms) and one command per state."""
     params = standard_params("arm")
     names = names or ["arm_joint1", "arm_joint2", "arm_joint3", "arm_joint4"]
     order = receive_order if receive_order is not None else range(len(stamps_ms))
@@ -254,9 +256,12 @@ def test_fast_mcap_scan_reads_like_rosbags(bags, kind, monkeypatch):
 
 
 def test_mixed_message_layouts_fall_back_to_per_message_decoding(tmp_path, capsys):
-    """JointStates whose layout changes (effort present in some messages only) cannot use the
+    """Mixed message layouts fall back to per-message decoding.
+
+    JointStates whose layout changes (effort present in some messages only) cannot use the
     vectorised decoder; the per-message path reads them the same, and a joint set that changes
-    mid-bag is refused with the message stamp."""
+    mid-bag is refused with the message stamp.
+    """
     from diffsim_ros.analysis import cdr
 
     names = ["arm_joint1", "arm_joint2", "arm_joint3", "arm_joint4"]
@@ -284,8 +289,11 @@ def test_mixed_message_layouts_fall_back_to_per_message_decoding(tmp_path, capsy
 
 
 def test_controller_topic_commands_map_by_the_controllers_joint_order(bags, tmp_path):
-    """Commands recorded only on /position_controller/commands, in the controller's own joint
-    order (reversed here), give the same analysis as /diffsim/command in the model's order."""
+    """Commands on the controller's topic map by the controller's joint order.
+
+    Commands recorded only on /position_controller/commands, in the controller's own joint
+    order (reversed here), give the same analysis as /diffsim/command in the model's order.
+    """
     _, rec = bags[("arm", "perturbed")]
     names = ["arm_joint1", "arm_joint2", "arm_joint3", "arm_joint4"]
     with BagWriter(tmp_path / "ctrl") as w:
@@ -304,8 +312,11 @@ def test_controller_topic_commands_map_by_the_controllers_joint_order(bags, tmp_
 
 
 def test_cmd_ctbr_interface_topic_aligns_by_header_stamp(bags, tmp_path):
-    """Without /diffsim/command, /cmd_ctbr (TwistStamped: thrust in linear.z, rates in angular)
-    stamped with its state's time gives the same analysis."""
+    """The /cmd_ctbr interface topic aligns by header stamp.
+
+    Without /diffsim/command, /cmd_ctbr (TwistStamped: thrust in linear.z, rates in angular)
+    stamped with its state's time gives the same analysis.
+    """
     _, rec = bags[("quadrotor", "perturbed")]
     with BagWriter(tmp_path / "ctbr") as w:
         w.metadata({"config": rec["params"]})

@@ -1,6 +1,9 @@
-"""``diffsim-ros sysid``: gradient-based calibration through the simulator recovers the
-perturbations of the MuJoCo stand-in from bags recorded here, cuts the held-out velocity
-error, and writes a training file that ``diffsim-ros train`` reads."""
+"""Tests of ``diffsim-ros sysid``.
+
+Gradient-based calibration through the simulator recovers the perturbations of the MuJoCo
+stand-in from bags recorded here, cuts the held-out velocity error, and writes a training
+file that ``diffsim-ros train`` reads.
+"""
 from __future__ import annotations
 
 import json
@@ -84,8 +87,11 @@ def test_sysid_refuses_unknown_or_inapplicable_parameters(perturbed, tmp_path, c
 
 
 def test_sysid_gradient_flows_to_every_parameter(perturbed):
-    """The calibration is by gradient: every differentiable parameter of the arm and the
-    quadrotor gets a finite, non-zero gradient of the windowed velocity loss."""
+    """The calibration is by gradient: every differentiable parameter gets a gradient.
+
+    Every differentiable parameter of the arm and the quadrotor gets a finite, non-zero gradient
+    of the windowed velocity loss.
+    """
     from diffsim_ros.analysis.params import SPECS, build_simulator, nominal_values
     from diffsim_ros.analysis.predict import Replay
 
@@ -108,9 +114,12 @@ def test_sysid_gradient_flows_to_every_parameter(perturbed):
     ({"actuator_lag": 0.035}, ["motor_time_constant"], {"motor_time_constant": 0.035}),
 ])
 def test_sysid_finds_latency_and_motor_lag_by_search(tmp_path, perturbation, names, truth):
-    """Parameters that are plain numbers in the simulator config (the command delay in whole
+    """Latency and motor lag are found by the derivative-free search.
+
+    Parameters that are plain numbers in the simulator config (the command delay in whole
     control steps, the rotor-speed lag) are found by the derivative-free search, alongside
-    the gradient fit. The plant's latency of 20 ms is one control step of config/hover.yaml."""
+    the gradient fit. The plant's latency of 20 ms is one control step of config/hover.yaml.
+    """
     record_standard("quadrotor", tmp_path / "bag", perturbation, steps=300, seed=2, predictions=False)
     data = read_bag(tmp_path / "bag")
     r = calibrate(data, sim_setup(data), names, **FAST)
@@ -120,10 +129,13 @@ def test_sysid_finds_latency_and_motor_lag_by_search(tmp_path, perturbation, nam
 
 
 def test_sysid_recovers_a_thrust_model_error_and_writes_it(tmp_path, capsys):
-    """Motors 15 % weaker than the model the flight controller's mixer commands with
+    """Sysid recovers a thrust model error and writes it to calibrated.yaml.
+
+    Motors 15 % weaker than the model the flight controller's mixer commands with
     (rotors.thrust_scale 0.85 on the stand-in only; the bag's metadata keeps the nominal file):
     sysid finds the factor, and calibrated.yaml carries it as rotors.thrust_scale, so the
-    simulator it describes predicts the robot far better."""
+    simulator it describes predicts the robot far better.
+    """
     import copy
 
     from diffsim_ros.testing.recordings import exciter, make_plant, record_bag, standard_params
@@ -148,8 +160,11 @@ def test_sysid_recovers_a_thrust_model_error_and_writes_it(tmp_path, capsys):
 
 
 def test_every_registry_parameter_has_the_motion_that_identifies_it():
-    """The verdict names, for each parameter the data cannot identify, the motion that would:
-    every parameter of the registry has one, and a per-joint label gets its parameter's."""
+    """Every registry parameter has the motion that identifies it.
+
+    The verdict names, for each parameter the data cannot identify, the motion that would:
+    every parameter of the registry has one, and a per-joint label gets its parameter's.
+    """
     from diffsim_ros.analysis.sysid import EXCITATION, excitation_advice
     from diffsim_ros.physics.registry import PARAMETERS
 

@@ -1,12 +1,14 @@
-"""System identification on truths it was not tuned to: every run draws the stand-in's
-perturbation from ranges with a fresh seed (printed; replay one with
-``DIFFSIM_SYSID_SEED=<seed>``), records the MuJoCo stand-in under exciting commands, and
+"""System identification on truths it was not tuned to.
+
+Every run draws the stand-in's perturbation from ranges with a fresh seed (printed; replay one
+with ``DIFFSIM_SYSID_SEED=<seed>``), records the MuJoCo stand-in under exciting commands, and
 calibrates. Each parameter the verdict calls identifiable must come back within 5 % of the
 drawn truth (latency within 0.15 control steps) and the held-out RMSE must fall at least 5x;
 unmodelled physics (a wind force, a payload at an offset) must end in "fit rejected".
 
 The truths are the registry's reading of the perturbation (``physics.registry.
-from_perturbation``), an independent statement of what the plant was given."""
+from_perturbation``), an independent statement of what the plant was given.
+"""
 from __future__ import annotations
 
 
@@ -31,13 +33,15 @@ STEPS = 300
 
 
 def record_standard(kind, path, pert, steps, seed, predictions=False, joint_friction=True):
-    """The standard recording. The arm keeps its URDF joint friction (the stand-in applies it as the
-    simulator does: doc/friction.md) and runs without the drives' velocity limits, which
-    config/reach_arm.yaml turns on: with them a drawn torque lag (applied after the torque-speed
-    window) made the four-parameter arm fit fail (seed 2388841268: rejected, passing without
-    them; exact with them too since the lag's share of the PD gains became implicit). And with the
-    tangent-only servo step
-    (servo_iterations 0), as before config/reach_arm.yaml turned 4 on."""
+    """Make the standard recording.
+
+    The arm keeps its URDF joint friction (the stand-in applies it as the simulator does:
+    doc/friction.md) and runs without the drives' velocity limits, which config/reach_arm.yaml
+    turns on: with them a drawn torque lag (applied after the torque-speed window) made the
+    four-parameter arm fit fail (seed 2388841268: rejected, passing without them; exact with them
+    too since the lag's share of the PD gains became implicit). And with the tangent-only servo
+    step (servo_iterations 0), as before config/reach_arm.yaml turned 4 on.
+    """
     params = standard_params(kind)
     if kind == "arm":
         params["simulator"].update(velocity_limits=False, servo_iterations=0, joint_friction=joint_friction)
@@ -50,8 +54,10 @@ def _seed(name: str) -> int:
 
 
 def _log_away(rng, lo, hi):
-    """A factor drawn log-uniformly in [lo, hi]; within e^0.3 of 1 it becomes the nearer end (a
-    perturbation to find)."""
+    """Draw a factor log-uniformly in [lo, hi], away from 1.
+
+    Within e^0.3 of 1 it becomes the nearer end (a perturbation to find).
+    """
     x = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
     if abs(np.log(x)) < 0.3:
         x = hi if x > 1 else lo
@@ -87,8 +93,11 @@ def _draw(rng, kind: str, names):
 
 
 def _fit(tmp_path, kind, pert, names, seed, joint_friction=True, **options):
-    """(result, truth) of ``names`` fitted with the tests' settings (``options``: calibrate's
-    others) on a recording of ``pert``."""
+    """Fit ``names`` on a recording of ``pert`` with the tests' settings.
+
+    Returns (result, truth) of ``names`` fitted with the tests' settings (``options``:
+    calibrate's others) on a recording of ``pert``.
+    """
     record_standard(kind, tmp_path / "bag", pert, steps=STEPS, seed=seed % 1000, predictions=False,
                     joint_friction=joint_friction)
     data = read_bag(tmp_path / "bag")
@@ -138,9 +147,12 @@ def test_sysid_recovers_one_drawn_parameter(tmp_path, kind, pool):
     ("arm", ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]),
 ])
 def test_sysid_recovers_four_drawn_parameters_at_once(tmp_path, kind, names):
-    """The arm with its URDF joint friction on (off on both sides while the lagged servo was
+    """Sysid recovers four drawn arm parameters at once.
+
+    The arm with its URDF joint friction on (off on both sides while the lagged servo was
     explicit: two of eight draws then ended 3-10 % off, accepted; a fixed draw with the friction on,
-    seed 18, was an expected failure 3-18 % off, and is exact now)."""
+    seed 18, was an expected failure 3-18 % off, and is exact now).
+    """
     seed = _seed(f"four {kind} parameters")
     rng = np.random.default_rng(seed)
     r, truth = _fit(tmp_path, kind, _draw(rng, kind, names), names, seed)
@@ -165,13 +177,16 @@ def test_sysid_result_does_not_depend_on_the_order_of_params(tmp_path):
 
 
 def test_sysid_rejects_a_wind_force_it_cannot_model(tmp_path, capsys):
-    """A constant horizontal wind on the stand-in: no drag, mass or thrust value explains it.
+    """Sysid rejects a wind force it cannot model.
+
+    A constant horizontal wind on the stand-in: no drag, mass or thrust value explains it.
     The CLI says "fit rejected", exits 3, writes no calibrated.yaml; the same recording without
     wind is accepted (the rejection is about the wind, not the recording). The wind is drawn in
     0.5-1.5 N. The residual's size alone did not tell (seed 1901474182, 1.28 N: 9 % of the
     velocity change, under the 10 % limit, accepted with drag at its lower bound); its bias of
     one sign does (sysid.MAX_SYSTEMATIC): ``python bench/sysid_wind.py --forces 0.3,0.5,0.7,0.85,1.0``
-    rejected every draw from 0.5 N, two of three at 0.3 N."""
+    rejected every draw from 0.5 N, two of three at 0.3 N.
+    """
     seed = _seed("wind")
     rng = np.random.default_rng(seed)
     ang = rng.uniform(0, 2 * np.pi)
@@ -200,8 +215,11 @@ def test_sysid_rejects_a_wind_force_it_cannot_model(tmp_path, capsys):
 
 
 def test_sysid_rejects_or_flags_an_unmodelled_payload(tmp_path):
-    """A point mass at an offset on the arm's last link: the masses can only be scaled, the
-    centre of mass does not move, so the fit cannot explain the data."""
+    """Sysid rejects or flags an unmodelled payload.
+
+    A point mass at an offset on the arm's last link: the masses can only be scaled, the
+    centre of mass does not move, so the fit cannot explain the data.
+    """
     seed = _seed("payload")
     rng = np.random.default_rng(seed)
     pert = {"payload_mass": float(rng.uniform(0.15, 0.3)),
@@ -215,8 +233,10 @@ def test_sysid_rejects_or_flags_an_unmodelled_payload(tmp_path):
 
 
 def test_sysid_leaves_out_windows_past_a_joint_limit(tmp_path, monkeypatch):
-    """Windows where a joint is past its position limit are left out: there the simulator's
-    limit penalty and the robot's end stop are different laws, not a parameter. The arm's
+    """Windows where a joint is past its position limit are left out.
+
+    There the simulator's limit penalty and the robot's end stop are different laws, not a
+    parameter. The arm's
     recording with drawn mass and damping; the model sysid uses gets a drawn joint's upper limit
     lowered to a drawn 80-92nd percentile of what the recording reached, so the simulator's
     penalty acts where the stand-in had none. With the windows left out the fit is accepted,
@@ -226,7 +246,8 @@ def test_sysid_leaves_out_windows_past_a_joint_limit(tmp_path, monkeypatch):
     on the heavy base joint moved the peer's fit only 0.18 % and it was accepted). (Seen
     on a real draw: the four-parameter arm with friction on, seed 1962970610, passed the base
     joint's limit at 59 rad/s in the held-out part only; the truth, found exactly, was rejected
-    at 13 % unexplained.)"""
+    at 13 % unexplained.)
+    """
     from diffsim_ros.analysis import sysid
 
     seed = _seed("limit")
@@ -257,11 +278,14 @@ def test_sysid_leaves_out_windows_past_a_joint_limit(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_slow_arm_actuator_among_four_with_joint_friction(tmp_path):
-    """A slow arm actuator (0.04 s) with three other parameters and the URDF's joint friction on:
+    """A slow arm actuator among four parameters with joint friction is fitted exactly.
+
+    A slow arm actuator (0.04 s) with three other parameters and the URDF's joint friction on:
     accepted 9 % off (a strict xfail) until the replay solved the lagged-torque chain with its
     Jacobian and sysid differentiated that estimate by the parameters (the lag's gradient had
     the wrong sign where the fit stopped): then within 2 %, and exact (1e-7) since sysid tries
-    further starts while more than 0.5 % of the velocity change is unexplained."""
+    further starts while more than 0.5 % of the velocity change is unexplained.
+    """
     names = ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
     seed = 1029555022                                   # the failing run's draws (the old ranges)
     pert = {"latency": 0.02, "actuator_lag": 0.03984566665726231, "joint_damping_scale": 0.40920307498291936,
@@ -274,9 +298,12 @@ FRICTION_AND_LAG = ["joint_friction", "actuator_lag"]
 
 
 def record_friction_and_lag(path, seed: int, velocity_limits: bool = False):
-    """(bag data, its setup, perturbation): the arm's joint friction (x0.4-2.5) and actuator lag
-    (0.008-0.025 s) drawn from ``seed``, recorded on the stand-in with config/reach_arm.yaml's own
-    drive."""
+    """Record the arm with drawn joint friction and actuator lag on the stand-in.
+
+    Returns (bag data, its setup, perturbation): the arm's joint friction (x0.4-2.5) and actuator
+    lag (0.008-0.025 s) drawn from ``seed``, recorded on the stand-in with config/reach_arm.yaml's
+    own drive.
+    """
     rng = np.random.default_rng(seed)
     pert = {"joint_friction_scale": _log_away(rng, 0.4, 2.5), "actuator_lag": float(rng.uniform(0.008, 0.025))}
     params = config.load_yaml(config.package_share() / "config" / "reach_arm.yaml")
@@ -287,8 +314,11 @@ def record_friction_and_lag(path, seed: int, velocity_limits: bool = False):
 
 
 def fit_friction_and_lag(path, seed: int, velocity_limits: bool = False, continuation: bool = True):
-    """(result, truth, perturbation): :func:`record_friction_and_lag` fitted with the tests'
-    settings (also bench/sysid_draws.py --kind arm_friction_lag)."""
+    """Fit :func:`record_friction_and_lag`'s recording with the tests' settings.
+
+    Returns (result, truth, perturbation): :func:`record_friction_and_lag` fitted with the tests'
+    settings (also bench/sysid_draws.py --kind arm_friction_lag).
+    """
     data, setup, pert = record_friction_and_lag(path, seed, velocity_limits)
     r = calibrate(data, setup, FRICTION_AND_LAG, continuation=continuation, **FAST)
     truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
@@ -297,20 +327,25 @@ def fit_friction_and_lag(path, seed: int, velocity_limits: bool = False, continu
 
 
 def test_joint_friction_with_actuator_lag(tmp_path):
-    """Issue 44 item 1: the arm's joint friction together with an actuator lag (friction x0.4-2.5,
+    """Issue 44 item 1: joint friction with an actuator lag is fitted within 5 %.
+
+    The arm's joint friction together with an actuator lag (friction x0.4-2.5,
     lag 0.008-0.025 s, drawn), recorded with config/reach_arm.yaml's own drive (its stiff servo at
     10 ms substeps, the servo iterations) without its velocity limits, fitted within 5 %. It was
     rejected ("a bias of one sign") while the lagged servo was explicit: unstable at those
     substeps, the wrist chattering at tens of rad/s between the samples. Fitted on the 3-step
     windows directly from the grid starts, seed 2993291882 (friction x2.5, lag 0.0220 s) stopped
     on its iteration limit in a narrow valley of the friction and seed 3 (x0.468, 0.0120 s) was
-    accepted 95 % off; the horizon continuation (one-step windows first) finds both exactly."""
+    accepted 95 % off; the horizon continuation (one-step windows first) finds both exactly.
+    """
     r, truth, _ = fit_friction_and_lag(tmp_path / "bag", _seed("friction and lag"))
     _check(r, truth, FRICTION_AND_LAG)
 
 
 def test_the_friction_and_lag_jacobian_matches_central_differences(tmp_path):
-    """Issue 44 item 1: the residual's Jacobian under joint friction and a torque lag (the friction
+    """Issue 44 item 1: the friction and lag Jacobian matches central differences.
+
+    The residual's Jacobian under joint friction and a torque lag (the friction
     law's derivative, the lagged-torque chain's sensitivity, the warm-up) against central
     differences of the residual itself, at the drawn truth and at a point drawn around it (each
     coordinate x0.8-1.25), on the fit windows calibrate uses. Without the lagged torque's
@@ -320,7 +355,8 @@ def test_the_friction_and_lag_jacobian_matches_central_differences(tmp_path):
     4182627851: 2.5e-4 at step 1e-3, once read as a mismatch left to find; 2.1e-6 at 3e-4, 2.6e-8
     at 1e-4, 2e-9 at 3e-5), while on the friction's columns the residual's round-off over the
     step dominates below 1e-3 (seed 1: 1.5e-7 at 1e-3, 3.6e-6 at 1e-4). So step 1e-4 for the lag,
-    1e-3 for the friction, and every column within 5e-6."""
+    1e-3 for the friction, and every column within 5e-6.
+    """
     from diffsim_ros.analysis import sysid as S
     from diffsim_ros.analysis.predict import Replay
 
@@ -351,13 +387,16 @@ def test_the_friction_and_lag_jacobian_matches_central_differences(tmp_path):
 
 
 def test_four_arm_parameters_leave_a_wrong_start(tmp_path):
-    """Four arm parameters with the joint friction on, where the best grid point's fit on the
+    """Four arm parameters leave a wrong start for the next grid point.
+
+    Four arm parameters with the joint friction on, where the best grid point's fit on the
     3-step windows alone ends in a local minimum (normalised loss 2.5e-5, the true values 1e-17 or
     less): sysid goes on to the next grid point while the fit windows stay unexplained, which
     finds the truth, and the first fit stays in the record. (With the horizon continuation, the
     default, every start reaches the truth at once: this runs without it, for the escalation.)
     (The first such case, seed 2207095073 with friction off, lag 0.0041 s for 0.0134 s, stopped
-    being one when sysid differentiated the lagged-torque estimate.)"""
+    being one when sysid differentiated the lagged-torque estimate.)
+    """
     names = ["latency", "actuator_lag", "joint_damping_scale", "mass_scale"]
     pert = {"latency": 0.04, "actuator_lag": 0.027050039602467955, "joint_damping_scale": 0.6630221120091808,
             "mass_scale": 0.7269029054142513}
@@ -368,12 +407,15 @@ def test_four_arm_parameters_leave_a_wrong_start(tmp_path):
 
 
 def test_the_one_step_fit_first_avoids_a_friction_local_minimum(tmp_path):
-    """Issue 44 item 1's failure at its depth: seed 3 of the friction-and-lag draw (friction x0.468,
+    """The one-step fit first avoids a friction local minimum.
+
+    Issue 44 item 1's failure at its depth: seed 3 of the friction-and-lag draw (friction x0.468,
     lag 0.0120 s), fitted on the 3-step windows directly from the grid starts, ends in a local
     minimum with a joint's friction far off and is accepted so (95 % low), although the Jacobian
     there matches central differences to 1e-5 and the truth's loss is 1e-29: the smoothed Coulomb
     friction makes the multi-step residual a landscape of narrow valleys. Fitted on one-step windows
-    first (the default), every start reaches the truth."""
+    first (the default), every start reaches the truth.
+    """
     r, truth, _ = fit_friction_and_lag(tmp_path / "direct", 3, continuation=False)
     errors = [abs(f / t - 1.0) for f, t in zip(r.fitted["joint_friction"], truth["joint_friction"].tolist())]
     assert r.accepted and max(errors) > 0.5, (r.reasons, errors)
@@ -383,10 +425,13 @@ def test_the_one_step_fit_first_avoids_a_friction_local_minimum(tmp_path):
 
 
 def test_a_fit_cut_short_by_the_iteration_limit_is_rejected(tmp_path):
-    """LM that runs out of iterations while the loss still falls has not reached the data's
+    """A fit cut short by the iteration limit is rejected.
+
+    LM that runs out of iterations while the loss still falls has not reached the data's
     optimum: sysid goes on once for as many iterations again, and rejects the fit if that ends on
     the limit too (one iteration, then one more, is not enough for two drawn parameters); the same
-    recording with sysid's own limit is accepted with the truth."""
+    recording with sysid's own limit is accepted with the truth.
+    """
     names = ["mass_scale", "drag_scale"]
     seed, pert, data = _quadrotor_bag(tmp_path, "iteration limit", names)
     setup = sim_setup(data)

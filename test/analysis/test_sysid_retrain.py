@@ -1,5 +1,7 @@
-"""Closing the loop: a hover policy retrained on the calibrated parameters flies the perturbed
-MuJoCo quadrotor better than one trained on the nominal parameters.
+"""Closing the loop: a policy retrained on the calibrated parameters flies better.
+
+A hover policy retrained on the calibrated parameters flies the perturbed MuJoCo quadrotor
+better than one trained on the nominal parameters.
 
 Slow (two short trainings, about a minute and a half on one core), and part of the suite: it is the
 proof that calibration pays off. Steps: record the perturbed stand-in (mass +20 %, drag x2), calibrate

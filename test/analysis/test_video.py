@@ -49,7 +49,10 @@ def mujoco_works() -> bool:
 
 @pytest.fixture(scope="module")
 def arm():
-    """The project arm, its MuJoCo parameters, and two recorded episodes: one moving, one at rest."""
+    """Record the project arm's two episodes: one moving, one at rest.
+
+    Returns the project arm, its MuJoCo parameters, and the two recorded episodes.
+    """
     params = config.load_yaml(REPO / "config" / "reach_arm.yaml")
     params["task"]["horizon"] = 20
     task, model = config.build_task(params, "reach_arm.yaml")

@@ -90,9 +90,12 @@ def test_no_subcommand_is_a_usage_error():
 @pytest.mark.parametrize("robot", ["panda_description/urdf/panda.urdf", "ur_description/urdf/ur5_robot.urdf",
                                    "diffsim_arm"])
 def test_demo_reports_the_tip_of_the_longest_chain_where_pinocchio_puts_it(robot, robots_dir):
-    """The demo's forward-kinematics line: the link at the end of the longest chain (Panda's finger,
+    """The demo reports the tip of the longest chain where Pinocchio puts it.
+
+    The demo's forward-kinematics line: the link at the end of the longest chain (Panda's finger,
     UR5's tool0, the project arm's ee_link, not the base), at Pinocchio's frame placement of it for
-    a random configuration."""
+    a random configuration.
+    """
     import numpy as np
     import pinocchio as pin
     import torch

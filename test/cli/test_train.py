@@ -32,7 +32,7 @@ def write_params(path: Path, params: dict) -> Path:
 
 
 def small_copy(tmp_path: Path, name: str = "reach_arm", **changes) -> Path:
-    """A copy of config/<name>.yaml with a short episode and a small evaluation."""
+    """Write a copy of config/<name>.yaml with a short episode and a small evaluation."""
     params = config.load_yaml(ROOT / "config" / f"{name}.yaml")
     params["task"]["horizon"] = 8
     params["training"].update(eval_envs=4, window=4)

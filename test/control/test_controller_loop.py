@@ -1,10 +1,13 @@
-"""policy_controller's loop without ROS (control/controller_loop.py): the node's parameters read from a
-dict as the node reads them, the publishers replaced by lists. In lockstep every new accepted state of
+"""policy_controller's loop without ROS (control/controller_loop.py).
+
+The node's parameters are read from a dict as the node reads them, the publishers replaced by
+lists. In lockstep every new accepted state of
 the arm is answered exactly once with an independent PolicyRunner's command on it (within the URDF's
 limits, read with urdf_parser_py); a re-published stamp is not answered twice; a bad state is answered
 with the hold of the last accepted position; the wait_for_subscribers gate holds every answer until the
 command topic has its subscriber; a preflight NO-GO (a joint outside its limits) holds the safe command.
-The states are drawn at random within the limits (seed printed)."""
+The states are drawn at random within the limits (seed printed).
+"""
 from __future__ import annotations
 
 from pathlib import Path

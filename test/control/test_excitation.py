@@ -1,7 +1,10 @@
-"""The identification motions of control/excitation.py: bounds that hold for any seed, amplitude,
-duration and state (hypothesis), the multisine's design checked by an FFT, the URDF limits read
-independently (urdf_parser_py), a closed-loop flight in the simulator, the supervisor over an
-excitation, and the refusals of `diffsim-ros excite` (bad amplitude, a joint without limits)."""
+"""The identification motions of control/excitation.py.
+
+Bounds that hold for any seed, amplitude, duration and state (hypothesis), the multisine's
+design checked by an FFT, the URDF limits read independently (urdf_parser_py), a closed-loop
+flight in the simulator, the supervisor over an excitation, and the refusals of `diffsim-ros
+excite` (bad amplitude, a joint without limits).
+"""
 from __future__ import annotations
 
 import math
@@ -70,8 +73,11 @@ def test_arm_targets_never_leave_the_limits_nor_the_speed_bound(case):
 
 
 def test_multisine_puts_each_joint_on_its_own_harmonics():
-    """An FFT over whole periods (no fade): every joint's power lies on harmonics of f_min between
-    f_min and f_max, no two joints share one, and each joint gets its share of the band."""
+    """The multisine puts each joint on its own harmonics.
+
+    An FFT over whole periods (no fade): every joint's power lies on harmonics of f_min between
+    f_min and f_max, no two joints share one, and each joint gets its share of the band.
+    """
     n, dt, f_min, f_max = 4, 0.01, 0.25, 5.0
     lo, hi, vl = -np.ones(n), np.ones(n), np.full(n, 50.0)
     periods = 3
@@ -117,9 +123,12 @@ def _urdf_limits(path):
 
 @pytest.mark.parametrize("config", ["config/reach_arm.yaml", "config/reach_panda.yaml"])
 def test_arm_excitation_respects_the_urdf_limits_read_by_urdf_parser_py(config, robots_dir):
-    """The project's arm and example-robot-data's Panda: every target inside the URDF's own
+    """The arm excitation respects the URDF limits read by urdf_parser_py.
+
+    The project's arm and example-robot-data's Panda: every target inside the URDF's own
     limits (read with urdf_parser_py, not our loader) with the margin, and no faster than the
-    URDF velocity limit x velocity_fraction, for a full run from the neutral pose."""
+    URDF velocity limit x velocity_fraction, for a full run from the neutral pose.
+    """
     params = cfgmod.load_yaml(REPO_ROOT / config)
     urdf = cfgmod.resolve_urdf(params, str(REPO_ROOT / config))
     cfg = ExcitationConfig(amplitude=1.0, duration=6.0, seed=3)
@@ -186,9 +195,12 @@ def test_quadrotor_commands_stay_within_their_bounds_in_any_state(data):
 
 
 def test_quadrotor_excitation_flies_and_stays_in_the_arena():
-    """Closed loop on the differentiable simulator, the vehicle 30 % heavier than the controller
+    """The quadrotor excitation flies and stays in the arena.
+
+    Closed loop on the differentiable simulator, the vehicle 30 % heavier than the controller
     believes, at full amplitude: the body never tilts far past tilt_max, never leaves the arena by
-    more than half a metre, and moves fast enough (above 0.8 m/s) to show its drag."""
+    more than half a metre, and moves fast enough (above 0.8 m/s) to show its drag.
+    """
     from diffsim_ros.testing.recordings import SimulatorPlant, standard_params
 
     params = standard_params("quadrotor")
@@ -213,8 +225,11 @@ def test_quadrotor_excitation_flies_and_stays_in_the_arena():
 
 # ------------------------------------------------------------------------------------ the supervisor
 def test_the_supervisor_rules_apply_to_the_excitation():
-    """The excitation goes through the supervisor unchanged while all is well; a rejected state,
-    the e-stop and a stale state give the safe command (hold), as for a policy."""
+    """The supervisor rules apply to the excitation.
+
+    The excitation goes through the supervisor unchanged while all is well; a rejected state,
+    the e-stop and a stale state give the safe command (hold), as for a policy.
+    """
     params = cfgmod.load_yaml(REPO_ROOT / "config/reach_arm.yaml")
     runner = ExcitationRunner(params, ExcitationConfig(duration=2.0, seed=5))
     reference = ArmExcitation(runner.signal.lower, runner.signal.upper, runner.signal.velocity_limit, runner.dt,

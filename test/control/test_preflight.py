@@ -1,6 +1,9 @@
-"""Preflight (control/preflight.py) on synthetic topic captures, without DDS: a clean capture of each
-robot kind is GO; each fault, drawn at random with its size (seed printed), is NO-GO naming the
-check, or a warning where the controller copes (extra or reordered joints, jitter)."""
+"""Preflight (control/preflight.py) on synthetic topic captures, without DDS.
+
+A clean capture of each robot kind is GO; each fault, drawn at random with its size (seed
+printed), is NO-GO naming the check, or a warning where the controller copes (extra or
+reordered joints, jitter).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +28,11 @@ def runners(tmp_path_factory):
 
 
 def capture(runner, rng, hz=None, seconds=2.0, age_s=0.002, names=None, positions=None, subscribers=1):
-    """A clean capture of ``runner``'s robot: states at 2x the control rate (or ``hz``), stamps
-    ``age_s`` before receipt, positions inside the limits, the IMU or odometry it needs."""
+    """Build a clean capture of ``runner``'s robot.
+
+    States at 2x the control rate (or ``hz``), stamps ``age_s`` before receipt, positions inside
+    the limits, the IMU or odometry it needs.
+    """
     hz = hz or 2.0 / runner.dt
     n = int(seconds * hz)
     names = list(runner.joint_names) if names is None else names

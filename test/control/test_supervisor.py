@@ -190,7 +190,7 @@ class Harness:
         return OdometryIn(list(p), list(quat), list(vl), list(w), stamp, "world", "base_link"), (p, quat, vl, w)
 
     def hostile(self, kind, u, stamp):
-        """A bad message of ``kind`` (built from a valid one)."""
+        """Build a bad message of ``kind`` (from a valid one)."""
         if self.kind == "arm":
             js, q, v = self.valid_arm(u, stamp)
             pos, vel, eff, names = list(js.position), list(js.velocity), list(js.effort), list(js.names)
@@ -402,8 +402,11 @@ def test_quadrotor_supervisor_invariants(quad, seq):
 
 
 def test_a_permissive_supervisor_fails_these_checks(arm):
-    """The checks can fail: with the plausibility rules effectively off (huge margins and bounds),
-    a 1e30 joint position is accepted and becomes the hold position; the reference model sees it."""
+    """The checks can fail: a permissive supervisor accepts a 1e30 joint position.
+
+    With the plausibility rules effectively off (huge margins and bounds), a 1e30 joint position
+    is accepted and becomes the hold position; the reference model sees it.
+    """
     runner, _ = arm
     loose = SupervisorConfig(position_margin=1e300, velocity_limit_factor=1e300, max_stamp_skew_s=0.0)
     sup = Supervisor(runner, loose)
@@ -453,8 +456,11 @@ def test_settings_are_checked():
 
 
 def test_output_converters_against_transforms3d():
-    """control.outputs: roll/pitch/yaw of a quaternion built by transforms3d, and the cmd_vel_legacy
-    setpoints derived from them; PX4 thrust saturates at the total maximum."""
+    """control.outputs' converters against transforms3d.
+
+    Roll/pitch/yaw of a quaternion built by transforms3d, and the cmd_vel_legacy setpoints
+    derived from them; PX4 thrust saturates at the total maximum.
+    """
     from transforms3d.euler import euler2quat
 
     from diffsim_ros.control import cmd_vel_legacy, px4_rates_setpoint, quat_to_rpy, rotor_speeds
@@ -476,9 +482,12 @@ def test_output_converters_against_transforms3d():
 
 
 def test_legged_pairs_joint_states_and_odometry(tmp_path):
-    """A legged robot's state is a joint state and an odometry message with (nearly) the same stamp;
+    """A legged robot's state pairs a joint state with an odometry message.
+
+    A legged robot's state is a joint state and an odometry message with (nearly) the same stamp;
     each half is checked by its own rules, a bad half latches, and the command is the policy's on
-    the pair (an independent runner's legged())."""
+    the pair (an independent runner's legged()).
+    """
     make_checkpoint("locomotion", tmp_path, task_options={"observation": "privileged"})
     runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
     sup = Supervisor(runner, SupervisorConfig(recover_states=2, pair_tolerance_s=0.0))
@@ -525,9 +534,12 @@ def test_legged_pairs_joint_states_and_odometry(tmp_path):
 
 
 def test_position_rate_limit_moves_commands_at_most_the_velocity_limit_per_step(arm):
-    """position_rate_limit: a policy asking for a far goal at once gets commands that move each joint at
-    most its URDF velocity limit (read with urdf_parser_py) x dt from the previous one, starting from
-    the measured position and again after a safe command; without the setting the jump goes through."""
+    """position_rate_limit moves commands at most the velocity limit per step.
+
+    A policy asking for a far goal at once gets commands that move each joint at most its URDF
+    velocity limit (read with urdf_parser_py) x dt from the previous one, starting from the
+    measured position and again after a safe command; without the setting the jump goes through.
+    """
     runner, _ = arm
     n = len(runner.joint_names)
     _, _, vel = urdf_limits(REPO_ROOT / "urdf" / "diffsim_arm.urdf", runner.actuated_joints)
@@ -566,10 +578,13 @@ def test_position_rate_limit_moves_commands_at_most_the_velocity_limit_per_step(
 
 
 def test_a_legged_robot_observation_pairs_joint_states_with_the_imu(tmp_path):
-    """A legged policy on the robot observation runs on /joint_states and /imu alone: odometry is
+    """A legged robot observation pairs joint states with the IMU.
+
+    A legged policy on the robot observation runs on /joint_states and /imu alone: odometry is
     neither needed nor used, the IMU's orientation and rates make the base, and the command is the
     policy's on that pair whatever base position and linear velocity an independent runner is given;
-    a broken IMU (not a unit quaternion, a stamp going backwards) latches the safe command."""
+    a broken IMU (not a unit quaternion, a stamp going backwards) latches the safe command.
+    """
     make_checkpoint("locomotion_velocity", tmp_path, gain=2.0, task_options={"observation": "robot"})
     runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
     sup = Supervisor(runner, SupervisorConfig(recover_states=2, pair_tolerance_s=0.0))

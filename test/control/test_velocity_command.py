@@ -1,7 +1,10 @@
-"""/cmd_vel requests mapped into a velocity policy's trained range (control/velocity_command.py),
-without DDS: properties over drawn requests and ranges (hypothesis), the timeout, and the
-supervisor driving a walker checkpoint with them (each command compared with an independent
-PolicyRunner given the mapped command, or with the task's stance when the walker stands)."""
+"""/cmd_vel requests mapped into a velocity policy's trained range, without DDS.
+
+The mapping is control/velocity_command.py. Properties over drawn requests and ranges
+(hypothesis), the timeout, and the supervisor driving a walker checkpoint with them (each
+command compared with an independent PolicyRunner given the mapped command, or with the task's
+stance when the walker stands).
+"""
 from __future__ import annotations
 
 import math
@@ -25,8 +28,11 @@ axes = st.tuples(speeds, speeds, speeds)
 @settings(max_examples=300, deadline=None)
 @given(low=st.floats(0.0, 0.6), span=st.floats(0.05, 1.5), linear=axes, angular=axes)
 def test_a_walker_request_is_the_trained_range_or_standing(low, span, linear, angular):
-    """Every accepted request gives a forward speed inside [low, high], or standing exactly where
-    the walker cannot walk that slowly (below low / 2, when low > 0); what moved is named."""
+    """A walker request is in the trained range, or standing.
+
+    Every accepted request gives a forward speed inside [low, high], or standing exactly where
+    the walker cannot walk that slowly (below low / 2, when low > 0); what moved is named.
+    """
     high = low + span
     vc = VelocityCommand("legged", [low], [high], timeout_s=0.5)
     up = vc.on_twist(linear, angular, 0)
@@ -94,10 +100,13 @@ def test_settings_are_checked():
 
 
 def test_the_supervisor_walks_stands_and_walks_again_on_cmd_vel(tmp_path):
-    """A walker checkpoint (forward speeds 0.2-0.8 m/s) under /cmd_vel requests: 0.5 m/s is the
+    """The supervisor walks, stands and walks again on /cmd_vel.
+
+    A walker checkpoint (forward speeds 0.2-0.8 m/s) under /cmd_vel requests: 0.5 m/s is the
     policy's command for 0.5; 2.0 is its command for 0.8 (clamped); a stop is the stance; walking
     again starts a fresh episode (the gait clock and the previous action reset), as an independent
-    runner reset at that moment says; silence past the timeout is the stance again."""
+    runner reset at that moment says; silence past the timeout is the stance again.
+    """
     make_checkpoint("locomotion_velocity_solo12", tmp_path, gain=2.0)
     runner, ref = PolicyRunner(tmp_path), PolicyRunner(tmp_path)
     vc = VelocityCommand.for_runner(runner, timeout_s=0.5)
@@ -144,10 +153,13 @@ def test_a_policy_without_a_velocity_command_takes_no_cmd_vel(tmp_path):
 
 
 def _walk_stop_walk(runner, perturbation, speeds, stand: bool, seed: int):
-    """The walker on the MuJoCo stand-in through the supervisor and /cmd_vel requests: speeds[0] for
-    2 s, a stop for 2 s, speeds[1] for 2 s, then silence for 3 s (standing after the timeout). ``stand`` False maps
-    a stop as a plain clamp would (to the slowest trained speed), the behaviour standing replaces.
-    Per phase (its last second): mean forward speed, its largest magnitude, the largest tilt."""
+    """Drive the walker on the MuJoCo stand-in through the supervisor and /cmd_vel requests.
+
+    speeds[0] for 2 s, a stop for 2 s, speeds[1] for 2 s, then silence for 3 s (standing after the
+    timeout). ``stand`` False maps a stop as a plain clamp would (to the slowest trained speed), the
+    behaviour standing replaces. Per phase (its last second): mean forward speed, its largest
+    magnitude, the largest tilt.
+    """
     import torch
 
     from diffsim_ros.workflows.evaluation import _standin_params
@@ -188,11 +200,14 @@ def _walk_stop_walk(runner, perturbation, speeds, stand: bool, seed: int):
 
 
 def test_the_shipped_walker_stops_and_walks_again_on_cmd_vel_on_the_standin():
-    """The shipped solo12 walker (trained at 0.2-0.8 m/s, never at zero) on the MuJoCo stand-in,
+    """The shipped walker stops and walks again on /cmd_vel on the stand-in.
+
+    The shipped solo12 walker (trained at 0.2-0.8 m/s, never at zero) on the MuJoCo stand-in,
     plain or with a perturbation drawn within the hardware preset: a stop on /cmd_vel stands it (its
     speed below 0.05 m/s within a second, upright), a new request walks it again within 25 % of the
     request, and silence past the timeout stands it again. The same stop mapped as a clamp (to the
-    slowest trained speed) keeps it walking: the check fails where standing is not done."""
+    slowest trained speed) keeps it walking: the check fails where standing is not done.
+    """
     from conftest import REPO_ROOT, drawn_seed
 
     pytest.importorskip("mujoco")

@@ -47,7 +47,7 @@ def _reach_task(horizon=30):
 
 
 def _file_task(config_name, **task):
-    """The task of config/<config_name>, with the keys in ``task`` of its task section replaced."""
+    """Build the task of config/<config_name>, with the keys in ``task`` of its task section replaced."""
     params = config.load_yaml(REPO_ROOT / "config" / config_name)
     params["task"].update(task)
     t, _ = config.build_task(params, config_name)
@@ -65,7 +65,7 @@ def _locomotion_task(horizon=20, **task):
 
 
 def _untrained_policy(task, cfg):
-    """The network train(task, cfg) starts from: it seeds torch with cfg.seed before building it."""
+    """Build the network train(task, cfg) starts from: it seeds torch with cfg.seed before building it."""
     torch.manual_seed(cfg.seed)
     return MLPPolicy(task.obs_dim, task.action_dim, cfg.hidden, normalize=cfg.normalize_obs).to(task.model.dtype)
 
@@ -92,18 +92,21 @@ def test_task_loss_goes_down(make, iterations, lr):
 
 
 def _train_seed(name: str) -> int:
-    """A training seed drawn per run (16 bits), printed and put in messages."""
+    """Draw a training seed per run (16 bits), printed and put in messages."""
     return drawn_seed(name, "DIFFSIM_TRAIN_SEED", bits=16)
 
 
 def test_short_hover_run_reaches_success(tmp_path):
-    """A small hover instance (starts within 10 cm, 1 s episodes judged over
+    """A short hover run reaches the success threshold.
+
+    A small hover instance (starts within 10 cm, 1 s episodes judged over
     their last 0.2 s, 16 environments) reaches the success threshold of the
     task's own metric (every step after settling within 10 cm and 0.2 m/s),
     judged on fresh evaluation episodes. The seed is drawn: at a step size of
     1e-2 seed 1 passed on one CPU and failed on another (0.66 after 40
     iterations, three of six seeds failing there); at 5e-3 nine seeds solved
-    it in 4-14 iterations."""
+    it in 4-14 iterations.
+    """
     seed = _train_seed("hover")
     task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1)
     cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=5e-3, eval_every=2, eval_envs=32,
@@ -118,7 +121,9 @@ def test_short_hover_run_reaches_success(tmp_path):
 
 @pytest.mark.slow
 def test_short_waypoint_run_reaches_success():
-    """Waypoints, small instance: a waypoint within 15 cm per axis of (0, 0, 1) m from a
+    """A short waypoint run reaches the success threshold.
+
+    Waypoints, small instance: a waypoint within 15 cm per axis of (0, 0, 1) m from a
     start within 10 cm, 1 s episodes judged over their last 0.2 s, the distance loss with
     its speed term, 16 environments, a cosine step size. The task's own metric (every step
     after settling within 10 cm of the waypoint and slower than 0.2 m/s) reaches the
@@ -129,7 +134,8 @@ def test_short_waypoint_run_reaches_success():
     0.883 (seeds 11-15: the same or better). A run stopped by the first evaluation at 0.9 of 64
     episodes may hold a policy nearer 0.8 (seed 6129: 0.797 of 128 fresh episodes, which failed
     the 0.8 this test first asked), so fresh episodes must hold 0.75, where the untrained policy,
-    started within 10 cm of waypoints within 15 cm, reads 0.11 (checked here: below 0.2)."""
+    started within 10 cm of waypoints within 15 cm, reads 0.11 (checked here: below 0.2).
+    """
     seed = _train_seed("waypoint")
     task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="waypoint", waypoint_radius=0.15,
                        position_loss="distance")
@@ -143,10 +149,13 @@ def test_short_waypoint_run_reaches_success():
 
 
 def test_short_velocity_tracking_run_reaches_success():
-    """Velocity tracking ("Back to Newton's Laws": the loss is the gap between commanded and
+    """A short velocity tracking run reaches the success threshold.
+
+    Velocity tracking ("Back to Newton's Laws": the loss is the gap between commanded and
     simulated velocity), small instance: commands within 0.5 m/s per axis, 1 s episodes judged
     over their last 0.2 s, 16 environments. The task's own metric (velocity error below 0.2 m/s
-    on every step after settling) reaches the threshold on fresh episodes."""
+    on every step after settling) reaches the threshold on fresh episodes.
+    """
     task = hover_task(horizon=50, settle_time=0.8, start_radius=0.1, mode="velocity", max_speed_command=0.5)
     cfg = TrainConfig(iterations=40, num_envs=16, window=25, learning_rate=1e-2, eval_every=2, eval_envs=32,
                       stop_at_success=True, seed=1)
@@ -157,7 +166,9 @@ def test_short_velocity_tracking_run_reaches_success():
 
 @pytest.mark.slow
 def test_short_reach_run_reaches_success():
-    """A small reach instance: config/reach_arm.yaml's arm, actuator (stiff PD position targets
+    """A short reach run reaches the success threshold.
+
+    A small reach instance: config/reach_arm.yaml's arm, actuator (stiff PD position targets
     moved by up to delta_scale from the measured position, gravity compensation, the drives'
     velocity limits), observation and loss, with starts and targets drawn from the central 20 % of
     each joint range (target_margin 0.4), 16 environments, at most 100 iterations of a cosine step
@@ -166,14 +177,18 @@ def test_short_reach_run_reaches_success():
     and the policy holds it on fresh episodes the trainer never saw. (A fixed 50-iteration run
     ended at 0.80 or at 0.92 depending on float32 round-off alone: the run is budgeted, not pinned
     to one rounding. Seeds 0, 1, 2 stopped after 10, 15, 10 iterations, 0.95-0.98 on fresh
-    episodes; the central 30 % with 32 environments took 2.5 minutes of the suite.)"""
+    episodes; the central 30 % with 32 environments took 2.5 minutes of the suite.)
+    """
     _short_reach_run("reach_arm.yaml", dict(target_margin=0.4), num_envs=16, iterations=100, stop_at_success=True)
 
 
 def _short_reach_run(config_name, task_updates, **training):
-    """Train on config/<config_name> with task_updates: the untrained policy fails, the
-    trainer's evaluation reaches the task's threshold, and fresh episodes of the task's own
-    success metric (independent of the trainer's evaluation) hold at least 0.8."""
+    """Train on config/<config_name> with task_updates and check the success.
+
+    The untrained policy fails, the trainer's evaluation reaches the task's threshold, and fresh
+    episodes of the task's own success metric (independent of the trainer's evaluation) hold at
+    least 0.8.
+    """
     task = _file_task(config_name, **task_updates)
     cfg = TrainConfig(window=10, learning_rate=3e-3, lr_schedule="cosine", final_learning_rate=1e-4, eval_every=5,
                       eval_envs=64, seed=0, **training)
@@ -185,21 +200,27 @@ def _short_reach_run(config_name, task_updates, **training):
 
 @pytest.mark.slow
 def test_short_panda_reach_run_reaches_success():
-    """A small Panda reach instance: config/reach_panda.yaml's robot (example-robot-data's
+    """A short Panda reach run reaches the success threshold.
+
+    A small Panda reach instance: config/reach_panda.yaml's robot (example-robot-data's
     Panda), PD position targets with gravity compensation, observation and loss, with starts
     and targets drawn from the central 20 % of each joint range (target_margin 0.4), 1 s
     episodes, 16 environments. The untrained policy fails; the trainer's evaluation reaches
     the task's threshold (tool centre point within 2 cm and slower than 5 cm/s at the end of
-    the episode), and the policy holds it on fresh episodes the trainer never saw."""
+    the episode), and the policy holds it on fresh episodes the trainer never saw.
+    """
     _short_reach_run("reach_panda.yaml", dict(target_margin=0.4, horizon=50), num_envs=16, iterations=40,
                      stop_at_success=True)
 
 
 def test_short_locomotion_run_reaches_success(tmp_path):
-    """A small locomotion instance: config/locomotion.yaml's quadruped on the ground, 0.3 s
+    """A short locomotion run reaches the success threshold.
+
+    A small locomotion instance: config/locomotion.yaml's quadruped on the ground, 0.3 s
     episodes from the standing pose, 8 environments, the forward-progress loss alone (no
     gait terms). The untrained policy does not move forward; after a short run the task's
-    own metric (mean forward speed above 0.1 m/s, never fallen) holds on fresh episodes."""
+    own metric (mean forward speed above 0.1 m/s, never fallen) holds on fresh episodes.
+    """
     task = _locomotion_task(horizon=30)
     gen = torch.Generator().manual_seed(99)
     cfg = TrainConfig(iterations=12, num_envs=8, window=30, learning_rate=1e-2, hidden=(128, 128), eval_every=2,
@@ -229,9 +250,12 @@ def test_domain_randomisation_and_critic_run():
 
 
 def test_contact_randomisation_draws_the_ground_within_its_ranges():
-    """Per-episode draws of the ground's stiffness, damping and friction smoothing (log-uniform) and friction stay
+    """Contact randomisation draws the ground within its ranges.
+
+    Per-episode draws of the ground's stiffness, damping and friction smoothing (log-uniform) and friction stay
     inside their ranges, cover them, differ between episodes and iterations, reach each
-    episode's step, and leave the nominal simulator as it was."""
+    episode's step, and leave the nominal simulator as it was.
+    """
     from diffsim_ros.learning.apg import _randomized_sim
     task = _locomotion_task()
     n = 200
@@ -281,8 +305,11 @@ def test_train_config_rejects_unknown_keys():
 
 
 def test_cosine_learning_rate_schedule():
-    """The cosine schedule starts at learning_rate, ends at final_learning_rate and falls in between;
-    'constant' keeps the step; an unknown schedule or a non-positive rate is refused by name."""
+    """The cosine learning rate schedule.
+
+    The cosine schedule starts at learning_rate, ends at final_learning_rate and falls in between;
+    'constant' keeps the step; an unknown schedule or a non-positive rate is refused by name.
+    """
     cfg = TrainConfig.from_mapping({"iterations": 11, "learning_rate": 1e-2, "lr_schedule": "cosine",
                                  "final_learning_rate": 1e-4})
     lrs = [cfg.learning_rate_at(i) for i in range(cfg.iterations)]
@@ -315,8 +342,11 @@ def test_scheduled_step_size_reaches_the_optimiser(monkeypatch):
 
 
 def test_quadrotor_distance_loss():
-    """position_loss: distance is the distance (not its square) plus speed_weight x speed;
-    an unknown kind is refused with the accepted ones."""
+    """The quadrotor's distance loss.
+
+    position_loss: distance is the distance (not its square) plus speed_weight x speed;
+    an unknown kind is refused with the accepted ones.
+    """
     task = hover_task(horizon=4)
     sq = QuadrotorTask(task.model, task.sim_config, mode="hover", position_loss="squared", rate_weight=0.0)
     di = QuadrotorTask(task.model, task.sim_config, mode="hover", position_loss="distance", rate_weight=0.0,
@@ -333,9 +363,12 @@ def test_quadrotor_distance_loss():
 
 
 def test_reach_jacobian_observation_is_the_descent_direction():
-    """jacobian_observation appends J(q)^T (target - ee) per actuated joint: the negative
+    """The reach's Jacobian observation is the descent direction.
+
+    jacobian_observation appends J(q)^T (target - ee) per actuated joint: the negative
     gradient of half the squared end-effector error with respect to q, checked here against
-    autograd through forward kinematics; the observation names say what the entries are."""
+    autograd through forward kinematics; the observation names say what the entries are.
+    """
     m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
     sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
     plain = ReachTask(m, sc, ee_link="ee_link", horizon=10)
@@ -357,12 +390,15 @@ def test_reach_jacobian_observation_is_the_descent_direction():
 @given(q=hnp.arrays(np.float64, (5, 4), elements=st.floats(-1.8, 1.8)),
        turn=st.floats(-3.0, 3.0), height=st.floats(-0.2, 0.8), radius=st.floats(0.005, 0.6))
 def test_reach_bearing_observation_says_which_way_to_turn(q, turn, height, radius):
-    """bearing_observation appends sin and cos of the target's bearing about the first joint's axis
+    """The reach's bearing observation says which way to turn.
+
+    bearing_observation appends sin and cos of the target's bearing about the first joint's axis
     less that joint's angle, for any joint angles and targets: the project's arm is planar (a yaw,
     then three pitch joints), so its end effector by forward kinematics always bears 0 or pi (sin 0,
     cos +-1); a target placed at angle ``turn`` from the arm's plane bears ``turn`` (at full scale
     even 5 mm from the axis, where J^T (target - ee) vanishes); turning the first joint and the
-    target together changes nothing."""
+    target together changes nothing.
+    """
     m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
     sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
     task = ReachTask(m, sc, ee_link="ee_link", horizon=10, jacobian_observation=True, bearing_observation=True)
@@ -413,8 +449,11 @@ _PRISMATIC_ARM = f"""<robot name="slider_arm">
 
 
 def test_reach_speed_weight_adds_the_end_effector_speed():
-    """speed_weight adds (step/horizon) x speed_weight x the end effector's speed, |J(q) v|,
-    checked against the task's own finite-difference speed (the success metric's)."""
+    """The reach's speed_weight adds the end effector's speed.
+
+    speed_weight adds (step/horizon) x speed_weight x the end effector's speed, |J(q) v|,
+    checked against the task's own finite-difference speed (the success metric's).
+    """
     m = physics.load_urdf(str(REPO_ROOT / "urdf" / "diffsim_arm.urdf"), dtype=torch.float64)
     sc = physics.SimConfig(dt=0.02, substeps=2, actuator="position", kp=10.0, kd=1.0, ground=False)
     plain = ReachTask(m, sc, ee_link="ee_link", horizon=10, velocity_weight=0.0)
@@ -434,8 +473,11 @@ def test_reach_speed_weight_adds_the_end_effector_speed():
 @given(speeds=hnp.arrays(np.float64, (6, 4), elements=st.floats(-20.0, 20.0)),
        weight=st.floats(0.01, 10.0))
 def test_reach_speed_limit_weight_costs_only_the_speed_beyond_the_urdf_limit(speeds, weight):
-    """speed_limit_weight adds weight x sum over joints of (|v| / v_max - 1)^2 beyond each joint's
-    URDF velocity limit (read here with urdf_parser_py) and nothing within it, for any speeds."""
+    """The reach's speed_limit_weight costs only the speed beyond the URDF limit.
+
+    speed_limit_weight adds weight x sum over joints of (|v| / v_max - 1)^2 beyond each joint's
+    URDF velocity limit (read here with urdf_parser_py) and nothing within it, for any speeds.
+    """
     from urdf_parser_py.urdf import URDF
 
     path = REPO_ROOT / "urdf" / "diffsim_arm.urdf"
@@ -463,9 +505,12 @@ def test_reach_speed_limit_weight_is_refused_negative():
 
 
 def test_reach_kinematics_cache_follows_the_state():
-    """ReachTask shares one kinematics pass between the loss and the next observation. The
+    """The reach's kinematics cache follows the state.
+
+    ReachTask shares one kinematics pass between the loss and the next observation. The
     shared answer must be the one of the q it is asked about: after an in-place change of q
-    the observation's Jacobian term equals a fresh computation from forward kinematics."""
+    the observation's Jacobian term equals a fresh computation from forward kinematics.
+    """
     task = _file_task("reach_arm.yaml")
     ts = task.reset(4, torch.Generator().manual_seed(0))
     before = task.observe(ts)
@@ -482,9 +527,12 @@ def test_reach_kinematics_cache_follows_the_state():
 
 
 def test_a_diverged_iteration_is_dropped_and_retried():
-    """One environment's simulation diverging mid-iteration (as a 4 s contact-rich episode can)
+    """A diverged iteration is dropped and retried.
+
+    One environment's simulation diverging mid-iteration (as a 4 s contact-rich episode can)
     drops that iteration, restores the policy and optimiser, and training goes on; past
-    training.max_divergences it stops with the reason."""
+    training.max_divergences it stops with the reason.
+    """
     from diffsim_ros.physics import SimulationError
 
     task = hover_task(horizon=10)
@@ -527,12 +575,15 @@ RANDOMISED = {"randomize_mass": [0.7, 1.4], "randomize_actuator_lag": [0.005, 0.
 
 @pytest.mark.parametrize("randomised", [False, True], ids=["nominal", "randomised"])
 def test_compiled_step_trains_as_the_eager_one(tmp_path, randomised):
-    """training.compile_step: the trainer steps through the compiled simulator (every step of
-    the iteration is the compiled one's) and trains as the eager step does, to float32 round-off
+    """training.compile_step: the compiled step trains as the eager one does.
+
+    The trainer steps through the compiled simulator (every step of the iteration is the compiled
+    one's) and trains as the eager step does, to float32 round-off
     (losses, gradient norms and the policy's weights after two iterations); also with the
     physics drawn per episode (mass, servo gains, effort limits and an actuator lag the
     configuration does not have: (B, n) inputs of the compiled graphs, one compile for every
-    draw), per-episode latency and sensor noise."""
+    draw), per-episode latency and sensor noise.
+    """
     path = tmp_path / "swing.urdf"
     path.write_text(SWING)
     model = physics.load_urdf(str(path), dtype=torch.float32)
@@ -559,7 +610,9 @@ def test_compiled_step_trains_as_the_eager_one(tmp_path, randomised):
 
 
 def test_an_unsolved_attempt_starts_again_from_a_fresh_policy_and_a_resumed_run_replays_it(tmp_path, monkeypatch):
-    """training.restart_after: an attempt that has not reached the task's threshold after that many
+    """training.restart_after: an unsolved attempt starts again from a fresh policy.
+
+    An attempt that has not reached the task's threshold after that many
     iterations ends, and the run goes on from a freshly initialised policy (seeded by the seed and
     the iteration) with the optimiser's moments forgotten. On a reach that cannot be solved in 7
     iterations of 8 steps, with restart_after 3: after iterations 3 and 6 the policy is that fresh
@@ -567,7 +620,8 @@ def test_an_unsolved_attempt_starts_again_from_a_fresh_policy_and_a_resumed_run_
     (a resumed run that counted its attempt from the start would restart after 5) and resumed from
     its checkpoint ends with the uninterrupted run's weights and rows (the resumed run finds where
     its attempt began from the history); restart_after without stop_at_success is refused by
-    name."""
+    name.
+    """
     import dataclasses
 
     from diffsim_ros.learning import apg

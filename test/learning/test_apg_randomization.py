@@ -1,6 +1,9 @@
-"""What the gradient trainer randomises per episode and per step (training.randomize_latency,
-training.sensor_noise): the draws' ranges and statistics against their definitions, the true
-state left alone, and a short run that steps episodes of different latencies in one batch."""
+"""What the gradient trainer randomises per episode and per step.
+
+The settings are training.randomize_latency and training.sensor_noise: the draws' ranges and
+statistics against their definitions, the true state left alone, and a short run that steps
+episodes of different latencies in one batch.
+"""
 from __future__ import annotations
 
 import math
@@ -17,8 +20,11 @@ from diffsim_ros.physics.spatial import quat_mul
 
 
 def test_sensor_noise_has_its_standard_deviations_and_leaves_the_truth():
-    """Measured minus true positions, velocities and the base orientation's rotation angle have the
-    configured spreads over many drawn environments (seed printed); the true state is unchanged."""
+    """Sensor noise has its standard deviations and leaves the truth.
+
+    Measured minus true positions, velocities and the base orientation's rotation angle have the
+    configured spreads over many drawn environments (seed printed); the true state is unchanged.
+    """
     seed = drawn_seed("sensor noise", "DIFFSIM_NOISE_SEED")
     gen = torch.Generator().manual_seed(seed)
     task = hover_task()
@@ -51,8 +57,11 @@ def test_a_fixed_base_gets_noise_on_every_joint():
 
 
 def test_latency_draws_are_whole_substeps_over_the_range():
-    """randomize_latency [low, high] s: whole substeps from round(low/h) to round(high/h), every value
-    drawn, and the training simulator's max_latency covers the high end (the nominal one untouched)."""
+    """Latency draws are whole substeps over the range.
+
+    randomize_latency [low, high] s: whole substeps from round(low/h) to round(high/h), every value
+    drawn, and the training simulator's max_latency covers the high end (the nominal one untouched).
+    """
     task = hover_task()
     h = task.sim_config.dt / task.sim_config.substeps
     cfg = TrainConfig(randomize_latency=[0.004, 0.021])
@@ -74,8 +83,11 @@ def test_training_file_refuses_a_bad_range_or_noise():
 
 
 def test_a_run_with_latency_and_noise_trains_and_keeps_the_nominal_simulator(tmp_path):
-    """Two iterations with per-episode latency and sensor noise: finite losses, the task given back
-    with its nominal simulator (the checkpoint's physics are the training file's)."""
+    """A run with latency and noise trains and keeps the nominal simulator.
+
+    Two iterations with per-episode latency and sensor noise: finite losses, the task given back
+    with its nominal simulator (the checkpoint's physics are the training file's).
+    """
     task = hover_task(horizon=20)
     nominal = task.sim
     cfg = TrainConfig(iterations=2, num_envs=8, window=10, eval_every=1, eval_envs=8, stop_at_success=False,
@@ -86,13 +98,16 @@ def test_a_run_with_latency_and_noise_trains_and_keeps_the_nominal_simulator(tmp
 
 
 def test_randomised_hover_transfers_where_the_nominally_trained_one_does_not():
-    """The gate of the transfer rule on the quadrotor: on a stand-in perturbed within the hardware
+    """The randomised hover transfers where the nominally trained one does not.
+
+    The gate of the transfer rule on the quadrotor: on a stand-in perturbed within the hardware
     preset (each field drawn between no perturbation and the preset's value, latency at least one
     5 ms substep; seed printed), the shipped hover (trained with training.randomize_* and
     sensor_noise) keeps at least 0.8 of its simulator success, while the policy trained on the
     nominal model alone (test/data/hover_nominal, the hover shipped before) does not: a latency of
     a few ms turns its high-gain loop into a limit cycle 10-17 cm from the setpoint, the same in
-    the simulator with that latency (tested with it below)."""
+    the simulator with that latency (tested with it below).
+    """
     import random
 
     from diffsim_ros.workflows.evaluation import evaluate_on_standin
@@ -118,7 +133,9 @@ def test_randomised_hover_transfers_where_the_nominally_trained_one_does_not():
 
 @pytest.mark.parametrize("name", ["jump_solo12", "jump"])
 def test_the_randomised_jumps_transfer_under_drawn_imperfections(name):
-    """policies/jump_solo12 and policies/jump, trained on the robot observation with the physics
+    """The randomised jumps transfer under drawn imperfections.
+
+    policies/jump_solo12 and policies/jump, trained on the robot observation with the physics
     drawn per episode (config/<name>.yaml), on the stand-in with a perturbation drawn within the
     legged hardware preset's envelope and past it where the issue names it (mass 0.9-1.1, latency
     0-15 ms, sensor noise up to the preset's, a joint torque lag up to its 5 ms, the floor 0.7-1.3 x
@@ -130,7 +147,8 @@ def test_the_randomised_jumps_transfer_under_drawn_imperfections(name):
     jumped 0.2 m and tipped past max_tilt under seed 3628099353 (24 of 32); its privileged
     predecessor kept 18 of 32 under the preset alone. Not covered: a heavier robot
     on a slipperier floor than the preset together (mass 1.2 on a 0.6 floor tips solo12 in 16 of
-    32; the quadruped keeps 32 of 32)."""
+    32; the quadruped keeps 32 of 32).
+    """
     import random
 
     from conftest import example_robot_data_dir
@@ -154,9 +172,12 @@ def test_the_randomised_jumps_transfer_under_drawn_imperfections(name):
 
 
 def test_the_nominal_hover_fails_under_latency_in_the_simulator_too():
-    """Where the 17 cm came from: the policy, not the stand-in. With 10 ms of latency (two 5 ms
+    """The nominal hover fails under latency in the simulator too.
+
+    Where the 17 cm came from: the policy, not the stand-in. With 10 ms of latency (two 5 ms
     substeps, simulator.max_latency) the simulator puts the nominally trained hover as far from its
-    setpoint as the stand-in does, while without latency it settles within a centimetre."""
+    setpoint as the stand-in does, while without latency it settles within a centimetre.
+    """
     import dataclasses
 
     from diffsim_ros.workflows.evaluation import load_checkpoint_task
@@ -178,10 +199,13 @@ def test_the_nominal_hover_fails_under_latency_in_the_simulator_too():
 
 
 def test_pushes_change_the_base_velocity_horizontally_by_a_drawn_speed():
-    """training.push_speed: a pushed episode's base velocity, in the world frame, changes by a
+    """training.push_speed: pushes change the base velocity horizontally by a drawn speed.
+
+    A pushed episode's base velocity, in the world frame, changes by a
     horizontal vector whose length lies in the range and whose direction covers the circle; at
     dt / push_interval_s of the steps on average; a rank's rows get what the whole batch gives
-    them."""
+    them.
+    """
     from diffsim_ros.learning.apg import pushed
     from diffsim_ros.physics.spatial import quat_rotate
 

@@ -1,8 +1,11 @@
-"""Checkpoints: a TorchScript policy plus JSON metadata. The exported policy acts as
+"""Checkpoints: a TorchScript policy plus JSON metadata.
+
+The exported policy acts as
 the one in memory, the metadata round-trips, a checkpoint for another robot (other
 joints, or the same joints with another URDF) is refused with a CheckpointError
 naming the mismatch, and a damaged checkpoint is a CheckpointError, never another
-exception. Loading never unpickles."""
+exception. Loading never unpickles.
+"""
 from __future__ import annotations
 
 import json
@@ -33,7 +36,7 @@ def arm_task():
 
 
 def trained_like_policy(task, dtype=torch.float32, seed=0) -> MLPPolicy:
-    """An MLPPolicy with random weights and a non-trivial observation normaliser."""
+    """Build an MLPPolicy with random weights and a non-trivial observation normaliser."""
     torch.manual_seed(seed)
     policy = MLPPolicy(task.obs_dim, task.action_dim, (32, 32)).to(dtype)
     with torch.no_grad():
@@ -370,11 +373,14 @@ def test_paths_accepted(saved):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "policies").iterdir() if (p / "policy.json").is_file()))
 def test_shipped_policy_succeeds_on_fresh_episodes(name):
-    """Each pretrained policy in policies/<name> loads against config/<name>.yaml's robot
+    """Each shipped policy succeeds on fresh episodes.
+
+    Each pretrained policy in policies/<name> loads against config/<name>.yaml's robot
     (its URDF hash and joints match) and meets the task's own success metric on 128
     episodes that training never saw (at least 0.8; their 256-episode figures are in
     policies/README.md). Fails when a change to the simulator or the task breaks them; the
-    walkers are judged by the strict metric with its gait rules (every foot steps, none slides)."""
+    walkers are judged by the strict metric with its gait rules (every foot steps, none slides).
+    """
     from conftest import example_robot_data_dir
     from diffsim_ros.learning import apg
 

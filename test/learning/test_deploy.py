@@ -207,8 +207,11 @@ def test_refuses_another_robot(reach_ckpt, hover_ckpt, tmp_path):
 
 
 def test_rebuilds_task_without_stored_config(hover_ckpt, tmp_path):
-    """A checkpoint whose metadata lacks the training config (another writer) still deploys,
-    from command.task_parameters, with the same commands."""
+    """A checkpoint without its stored training config still deploys.
+
+    A checkpoint whose metadata lacks the training config (another writer) still deploys,
+    from command.task_parameters, with the same commands.
+    """
     d = tmp_path / "noconfig"
     shutil.copytree(hover_ckpt[0], d)
     meta = json.loads((d / "policy.json").read_text())
@@ -221,9 +224,12 @@ def test_rebuilds_task_without_stored_config(hover_ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_compiled_prediction_equals_eager_prediction(hover_ckpt):
-    """PolicyRunner(compile_prediction=True) predicts through the step compiled ahead of time
+    """The compiled prediction equals the eager prediction.
+
+    PolicyRunner(compile_prediction=True) predicts through the step compiled ahead of time
     (ExportedStep, float64, one environment): the same command, and the same next state as the
-    eager runner to round-off, twice in a row (the rotor speeds carried on)."""
+    eager runner to round-off, twice in a row (the rotor speeds carried on).
+    """
     d, _, _ = hover_ckpt
     eager, compiled = PolicyRunner(d), PolicyRunner(d, compile_prediction=True)
     p, quat, vl, w = [0.1, -0.2, 0.9], [0.05, 0.0, 0.0, 1.0], [0.2, 0.0, -0.1], [0.1, 0.3, 0.0]
@@ -237,8 +243,11 @@ def test_compiled_prediction_equals_eager_prediction(hover_ckpt):
 
 @pytest.mark.parametrize("robot", ["locomotion", "solo12"])
 def test_legged_command_matches_task(tmp_path, robot):
-    """A floating base without rotors is a legged robot: joint states (any order) plus odometry give
-    the task's own observation and command, at random base poses, twists and joint states."""
+    """A legged robot's command matches the task's.
+
+    A floating base without rotors is a legged robot: joint states (any order) plus odometry give
+    the task's own observation and command, at random base poses, twists and joint states.
+    """
     if robot == "solo12":
         from conftest import example_robot_data_dir
 
@@ -293,8 +302,11 @@ def test_legged_command_matches_task(tmp_path, robot):
 
 @pytest.mark.parametrize("cfg_name,kind", [("hover", "quadrotor"), ("reach_arm", "arm"), ("locomotion", "legged")])
 def test_robot_kind_from_metadata_alone_matches_the_runner(cfg_name, kind, tmp_path):
-    """robot_kind (what deploy.launch.py and PolicyRunner read, without building the robot) agrees
-    with the robot and simulator PolicyRunner builds: a fixed base is an arm, rotors a quadrotor."""
+    """robot_kind from the metadata alone matches the runner.
+
+    robot_kind (what deploy.launch.py and PolicyRunner read, without building the robot) agrees
+    with the robot and simulator PolicyRunner builds: a fixed base is an arm, rotors a quadrotor.
+    """
     from diffsim_ros.learning.checkpoint import load_metadata, robot_kind
 
     make_checkpoint(cfg_name, tmp_path / "ckpt")
@@ -306,11 +318,14 @@ def test_robot_kind_from_metadata_alone_matches_the_runner(cfg_name, kind, tmp_p
 
 @pytest.mark.parametrize("name", ["jump_solo12", "hover"])
 def test_a_checkpoint_from_another_clone_finds_its_urdf_here(tmp_path, name):
-    """policy.json records the URDF's absolute path on the machine that trained it (another clone,
+    """A checkpoint from another clone finds its URDF here.
+
+    policy.json records the URDF's absolute path on the machine that trained it (another clone,
     another virtual environment); where that path does not exist here, the training file's own
     entry (package://example-robot-data/... for solo12) or the file of that name in this package's
     urdf folder (the hover) is the same robot: the checkpoint loads and is the robot it was trained
-    on. With none of them, the error names what it looked for."""
+    on. With none of them, the error names what it looked for.
+    """
     from diffsim_ros.workflows import evaluation
     from diffsim_ros.learning.deploy import resolve_urdf_source
 

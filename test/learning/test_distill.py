@@ -87,9 +87,12 @@ def test_distill_refuses_a_teacher_for_another_robot(tmp_path):
 
 
 def test_distill_writes_a_student_checkpoint_the_runner_deploys(tmp_path):
-    """The command end to end (one round of two episodes): a checkpoint on the file's robot
+    """Distill writes a student checkpoint that the runner deploys.
+
+    The command end to end (one round of two episodes): a checkpoint on the file's robot
     observation that PolicyRunner loads (no odometry needed), its metadata naming the teacher and
-    the round; the teacher's own observation was the privileged one."""
+    the round; the teacher's own observation was the privileged one.
+    """
     import yaml
 
     from diffsim_ros.learning.deploy import PolicyRunner

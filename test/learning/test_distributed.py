@@ -104,8 +104,11 @@ runpy.run_module("diffsim_ros.cli", run_name="__main__", alter_sys=True)
 
 
 def tiny_params(**training) -> dict:
-    """The project's arm reaching, float64, 8-step episodes, 8 environments, critic and mass
-    randomisation on (both must stay in step across the ranks), a checkpoint every 2 iterations."""
+    """Return the training parameters of the project's arm reaching.
+
+    float64, 8-step episodes, 8 environments, critic and mass randomisation on (both must stay in
+    step across the ranks), a checkpoint every 2 iterations.
+    """
     params = config.load_yaml(ROOT / "config" / "reach_arm.yaml")
     params["dtype"] = "float64"
     params["task"]["horizon"] = HORIZON
@@ -185,8 +188,11 @@ def tiny_config(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def single(tiny_config, tmp_path_factory):
-    """The reference: one process over all 8 environments, the injected divergence at the same step;
-    (its folder, a copy of the folder as it was right after the checkpoint of iteration 2)."""
+    """Run the reference: one process over all 8 environments.
+
+    The injected divergence is at the same step. Returns (its folder, a copy of the folder as it
+    was right after the checkpoint of iteration 2).
+    """
     from diffsim_ros.workflows.training import train_from_params
 
     base = tmp_path_factory.mktemp("single")
@@ -240,8 +246,11 @@ def test_two_ranks_train_the_single_process_policy(tiny_config, single, tmp_path
 
 
 def test_two_ranks_resume_a_run(tiny_config, single, tmp_path):
-    """Rank 0 reads checkpoints/latest of a run stopped after iteration 2, both ranks continue it; the
-    divergence now hits rank 0 (6th step since the resume)."""
+    """Two ranks resume a run.
+
+    Rank 0 reads checkpoints/latest of a run stopped after iteration 2, both ranks continue it; the
+    divergence now hits rank 0 (6th step since the resume).
+    """
     ref, stopped = single
     out = tmp_path / "resumed"
     shutil.copytree(stopped, out)

@@ -1,5 +1,7 @@
-"""The gait reference (training.gait_reference): a fixed stepping pattern the policy adds to its
-own action, read from the gait clock in the observation.
+"""The gait reference (training.gait_reference).
+
+A fixed stepping pattern the policy adds to its own action, read from the gait clock in the
+observation.
 
 Checked against what it claims, through paths of their own: applied to the stance, its joint
 offsets move each foot's lowest point (forward kinematics, the gait rules' path) by the pattern's
@@ -46,8 +48,10 @@ def _task(base, **options):
 
 
 def _obs(task, step: int, command: float) -> torch.Tensor:
-    """An observation at clock step ``step`` with forward speed command ``command`` (the rest zero:
-    the reference reads the clock and the command only)."""
+    """Build an observation at clock step ``step`` with forward speed command ``command``.
+
+    The rest is zero: the reference reads the clock and the command only.
+    """
     ts = task.reset(1, torch.Generator().manual_seed(0))
     ts.step = step
     ts.target = torch.full_like(ts.target, command)
@@ -55,8 +59,11 @@ def _obs(task, step: int, command: float) -> torch.Tensor:
 
 
 def _feet(task, action: torch.Tensor) -> torch.Tensor:
-    """(F, 3) world positions of each foot's lowest point at the stance, by forward kinematics, with
-    the joints at ``stance + action_scale action`` and the base where the stance puts it."""
+    """Return the (F, 3) world positions of each foot's lowest point at the stance.
+
+    By forward kinematics, with the joints at ``stance + action_scale action`` and the base where
+    the stance puts it.
+    """
     m = task.model
     q = m.neutral_configuration((1,))
     q[:, 2] = task.base_height
@@ -72,8 +79,11 @@ def _feet(task, action: torch.Tensor) -> torch.Tensor:
 @given(step=st.integers(0, 400), command=st.floats(0.0, 0.4), gait=st.sampled_from(["trot", "walk", "pace"]),
        height=st.floats(0.002, 0.01))
 def test_the_offsets_move_each_foot_by_the_pattern_to_first_order(base, step, command, gait, height):
-    """FK(stance + offsets) - FK(stance) = (stride, 0, height) per foot, up to the linearisation's
-    second-order error (small amplitudes: at most 1 cm, a stride of at most 1.6 cm)."""
+    """The offsets move each foot by the pattern to first order.
+
+    FK(stance + offsets) - FK(stance) = (stride, 0, height) per foot, up to the linearisation's
+    second-order error (small amplitudes: at most 1 cm, a stride of at most 1.6 cm).
+    """
     offsets = {"trot": [0.0, 0.5, 0.5, 0.0], "walk": [0.0, 0.5, 0.75, 0.25], "pace": [0.0, 0.5, 0.0, 0.5]}[gait]
     duty = 0.75 if gait == "walk" else 0.5
     task = _task(base, gait_offsets=offsets, gait_duty=duty, swing_height=height, gait_period=0.04)
@@ -98,10 +108,13 @@ def test_the_offsets_move_each_foot_by_the_pattern_to_first_order(base, step, co
 
 
 def test_the_height_follows_the_tasks_swing_target_and_a_stance_foot_the_command(base):
-    """Over two periods of the clock: the reference's height pattern, read back through the lift
+    """The height follows the task's swing target, and a stance foot the command.
+
+    Over two periods of the clock: the reference's height pattern, read back through the lift
     matrix's inverse, is zero where the task's swing target is (the stance) and its square over
     swing_height elsewhere (sin^2 against the target's half sine); while a foot stands its stride
-    falls at the commanded speed times the stride gain (per second of the clock)."""
+    falls at the commanded speed times the stride gain (per second of the clock).
+    """
     task = _task(base)
     cfg = TrainConfig(hidden=(8,), gait_reference=True, reference_stride_gain=2.0)
     policy = make_policy(task, cfg).to(torch.float64)
@@ -126,8 +139,11 @@ def test_the_height_follows_the_tasks_swing_target_and_a_stance_foot_the_command
 
 
 def test_the_reference_policy_exports_and_starts_at_the_pattern(base):
-    """A reference policy's action is its pattern plus the network's own, clamped, and the float32
-    TorchScript export computes the same action."""
+    """The reference policy exports and starts at the pattern.
+
+    A reference policy's action is its pattern plus the network's own, clamped, and the float32
+    TorchScript export computes the same action.
+    """
     task = _task(base)
     policy = make_policy(task, TrainConfig(hidden=(16,), gait_reference=True)).to(torch.float64)
     obs = torch.cat([_obs(task, k, 0.5) for k in range(0, 40, 3)])
@@ -149,8 +165,11 @@ def test_a_reference_needs_a_gait_clock(base):
 
 
 def test_starting_weights_must_agree_on_the_reference(base):
-    """Fine-tuning (train's ``init``) from weights with a reference into a run without one, or the
-    other way round, is refused naming the setting, not a state-dict traceback."""
+    """Starting weights must agree on the reference.
+
+    Fine-tuning (train's ``init``) from weights with a reference into a run without one, or the
+    other way round, is refused naming the setting, not a state-dict traceback.
+    """
     from diffsim_ros.learning.apg import train
 
     task = _task(base)

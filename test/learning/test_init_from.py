@@ -27,7 +27,7 @@ def weights(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 3-iteration run of the tiny arm reach: the checkpoint the others start from."""
+    """Run 3 iterations of the tiny arm reach: the checkpoint the others start from."""
     base = tmp_path_factory.mktemp("init_from")
     cfg = write_config(base / "arm.yaml", tiny_params(iterations=3, critic=False, randomize_mass=[]))
     out = base / "first"
@@ -66,7 +66,7 @@ def test_a_run_starts_from_the_checkpoints_weights(trained, capsys, tmp_path):
 
 
 def test_a_calibrated_urdf_is_accepted_and_recorded(trained, capsys, tmp_path):
-    """sysid writes a copy of the URDF with other masses; fine-tuning on it is the point."""
+    """Sysid writes a copy of the URDF with other masses; fine-tuning on it is the point."""
     _, _, first = trained
     text = (ROOT / "urdf" / "diffsim_arm.urdf").read_text()
     calibrated, n = re.subn(r'<mass value="([0-9.]+)"/>', lambda m: f'<mass value="{1.1 * float(m.group(1)):.6g}"/>',

@@ -1,8 +1,10 @@
-"""ONNX export (diffsim-ros export --onnx, learning/onnx_export.py) against TorchScript: drawn
-shipped and untrained checkpoints exported and run by onnxruntime give TorchScript's actions; a
-graph that computes something else is refused; the numpy + onnxruntime runner (diffsim_ros/onboard.py,
-torch blocked) gives the controller's commands; PolicyRunner on policy.onnx gives policy.pt's
-commands and refuses a stale export."""
+"""ONNX export (diffsim-ros export --onnx, learning/onnx_export.py) against TorchScript.
+
+Drawn shipped and untrained checkpoints exported and run by onnxruntime give TorchScript's
+actions; a graph that computes something else is refused; the numpy + onnxruntime runner
+(diffsim_ros/onboard.py, torch blocked) gives the controller's commands; PolicyRunner on
+policy.onnx gives policy.pt's commands and refuses a stale export.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -72,8 +74,11 @@ def test_drawn_checkpoints_export_to_onnx_that_computes_their_actions(tmp_path):
 
 
 def test_a_graph_that_computes_other_actions_is_refused(tmp_path, monkeypatch):
-    """The check can fail: an exporter that writes a slightly different policy (one weight moved)
-    is refused, naming the difference, and no policy.onnx is left."""
+    """A graph that computes other actions is refused.
+
+    The check can fail: an exporter that writes a slightly different policy (one weight moved)
+    is refused, naming the difference, and no policy.onnx is left.
+    """
     folder = _copy("reach_arm", tmp_path)
     real = torch.onnx.export
 
@@ -90,8 +95,11 @@ def test_a_graph_that_computes_other_actions_is_refused(tmp_path, monkeypatch):
 
 
 def _commands_by_runner(folder: Path, fmt: str, n: int, seed: int):
-    """Commands of PolicyRunner(policy_format=fmt) on n states of the task's reset distribution,
-    with the observation each was computed from."""
+    """Compute the commands of PolicyRunner(policy_format=fmt) on n states.
+
+    The states are drawn from the task's reset distribution; each command comes with the
+    observation it was computed from.
+    """
     runner = PolicyRunner(folder, policy_format=fmt)
     with torch.no_grad():
         ts = runner.task.reset(n, torch.Generator().manual_seed(seed))
@@ -109,9 +117,12 @@ def _commands_by_runner(folder: Path, fmt: str, n: int, seed: int):
 
 @pytest.mark.parametrize("name", ["reach_arm", "locomotion_velocity_solo12"])
 def test_the_onnx_policy_gives_the_controllers_commands_with_and_without_torch(tmp_path, name):
-    """PolicyRunner on policy.onnx gives policy.pt's commands; the numpy + onnxruntime runner, in a
+    """The ONNX policy gives the controller's commands with and without torch.
+
+    PolicyRunner on policy.onnx gives policy.pt's commands; the numpy + onnxruntime runner, in a
     process where torch cannot be imported, gives the same from the same observations (reach_arm:
-    the delta map about the measured joints; solo12: the affine map about its stance)."""
+    the delta map about the measured joints; solo12: the affine map about its stance).
+    """
     folder = _copy(name, tmp_path)
     onnx_export.export_onnx(folder, episodes=0)
     seed = drawn_seed(f"onnx runner {name}", "DIFFSIM_ONNX_RUNNER_SEED")

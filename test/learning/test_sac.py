@@ -27,8 +27,10 @@ from conftest import REPO_ROOT, csv_rows, drawn_seed, run_main, without_time, wr
 
 
 def reach_params(horizon: int, dtype: str = "float32") -> dict:
-    """config/reach_arm.yaml (the project's arm; delta targets and J^T e in the observation) with a
-    short episode."""
+    """config/reach_arm.yaml with a short episode.
+
+    The project's arm; delta targets and J^T e in the observation.
+    """
     params = config.load_yaml(REPO_ROOT / "config" / "reach_arm.yaml")
     params["dtype"] = dtype
     params["task"]["horizon"] = horizon
@@ -90,9 +92,12 @@ def test_bad_sac_key_in_a_training_file_is_refused_naming_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("normalize_obs", [True, False])
 def test_exported_actor_is_sb3_deterministic_predict(task, tmp_path, normalize_obs):
-    """After some updates (weights and normaliser statistics moved), the exported actor gives what
+    """The exported actor is SB3's deterministic predict.
+
+    After some updates (weights and normaliser statistics moved), the exported actor gives what
     SB3's deterministic predict gives (through the VecNormalize when there is one), on random
-    observations near and far outside the training distribution; so does its checkpoint."""
+    observations near and far outside the training distribution; so does its checkpoint.
+    """
     cfg = SACConfig(num_envs=8, learning_starts=160, batch_size=64, hidden=(32, 32), seed=1,
                     normalize_obs=normalize_obs)
     model, vn, raw = make_model(task, cfg)
@@ -121,8 +126,10 @@ def test_exported_actor_is_sb3_deterministic_predict(task, tmp_path, normalize_o
 
 
 def episode_loss(task, policy, episodes: int = 128, seed: int = 7) -> float:
-    """The task's loss summed over an episode (the objective both trainers minimise), mean over
-    fresh episodes."""
+    """Return the task's loss summed over an episode, mean over fresh episodes.
+
+    The summed loss is the objective both trainers minimise.
+    """
     with torch.no_grad():
         ts = task.reset(episodes, torch.Generator().manual_seed(seed))
         total = torch.zeros(episodes, dtype=task.model.dtype)
@@ -134,10 +141,13 @@ def episode_loss(task, policy, episodes: int = 128, seed: int = 7) -> float:
 
 
 def test_short_sac_run_learns(tmp_path):
-    """16,000 environment steps of the arm reaching in 0.5 s: the deterministic actor's episode loss
+    """A short SAC run learns.
+
+    16,000 environment steps of the arm reaching in 0.5 s: the deterministic actor's episode loss
     on 128 fresh episodes falls well below the untrained actor's (by 24-32 % on seeds 0-3; the
     untrained actor, mean action about 0, holds the arm still). The history has the gradient
-    trainer's columns; evaluations come every eval_every_steps and at the end."""
+    trainer's columns; evaluations come every eval_every_steps and at the end.
+    """
     seed = drawn_seed("short SAC run", "SAC_TEST_SEED", bits=16)
     task = config.build_task(reach_params(25), "reach")[0]
     cfg = SACConfig(total_timesteps=16_000, num_envs=16, learning_starts=400, batch_size=128, learning_rate=1e-3,
@@ -201,11 +211,14 @@ sys.exit(cli.main({argv!r}))
 
 
 def test_killed_sac_run_resumes_bit_for_bit(tmp_path, capsys):
-    """``diffsim-ros baseline --resume``: a SAC run killed inside iteration 6 (checkpoint every 2)
+    """A killed SAC run resumes bit for bit.
+
+    ``diffsim-ros baseline --resume``: a SAC run killed inside iteration 6 (checkpoint every 2)
     and resumed ends with the same rows, networks, optimisers, entropy coefficient, replay buffer
     and observation statistics as the run left alone. An iteration (4 environments x 9 steps:
     train_freq 3 over 8-step episodes) ends mid-episode, and the uniform warm-up (40 steps) spans
-    the first checkpoint's iterations."""
+    the first checkpoint's iterations.
+    """
     params = reach_params(8, dtype="float64")
     params["sac"] = dict(total_timesteps=7 * 36, num_envs=4, learning_starts=40, batch_size=16, train_freq=3,
                          gradient_steps=2, hidden=[16, 16], eval_every_steps=72, eval_envs=4, stop_at_success=False,

@@ -1,5 +1,7 @@
-"""A dead robot driver is noticed in every mode (policy_controller over DDS against the MuJoCo
-stand-in process, killed and restarted several times).
+"""A dead robot driver is noticed in every mode.
+
+policy_controller over DDS against the MuJoCo stand-in process, killed and restarted several
+times.
 
 The controller runs in timer mode under use_sim_time, as deploy.launch.py starts it against the
 stand-in: its control timer runs on the stand-in's /clock. Killed (SIGKILL) mid-run, the clock
@@ -7,7 +9,8 @@ stops; the steady-clock watchdog still sends the safe command (the arm's hold of
 position) and the diagnostics, which say the state is stale and the control timer stalled.
 Restarted, the stand-in's clock starts again at 0: the controller says the clock jumped back,
 holds the safe command (the new states, stamped before the last accepted one, are refused), and
-after ~/reset runs the policy on the new states."""
+after ~/reset runs the policy on the new states.
+"""
 from __future__ import annotations
 
 import os

@@ -140,9 +140,12 @@ def test_quadrotor_lockstep_process_one_state_per_command(ros, tmp_path):
 
 
 def test_quadrotor_realtime_process_steps_on_its_own_timer(ros, tmp_path):
-    """Realtime mode: states come without any command (the hold command, hover thrust, keeps the
+    """The quadrotor's realtime process steps on its own timer.
+
+    Realtime mode: states come without any command (the hold command, hover thrust, keeps the
     accelerometer at about g); a zero-thrust command makes the quadrotor fall, and the
-    accelerometer then reads the body drag alone."""
+    accelerometer then reads the body drag alone.
+    """
     from geometry_msgs.msg import TwistStamped
     from nav_msgs.msg import Odometry
     from rclpy.executors import SingleThreadedExecutor
@@ -265,8 +268,10 @@ def test_arm_node_maps_commands_by_joint_name(ros):
     ("initial_positions", ["a"], "parameter 'initial_positions' must be a list of numbers"),
 ])
 def test_plant_node_bad_parameter_names_it(ros, name, val, err):
-    """A bad parameter stops the node at start with an error naming it (the console script
-    prints it and exits with status 2: see common.run_node)."""
+    """A bad parameter stops the plant node at start with an error naming it.
+
+    The console script prints it and exits with status 2: see common.run_node.
+    """
     from rclpy.parameter import Parameter
 
     from diffsim_ros.nodes import mujoco_plant as node_mod
@@ -301,9 +306,12 @@ def test_common_message_helpers_map_by_name():
 
 
 def test_plant_node_friction_perturbation_parameters_reach_the_plant(ros):
-    """perturbation.joint_friction_scale and perturbation.constraint_friction (ROS parameters) set
+    """The plant node's friction perturbation parameters reach the plant.
+
+    perturbation.joint_friction_scale and perturbation.constraint_friction (ROS parameters) set
     the stand-in's friction: the smoothed law scaled by default, MuJoCo's frictionloss (the URDF's
-    0.02 N m on arm_joint1, scaled) with the constraint."""
+    0.02 N m on arm_joint1, scaled) with the constraint.
+    """
     from rclpy.parameter import Parameter
 
     from diffsim_ros.nodes import mujoco_plant as node_mod
@@ -326,10 +334,13 @@ def test_plant_node_friction_perturbation_parameters_reach_the_plant(ros):
 
 
 def test_plant_node_takes_a_number_wherever_the_schema_does(ros):
-    """Parameters given as the schema reads them: one number for perturbation.sensor_noise (both
+    """The plant node takes a number wherever the schema does.
+
+    Parameters given as the schema reads them: one number for perturbation.sensor_noise (both
     entries), integers for doubles (perturbation.latency 0, mass_scale 1, wind_force [0, 0, 1],
     real_time_factor 2, initial_positions of integers) and a whole double for the integer seed.
-    The node starts, declares each in its own type and hands the values to the plant."""
+    The node starts, declares each in its own type and hands the values to the plant.
+    """
     from rclpy.parameter import Parameter
 
     from diffsim_ros.nodes import mujoco_plant as node_mod
@@ -357,10 +368,13 @@ def test_plant_node_takes_a_number_wherever_the_schema_does(ros):
 
 
 def test_plant_process_reads_numbers_from_a_params_file_and_names_a_string(ros, tmp_path):
-    """The console script as the loop and deploy.launch.py's plant_params start it: a params file
+    """The plant process reads numbers from a params file and names a string.
+
+    The console script as the loop and deploy.launch.py's plant_params start it: a params file
     with perturbation.sensor_noise as one number and latency as the integer 0 runs (it publishes
     its state); -p perturbation.sensor_noise:=abc stops it with status 2 and one line naming the
-    parameter, no traceback."""
+    parameter, no traceback.
+    """
     from rclpy.executors import SingleThreadedExecutor
     from sensor_msgs.msg import JointState
 

@@ -95,8 +95,11 @@ def test_link_transforms_match_forward_kinematics(robot):
 
 @pytest.mark.ros
 def test_tf_over_dds_matches_forward_kinematics(tmp_path):
-    """mujoco_plant's /tf for the arm, over DDS: chained from the world, the link poses of each
-    TFMessage are the forward kinematics at the positions of the /joint_states with its stamp."""
+    """mujoco_plant's /tf for the arm over DDS matches the forward kinematics.
+
+    Chained from the world, the link poses of each TFMessage are the forward kinematics at the
+    positions of the /joint_states with its stamp.
+    """
     from diffsim_ros.nodes import common
 
     if not common.have_tf2_msgs():

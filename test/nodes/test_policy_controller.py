@@ -88,7 +88,7 @@ class Harness:
 
 
 def joint_state(names, q, v, stamp_ns=None):
-    """A JointState stamped ``stamp_ns`` (default: now on the wall clock, as a robot's driver does)."""
+    """Build a JointState stamped ``stamp_ns`` (default: now on the wall clock, as a robot's driver does)."""
     from sensor_msgs.msg import JointState
 
     if stamp_ns is None:
@@ -313,10 +313,13 @@ def test_quadrotor_interfaces(ros, ckpts, interface):
 
 @pytest.mark.slow
 def test_compiled_prediction_is_built_at_start_and_predicts_as_the_eager_step(ros, ckpts):
-    """compile_prediction: the node builds the step compiled ahead of time before its first state;
+    """compile_prediction: the node predicts through the compiled step as the eager step does.
+
+    The node builds the step compiled ahead of time before its first state;
     over five consecutive lockstep states drawn at random (seed printed), each command equals an
     eager PolicyRunner's and each prediction its eager Simulator.step to round-off, the rotor speeds
-    carried on from one prediction to the next in both."""
+    carried on from one prediction to the next in both.
+    """
     from nav_msgs.msg import Odometry
     from std_msgs.msg import Float64MultiArray
 
@@ -401,10 +404,13 @@ def test_px4_interface_needs_px4_msgs(ckpts):
 
 
 def test_lockstep_answers_a_republished_state_once_the_gates_open(ros, ckpts):
-    """A lockstep plant republishes its initial state until its first command. A copy that arrived
+    """In lockstep, a republished state is answered once the gates open.
+
+    A lockstep plant republishes its initial state until its first command. A copy that arrived
     while wait_for_subscribers kept the controller silent must be answered by the next copy once
     the gate opens (regression: the copies were taken for already-answered repeats and the loop
-    deadlocked)."""
+    deadlocked).
+    """
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float64MultiArray
 
@@ -434,10 +440,13 @@ def test_lockstep_answers_a_republished_state_once_the_gates_open(ros, ckpts):
 
 
 def test_excite_mode_sends_the_excitation_through_the_same_path(ros):
-    """mode excite: no checkpoint; the commands on the controller's output topic and on
+    """Mode excite sends the excitation through the same path as a policy.
+
+    mode excite: no checkpoint; the commands on the controller's output topic and on
     /diffsim/command are the excitation's own sequence (a separate ArmExcitation of the same
     settings: the node and the supervisor pass it on unchanged), the metadata says so and carries
-    the config for sysid, and the e-stop and a NaN state still give the safe hold."""
+    the config for sysid, and the e-stop and a NaN state still give the safe hold.
+    """
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float64MultiArray, String
     from std_srvs.srv import SetBool
@@ -500,11 +509,14 @@ def _ros2_or_skip() -> str:
 
 
 def test_cmd_vel_from_ros2_topic_pub_drives_a_walker_and_its_timeout_stands_it(ros, tmp_path):
-    """`ros2 topic pub /cmd_vel geometry_msgs/msg/Twist` (the ros2 CLI, another process) as a teleop
+    """/cmd_vel from `ros2 topic pub` drives a walker, and its timeout stands it.
+
+    `ros2 topic pub /cmd_vel geometry_msgs/msg/Twist` (the ros2 CLI, another process) as a teleop
     node streams it: a walker trained at 0.2-0.8 m/s asked for 2.0 m/s (and a turn) walks at 0.8, the
     policy's command on each state equal to an independent runner's for 0.8, the diagnostics naming the
     clamp and the ignored turn; when the publisher stops, the controller stands it on its stance
-    (cmd_vel_timeout_s); `--once` with a stop request stands it at once."""
+    (cmd_vel_timeout_s); `--once` with a stop request stands it at once.
+    """
     from sensor_msgs.msg import Imu, JointState
     from std_msgs.msg import Float64MultiArray
 
@@ -575,10 +587,13 @@ def test_cmd_vel_from_ros2_topic_pub_drives_a_walker_and_its_timeout_stands_it(r
 
 
 def test_cmd_vel_stamped_commands_a_quadrotor_velocity_policy(ros, tmp_path):
-    """`ros2 topic pub --once /cmd_vel geometry_msgs/msg/TwistStamped` (cmd_vel_stamped) to the
+    """Stamped /cmd_vel commands a quadrotor velocity policy.
+
+    `ros2 topic pub --once /cmd_vel geometry_msgs/msg/TwistStamped` (cmd_vel_stamped) to the
     quadrotor velocity task (trained within +-1.5 m/s per axis): 3.0 m/s forward and 0.5 down is
     the policy's command for (1.5, 0, -0.5), an independent runner says; a hover at zero after the
-    timeout; the clamp named in the diagnostics."""
+    timeout; the clamp named in the diagnostics.
+    """
     from nav_msgs.msg import Odometry
     from std_msgs.msg import Float64MultiArray
 
@@ -623,8 +638,11 @@ def test_cmd_vel_stamped_commands_a_quadrotor_velocity_policy(ros, tmp_path):
 
 
 def test_policy_format_onnx_runs_the_exported_policy(ros, tmp_path):
-    """policy_format onnx: the controller runs policy.onnx (diffsim-ros export --onnx) through
-    onnxruntime, its commands TorchScript's to float32 precision, the metadata saying which."""
+    """policy_format onnx runs the exported policy.
+
+    The controller runs policy.onnx (diffsim-ros export --onnx) through
+    onnxruntime, its commands TorchScript's to float32 precision, the metadata saying which.
+    """
     pytest.importorskip("onnxruntime")
     import shutil
 
@@ -660,10 +678,13 @@ def test_policy_format_onnx_runs_the_exported_policy(ros, tmp_path):
 
 
 def test_startup_preflight_go_then_policy_and_no_go_holds_the_safe_command(ros, ckpts):
-    """preflight on (the default), timer mode: a robot publishing its joint states at twice the
+    """Startup preflight: GO then the policy, and NO-GO holds the safe command.
+
+    preflight on (the default), timer mode: a robot publishing its joint states at twice the
     policy's rate with a listener on the command topic gets no command during the preflight
     window, then the policy's (diagnostics: GO). The same robot at a third of the policy's rate is
-    NO-GO: the safe command (hold the measured joints) until ~/reset, then the policy's."""
+    NO-GO: the safe command (hold the measured joints) until ~/reset, then the policy's.
+    """
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float64MultiArray
     from std_srvs.srv import Trigger

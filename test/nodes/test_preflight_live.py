@@ -1,8 +1,10 @@
-"""`diffsim-ros preflight` live over DDS against the MuJoCo stand-in (mujoco_plant, realtime): GO on
-the arm it was trained for; NO-GO naming the fault when nothing subscribes the command topic, when
-the checkpoint is another robot's (the quadrotor's: no odometry; the Panda's: its joints missing),
-when the state comes slower than the policy's rate and its stamps follow a simulator's clock that
-is not published."""
+"""`diffsim-ros preflight` live over DDS against the MuJoCo stand-in (mujoco_plant, realtime).
+
+GO on the arm it was trained for; NO-GO naming the fault when nothing subscribes the command
+topic, when the checkpoint is another robot's (the quadrotor's: no odometry; the Panda's: its
+joints missing), when the state comes slower than the policy's rate and its stamps follow a
+simulator's clock that is not published.
+"""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,8 @@
-"""The replay node (``ros2 run diffsim_ros replay``): real rclpy/DDS on an isolated ROS_DOMAIN_ID,
-in-process for the message contents and as the installed console script for start-up and exit."""
+"""The replay node (``ros2 run diffsim_ros replay``).
+
+Real rclpy/DDS on an isolated ROS_DOMAIN_ID, in-process for the message contents and as the
+installed console script for start-up and exit.
+"""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,9 @@
-"""train_node: the console script trains over a small config, publishes its loss and diagnostics
-over DDS, writes a checkpoint the controller's PolicyRunner loads, and exits 0; it takes the URDF
-from the latched robot_description topic; bad input exits 2 with the reason."""
+"""train_node: the console script trains over a small config.
+
+It publishes its loss and diagnostics over DDS, writes a checkpoint the controller's
+PolicyRunner loads, and exits 0; it takes the URDF from the latched robot_description topic;
+bad input exits 2 with the reason.
+"""
 from __future__ import annotations
 
 import csv
@@ -114,10 +117,13 @@ def test_train_node_bad_config_exits_2(tmp_path):
 
 @pytest.mark.slow
 def test_train_node_refuses_an_earlier_run_replaces_it_with_force_and_resumes_one_bit_for_bit(tmp_path):
-    """The node keeps what an earlier run left as ``diffsim-ros train`` does: a folder with a policy
+    """The train node refuses an earlier run, replaces it with force, and resumes one bit for bit.
+
+    The node keeps what an earlier run left as ``diffsim-ros train`` does: a folder with a policy
     or an unfinished run is refused (exit 2, naming force and resume, nothing touched); force:=true
     trains afresh there; resume:=true continues a run killed mid-way (SIGKILL in the CLI, as
-    test_training_resume does) and ends with the same weights and rows as the run left alone."""
+    test_training_resume does) and ends with the same weights and rows as the run left alone.
+    """
     import torch
 
     from test_training_resume import (ITERATIONS, KILL_DURING, KILLER, csv_rows, resume_state, tiny_params,

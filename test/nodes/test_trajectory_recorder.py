@@ -142,8 +142,11 @@ def test_recorder_sigterm_500hz_given_type(ros, tmp_path):
 
 
 def test_recorder_refuses_to_overwrite(tmp_path):
-    """An existing output_dir is refused with the reason (exit status 2); overwrite:=true
-    replaces a bag but never a directory that is not one."""
+    """The recorder refuses to overwrite.
+
+    An existing output_dir is refused with the reason (exit status 2); overwrite:=true
+    replaces a bag but never a directory that is not one.
+    """
     existing = tmp_path / "bag"
     existing.mkdir()
     (existing / "metadata.yaml").write_text("rosbag2_bagfile_information: {}\n")
@@ -186,10 +189,13 @@ def _recovered(bag: Path, topic: str):
 
 
 def test_recorder_sigkill_then_repair_loses_at_most_one_flush_period(ros, tmp_path):
-    """SIGKILL at random moments while a publisher sends a counter at 300 Hz: metadata.yaml
+    """SIGKILL then repair loses at most one flush period of messages.
+
+    SIGKILL at random moments while a publisher sends a counter at 300 Hz: metadata.yaml
     exists at once; after `diffsim-ros bag repair` rosbags and the mcap package both read the
     bag, and it holds the first k published messages unchanged, with k >= sent minus one flush
-    period of messages (plus a little for messages still in flight in DDS)."""
+    period of messages (plus a little for messages still in flight in DDS).
+    """
     import random
 
     import yaml

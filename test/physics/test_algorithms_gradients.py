@@ -1,5 +1,7 @@
-"""Gradients of our aba: against Pinocchio's analytical derivatives, gradcheck,
-and finite differences in the model's physical parameters.
+"""Gradients of our aba.
+
+They are checked against Pinocchio's analytical derivatives, gradcheck, and finite differences
+in the model's physical parameters.
 
 * ∂q̈/∂q, ∂q̈/∂v, ∂q̈/∂τ by autograd (one batched backward pass per output
   coordinate) vs pin.computeABADerivatives (ddq_dq, ddq_dv, Minv), relative
@@ -83,8 +85,10 @@ def test_aba_derivatives_match_pinocchio(name):
 
 
 def test_pinocchio_free_flyer_tangent_convention():
-    """What the comparison above assumes about Pinocchio: its ddq_dq is
-    ∂ aba(q ⊕ δ) / ∂δ, and ∂(q ⊕ δ)/∂δ is free_flyer_integrate_jacobian."""
+    """What the comparison above assumes about Pinocchio's free-flyer tangent convention.
+
+    Its ddq_dq is ∂ aba(q ⊕ δ) / ∂δ, and ∂(q ⊕ δ)/∂δ is free_flyer_integrate_jacobian.
+    """
     model, ref, q, v, tau = setup("solo12", 3)
     h = 1e-6
     for b in range(len(q)):

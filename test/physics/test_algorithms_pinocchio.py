@@ -120,9 +120,11 @@ def test_forward_kinematics(name):
 
 @pytest.mark.parametrize("name", ROBOT_NAMES)
 def test_link_jacobian(name):
-    """Every link origin's world-frame Jacobian against Pinocchio's getFrameJacobian
-    (LOCAL_WORLD_ALIGNED, linear rows), on 20 of the random states; link_kinematics's
-    position (the pass link_jacobian is built on) against Pinocchio's placements."""
+    """Every link origin's world-frame Jacobian against Pinocchio's getFrameJacobian.
+
+    LOCAL_WORLD_ALIGNED, linear rows, on 20 of the random states; link_kinematics's
+    position (the pass link_jacobian is built on) against Pinocchio's placements.
+    """
     ref = reference(name)
     q, _, _, _ = ref.tensors()
     n = 20
@@ -190,8 +192,10 @@ def test_float32(name):
 
 @pytest.mark.parametrize("name", ["panda", "solo12", "diffsim_arm"])
 def test_leading_batch_dimensions(name):
-    """(4, 25, ·) inputs give the flat (100, ·) answers reshaped; a single
-    unbatched state gives row 0."""
+    """Leading batch dimensions: (4, 25, ·) inputs give the flat (100, ·) answers reshaped.
+
+    A single unbatched state gives row 0.
+    """
     ref = reference(name)
     m = ref.model
     q, v, a, tau = ref.tensors()
@@ -228,10 +232,13 @@ FAR = (100.0, -100.0, 10.0)  # m: a quadruped that walked, or a quadrotor that f
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", ["solo12", "diffsim_quadruped", "diffsim_quadrotor"])
 def test_floating_base_far_from_origin(name, dtype):
-    """Under uniform gravity the dynamics do not depend on where the base is
+    """A floating base far from the origin is as accurate as near it.
+
+    Under uniform gravity the dynamics do not depend on where the base is
     (v is in the body frame): with the base 100 m from the world origin, M(q),
     rnea and aba must be as accurate as near it (the same tolerances).
-    Link poses are compared too (their translations are then ~100 m)."""
+    Link poses are compared too (their translations are then ~100 m).
+    """
     ref = reference(name)
     m = ref.model if dtype == torch.float64 else load(name, dtype=dtype)
     q = ref.q.copy()

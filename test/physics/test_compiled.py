@@ -1,8 +1,10 @@
-"""The compiled step (its graphs traced here, or torch.compile) against the eager step it compiles: states over a
-rollout and gradients through it, on the quadrotor (free flight, CTBR, motor lag, drag,
-ground contact) and on the project's arm with ground contact and implicit PD; the step
+"""The compiled step (its graphs traced here, or torch.compile) against the eager step it compiles.
+
+States over a rollout and gradients through it, on the quadrotor (free flight, CTBR, motor lag,
+drag, ground contact) and on the project's arm with ground contact and implicit PD; the step
 compiled ahead of time (ExportedStep) against the eager one, and its library cache.
-Compiling takes a minute or two per model the first time (cached after)."""
+Compiling takes a minute or two per model the first time (cached after).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -104,11 +106,14 @@ PENDULUM = """<robot name="pendulum">
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "torch.compile"])
 def test_two_compiled_systems_of_one_shape_keep_their_own_graphs(tmp_path, direct):
-    """Two systems that differ only in values (a link mass; the gravity and the step, which the
+    """Two compiled systems of one shape keep their own graphs.
+
+    Two systems that differ only in values (a link mass; the gravity and the step, which the
     graph holds as constants) compile to graphs of the same signature; each CompiledStep keeps
     its own (it guards on its inputs only), so each must follow its own eager step, whichever
     compiled first, forward and through the gradient; with the graphs traced here (direct) and
-    through torch.compile (the fallback, and the path off the CPU)."""
+    through torch.compile (the fallback, and the path off the CPU).
+    """
     path = tmp_path / "pendulum.urdf"
     path.write_text(PENDULUM)
     model = physics.load_urdf(str(path), dtype=torch.float64)
@@ -171,10 +176,13 @@ def _follow(step, sys, q0, tau, steps=5):
 
 
 def test_exported_step_keeps_one_library_per_system(tmp_path):
-    """ExportedStep's libraries are cached on disk by the exported graph and its constants'
+    """ExportedStep keeps one library per system.
+
+    ExportedStep's libraries are cached on disk by the exported graph and its constants'
     values: two systems that differ in a drawn mass build two libraries, each following its
     own eager step; a new ExportedStep of the first system loads its library (builds none) and
-    still follows it. Drawn: the step, the mass factor, the start and the torque."""
+    still follows it. Drawn: the step, the mass factor, the start and the torque.
+    """
     seed = int(os.environ.get("DIFFSIM_EXPORT_SEED", random.randrange(2 ** 31)))
     print("DIFFSIM_EXPORT_SEED=%d" % seed)
     rng = random.Random(seed)
@@ -206,11 +214,14 @@ def test_exported_step_keeps_one_library_per_system(tmp_path):
 
 @pytest.mark.slow
 def test_exported_step_matches_eager(tmp_path):
-    """The ahead-of-time compiled forward step follows the eager one over a rollout at one
+    """The exported step matches the eager one.
+
+    The ahead-of-time compiled forward step follows the eager one over a rollout at one
     environment (the controller's prediction) on the quadrotor (CTBR, motor lag, drag, contact
     groups); it refuses inputs that need a gradient, and its NaN flag lets the guard name a
     non-finite command. (The arm's implicit PD goes through the same traced branches as its
-    compiled step, above; the contact groups' choice is tested on the carriage below.)"""
+    compiled step, above; the contact groups' choice is tested on the carriage below.)
+    """
     name, model, cfg, q0, action = _cases()[0]
     sim = physics.Simulator(model, cfg)
     step = ExportedStep(sim.system, cache_dir=str(tmp_path))
@@ -251,12 +262,15 @@ LIFT = """<robot name="lift">
 
 @pytest.mark.slow
 def test_compiled_steps_evaluate_the_near_groups_and_rerun_when_another_comes_near(tmp_path):
-    """The compiled step evaluates only the contact groups seen near the ground: a carriage on
+    """Compiled steps evaluate the near contact groups, and rerun when another comes near.
+
+    The compiled step evaluates only the contact groups seen near the ground: a carriage on
     a vertical slide with a pendulum rod, each with a box (two groups). High on its slide, the
     rod's tip box touches in some environments (drawn swing angles; the first hangs straight,
     5 mm deep) and the graph over that group alone follows the eager step, states and
     gradients; lowered, the carriage's box comes near too, the step is run again with every
-    group and still follows the eager step. The exported step likewise, at one environment."""
+    group and still follows the eager step. The exported step likewise, at one environment.
+    """
     seed = int(os.environ.get("DIFFSIM_EXPORT_SEED", random.randrange(2 ** 31)))
     print("DIFFSIM_EXPORT_SEED=%d" % seed)
     g = torch.Generator().manual_seed(seed)
@@ -320,11 +334,14 @@ def test_compiled_steps_evaluate_the_near_groups_and_rerun_when_another_comes_ne
 
 
 def test_varying_parameters_are_refused_by_name_before_compiling():
-    """``Simulator(..., compile=True, varying=...)`` refuses, before any graph is traced, a name
+    """Varying parameters are refused by name before compiling.
+
+    ``Simulator(..., compile=True, varying=...)`` refuses, before any graph is traced, a name
     the registry does not have, one it cannot take as an input, and one the system lacks (a
     rotor's drag or motor lag on the arm, the ground's stiffness without a ground), each named
     with what it needs; without compile=True varying is refused as well. It raised a bare
-    AttributeError from inside the registry for a parameter of another kind of robot."""
+    AttributeError from inside the registry for a parameter of another kind of robot.
+    """
     arm = physics.load_urdf(str(PROJECT_URDFS["arm"]), dtype=torch.float64)
     cfg = physics.SimConfig(dt=5e-3, actuator="position", kp=30.0, kd=2.0, ground=False)
     for names, words in ((["no_such_parameter"], ["no_such_parameter", "compiled step"]),

@@ -1,10 +1,13 @@
-"""The ground contact's parameters in the registry (contact_stiffness, contact_damping,
-ground_friction, friction_smoothing): applied to a system they step exactly as a system built from a
+"""The ground contact's parameters in the registry.
+
+The parameters are contact_stiffness, contact_damping, ground_friction and friction_smoothing.
+Applied to a system they step exactly as a system built from a
 configuration holding those values; their gradients through a contact-rich rollout match
 central finite differences; the stand-in's ground_friction_scale maps onto them; robots
 without ground contact refuse them by name.
 
-Drawn values print their seed (replay with DIFFSIM_CONTACT_SEED=<seed>)."""
+Drawn values print their seed (replay with DIFFSIM_CONTACT_SEED=<seed>).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +37,10 @@ def quadruped():
 
 
 def _contact_states(model, batch, gen):
-    """The quadruped a little above or into the ground, tilted, sliding and turning: most
-    environments touch with some feet, some slide."""
+    """Draw quadruped states a little above or into the ground, tilted, sliding and turning.
+
+    Most environments touch with some feet, some slide.
+    """
     q = model.neutral_configuration((batch,))
     q[:, 7:] = torch.tensor([0.0, 0.8, -1.6] * 4, dtype=F64) + 0.2 * torch.randn(batch, 12, generator=gen, dtype=F64)
     q[:, 2] = 0.295 + 0.01 * torch.randn(batch, generator=gen, dtype=F64)

@@ -5,7 +5,8 @@ own dt (one substep per step) with command_delay = L whole steps and each action
 ``substeps`` steps applies exactly the same command at every substep, so both must agree to
 rounding, state by state, for every latency; gradients of the latency step against finite
 differences. (The compiled step takes the latency as an input of its graphs: the compiled
-randomised training of test/learning/test_apg.py draws it per episode and equals the eager run.)"""
+randomised training of test/learning/test_apg.py draws it per episode and equals the eager run.)
+"""
 import dataclasses
 
 import numpy as np
@@ -34,9 +35,12 @@ def _quadrotor(**changes):
 
 @pytest.mark.parametrize("robot", ["arm", "quadrotor"])
 def test_latency_equals_the_delay_line_of_a_substep_simulator(robot):
-    """Drawn latencies (0..max, one per environment, seed printed) and a drawn command delay: each
+    """A latency equals the delay line of a substep simulator.
+
+    Drawn latencies (0..max, one per environment, seed printed) and a drawn command delay: each
     environment's trajectory equals that of a simulator stepping at dt / substeps with command_delay
-    = substeps * delay + L and every action held for substeps steps."""
+    = substeps * delay + L and every action held for substeps steps.
+    """
     rng_seed = drawn_seed("latency", "DIFFSIM_LATENCY_SEED")
     gen = torch.Generator().manual_seed(rng_seed)
     make = _arm if robot == "arm" else _quadrotor

@@ -1,11 +1,14 @@
-"""The laws written once for the simulator and the stand-in (physics/laws.py): each law evaluated
+"""The laws written once for the simulator and the stand-in (physics/laws.py).
+
+Each law evaluated
 with numpy (the stand-in's firmware) equals the same law with torch float64 (the simulator) for
 random inputs (hypothesis: speeds far beyond the velocity limits, zero and infinite effort limits,
 both signs), within what the two libraries' transcendentals (an ulp apart) allow; and each law
 against an independent check: slopes against finite differences, secants against the chord, the
 window's bounds, the lag's semigroup property, the mixer's allocation reproducing the commanded
 wrench, the thrust clamp within [0, max] and the identity inside. The torch laws trace into one
-graph (torch._dynamo.explain: no graph breaks), as the compiled step needs."""
+graph (torch._dynamo.explain: no graph breaks), as the compiled step needs.
+"""
 from __future__ import annotations
 
 import math
@@ -28,7 +31,7 @@ def _t(x):
 
 
 def _close(got_np, got_torch, atol, rtol=1e-12, what=""):
-    """numpy's and torch's values of a law agree within atol + rtol |value| per entry."""
+    """Check that NumPy's and torch's values of a law agree within atol + rtol |value| per entry."""
     a = np.asarray(got_np, dtype=np.float64)
     b = got_torch.detach().numpy() if isinstance(got_torch, torch.Tensor) else np.asarray(got_torch)
     assert a.shape == b.shape, (what, a.shape, b.shape)
@@ -46,8 +49,11 @@ frictions = st.one_of(st.just(0.0), st.floats(1e-6, 5.0))
 
 @st.composite
 def drives(draw):
-    """Joint drives: limits, a band, commands and speeds (in units of the velocity limit where
-    there is one, up to 5 of them: far beyond it, both signs)."""
+    """Joint drives: limits, a band, commands and speeds.
+
+    The speeds are in units of the velocity limit where there is one, up to 5 of them: far beyond
+    it, both signs.
+    """
     n = draw(st.integers(1, 5))
     lim = np.array(draw(st.lists(effort_limits, min_size=n, max_size=n)))
     vmax = np.array(draw(st.lists(velocity_limits, min_size=n, max_size=n)))
@@ -220,7 +226,7 @@ def test_mixer_motors_and_drag_agree_in_numpy_and_torch(r, max_thrust, scale):
 @HYP
 @given(drives())
 def test_saturation_slope_is_the_derivative_and_the_torque_stays_in_the_window(d):
-    """slope = d torque / d u (central differences); |torque| <= L; inside the window at the speed."""
+    """The saturation's slope = d torque / d u (central differences); |torque| <= L; inside the window at the speed."""
     lim, vmax, band, va, u = d["lim"], d["vmax"], d["band"], d["va"], d["u"]
     L = _safe(lim)
     step = 1e-6 * np.where(L > 0, L, 1.0)
@@ -243,8 +249,11 @@ def test_saturation_slope_is_the_derivative_and_the_torque_stays_in_the_window(d
 @HYP
 @given(drives())
 def test_window_brake_is_the_speed_slope_inside_and_the_chord_beyond(d):
-    """Inside the velocity limit the brake is max(0, -d torque / d v) (central differences); beyond
-    it at least the chord to the limit, -(torque(v) - torque(v*)) / (v - v*); never negative."""
+    """The window brake is the speed slope inside and the chord beyond.
+
+    Inside the velocity limit the brake is max(0, -d torque / d v) (central differences); beyond
+    it at least the chord to the limit, -(torque(v) - torque(v*)) / (v - v*); never negative.
+    """
     lim, vmax, band, va, u = d["lim"], d["vmax"], d["band"], d["va"], d["u"]
     L, B = _safe(lim), _band_width(d)
     tau = laws.saturate(np, u, lim, va, vmax, band)[0]
@@ -282,9 +291,12 @@ def test_secant_is_the_chord_and_falls_back_on_the_tangent(x0, x1, scale, tangen
 @HYP
 @given(drives(), st.booleans())
 def test_drive_composes_the_saturation_its_secants_and_the_brake(d, window):
-    """The drive's torque is the saturated command; with a window and a servo its slope is the secant
+    """The drive composes the saturation, its secants and the brake.
+
+    The drive's torque is the saturated command; with a window and a servo its slope is the secant
     of the torque over the PD part (the torque without the PD part is torque - slope pd); without a
-    window and with pd_slope, the saturation's slope at the PD part alone."""
+    window and with pd_slope, the saturation's slope at the PD part alone.
+    """
     lim, vmax, band, va, u, pd = d["lim"], d["vmax"] if window else None, d["band"], d["va"], d["u"], d["pd"]
     L = _safe(lim)
     torque, slope, brake = laws.drive(np, u, pd, va, lim, vmax, band, servo=True, pd_slope=True)
@@ -305,8 +317,11 @@ def test_drive_composes_the_saturation_its_secants_and_the_brake(d, window):
 @HYP
 @given(drives(), st.booleans())
 def test_servo_secants_tend_to_the_tangents_for_a_small_move(d, window):
-    """A velocity servo whose predicted end barely moves: the secants are the tangents at the start
-    (the saturation's slope, and the window brake's speed slope where it is the tangent)."""
+    """The servo's secants tend to the tangents for a small move.
+
+    A velocity servo whose predicted end barely moves: the secants are the tangents at the start
+    (the saturation's slope, and the window brake's speed slope where it is the tangent).
+    """
     lim, vmax, band, va, u = d["lim"], d["vmax"] if window else None, d["band"], d["va"], d["u"]
     kd = 2.0
     torque, tangent = laws.saturate(np, u, lim, va, vmax, band)
@@ -339,8 +354,11 @@ def test_friction_secant_through_zero(v, eps, f):
 @HYP
 @given(multirotors())
 def test_allocation_times_the_mixed_thrusts_is_the_commanded_wrench(r):
-    """Unsaturated, the mixer's thrusts reproduce the rate loop's wrench through the allocation; the
-    rate loop is J k (w* - w) + w x J w (at w = 0: J k w*; with k = 0: the gyroscopic term)."""
+    """The allocation times the mixed thrusts is the commanded wrench.
+
+    Unsaturated, the mixer's thrusts reproduce the rate loop's wrench through the allocation; the
+    rate loop is J k (w* - w) + w x J w (at w = 0: J k w*; with k = 0: the gyroscopic term).
+    """
     A = laws.allocation(np, r["positions"], r["directions"], r["kf"], r["km"])
     if np.linalg.matrix_rank(A) < 4:
         return                                        # a degenerate layout cannot hold every wrench
@@ -360,8 +378,11 @@ def test_allocation_times_the_mixed_thrusts_is_the_commanded_wrench(r):
 @HYP
 @given(st.floats(0.1, 100.0), st.lists(st.floats(-3.0, 3.0), min_size=1, max_size=20))
 def test_thrust_clamp_stays_within_range_and_is_the_identity_inside(max_thrust, fractions):
-    """Within [0, max_thrust] for every command; the command itself from 1 % to 99 % of the range
-    (the corners are 0.01 % wide); ln(2) 1e-4 max_thrust left at zero; monotone."""
+    """The thrust clamp stays within range and is the identity inside.
+
+    Within [0, max_thrust] for every command; the command itself from 1 % to 99 % of the range
+    (the corners are 0.01 % wide); ln(2) 1e-4 max_thrust left at zero; monotone.
+    """
     t = np.sort(np.array(fractions)) * max_thrust
     c = laws.clamp_thrust(np, t, max_thrust)
     assert (c >= 0).all() and (c <= max_thrust * (1 + 1e-12)).all()

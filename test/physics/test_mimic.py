@@ -123,8 +123,11 @@ def _T(x):
 
 
 def _decoupled(model):
-    """The model with the coupling dropped: mimic rows of G and the offsets zero (the
-    mimic joints stay at 0, as if the URDF had no <mimic> and nothing drove them)."""
+    """Return the model with the coupling dropped.
+
+    Mimic rows of G and the offsets are zero (the mimic joints stay at 0, as if the URDF had no
+    <mimic> and nothing drove them).
+    """
     G = model.mimic_G.clone()
     for name in model.mimic_joints:
         G[(6 if model.floating_base else 0) + model.full_joint_names.index(name)] = 0.0
@@ -132,8 +135,10 @@ def _decoupled(model):
 
 
 class _Projected:
-    """Reference by hand: Pinocchio's full model (mimic joints free), evaluated at
-    q_full = G q + c and projected with G. Fixed base, no continuous joints."""
+    """Reference by hand: Pinocchio's full model (mimic joints free), projected.
+
+    It is evaluated at q_full = G q + c and projected with G. Fixed base, no continuous joints.
+    """
 
     def __init__(self, path, model):
         self.pm = pin.buildModelFromUrdf(path)
@@ -288,8 +293,11 @@ def _sim(model, **kw):
 
 
 def test_rollout_gradients(tree_path):
-    """d(final q, v)/d(initial q, v, efforts) of 4 steps, by gradcheck (finite differences),
-    with the implicit damping path (URDF damping, folded) on."""
+    """Rollout gradients by gradcheck.
+
+    d(final q, v)/d(initial q, v, efforts) of 4 steps, by gradcheck (finite differences),
+    with the implicit damping path (URDF damping, folded) on.
+    """
     model = physics.load_urdf(tree_path, collision=False, dtype=F64)
     sim = _sim(model, joint_damping=True, implicit_damping=True)
     gen = torch.Generator().manual_seed(3)
@@ -315,11 +323,14 @@ def _energy(model, q, v):
 
 
 def test_energy_conservation_of_mimic_pendulums():
-    """Frictionless, undamped, unactuated: total energy stays constant over 1 s (RK4 at
+    """Mimic pendulums conserve energy.
+
+    Frictionless, undamped, unactuated: total energy stays constant over 1 s (RK4 at
     2 ms; its truncation leaves a drift of 4e-10 here; tolerance 1e-8), while the
     pendulums swing and exchange energy through the coupling; the same run with the
     coupling dropped does not conserve the energy the coupled model measures (0.37
-    relative: the check sees a wrong coupling in the dynamics)."""
+    relative: the check sees a wrong coupling in the dynamics).
+    """
     model = physics.load_urdf(PENDULUMS, collision=False, dtype=F64)
     assert model.joint_names == ["hinge_a", "elbow"] and model.mimic_joints == ("hinge_b",)
     q0 = torch.tensor([[1.2, -0.5], [0.3, 1.5]], dtype=F64)
@@ -345,8 +356,11 @@ def test_energy_conservation_of_mimic_pendulums():
 
 
 def test_simulator_step_matches_reduced_dynamics(tree_path):
-    """One explicit step (no implicit terms) moves v by dt * aba: the pipeline's
-    acceleration stage projects as aba does."""
+    """The simulator step matches the reduced dynamics.
+
+    One explicit step (no implicit terms) moves v by dt * aba: the pipeline's
+    acceleration stage projects as aba does.
+    """
     model = physics.load_urdf(tree_path, collision=False, dtype=F64)
     sim = _sim(model, implicit_damping=False, dt=1e-3)
     q = torch.tensor([[0.2, -0.4, 0.1]], dtype=F64)
@@ -357,7 +371,9 @@ def test_simulator_step_matches_reduced_dynamics(tree_path):
 
 
 def test_the_stand_in_couples_the_panda_finger_as_the_simulator_does(robots_dir):
-    """example-robot-data's panda on the MuJoCo stand-in, its second finger a <mimic> of the first
+    """The stand-in couples the Panda's finger as the simulator does.
+
+    example-robot-data's panda on the MuJoCo stand-in, its second finger a <mimic> of the first
     (multiplier 1, offset 0): under random position targets held 0.2 s each (seed printed), moving
     the arm and opening and closing the gripper, MuJoCo's equality constraint keeps the follower on
     its leader within 3 mm at the end of each hold and within 1 cm while the arm accelerates (the
@@ -368,7 +384,8 @@ def test_the_stand_in_couples_the_panda_finger_as_the_simulator_does(robots_dir)
     Gains kp 50, kd 10: over 164 seeds the arm and leader stayed within 2.4e-3 of the simulator,
     the follower within 0.75 mm (held) and 1.8 mm (moving). At kp 200 three seeds in 32 (246085998,
     126, 112) left the engines 5e-3-0.08 apart: every drive saturating at once against the soft
-    coupling, not the coupling itself (without saturation those seeds agree within 4e-3)."""
+    coupling, not the coupling itself (without saturation those seeds agree within 4e-3).
+    """
     import os
     import random
     import warnings

@@ -1,4 +1,6 @@
-"""Per-environment physics (``parameters.apply_per_episode``): one batched system in which every
+"""Per-environment physics (``parameters.apply_per_episode``).
+
+One batched system in which every
 environment has its own drawn mass, centre of mass, servo strength, lag, drag and ground steps
 each environment exactly as a system of its own (``apply_values`` of its row) steps it alone;
 gradients with respect to the drawn values agree too. The draws are random (seed printed); the
@@ -82,8 +84,11 @@ def test_each_environment_steps_as_its_own_system(robot):
 
 
 def test_gradients_reach_each_environments_own_values():
-    """d(final state of environment i)/d(its drawn values), batched, equals the gradient of its
-    own system; the other environments' values do not move it."""
+    """Gradients reach each environment's own values.
+
+    d(final state of environment i)/d(its drawn values), batched, equals the gradient of its
+    own system; the other environments' values do not move it.
+    """
     seed = random.randrange(2**31)
     print("seed", seed)
     gen = torch.Generator().manual_seed(seed)

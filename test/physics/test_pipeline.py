@@ -1,8 +1,10 @@
-"""The pure step and its stages, each against something independent of the pipeline:
-the public (Pinocchio-checked) rnea/crba/aba, per-point Jacobians built from unit
+"""The pure step and its stages, each against something independent of the pipeline.
+
+The public (Pinocchio-checked) rnea/crba/aba, per-point Jacobians built from unit
 velocities, finite differences, and the step's own definition (purity, exact skipping).
 
-Random draws print their seed so a failure replays."""
+Random draws print their seed so a failure replays.
+"""
 from __future__ import annotations
 
 import random
@@ -30,8 +32,10 @@ ROBOT_NAMES = [("diffsim_arm", False), ("diffsim_quadruped", True), ("ur5", Fals
 
 
 def _load(name):
-    """Our model of a pin_reference robot, with its collision geometry (meshes as boxes);
-    None when example-robot-data is absent (the project's robots are always there)."""
+    """Load our model of a pin_reference robot, with its collision geometry (meshes as boxes).
+
+    None when example-robot-data is absent (the project's robots are always there).
+    """
     import warnings
     case = pin_reference.ROBOTS_BY_NAME[name]
     if not case.project and pin_reference.example_robot_data_dir() is None:
@@ -64,10 +68,13 @@ def robots():
 
 
 def test_actuation_and_passive_forces_reach_the_equations_of_motion(robots):
-    """Explicit step (no implicit terms, no ground): data.qdd equals aba(q, v, tau) with tau
+    """Actuation and passive forces reach the equations of motion.
+
+    Explicit step (no implicit terms, no ground): data.qdd equals aba(q, v, tau) with tau
     written out here: position PD kp (target - q) - kd v on the actuated joints, gravity
     compensation rnea(q, 0, 0), URDF damping and the tanh friction, on fixed- and
-    floating-base robots."""
+    floating-base robots.
+    """
     gen = _seed("actuation")
     for name, model in robots:
         B, nj = 5, model.nj
@@ -94,9 +101,12 @@ def test_actuation_and_passive_forces_reach_the_equations_of_motion(robots):
 
 
 def test_linearly_implicit_step_solves_its_defining_equation(robots):
-    """With implicit_damping the accelerations solve (M + h D + h^2 K) a = tau - b - h K v,
+    """The linearly implicit step solves its defining equation.
+
+    With implicit_damping the accelerations solve (M + h D + h^2 K) a = tau - b - h K v,
     D and K the slopes of the PD and damping terms (diagonal), checked with the public crba
-    and rnea."""
+    and rnea.
+    """
     gen = _seed("implicit")
     for name, model in robots:
         B, nj = 3, model.nj
@@ -120,10 +130,13 @@ def test_linearly_implicit_step_solves_its_defining_equation(robots):
 
 
 def test_applied_forces_are_the_pd_and_damping_torques_and_refuse_an_actuator_with_state(robots):
-    """physics.applied_forces: every generalised force but contact at a state, explicit. With
+    """Applied forces are the PD and damping torques; an actuator with state is refused.
+
+    physics.applied_forces: every generalised force but contact at a state, explicit. With
     the ground on (it must not count), PD targets and joint damping: kp (target - q) - kd v -
     d v on the joints, zero on a floating base; with the gravity compensation, plus the
-    nominal model's gravity torques (the public rnea at rest). An actuator lag is refused."""
+    nominal model's gravity torques (the public rnea at rest). An actuator lag is refused.
+    """
     gen = _seed("applied forces")
     for name, model in robots:
         B, nj = 3, model.nj
@@ -146,8 +159,10 @@ def test_applied_forces_are_the_pd_and_damping_torques_and_refuse_an_actuator_wi
 
 
 def _point_jacobians(sys, q):
-    """Per-point (P, 3, nv) Jacobians of the contact points on the surface, from the
-    kinematics of unit velocities (one environment per dof): independent of the blocks."""
+    """Build per-point (P, 3, nv) Jacobians of the contact points on the surface.
+
+    From the kinematics of unit velocities (one environment per dof): independent of the blocks.
+    """
     m = sys.model
     cs = sys.contact
     eye = torch.eye(m.nv, dtype=F64)
@@ -160,11 +175,14 @@ def _point_jacobians(sys, q):
 
 
 def test_contact_blocks_equal_the_point_jacobian_sums(robots):
-    """The contact's implicit blocks mapped through the composite-rigid-body recursion equal
+    """The contact blocks equal the sums over points of the point Jacobians.
+
+    The contact's implicit blocks mapped through the composite-rigid-body recursion equal
     the per-point sums written out with J_p built from unit velocities: the damping
     sum_p C_p J_p^T (1 - n n^T) J_p + d_p J_p^T n n^T J_p and the stiffness sum_p k_p J_p^T n n^T J_p,
     with C = mu lambda / sqrt(|v_t|^2 + eps^2), d = c pen and k = 2 k pen where the
-    normal force is on (and zero elsewhere)."""
+    normal force is on (and zero elsewhere).
+    """
     gen = _seed("contact blocks")
     for name, model in robots:
         if not model.floating_base:
@@ -216,8 +234,11 @@ def test_contact_blocks_equal_the_point_jacobian_sums(robots):
 
 
 def test_skipping_distant_contact_groups_is_exact(robots):
-    """Contact with the near-ground selection equals contact over every group, in forces
-    and in gradients, with some bodies on the ground and some far above it."""
+    """Skipping distant contact groups is exact.
+
+    Contact with the near-ground selection equals contact over every group, in forces
+    and in gradients, with some bodies on the ground and some far above it.
+    """
     gen = _seed("selection")
     for name, model in robots:
         sys = physics.build_system(model, physics.SimConfig(dt=1e-3, actuator="effort", ground=True))
@@ -245,8 +266,11 @@ def test_skipping_distant_contact_groups_is_exact(robots):
 
 
 def test_step_is_pure_and_system_replace_is_differentiable():
-    """step() changes none of its inputs and gives the same answer twice; a parameter put in
-    with System.replace carries gradients that match central finite differences."""
+    """step() is pure, and System.replace is differentiable.
+
+    step() changes none of its inputs and gives the same answer twice; a parameter put in
+    with System.replace carries gradients that match central finite differences.
+    """
     model = _load("diffsim_quadruped")
     cfg = physics.SimConfig(dt=2e-3, actuator="position", kp=20.0, kd=0.5)
     sys = physics.build_system(model, cfg)

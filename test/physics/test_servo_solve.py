@@ -1,11 +1,14 @@
-"""A saturated position servo integrated at a coarse substep lands where a fine one does
-(SimConfig.servo_iterations, physics/stages/actuation.py servo_slope): the drive's secants from a
-substep's start to its predicted end, iterated, instead of the tangent at the start, with which a
-drive at its effort limit acts explicitly and a light link flips from full effort one way to full
-effort the other from substep to substep (seen: the project's arm, upright, base joint at
-0.0029 kg m^2 behind 30 N m/rad and 10 N m, +18 / -14 rad/s at 10 ms substeps where 0.3 ms substeps
-give +2). The reference here is the same simulator at 0.5 ms substeps, where the tangent and the
-secant agree; the peer that must fail is servo_iterations: 0 at the coarse step."""
+"""A saturated position servo at a coarse substep lands where a fine one does.
+
+The setting is SimConfig.servo_iterations (physics/stages/actuation.py servo_slope): the
+drive's secants from a substep's start to its predicted end, iterated, instead of the tangent
+at the start, with which a drive at its effort limit acts explicitly and a light link flips
+from full effort one way to full effort the other from substep to substep (seen: the project's
+arm, upright, base joint at 0.0029 kg m^2 behind 30 N m/rad and 10 N m, +18 / -14 rad/s at
+10 ms substeps where 0.3 ms substeps give +2). The reference here is the same simulator at
+0.5 ms substeps, where the tangent and the secant agree; the peer that must fail is
+servo_iterations: 0 at the coarse step.
+"""
 from __future__ import annotations
 
 import copy
@@ -32,8 +35,10 @@ def _seed() -> int:
 
 
 def _speeds(params, q0, commands, substeps, v0=None, **simulator):
-    """Joint speeds (steps, batch, nv) under ``commands`` (steps, batch, na) from q0 (at rest, or
-    at speeds v0)."""
+    """Simulate the joint speeds (steps, batch, nv) under ``commands`` (steps, batch, na).
+
+    From q0 (at rest, or at speeds v0).
+    """
     p = copy.deepcopy(params)
     p["simulator"].update(simulator, substeps=substeps, dt=0.02)
     with warnings.catch_warnings():
@@ -50,8 +55,11 @@ def _speeds(params, q0, commands, substeps, v0=None, **simulator):
 
 
 def _draws(model, rng, batch, reach):
-    """Starts uniform inside the joint limits (20 % kept clear), position targets held for two
-    control steps each, up to ``reach`` rad from the start (as a delta-mode policy commands)."""
+    """Draw starts and position targets for the servo.
+
+    Starts uniform inside the joint limits (20 % kept clear), position targets held for two
+    control steps each, up to ``reach`` rad from the start (as a delta-mode policy commands).
+    """
     lo, hi = model.lower.double().numpy(), model.upper.double().numpy()
     lo, hi = np.where(np.isfinite(lo), lo, -np.pi), np.where(np.isfinite(hi), hi, np.pi)
     span = hi - lo
@@ -61,8 +69,11 @@ def _draws(model, rng, batch, reach):
 
 
 def _errors(params, rng, batch, reach, coarse, **simulator):
-    """max over steps and actuated joints of |v_coarse - v_fine| / v_max per draw, with ``params``'
-    servo_iterations (4 in config/reach_arm.yaml) and with 0 at the coarse substep."""
+    """Compute each draw's error of the coarse substep against the fine one.
+
+    The max over steps and actuated joints of |v_coarse - v_fine| / v_max per draw, with
+    ``params``' servo_iterations (4 in config/reach_arm.yaml) and with 0 at the coarse substep.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         probe = config.load_model(params, dtype=F64)
@@ -99,11 +110,14 @@ PEER_P99 = {False: 3.0, True: 1.2}
 
 @pytest.mark.parametrize("velocity_limits", [False, True])
 def test_the_project_arm_at_10ms_substeps_follows_the_fine_reference(velocity_limits):
-    """The project's arm (config/reach_arm.yaml: 10 ms substeps), DRAWS random starts and position
+    """The project arm at 10 ms substeps follows the fine reference.
+
+    The project's arm (config/reach_arm.yaml: 10 ms substeps), DRAWS random starts and position
     steps of up to 0.6 rad (seed printed). Per draw, the error is the largest difference over
     control steps and joints between its speed and the 0.5 ms reference's, as a share of the
     joint's URDF velocity limit. With the servo iterations, the draws' 90th percentile and maximum
-    stay within BOUND (no draw flips); without them the 99th percentile exceeds PEER_P99."""
+    stay within BOUND (no draw flips); without them the 99th percentile exceeds PEER_P99.
+    """
     seed = _seed()
     on, off, peak = _errors(_arm_params(), np.random.default_rng(seed), DRAWS, 0.6, 2,
                             velocity_limits=velocity_limits)
@@ -116,11 +130,14 @@ def test_the_project_arm_at_10ms_substeps_follows_the_fine_reference(velocity_li
 
 @pytest.mark.parametrize("velocity_limits", [False, True])
 def test_a_light_base_joint_at_its_effort_limit_does_not_flip_between_substeps(velocity_limits):
-    """The arm upright (its base joint's inertia 0.0029 kg m^2), the base joint turning at 1.2x its
+    """A light base joint at its effort limit does not flip between substeps.
+
+    The arm upright (its base joint's inertia 0.0029 kg m^2), the base joint turning at 1.2x its
     3 rad/s limit and stepped 0.6 rad the other way (30 N m/rad x 0.6 rad and its damping past its
     10 N m limit; a state a trained reach policy reached): at 10 ms substeps without the iterations
     the base joint flips between large speeds of opposite sign, past 2x its limit (the check can
-    fail); with them it stays within 15 % of its limit of the 0.5 ms reference."""
+    fail); with them it stays within 15 % of its limit of the 0.5 ms reference.
+    """
     params = _arm_params()
     q0 = np.array([[0.0, 0.2, -0.4, 0.1]])
     v0 = np.array([[-3.6, 0.0, 0.0, 0.0]])
@@ -137,11 +154,14 @@ def test_a_light_base_joint_at_its_effort_limit_does_not_flip_between_substeps(v
 
 
 def test_an_example_robot_data_arm_follows_the_fine_reference(robots_dir):
-    """example-robot-data's panda (7 arm joints; its finger a mimic coordinate), a servo of
+    """An example-robot-data arm follows the fine reference.
+
+    example-robot-data's panda (7 arm joints; its finger a mimic coordinate), a servo of
     kp 200 kd 10 with gravity compensation at 10 ms substeps (as `diffsim-ros init` writes for a
     stiff arm), 12 random starts and steps of up to 0.3 rad (seed printed), joints up to 2.5-3x
     their URDF velocity limits: with the iterations within 0.8 of their limits of the 0.5 ms
-    reference (measured 0.45-0.57 over seeds 0-3), without them more than 3 off (measured 7-8)."""
+    reference (measured 0.45-0.57 over seeds 0-3), without them more than 3 off (measured 7-8).
+    """
     seed = _seed()
     path = str(robots_dir / "panda_description" / "urdf" / "panda.urdf")
     params = {"urdf": path, "floating_base": False, "simulator": {

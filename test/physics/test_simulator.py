@@ -83,9 +83,12 @@ def _mujoco_from_urdf(path):
 
 
 def _check_same_model(m, ours):
-    """MuJoCo's dofs, joint names, gravity, masses, COMs, inertias and passive
+    """Check that MuJoCo's model is ours.
+
+    MuJoCo's dofs, joint names, gravity, masses, COMs, inertias and passive
     joint parameters are ours (so that a trajectory difference is a dynamics or
-    integration difference, not a modelling one)."""
+    integration difference, not a modelling one).
+    """
     assert m.nv == ours.nv and m.nq == ours.nq
     assert sorted(m.joint(i).name for i in range(m.njnt)) == sorted(ours.joint_names)
     np.testing.assert_allclose(m.opt.gravity, ours.gravity.numpy(), atol=0)
@@ -176,7 +179,9 @@ def test_panda_zero_torque_matches_mujoco(robots_dir, implicit_damping):
 
 
 def test_double_pendulum_matches_mujoco(robots_dir):
-    """example-robot-data's double pendulum, undamped, 5 s at dt = 1 ms, semi-implicit
+    """The double pendulum matches MuJoCo.
+
+    example-robot-data's double pendulum, undamped, 5 s at dt = 1 ms, semi-implicit
     Euler in both (see the panda test for the pairing).
 
     The double pendulum is chaotic at high energy: the URDF's upright pose is
@@ -219,7 +224,9 @@ def test_double_pendulum_matches_mujoco(robots_dir):
 # ================================================================= contact
 @pytest.mark.parametrize("mass", [0.5, 2.0, 10.0])
 def test_box_comes_to_rest_with_small_penetration(mass):
-    """A 0.2 x 0.3 x 0.1 m box dropped flat (bottom 1 cm up) and tilted (0.1 rad
+    """A dropped box comes to rest with a small penetration.
+
+    A 0.2 x 0.3 x 0.1 m box dropped flat (bottom 1 cm up) and tilted (0.1 rad
     about x, lowest edge ~2.5 cm up) comes to rest at the default stiffness.
 
     At rest each of the four bottom corners carries m g / 4, so its
@@ -250,11 +257,14 @@ def test_box_comes_to_rest_with_small_penetration(mass):
 
 
 def test_resting_bodies_stay_at_rest():
-    """A box resting on the ground with a 1e-6 rad/s yaw disturbance, and a ball
+    """Resting bodies stay at rest.
+
+    A box resting on the ground with a 1e-6 rad/s yaw disturbance, and a ball
     with a 1e-6 m/s push, stay at rest: no friction chatter grows the disturbance
     (tolerance 1e-5 m/s for every point of the body after 0.1 s). The ball, which
     has no rolling resistance, rolls on at 5/7 of its push: a point on its rim
-    moves at |w| r, so angular speeds are scaled by the body's size."""
+    moves at |w| r, so angular speeds are scaled by the body's size.
+    """
     # (URDF, mass, contact points carrying it, centre height above the ground, velocity)
     for urdf, mass, points, z, v, size in ((box_urdf(2.0, (0.2, 0.3, 0.1)), 2.0, 4, 0.05, [0, 0, 0, 0, 0, 1e-6], 0.071),
                                            (ball_urdf(0.2, 0.05), 0.2, 1, 0.05, [1e-6, 0, 0, 0, 0, 0], 0.05)):
@@ -268,7 +278,7 @@ def test_resting_bodies_stay_at_rest():
 
 
 def _pogo_urdf(body_mass, foot_mass, radius):
-    """A body on a vertical slider with a light foot under it on a sprung prismatic leg."""
+    """Return the URDF of a body on a vertical slider with a light foot under it on a sprung prismatic leg."""
     def inertial(m):
         i = 0.4 * m * radius ** 2
         return (f'<inertial><mass value="{m}"/><inertia ixx="{i}" iyy="{i}" izz="{i}" '
@@ -284,14 +294,17 @@ def _pogo_urdf(body_mass, foot_mass, radius):
 
 
 def test_light_foot_under_a_heavy_body_rests_at_the_analytic_penetration():
-    """A body of 1-4 kg standing on a foot of a few grams (a sprung leg, kp 2000 N/m, 2 ms
+    """A light foot under a heavy body rests at the analytic penetration.
+
+    A body of 1-4 kg standing on a foot of a few grams (a sprung leg, kp 2000 N/m, 2 ms
     substeps), started at rest at its static equilibrium: the foot's penetration is
     sqrt((M + m) g / k) and nothing moves. The drawn foot is light enough that the explicit
     penalty's damping alone is far past the stability limit of the substep (h c pen / m between 6
     and 12): there the foot rings at decimetres per second (asserted too, so the case is one that
     tells the two apart); with the contact integrated linearly implicitly (the default) it rests
     at the analytic value, and the gradient of the body's height after 20 control steps with
-    respect to the leg's target matches central finite differences."""
+    respect to the leg's target matches central finite differences.
+    """
     seed = drawn_seed("light foot", "DIFFSIM_FOOT_SEED")
     rng = np.random.default_rng(seed)
     M = float(rng.uniform(1.0, 4.0))
@@ -349,7 +362,9 @@ _SLIDER_URDF = """<robot name="slider">
 
 @pytest.mark.parametrize("mu", [0.5, 0.8])
 def test_sliding_sphere_stops_where_coulomb_predicts(mu):
-    """A sphere that can only translate (prismatic x, then prismatic z, from the
+    """A sliding sphere stops where Coulomb predicts.
+
+    A sphere that can only translate (prismatic x, then prismatic z, from the
     world) slides on the ground at v0 = 1, 1.5, 2 m/s and stops at the Coulomb
     distance. The x carriage (0.1 kg) rides along but its weight is carried by
     the x joint, so the deceleration is a = mu m_s g / (m_s + m_c) and the
@@ -395,7 +410,9 @@ def test_sliding_sphere_stops_where_coulomb_predicts(mu):
 
 
 def test_ball_dropped_from_1m_never_rebounds_higher():
-    """A 0.2 kg ball (r = 5 cm) dropped from 1, 0.5 and 0.2 m (lowest point) on the
+    """A ball dropped from 1 m never rebounds higher.
+
+    A 0.2 kg ball (r = 5 cm) dropped from 1, 0.5 and 0.2 m (lowest point) on the
     ground, default contact, 0.8 s (two to four bounces).
 
     The penalty contact has damping, so it can only lose energy: every apex
@@ -437,7 +454,9 @@ def test_ball_dropped_from_1m_never_rebounds_higher():
 
 
 def test_rolling_ball_keeps_rolling():
-    """A ball rolling without slipping on flat ground (v = 1 m/s, w = v/r) keeps
+    """A rolling ball keeps rolling.
+
+    A ball rolling without slipping on flat ground (v = 1 m/s, w = v/r) keeps
     rolling: the model has no rolling resistance, and the friction acts on the
     slip of the contact point, which is zero. (An earlier step used the sphere
     centre's velocity as the slip: the ball was braked at mu g and spun up,
@@ -448,7 +467,8 @@ def test_rolling_ball_keeps_rolling():
     with it this ball speeds up to 1.05 m/s in 0.3 s). Tolerance 1e-3 m/s and
     1e-3 m/s / r after 0.1 s (measured 2e-4 m/s: the roll-slip mode's rate,
     3.5 mu g / eps = 2750 1/s, puts h = 1 ms at the edge of RK4's stability
-    interval, and a slip of -7e-4 m/s persists)."""
+    interval, and a slip of -7e-4 m/s persists).
+    """
     mass, r = 0.2, 0.05
     model = physics.load_urdf(ball_urdf(mass, r), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3, integrator="rk4"))
@@ -461,9 +481,12 @@ def test_rolling_ball_keeps_rolling():
 
 
 def test_friction_never_adds_tangential_speed_at_impact():
-    """A box dropped flat from 0.2 m with a horizontal velocity of 1 mm/s: Coulomb
+    """Friction never adds tangential speed at impact.
+
+    A box dropped flat from 0.2 m with a horizontal velocity of 1 mm/s: Coulomb
     friction can only remove tangential speed, so |v_x| stays below 2 mm/s
-    (a factor of 2 of slack for the rocking that corner impacts may excite)."""
+    (a factor of 2 of slack for the rocking that corner impacts may excite).
+    """
     model = physics.load_urdf(box_urdf(1.0, (0.2, 0.2, 0.2)), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3))
     s = sim.initial_state(_t([[0, 0, 0.3, 0, 0, 0, 1]]), _t([[1e-3, 0, 0, 0, 0, 0]]))
@@ -474,9 +497,12 @@ def test_friction_never_adds_tangential_speed_at_impact():
 
 # ============================================================ free flyer
 def test_free_spinning_body_keeps_its_speed():
-    """A torque- and force-free spinning sphere keeps its world velocity; compared
+    """A free spinning body keeps its speed.
+
+    A torque- and force-free spinning sphere keeps its world velocity; compared
     with MuJoCo's free joint under the same semi-implicit Euler and dt.
-    Tolerance 1e-9 m/s, 1e-9 m (both are exact here up to round-off)."""
+    Tolerance 1e-9 m/s, 1e-9 m (both are exact here up to round-off).
+    """
     mujoco = pytest.importorskip("mujoco", reason="MuJoCo (pip package 'mujoco') is the reference")
     mass, r, w, dt, steps = 0.2, 0.05, 50.0, 1e-3, 200
     m = mujoco.MjModel.from_xml_string(f"""<mujoco><option timestep="{dt}" gravity="0 0 0" integrator="Euler"/>
@@ -512,7 +538,9 @@ def _start(model, batch, z=1.0, v=None):
 
 
 def test_hover_takes_exactly_mg_ctbr():
-    """CTBR, the shipped quadrotor (1 kg), default rotor model (motor lag 20 ms,
+    """Hover under CTBR takes exactly m g.
+
+    CTBR, the shipped quadrotor (1 kg), default rotor model (motor lag 20 ms,
     drag on), collective thrust m g and zero rates for 2 s: it stays put.
 
     The only deviation is the rotor-speed regularisation sqrt(T/k_f + 1e-6)
@@ -532,7 +560,9 @@ def test_hover_takes_exactly_mg_ctbr():
 
 @pytest.mark.parametrize("actuator", ["ctbr", "rotor_thrust"])
 def test_hover_takes_exactly_mg_and_a_fraction_accelerates(actuator):
-    """Ideal rotors (no motor lag, no drag), CTBR and per-rotor thrust: thrust
+    """Hover takes exactly m g, and a fraction more or less accelerates.
+
+    Ideal rotors (no motor lag, no drag), CTBR and per-rotor thrust: thrust
     1.0, 0.9 and 1.1 m g (per rotor: a quarter) for 2 s.
 
     Hover: stays put (tolerance 1e-8 m, see the CTBR hover test). 0.9 / 1.1 m g:
@@ -564,7 +594,9 @@ _D1, _D2 = (0.3, 0.4, 1.0), (0.2, 0.3, 1.0)   # larger than the defaults: v_t = 
 
 
 def test_drag_terminal_velocity_and_horizontal_decay():
-    """Body drag F = -(d1 v + d2 |v| v) per body axis, semi-implicit Euler, h = 4 ms,
+    """Drag: the terminal velocity and the horizontal decay.
+
+    Body drag F = -(d1 v + d2 |v| v) per body axis, semi-implicit Euler, h = 4 ms,
     2 s, motor lag off, coefficients d1 = (0.3, 0.4, 1.0) N s/m,
     d2 = (0.2, 0.3, 1.0) N s^2/m^2 on the 1 kg quadrotor.
 
@@ -608,9 +640,12 @@ def test_drag_terminal_velocity_and_horizontal_decay():
 
 
 def test_rk4_with_drag_is_fourth_order():
-    """RK4 on the horizontal drag decay (see the drag test), h = 10 ms, 0.5 s:
+    """RK4 with drag is fourth order.
+
+    RK4 on the horizontal drag decay (see the drag test), h = 10 ms, 0.5 s:
     a fourth-order method is within ~1e-7 m/s of the analytic solution here;
-    tolerance 1e-5 m/s."""
+    tolerance 1e-5 m/s.
+    """
     model, sim = _quadrotor("rotor_thrust", dt=1e-2, motor_time_constant=0.0, drag_linear=_D1, drag_quadratic=_D2)
     sim = physics.Simulator(model, dataclasses.replace(sim.config, integrator="rk4"))
     mass = model.mass.sum().item()
@@ -645,9 +680,11 @@ def _energy(model, q, v):
 
 
 def _swing_error(model, tr):
-    """|E(t) - E(0)| / (E(0) - E_rest): the energy error relative to the swing
-    energy above the hanging rest state (independent of where the potential's
-    zero lies; E(0) itself is ~0 for a release near the horizontal)."""
+    """Return |E(t) - E(0)| / (E(0) - E_rest): the energy error relative to the swing energy.
+
+    The swing energy is that above the hanging rest state (independent of where the potential's
+    zero lies; E(0) itself is ~0 for a release near the horizontal).
+    """
     e = _energy(model, tr.q, tr.v)
     zero = torch.zeros(1, model.nv, dtype=F64)
     return (e - e[0]).abs() / (e[0] - _energy(model, zero, zero))
@@ -664,11 +701,14 @@ _AMPLITUDES = [0.5, 2.0, 3.1]   # rad from hanging; 3.1 is 2.4 degrees short of 
 
 
 def test_pendulum_energy_rk4():
-    """A frictionless 1 kg, 0.5 m pendulum (period 1.5 s small-angle) under RK4 with
+    """A pendulum's energy under RK4.
+
+    A frictionless 1 kg, 0.5 m pendulum (period 1.5 s small-angle) under RK4 with
     h = 20 ms for 10 s, swinging 0.5, 2.0 and 3.1 rad: energy within 1e-4 of
     the swing energy at every step. RK4's energy error is O(h^4) per unit
     time; measured 2.4e-6 at h = 20 ms (the 0.5 rad swing; ~1e-7 at h = 10 ms),
-    so a coarse control-rate step suffices."""
+    so a coarse control-rate step suffices.
+    """
     model, sim = _pendulum_sim("rk4", 0.02)
     q0 = _t(_AMPLITUDES)[:, None]
     tr = _rollout(sim, sim.initial_state(q0), torch.zeros(3, 1), 500)
@@ -677,7 +717,9 @@ def test_pendulum_energy_rk4():
 
 
 def test_pendulum_energy_semi_implicit_is_bounded():
-    """The same pendulum under semi-implicit Euler, h = 10 ms, 5 s: the scheme is
+    """A pendulum's energy under semi-implicit Euler is bounded.
+
+    The same pendulum under semi-implicit Euler, h = 10 ms, 5 s: the scheme is
     symplectic for this separable system, so the energy oscillates by O(h)
     without a trend. Asserted: the error stays below 5 % of the swing energy
     (measured 1.6 to 2.1 %; the same over 10 s) and the worst error in the
@@ -686,7 +728,8 @@ def test_pendulum_energy_semi_implicit_is_bounded():
     (For the chaotic double pendulum, whose M(q) is not constant, the scheme
     is not symplectic in v and its energy drifts: by 1 % at h = 1 ms at
     moderate swings and by up to 80 % in the chaotic regime, matching MuJoCo's
-    Euler to the digit.)"""
+    Euler to the digit.)
+    """
     model, sim = _pendulum_sim("semi_implicit", 0.01)
     q0 = _t(_AMPLITUDES)[:, None]
     tr = _rollout(sim, sim.initial_state(q0), torch.zeros(3, 1), 500)
@@ -698,7 +741,9 @@ def test_pendulum_energy_semi_implicit_is_bounded():
 
 # ============================================================ joint limits
 def test_joint_limit_penetration_at_rest():
-    """The shipped 4-joint arm (urdf/diffsim_arm.urdf), default config (limits
+    """The joint limit's penetration at rest.
+
+    The shipped 4-joint arm (urdf/diffsim_arm.urdf), default config (limits
     k = 1e6 N m/rad^2, c = 1e3 N m s/rad^2, URDF damping and friction, effort
     saturation; no ground, so that only the limits hold it), constant efforts
     that push every joint into a limit from 0.05 rad inside it, 0.6 s; three
@@ -733,11 +778,14 @@ def test_joint_limit_penetration_at_rest():
 
 
 def test_gravity_compensation_on_a_body_without_joints_is_free_fall():
-    """A free box (no joints, nothing for a controller to hold) under ``gravity_compensation``
+    """Gravity compensation on a body without joints is free fall.
+
+    A free box (no joints, nothing for a controller to hold) under ``gravity_compensation``
     falls as without it, bit for bit, and as the semi-implicit Euler step integrates a constant
     acceleration: z_n = z0 - g dt^2 n (n + 1) / 2 after n steps (to 1e-9 m; 0.1 s, before the
     ground). It raised a TypeError on the first step (the gravity torques, absent without joints,
-    were indexed all the same)."""
+    were indexed all the same).
+    """
     model = physics.load_urdf(box_urdf(1.0, (0.2, 0.2, 0.2)), floating_base=True, dtype=F64)
     finals = []
     for compensate in (False, True):

@@ -1,5 +1,6 @@
-"""Actuators, passive joint forces, the ground plane and self-collision of the
-simulator step (issue 3), each against an independent expectation: an analytic
+"""Actuators, passive joint forces, the ground plane and self-collision of the simulator step.
+
+These are issue 3's, each against an independent expectation: an analytic
 solution, the textbook discretisation of it, or the same simulation done
 another way (rnea/aba, a second simulator).
 
@@ -55,7 +56,7 @@ def _run(sim, state, actions):
 
 
 def _const(action, steps):
-    """A constant action (B, n) repeated for ``steps`` steps: (steps, B, n)."""
+    """Repeat a constant action (B, n) for ``steps`` steps: (steps, B, n)."""
     a = _t(action)
     return a.expand((steps,) + a.shape)
 
@@ -88,8 +89,10 @@ _TWO_JOINTS_URDF = f"""<robot name="two_joints">
 
 
 def _chain_urdf(names, axis="0 1 0", length=0.4, mass=1.0, efforts=None):
-    """A serial chain of revolute joints ``names`` (model order = chain order),
-    links of ``length`` along x with the centre of mass at mid-length."""
+    """Return the URDF of a serial chain of revolute joints ``names`` (model order = chain order).
+
+    Its links are of ``length`` along x with the centre of mass at mid-length.
+    """
     efforts = efforts or [1e3] * len(names)
     rod = 1e-3 + mass * length ** 2 / 12
     links = ['<link name="base"/>']
@@ -109,13 +112,16 @@ def _chain_urdf(names, axis="0 1 0", length=0.4, mass=1.0, efforts=None):
 # ================================================================= command delay
 @pytest.mark.parametrize("delay", [1, 3])
 def test_command_delay_shifts_the_response_by_n_steps(delay):
-    """A horizontal two-link arm (joint axes along z, so gravity exerts no joint
+    """command_delay shifts the response by N steps.
+
+    A horizontal two-link arm (joint axes along z, so gravity exerts no joint
     torque) at rest gets a step effort command at t = 0 (four amplitudes in one
     batch, two substeps per step). With command_delay = N the delay line starts
     at zero effort, under which the arm stays at rest, so the delayed trajectory
     must be the undelayed one shifted by exactly N steps: q_d[k + N] = q_u[k].
     Both are the same floating-point operations, so the tolerance is round-off
-    (1e-13 rad; measured 0)."""
+    (1e-13 rad; measured 0).
+    """
     model = physics.load_urdf(_chain_urdf(["a", "b"], axis="0 0 1"), dtype=F64)
     cfg = dict(dt=2e-3, substeps=2, effort_saturation=False)
     plain = physics.Simulator(model, physics.SimConfig(**cfg))
@@ -138,11 +144,14 @@ def test_command_delay_shifts_the_response_by_n_steps(delay):
 
 
 def test_command_delay_equals_prepending_the_delay_line():
-    """Position interface, arm under gravity (not at rest at t = 0, with an
+    """command_delay equals prepending the delay line to the actions.
+
+    Position interface, arm under gravity (not at rest at t = 0, with an
     initial velocity): the delay line starts filled with the current joint
     positions, so a delay of 2 steps must equal the undelayed simulator fed
     [q0, q0, a_0, a_1, ...] (a varying action sequence). Tolerance round-off
-    (1e-12)."""
+    (1e-12).
+    """
     model = physics.load_urdf(_chain_urdf(["a", "b"], axis="0 1 0"), dtype=F64)
     cfg = dict(dt=2e-3, actuator="position", kp=50.0, kd=2.0)
     plain = physics.Simulator(model, physics.SimConfig(**cfg))
@@ -164,7 +173,9 @@ def test_command_delay_equals_prepending_the_delay_line():
 
 # ================================================================= actuator lag
 def test_actuator_lag_is_first_order():
-    """Effort interface with actuator_lag T = 50 ms on the free prismatic slider
+    """The actuator lag is first order.
+
+    Effort interface with actuator_lag T = 50 ms on the free prismatic slider
     (gravity perpendicular to it; URDF friction switched off with
     joint_friction=False, the rotor unactuated and undamped). A step force F
     (three amplitudes, one batch) from rest: the lag's exact discretisation,
@@ -177,7 +188,8 @@ def test_actuator_lag_is_first_order():
     against the continuous solution v(t) = F/m (t - T (1 - exp(-t/T))) within
     h F / (2 m) (the right Riemann sum of an increasing concave integrand
     overshoots the integral by less than h/2 times its range; measured 0.978
-    of that bound at 4 T, where the force has nearly reached F)."""
+    of that bound at 4 T, where the force has nearly reached F).
+    """
     model = physics.load_urdf(_TWO_JOINTS_URDF, dtype=F64)
     T, dt, substeps, steps = 0.05, 2e-3, 2, 100
     h = dt / substeps
@@ -210,7 +222,7 @@ def test_actuator_lag_is_first_order():
 
 
 def _lagged_slider(T: float, dt: float, substeps: int, kp: float, kd: float, steps: int, lag=True):
-    """The slider under a lagged position servo (target 0.1 m from rest): x at every control step."""
+    """Simulate the slider under a lagged position servo (target 0.1 m from rest): x at every control step."""
     model = physics.load_urdf(_TWO_JOINTS_URDF, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(
         dt=dt, substeps=substeps, actuator="position", kp=kp, kd=kd, actuator_lag=T if lag else 0.0,
@@ -225,14 +237,17 @@ def _lagged_slider(T: float, dt: float, substeps: int, kp: float, kd: float, ste
 
 
 def test_a_lagged_position_servo_follows_its_ode_and_is_stable_at_stiff_substeps():
-    """Position servo kp 800 N/m, kd 40 N s/m on the 2 kg slider through a 20 ms torque lag:
+    """A lagged position servo follows its ODE and is stable at stiff substeps.
+
+    Position servo kp 800 N/m, kd 40 N s/m on the 2 kg slider through a 20 ms torque lag:
     x'' = tau / m, tau' = (kp (x* - x) - kd x' - tau) / T, whose exact solution is the matrix
     exponential of that linear system. The step (the lag's share of the gains implicit) converges
     to it at first order: at 0.1 ms substeps within 3e-4 m (0.3 % of the step), and halving the substep halves the
     error. At 10 ms substeps behind a stiffer drive (kp 1e4, kd 1000, a 10 ms lag: kd h / m = 5, a
     light link behind a strong servo as the arm's wrist) the explicit form diverged (to 171 m);
     this one settles on the target. And as the lag goes to zero (T = h / 20,
-    its factor 1 - 2e-9) it is the unlagged implicit servo."""
+    its factor 1 - 2e-9) it is the unlagged implicit servo.
+    """
     m, kp, kd, T, t_end = M_SLIDE, 800.0, 40.0, 0.02, 0.5
     A = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0 / m], [-kp / T, -kd / T, -1.0 / T]], dtype=F64)
     b = torch.tensor([0.0, 0.0, kp * 0.1 / T], dtype=F64)
@@ -254,7 +269,9 @@ def test_a_lagged_position_servo_follows_its_ode_and_is_stable_at_stiff_substeps
 # ================================================================= velocity interface
 @pytest.mark.parametrize("implicit", [True, False])
 def test_velocity_interface_first_order_response(implicit):
-    """Velocity interface on the slider (m = 2 kg, kd = 20 N s/m) and the rotor
+    """The velocity interface's response is first order.
+
+    Velocity interface on the slider (m = 2 kg, kd = 20 N s/m) and the rotor
     (I = 0.05 kg m^2, kd = 0.5 N m s/rad): both have the time constant
     m/kd = 0.1 s. From rest, commanded u (three batches of two commands), the
     exact solution is v = u (1 - exp(-t kd/m)). With c = h kd / m = 0.05
@@ -265,7 +282,8 @@ def test_velocity_interface_first_order_response(implicit):
     against the exact exponential within c |u| / 2 (first-order Euler on an
     exponential: the largest error is about c/(2e) |u|; measured 0.90 % and
     0.94 % of |u| against 2.5 %), and converged (|v - u| < 1 % of |u| after
-    6 time constants)."""
+    6 time constants).
+    """
     model = physics.load_urdf(_TWO_JOINTS_URDF, dtype=F64)
     dt, steps = 5e-3, 120
     kd = (20.0, 0.5)
@@ -294,7 +312,9 @@ def test_velocity_interface_first_order_response(implicit):
 
 # ================================================================= position interface
 def test_position_interface_settles_with_gravity_offset():
-    """A single-link pendulum (revolute about y, 1 kg at 0.2 m, I about the
+    """The position interface settles, under gravity with an offset.
+
+    A single-link pendulum (revolute about y, 1 kg at 0.2 m, I about the
     joint 0.041 kg m^2) under the position interface, kp = 100 N m/rad and
     kd = 2 sqrt(kp I) (critical damping at the command; omega = 49 rad/s). Four
     commands in one batch, 1 s at h = 10 ms (linearly implicit Euler, stable
@@ -305,7 +325,8 @@ def test_position_interface_settles_with_gravity_offset():
     gives at zero velocity and acceleration: asserted to 1e-9 N m, and q
     against the root of q_c - q - g(q)/kp = 0 found by Newton iteration on rnea
     (1e-9 rad); measured 2e-13 N m and below 1e-12 rad. The offsets are 0.007
-    to 0.019 rad, far above those tolerances."""
+    to 0.019 rad, far above those tolerances.
+    """
     urdf = f"""<robot name="pendulum"><link name="world"/>
       <link name="arm">{_inertial(1.0, (0.2, 0, 0))}</link>
       <joint name="hinge" type="revolute"><parent link="world"/><child link="arm"/><axis xyz="0 1 0"/>
@@ -347,7 +368,9 @@ def test_position_interface_settles_with_gravity_offset():
 
 # ================================================================= effort saturation
 def test_effort_saturation_matches_aba():
-    """Effort interface on a two-link arm under gravity with URDF effort limits
+    """Effort saturation matches aba.
+
+    Effort interface on a two-link arm under gravity with URDF effort limits
     5 and 3 N m. Commands far above (+-20 L), near (L/2) and well below the
     limits, from random states (one batch of 6). One step of h = 1 ms from
     (q, v): the acceleration (v' - v)/h must equal aba(q, v, L tanh(cmd / L))
@@ -355,7 +378,8 @@ def test_effort_saturation_matches_aba():
     implicit correction is zero); tolerance 1e-9 relative to the largest
     acceleration (round-off of the solve and of v' - v). With
     effort_saturation=False the raw command goes through. The saturated torque
-    is within 1e-8 of the limit for the commands at 20 L."""
+    is within 1e-8 of the limit for the commands at 20 L.
+    """
     L = _t([5.0, 3.0])
     model = physics.load_urdf(_chain_urdf(["a", "b"], efforts=L.tolist()), dtype=F64)
     gen = torch.Generator().manual_seed(5)
@@ -380,13 +404,16 @@ def test_effort_saturation_matches_aba():
 
 # ================================================================= actuated_joints
 def test_actuated_joints_map_by_name():
-    """A three-joint chain (model order a, b, c) with actuated_joints = (b, a):
+    """actuated_joints map the action by name.
+
+    A three-joint chain (model order a, b, c) with actuated_joints = (b, a):
     action [u0, u1] is tau_b = u0, tau_a = u1, tau_c = 0. Effort interface: one
     step's acceleration equals aba(q, v, [u1, u0, 0]) within 1e-9 (relative).
     Position interface with per-joint gains in action order (kp = (kp_b, kp_a),
     kd likewise), explicit damping: aba with tau_b = kp_b (u0 - q_b) - kd_b v_b,
     tau_a = kp_a (u1 - q_a) - kd_a v_a, tau_c = 0. A name that is not a joint is
-    a ConfigError naming it."""
+    a ConfigError naming it.
+    """
     model = physics.load_urdf(_chain_urdf(["a", "b", "c"]), dtype=F64)
     assert model.joint_names == ["a", "b", "c"]
     gen = torch.Generator().manual_seed(6)
@@ -424,7 +451,9 @@ def test_actuated_joints_map_by_name():
 # ================================================================= joint damping and friction
 @pytest.mark.parametrize("implicit", [True, False])
 def test_joint_damping_and_friction_decay(implicit):
-    """The unactuated two-joint model, pushed and left alone (zero effort on
+    """Joint damping and friction make a pushed joint decay.
+
+    The unactuated two-joint model, pushed and left alone (zero effort on
     both): the rotor (URDF damping d = 0.25 N m s/rad, I = 0.05 kg m^2, rate
     d/I = 5 /s) from 4 and -2 rad/s and the slider (URDF friction f = 6 N, m = 2 kg,
     deceleration f/m = 3 m/s^2) from 0.3 m/s; 0.2 s at h = 2 ms.
@@ -447,7 +476,8 @@ def test_joint_damping_and_friction_decay(implicit):
     (explicit: semi-implicit Euler stops it v0 h / 2 short, 2 and 3 % relative, and that
     corrected distance within 1 %, measured 0.1 to 0.55 %: the tanh tail; implicit: 2 and
     3 % beyond, the secant's lag). The speed is below 1e-4 eps at the end, and it never
-    moves backwards (no chatter)."""
+    moves backwards (no chatter).
+    """
     model = physics.load_urdf(_TWO_JOINTS_URDF, dtype=F64)
     dt, steps = 2e-3, 100
     sim = physics.Simulator(model, physics.SimConfig(dt=dt, implicit_damping=implicit))
@@ -501,7 +531,7 @@ QUAT_TILT = [0.0, math.sin(TILT / 2), 0.0, math.cos(TILT / 2)]  # the box's bott
 
 
 def _on_slope(urdf, mu, half_height, contacts, ground_height=0.0, steps=300, dt=1e-3):
-    """A body placed on the tilted plane at its resting penetration, left alone."""
+    """Place a body on the tilted plane at its resting penetration, and leave it alone."""
     model = physics.load_urdf(urdf, floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=dt, ground_normal=NORMAL, friction=mu,
                                                      ground_height=ground_height))
@@ -520,7 +550,9 @@ def _acceleration(x, dt, t1, t2):
 
 
 def test_box_slides_down_a_tilted_plane_at_coulomb_acceleration():
-    """ground_normal tilted 20 degrees about y, ground_height 0.5 m (along the
+    """A box slides down a tilted plane at the Coulomb acceleration.
+
+    ground_normal tilted 20 degrees about y, ground_height 0.5 m (along the
     normal), friction 0.2 < tan 20 = 0.364: a 1 kg 0.2 x 0.2 x 0.05 m box laid
     flat on the plane slides down with a = g (sin 20 - 0.2 cos 20) = 1.512 m/s^2,
     measured from its velocity between 0.05 s and 0.2 s: within 2 % (measured
@@ -528,7 +560,8 @@ def test_box_slides_down_a_tilted_plane_at_coulomb_acceleration():
     the normal, pen = sqrt(m g cos 20 / (4 k)) per corner (within 0.1 mm), it
     does not drift sideways (1e-9 m) and hardly turns (quaternion within 1e-3;
     measured 7e-5: the friction at its base pitches it onto its front corners
-    by their difference in penetration)."""
+    by their difference in penetration).
+    """
     dt = 1e-3
     sim, tr, along, height, pen = _on_slope(box_urdf(1.0, (0.2, 0.2, 0.05)), 0.2, 0.025, 4, ground_height=0.5,
                                             steps=200, dt=dt)
@@ -541,7 +574,9 @@ def test_box_slides_down_a_tilted_plane_at_coulomb_acceleration():
 
 
 def test_ball_rolls_down_a_tilted_plane():
-    """A ball does not stay put on a slope whatever the friction (rolling needs
+    """A ball rolls down a tilted plane.
+
+    A ball does not stay put on a slope whatever the friction (rolling needs
     no slip): with mu = 0.2 (above the rolling limit 2/7 tan 20 = 0.104) it
     rolls at a = 5/7 g sin 20 = 2.397 m/s^2; with mu = 0.05 (below it) it
     slides at g (sin 20 - mu cos 20) = 2.894 m/s^2. Measured from the velocity
@@ -550,8 +585,8 @@ def test_ball_rolls_down_a_tilted_plane():
     at which regularised friction carries 2/7 m g sin 20 (6 mm/s at mu = 0.2,
     eps = 1 cm/s; measured 6.1 mm/s): v - w r < 1 cm/s asserted, while the
     sliding ball's contact point slips at more than 10 % of its speed
-    (measured 62 %)."""
-
+    (measured 62 %).
+    """
     dt, r = 1e-3, 0.05
     for mu, expected, rolls in ((0.2, 5 / 7 * G * math.sin(TILT), True),
                                 (0.05, G * (math.sin(TILT) - 0.05 * math.cos(TILT)), False)):
@@ -567,13 +602,16 @@ def test_ball_rolls_down_a_tilted_plane():
 
 
 def test_box_stays_put_on_a_tilted_plane_with_enough_friction():
-    """friction 0.8 > tan 20 = 0.364: the box laid on the 20-degree plane must
+    """A box stays put on a tilted plane with enough friction.
+
+    Friction 0.8 > tan 20 = 0.364: the box laid on the 20-degree plane must
     stay put. Regularised Coulomb friction F = mu N v / sqrt(v^2 + eps^2) holds
     m g sin 20 only at a creep speed v = eps r / sqrt(1 - r^2),
     r = tan 20 / mu (5.1 mm/s at eps = 1 cm/s, the documented smoothing), so
     asserted: the steady speed at most 1.2 times that, and under 3 mm of
     travel in 0.15 s. (A per-point cap on the friction force once made this a
-    viscous creep of 45.8 mm/s; friction is now in the linearly implicit solve.)"""
+    viscous creep of 45.8 mm/s; friction is now in the linearly implicit solve.)
+    """
     dt = 1e-3
     sim, tr, along, height, pen = _on_slope(box_urdf(1.0, (0.2, 0.2, 0.05)), 0.8, 0.025, 4, steps=150, dt=dt)
     r = math.tan(TILT) / 0.8
@@ -585,14 +623,17 @@ def test_box_stays_put_on_a_tilted_plane_with_enough_friction():
 
 
 def test_ground_height_resting_sphere():
-    """ground_height = 0.5 with the default (vertical) normal: a 1 kg ball of
+    """A sphere rests on the ground at ground_height.
+
+    ground_height = 0.5 with the default (vertical) normal: a 1 kg ball of
     r = 5 cm rests with its centre at 0.5 + r - sqrt(m g / k) (0.3 mm of
     penetration at k = 1e7): one ball placed there stays within 1e-6 m over
     0.1 s; one dropped from 1 cm above never sinks below 0.5 m + r - 10 pen
     and is there within 1e-4 m after 0.3 s (still bobbing: the contact damping
     c pen = 9.4 N s/m damps at only ~5 /s; measured 1.3e-5 m, 2.4e-5 m at
     0.4 s); contact_forces reports the gap -pen and m g of normal force for
-    the resting one."""
+    the resting one.
+    """
     model = physics.load_urdf(ball_urdf(1.0, 0.05), floating_base=True, dtype=F64)
     sim = physics.Simulator(model, physics.SimConfig(dt=1e-3, ground_height=0.5))
     pen = math.sqrt(1.0 * G / sim.config.contact_stiffness)
@@ -622,7 +663,9 @@ _SQUEEZE_URDF = f"""<robot name="squeeze">
 
 @pytest.mark.parametrize("self_collision", [True, False])
 def test_self_collision_between_non_adjacent_links(self_collision):
-    """A chain world -a-> first -b-> middle -c-> last, all prismatic along x,
+    """Self-collision between non-adjacent links.
+
+    A chain world -a-> first -b-> middle -c-> last, all prismatic along x,
     with a 5 cm sphere on `first` and on `last` (non-adjacent: `middle` is
     between them), no gravity and no ground. Efforts tau_b = tau_c = -F squeeze
     them together (the middle link gets no net force: F from b, -F from c;
@@ -636,7 +679,8 @@ def test_self_collision_between_non_adjacent_links(self_collision):
     the hard impact; measured 5.6 %). The peak penetration never exceeds the
     undamped energy bound k p^3 / 3 = F (gap0 + p) (2.0 to 7.0 mm; measured
     1.7 to 4.6 mm, i.e. a few mm). Without it the spheres pass through each
-    other: the last ends more than a diameter beyond the first."""
+    other: the last ends more than a diameter beyond the first.
+    """
     model = physics.load_urdf(_SQUEEZE_URDF, dtype=F64)
     assert model.joint_names == ["a", "b", "c"]
     sim = physics.Simulator(model, physics.SimConfig(dt=2e-3, gravity=(0, 0, 0), ground=False,
@@ -669,10 +713,13 @@ def test_self_collision_between_non_adjacent_links(self_collision):
 
 
 def test_gravity_compensation_removes_the_position_offset():
-    """With ``gravity_compensation`` the position interface adds rnea(q, 0, 0) to
+    """Gravity compensation removes the position offset.
+
+    With ``gravity_compensation`` the position interface adds rnea(q, 0, 0) to
     the command, so the same pendulum settles at the commanded angle under
     gravity (|q - q_c| < 1e-9 rad), where without it it sags by g(q)/kp
-    (0.007 to 0.019 rad, see the test above)."""
+    (0.007 to 0.019 rad, see the test above).
+    """
     urdf = f"""<robot name="pendulum"><link name="world"/>
       <link name="arm">{_inertial(1.0, (0.2, 0, 0))}</link>
       <joint name="hinge" type="revolute"><parent link="world"/><child link="arm"/><axis xyz="0 1 0"/>

@@ -61,8 +61,10 @@ def assert_jacobian_close(ad, fd, rtol=RTOL, what=""):
 
 # ------------------------------------------------------------------------ (a) ball through contact
 def throw_ball(sim: Simulator, v0xz: torch.Tensor, steps: int, height: float = 0.3):
-    """Rollout of balls thrown from ``height`` with world velocity (vx, 0, vz); returns the
-    final state and the lowest centre height reached (detached)."""
+    """Roll out balls thrown from ``height`` with world velocity (vx, 0, vz).
+
+    Returns the final state and the lowest centre height reached (detached).
+    """
     m = sim.model
     B = v0xz.shape[0]
     q = m.neutral_configuration((B,))
@@ -79,8 +81,11 @@ def throw_ball(sim: Simulator, v0xz: torch.Tensor, steps: int, height: float = 0
 
 
 def test_ball_landing_x_gradient_through_contact():
-    """x of a ball 0.25 s after being thrown at the ground from 0.12 m (it hits, bounces
-    and slips under friction) w.r.t. its initial (vx, vz)."""
+    """The gradient of a ball's landing x through contact.
+
+    x of a ball 0.25 s after being thrown at the ground from 0.12 m (it hits, bounces
+    and slips under friction) w.r.t. its initial (vx, vz).
+    """
     model = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=1e-3, friction=0.5))
     p0 = torch.tensor([1.0, -1.0], dtype=F64, requires_grad=True)
@@ -94,9 +99,12 @@ def test_ball_landing_x_gradient_through_contact():
 
 
 def test_ball_first_touch_x_gradient():
-    """x where the ball first touches the ground, interpolated to gap = 0 in the step that
+    """The gradient of the x where a ball first touches the ground.
+
+    x where the ball first touches the ground, interpolated to gap = 0 in the step that
     crosses it (a smooth function of the initial velocity), against finite differences
-    and against the ballistic closed form."""
+    and against the ballistic closed form.
+    """
     model = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=1e-3, ground=False))   # free flight up to the touch
     p0 = torch.tensor([0.8, -0.5], dtype=F64, requires_grad=True)
@@ -137,7 +145,7 @@ def test_ball_first_touch_x_gradient():
 
 # ------------------------------------------------------------------------ (b) quadrotor thrust
 def quadrotor(actuator: str = "ctbr", **changes):
-    """The shipped diffsim_quadrotor.yaml, with one physics substep (no contact in flight)."""
+    """Load the shipped diffsim_quadrotor.yaml, with one physics substep (no contact in flight)."""
     params = config.load_yaml(REPO / "config" / "diffsim_quadrotor.yaml")
     params["simulator"].update(actuator=actuator, substeps=1, **changes)
     model = config.load_model(params)
@@ -145,7 +153,7 @@ def quadrotor(actuator: str = "ctbr", **changes):
 
 
 def fly(sim: Simulator, actions: torch.Tensor, seconds: float) -> torch.Tensor:
-    """Final base position after flying ``seconds`` from 1 m with constant actions (B, n_act)."""
+    """Return the final base position after flying ``seconds`` from 1 m with constant actions (B, n_act)."""
     m = sim.model
     q = m.neutral_configuration((actions.shape[0],))
     q[:, 2] = 1.0
@@ -180,10 +188,13 @@ def test_quadrotor_final_position_wrt_rotor_thrusts():
 
 # ------------------------------------------------------------------------ (c) 10 000 random contacts
 def test_no_nan_gradients_in_10000_random_contact_states():
-    """The quadruped (box trunk, cylinder hips, box legs, sphere feet) in 10 000 random
+    """No NaN gradients in 10 000 random contact states.
+
+    The quadruped (box trunk, cylinder hips, box legs, sphere feet) in 10 000 random
     states near or deep in the ground, beyond joint limits, with random velocities and
     efforts beyond the effort limits (plus exactly-zero velocities and exactly-at-limit
-    joints): one step's loss has finite gradients w.r.t. q, v and the action."""
+    joints): one step's loss has finite gradients w.r.t. q, v and the action.
+    """
     torch.manual_seed(0)
     model = physics.load_urdf(str(REPO / "urdf" / "diffsim_quadruped.urdf"), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=1e-3, self_collision=True))
@@ -227,9 +238,12 @@ def test_no_nan_gradients_in_10000_random_contact_states():
 
 # ------------------------------------------------------------------------ (d) model parameters
 def test_gradient_wrt_model_parameters_arm():
-    """Final joint state of the arm after 0.15 s of effort commands w.r.t. its link masses,
+    """The arm's gradient with respect to its model parameters.
+
+    Final joint state of the arm after 0.15 s of effort commands w.r.t. its link masses,
     centres of mass, inertias, joint damping and joint friction (model.replace with
-    leaf tensors), as a directional derivative against central differences."""
+    leaf tensors), as a directional derivative against central differences.
+    """
     torch.manual_seed(1)
     base = physics.load_urdf(str(REPO / "urdf" / "diffsim_arm.urdf"), dtype=F64)
     cfg = SimConfig(dt=1e-3, ground=False)
@@ -262,8 +276,11 @@ def test_gradient_wrt_model_parameters_arm():
 
 
 def test_gradient_wrt_ball_mass_through_contact():
-    """Height of a dropped ball after its bounce w.r.t. its mass (inertia scaled with it):
-    the penalty contact makes the bounce depend on the mass."""
+    """The gradient with respect to a ball's mass through contact.
+
+    Height of a dropped ball after its bounce w.r.t. its mass (inertia scaled with it):
+    the penalty contact makes the bounce depend on the mass.
+    """
     cfg = SimConfig(dt=1e-3, friction=0.5)
     base = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
 
@@ -330,8 +347,11 @@ def test_nan_guard_rotor_actions():
 # ------------------------------------------------------------------------ (f) RK4 and substeps
 @pytest.mark.parametrize("integrator, substeps", [("rk4", 1), ("rk4", 3), ("semi_implicit", 4)])
 def test_rollout_gradients_rk4_and_substeps_arm(integrator, substeps):
-    """Arm with joint damping, friction and limits active: final state after 25 steps
-    w.r.t. the initial state and the whole action sequence (directional derivative)."""
+    """Rollout gradients of the arm under RK4 and substeps.
+
+    Arm with joint damping, friction and limits active: final state after 25 steps
+    w.r.t. the initial state and the whole action sequence (directional derivative).
+    """
     torch.manual_seed(2)
     model = physics.load_urdf(str(REPO / "urdf" / "diffsim_arm.urdf"), dtype=F64)
     sim = Simulator(model, SimConfig(dt=2e-3, integrator=integrator, substeps=substeps, ground=False))
@@ -358,9 +378,12 @@ def test_rollout_gradients_rk4_and_substeps_arm(integrator, substeps):
 
 
 def test_rollout_gradients_rk4_substeps_floating_base_contact():
-    """A spinning ball thrown at the ground under RK4 with 2 substeps (the quaternion is
+    """Rollout gradients under RK4 and substeps with a floating base in contact.
+
+    A spinning ball thrown at the ground under RK4 with 2 substeps (the quaternion is
     renormalised after each substep): its final pose and twist, projected on a random
-    direction, w.r.t. the initial twist."""
+    direction, w.r.t. the initial twist.
+    """
     torch.manual_seed(3)
     model = physics.load_urdf(ball_urdf(BALL_MASS, BALL_RADIUS), floating_base=True, dtype=F64)
     sim = Simulator(model, SimConfig(dt=2e-3, integrator="rk4", substeps=2, friction=0.5))
@@ -381,10 +404,13 @@ def test_rollout_gradients_rk4_substeps_floating_base_contact():
 
 
 def test_gradients_after_a_first_call_under_inference_mode():
-    """The kinematic topology and the constant tables are kept per process. A first call under
+    """Gradients after a first call under inference mode.
+
+    The kinematic topology and the constant tables are kept per process. A first call under
     torch.inference_mode (as the deployed policy runs) must not leave inference tensors there: a later
     step with gradients (training in the same process) back-propagates, and its
-    gradient w.r.t. the initial velocity matches central differences."""
+    gradient w.r.t. the initial velocity matches central differences.
+    """
     from diffsim_ros.physics import spatial
 
     spatial._CONSTANTS.clear()
@@ -408,9 +434,11 @@ def test_gradients_after_a_first_call_under_inference_mode():
 
 
 def _standing_legged(name: str, implicit: bool = True):
-    """(simulator, stance, actuated indices, standing q) of a legged robot at 2 ms substeps, float64:
-    example-robot-data's solo12 (its PD as bench/locomotion_iteration.py sets it) or the project's
-    quadruped (config/locomotion.yaml)."""
+    """Build a legged robot standing at 2 ms substeps, float64.
+
+    Returns (simulator, stance, actuated indices, standing q) of example-robot-data's solo12 (its
+    PD as bench/locomotion_iteration.py sets it) or the project's quadruped (config/locomotion.yaml).
+    """
     import warnings
 
     import pin_reference
@@ -438,7 +466,9 @@ def _standing_legged(name: str, implicit: bool = True):
 
 @pytest.mark.parametrize("name", ["solo12", "diffsim_quadruped"])
 def test_legged_window_gradient_matches_finite_differences_and_stays_bounded(name):
-    """A trainer's window through legged contact: after 30 control steps of random joint targets
+    """A legged window's gradient matches finite differences and stays bounded.
+
+    A trainer's window through legged contact: after 30 control steps of random joint targets
     about the stance (+-0.3 rad, four environments, drawn seed), 20 more (100 substeps of 2 ms).
     The directional derivative of the base's forward speed and height at the end along a random
     direction in the actions equals the central difference (h = 1e-7), and the gradient's norm
@@ -446,7 +476,8 @@ def test_legged_window_gradient_matches_finite_differences_and_stays_bounded(nam
     window's gradient grow to at least a hundred times the implicit one's (asserted too: the case
     tells the two steps apart). Over 26 draws it was 6.2e4 to 3e10; two of them (seeds
     2348355948, 8) stayed below 1e6, the bound this contrast had first, and seed 1037493750 at
-    476 against the implicit step's 0.57, below the 1e4 it had next."""
+    476 against the implicit step's 0.57, below the 1e4 it had next.
+    """
     from conftest import drawn_seed
 
     gen = torch.Generator().manual_seed(drawn_seed(f"legged window {name}", "DIFFSIM_WINDOW_SEED"))

@@ -1,6 +1,9 @@
-"""The rotation helpers written as constant maps (the Hamilton product through a 16 x 4 table,
-the rotation matrix of a quaternion through a 9 x 16 one, the cross-product matrix by gather
-and sign) against transforms3d and the plain cross product, for all inputs (hypothesis)."""
+"""The rotation helpers written as constant maps, against transforms3d.
+
+The helpers are the Hamilton product through a 16 x 4 table, the rotation matrix of a
+quaternion through a 9 x 16 one, and the cross-product matrix by gather and sign; they are
+checked against transforms3d and the plain cross product, for all inputs (hypothesis).
+"""
 from __future__ import annotations
 
 import numpy as np

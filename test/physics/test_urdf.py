@@ -393,7 +393,7 @@ def mesh_robot(filename, scale=None, origin='xyz="1 0 0" rpy="0 0 1.570796326794
 
 @pytest.fixture
 def pkg(tmp_path):
-    """tmp_path/ws/my_pkg/meshes/cube.stl"""
+    """Write tmp_path/ws/my_pkg/meshes/cube.stl."""
     d = tmp_path / "ws" / "my_pkg" / "meshes"
     d.mkdir(parents=True)
     write_binary_stl(d / "cube.stl", cuboid_triangles())

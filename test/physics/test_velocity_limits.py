@@ -1,7 +1,10 @@
-"""The URDF velocity limits honoured by the drives (SimConfig.velocity_limits): the simulator's
-torque-speed window (physics/stages/actuation.py) and the MuJoCo stand-in's firmware
-(plant/mujoco_plant.py) write the same law; checked here against each other, against the URDF's
-limits read with urdf_parser_py, against finite differences, and as a property over all inputs."""
+"""The URDF velocity limits honoured by the drives (SimConfig.velocity_limits).
+
+The simulator's torque-speed window (physics/stages/actuation.py) and the MuJoCo stand-in's
+firmware (plant/mujoco_plant.py) write the same law; checked here against each other, against
+the URDF's limits read with urdf_parser_py, against finite differences, and as a property over
+all inputs.
+"""
 from __future__ import annotations
 
 import copy
@@ -58,11 +61,14 @@ TRANSIENT = 3       # control steps after the command jump in which a limit may 
 
 
 def test_position_steps_stay_within_the_urdf_velocity_limits():
-    """Random position steps across the arm's range from random starts (a batch of 6, seed
+    """Position steps stay within the URDF velocity limits.
+
+    Random position steps across the arm's range from random starts (a batch of 6, seed
     printed): with velocity_limits every joint stays within its URDF velocity limit (read here with
     urdf_parser_py; 5 % for the brake's response) after the first control steps and within 15 % in
     them, and the targets are still reached; without velocity_limits the same steps exceed the
-    limits (the check can fail)."""
+    limits (the check can fail).
+    """
     seed = int(os.environ.get("DIFFSIM_VLIM_SEED", random.randrange(1 << 30)))
     print(f"DIFFSIM_VLIM_SEED={seed}")
     rng = np.random.default_rng(seed)
@@ -80,9 +86,12 @@ def test_position_steps_stay_within_the_urdf_velocity_limits():
 
 
 def test_stand_in_and_simulator_agree_with_velocity_limits():
-    """The position steps of test_mujoco_plant's comparison (the wrist would reach 10 rad/s, 2x its
+    """The stand-in and the simulator agree with velocity limits.
+
+    The position steps of test_mujoco_plant's comparison (the wrist would reach 10 rad/s, 2x its
     limit): with velocity_limits on both sides the stand-in's firmware and the simulator take the
-    same steps (round-off only, as without limits), and the wrist stays within its limit."""
+    same steps (round-off only, as without limits), and the wrist stays within its limit.
+    """
     from diffsim_ros.plant import MujocoPlant
 
     q0 = [0.0, 0.2, -0.3, 0.1]
@@ -121,9 +130,12 @@ def _system(band=0.1, effort=(40.0, 5.0), vmax=(2.0, float("inf"))):
 @settings(max_examples=200, deadline=None)
 @given(cmd=st.floats(-1e3, 1e3), v=st.floats(-20.0, 20.0), band=st.floats(0.02, 0.5))
 def test_torque_stays_in_the_window_and_at_rest_is_the_plain_saturation(cmd, v, band):
-    """For every command and speed: the torque lies in [lo, hi] (and in [-L, L]) up to the floor on
-    the window's width; the slope is in
-    (0, 1]; a joint without a velocity limit saturates as before; at rest it is L tanh(cmd / L)."""
+    """The torque stays in the window, and at rest is the plain saturation.
+
+    For every command and speed: the torque lies in [lo, hi] (and in [-L, L]) up to the floor on
+    the window's width; the slope is in (0, 1]; a joint without a velocity limit saturates as
+    before; at rest it is L tanh(cmd / L).
+    """
     sys = _system(band)
     c = torch.tensor([cmd, cmd], dtype=F64)
     va = torch.tensor([v, v], dtype=F64)
@@ -144,7 +156,7 @@ def test_torque_stays_in_the_window_and_at_rest_is_the_plain_saturation(cmd, v, 
 
 
 def test_window_gradients_match_finite_differences():
-    """d torque / d (command, speed, limits) through autograd against central differences."""
+    """The window's gradients: d torque / d (command, speed, limits) through autograd against central differences."""
     sys = _system()
 
     def f(cmd, va, vmax, lim):
@@ -161,10 +173,13 @@ def test_window_gradients_match_finite_differences():
 
 
 def test_an_example_robot_data_arm_stays_within_its_velocity_limits(robots_dir):
-    """example-robot-data's UR5 (limits 3.15-3.2 rad/s, 28-150 N m; a servo set here, kp 300, kd 20,
+    """An example-robot-data arm stays within its velocity limits.
+
+    example-robot-data's UR5 (limits 3.15-3.2 rad/s, 28-150 N m; a servo set here, kp 300, kd 20,
     gravity compensation, 10 ms substeps), random position steps (seed printed): within 1.1x its URDF
     velocity limits (measured 1.06x: the brake holds its heavy links against gravity a little past the
-    limit), the targets reached; without velocity_limits the same steps go past 2x."""
+    limit), the targets reached; without velocity_limits the same steps go past 2x.
+    """
     import warnings
 
     seed = int(os.environ.get("DIFFSIM_VLIM_SEED", random.randrange(1 << 30)))

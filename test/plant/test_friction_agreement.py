@@ -48,11 +48,14 @@ def _seed(name: str) -> int:
 
 
 def friction_urdf(robot: str, friction, out_dir) -> Path:
-    """A copy of ``robot``'s URDF (``arm``: the project's, ``ur5``: example-robot-data's) in
-    ``out_dir`` whose revolute joints carry ``friction`` (a number, or one per joint in file
-    order) N m of Coulomb friction, each joint keeping its URDF damping (UR5's is 0; 0.1 N m s/rad
-    where a joint has no <dynamics>).
-    Visuals and meshes are not needed: both engines use primitive or no collision geometry here."""
+    """Write a copy of ``robot``'s URDF with Coulomb friction on its revolute joints.
+
+    ``arm``: the project's, ``ur5``: example-robot-data's; the copy goes in ``out_dir``, its
+    revolute joints carrying ``friction`` (a number, or one per joint in file order) N m of
+    Coulomb friction, each joint keeping its URDF damping (UR5's is 0; 0.1 N m s/rad where a joint
+    has no <dynamics>).
+    Visuals and meshes are not needed: both engines use primitive or no collision geometry here.
+    """
     if robot == "arm":
         src = PROJECT_URDFS["arm"]
     else:
@@ -75,8 +78,10 @@ def friction_urdf(robot: str, friction, out_dir) -> Path:
 
 
 def robot_params(robot: str, urdf: Path):
-    """The arm's standard recording set-up (testing/recordings.py) on ``urdf``; UR5 with a servo of
-    kp 200, kd 20 on every joint."""
+    """Return the arm's standard recording set-up (testing/recordings.py) on ``urdf``.
+
+    UR5 with a servo of kp 200, kd 20 on every joint.
+    """
     params = copy.deepcopy(standard_params("arm"))
     params["urdf"] = str(urdf)
     if robot == "ur5":
@@ -92,7 +97,9 @@ def _rollout(params, q0, commands, perturbation=None):
 
 @pytest.mark.parametrize("robot", ["arm", "ur5"])
 def test_stand_in_matches_the_simulator_with_joint_friction(robot, tmp_path):
-    """Drawn: per-joint friction log-uniform in 0.005-0.3 N m, the interface (position, velocity,
+    """The stand-in matches the simulator with joint friction.
+
+    Drawn: per-joint friction log-uniform in 0.005-0.3 N m, the interface (position, velocity,
     effort), substeps (1, 2, 4), velocity limits on or off, servo_iterations 0 or 4, gravity
     compensation on or off, a start and 1 s of commands changed every 0.2 s; joint limits off (the
     engines' limit models differ, test_mujoco_plant). Asserted: the stand-in
@@ -100,7 +107,8 @@ def test_stand_in_matches_the_simulator_with_joint_friction(robot, tmp_path):
     the first steps, 4.5e-8 at the end of the UR5's seed 3115177358, which failed the 1e-8 first
     asked here); the same run with the stand-in's friction
     as the frictionloss constraint (the law before) at least 1e-4 rad/s off, and the simulator
-    without friction at least 1e-4 rad/s off the stand-in (friction shaped the motion)."""
+    without friction at least 1e-4 rad/s off the stand-in (friction shaped the motion).
+    """
     seed = _seed(f"agreement {robot}")
     rng = np.random.default_rng(seed)
     urdf = friction_urdf(robot, 1.0, tmp_path)            # one value: just to count the joints
@@ -150,8 +158,11 @@ def test_stand_in_matches_the_simulator_with_joint_friction(robot, tmp_path):
 @given(v=st.floats(-50.0, 50.0), f=st.floats(1e-4, 5.0), inertia=st.floats(1e-5, 10.0),
        h=st.floats(1e-4, 0.05), eps=st.floats(1e-3, 0.1))
 def test_the_implicit_friction_step_never_turns_a_joint_back(v, f, inertia, h, eps):
-    """One linearly implicit step of a joint under friction alone, v' = v + h tau / (I + h D) with
-    (tau, D) from the passive stage: same sign as v (or 0) and no faster, for all inputs."""
+    """The implicit friction step never turns a joint back.
+
+    One linearly implicit step of a joint under friction alone, v' = v + h tau / (I + h D) with
+    (tau, D) from the passive stage: same sign as v (or 0) and no faster, for all inputs.
+    """
     sys = physics.build_system(_spinner_model().replace(friction=torch.tensor([f], dtype=F64)),
                                physics.SimConfig(joint_friction_smoothing=eps, ground=False))
     out = passive(sys, torch.zeros(1, 1, dtype=F64), torch.tensor([[v]], dtype=F64))
@@ -161,9 +172,12 @@ def test_the_implicit_friction_step_never_turns_a_joint_back(v, f, inertia, h, e
 
 
 def test_the_tangent_slope_would_turn_a_light_joint_back():
-    """The reason for the secant: with the tangent f / eps (1 - tanh^2) a light joint turns back in one
+    """The tangent slope would turn a light joint back.
+
+    The reason for the secant: with the tangent f / eps (1 - tanh^2) a light joint turns back in one
     step (the project arm's base joint, 2.9e-3 kg m^2, 0.02 N m, at 0.05 rad/s and 10 ms), the secant
-    stops it short of zero."""
+    stops it short of zero.
+    """
     f, eps, inertia, h, v = 0.02, 0.01, 2.9e-3, 0.01, 0.05
     th = math.tanh(v / eps)
     tangent = v - h * f * th / (inertia + h * f / eps * (1 - th * th))
@@ -173,13 +187,13 @@ def test_the_tangent_slope_would_turn_a_light_joint_back():
 
 @functools.lru_cache(maxsize=1)
 def _spinner_model():
-    """The disc's physics model, loaded once (the property test varies its friction)."""
+    """Load the disc's physics model once (the property test varies its friction)."""
     with tempfile.TemporaryDirectory() as tmp:
         return config.load_model({"urdf": str(_spinner_urdf(tmp, 0.0)), "floating_base": False}, dtype=F64)
 
 
 def _spinner_urdf(directory, friction: float, inertia: float = 0.01, damping: float = 0.0) -> Path:
-    """A disc on a vertical revolute joint: one degree of freedom that gravity does not load."""
+    """Return the URDF of a disc on a vertical revolute joint: one degree of freedom that gravity does not load."""
     text = f"""<robot name="spinner">
   <link name="base"/>
   <joint name="spin" type="continuous">
@@ -204,8 +218,10 @@ def _spinner_params(directory, friction: float, inertia: float, substeps: int = 
 
 
 def _spin_down(directory, f, inertia, v0, t_end, substeps):
-    """Speeds of the spinning disc under friction alone, every control step, from the simulator;
-    the stand-in checked against it within 1e-9 rad/s at every step."""
+    """Return the speeds of the spinning disc under friction alone, every control step, from the simulator.
+
+    The stand-in is checked against it within 1e-9 rad/s at every step.
+    """
     params = _spinner_params(directory, f, inertia, substeps)
     plant = MujocoPlant(params, initial_q=[0.0], initial_v=[v0])
     sim = physics.Simulator(config.load_model(params, dtype=F64), config.simulator_config(params))
@@ -221,13 +237,16 @@ def _spin_down(directory, f, inertia, v0, t_end, substeps):
 
 
 def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops(tmp_path):
-    """A disc of drawn inertia (1e-3-0.1 kg m^2) spun at 1-5 rad/s, no torque, its friction set so that
+    """A spinning joint decelerates at the Coulomb rate and stops.
+
+    A disc of drawn inertia (1e-3-0.1 kg m^2) spun at 1-5 rad/s, no torque, its friction set so that
     Coulomb's law stops it at t_stop = I v0 / f in 0.2-1 s. At 10 ms substeps and at 2.5 ms: it
     never turns back; its deceleration over the first half of t_stop converges to Coulomb's f / I
     at first order in the substep (the secant's lag, h f / (I v) of the rate per substep): at least
     3 times closer at 2.5 ms, and within 2 h / t_stop at both; it is slower than 2 eps within
     2 control steps of t_stop at 2.5 ms, 4 at 10 ms (the time is read per control step).
-    The simulator and the stand-in agree within 1e-9 rad/s throughout."""
+    The simulator and the stand-in agree within 1e-9 rad/s throughout.
+    """
     seed = _seed("spin-down")
     rng = np.random.default_rng(seed)
     inertia = float(np.exp(rng.uniform(np.log(1e-3), np.log(0.1))))
@@ -255,10 +274,13 @@ def test_a_spinning_joint_decelerates_at_the_coulomb_rate_and_stops(tmp_path):
 
 
 def test_below_the_friction_torque_the_smoothed_law_creeps_at_its_fixed_point(tmp_path):
-    """A constant torque tau of 20-80 % of the friction f on the disc: the smoothed law's steady
+    """Below the friction torque the smoothed law creeps at its fixed point.
+
+    A constant torque tau of 20-80 % of the friction f on the disc: the smoothed law's steady
     speed is eps atanh(tau / f) (its fixed point, no damping), reached by both engines within 1 %
     in 2 s. (MuJoCo's frictionloss, a soft constraint, creeps too at its default solref: 0.5-9 mrad/s
-    in ten draws, where the smoothed law gave 2-10 mrad/s; doc/friction.md.)"""
+    in ten draws, where the smoothed law gave 2-10 mrad/s; doc/friction.md.)
+    """
     seed = _seed("creep")
     rng = np.random.default_rng(seed)
     f, inertia = float(rng.uniform(0.05, 0.5)), float(rng.uniform(0.005, 0.05))

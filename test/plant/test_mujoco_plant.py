@@ -36,7 +36,7 @@ F64 = torch.float64
 
 
 def _params(path, **simulator):
-    """The urdf/floating_base/simulator part of a config file, with simulator overrides."""
+    """Return the urdf/floating_base/simulator part of a config file, with simulator overrides."""
     p = config.load_yaml(path)
     out = {k: copy.deepcopy(p[k]) for k in ("urdf", "floating_base", "simulator") if k in p}
     out["simulator"].update(simulator)
@@ -67,12 +67,15 @@ ARM_COMMANDS = [[0.3, 0.5, -0.4, 0.2]] * 25 + [[-0.5, -0.3, 0.6, -0.4]] * 25
 
 # ============================================================ plant vs simulator
 def test_arm_position_commands_match_simulator():
-    """reach_arm.yaml (dt 0.02 s, 2 substeps, PD kp/kd, gravity compensation, tanh effort
+    """Arm position commands on the stand-in match the simulator.
+
+    reach_arm.yaml (dt 0.02 s, 2 substeps, PD kp/kd, gravity compensation, tanh effort
     saturation, URDF damping, joint limits) without joint friction, 1 s of position steps.
 
     Tolerance 1e-9 rad, 1e-8 rad/s: the two discrete updates are the same equations (MuJoCo's
     Euler with implicit dof damping carrying s kd + h s kp, the simulator's linearly implicit
-    step), so they differ only by round-off (measured: 7e-16 rad, 2e-14 rad/s)."""
+    step), so they differ only by round-off (measured: 7e-16 rad, 2e-14 rad/s).
+    """
     dq, dv, plant, _ = _compare(_params(ARM_YAML, joint_friction=False), ARM_Q0, ARM_COMMANDS)
     assert np.ptp(np.array(ARM_COMMANDS), 0).max() > 0.5
     assert np.abs(plant.q - ARM_Q0).max() > 0.3, "the arm should move (else the comparison shows little)"
@@ -81,19 +84,25 @@ def test_arm_position_commands_match_simulator():
 
 
 def test_arm_with_joint_friction_matches_simulator():
-    """The same 1 s with the URDF's Coulomb friction (0.01-0.02 N m), the stand-in applying the
-    simulator's smoothed law: round-off again (measured 4e-15 rad, 4e-13 rad/s)."""
+    """The arm with joint friction on the stand-in matches the simulator.
+
+    The same 1 s with the URDF's Coulomb friction (0.01-0.02 N m), the stand-in applying the
+    simulator's smoothed law: round-off again (measured 4e-15 rad, 4e-13 rad/s).
+    """
     dq, dv, _, _ = _compare(_params(ARM_YAML), ARM_Q0, ARM_COMMANDS)
     assert dq.max() < 1e-9 and dv.max() < 1e-8, (dq.max(), dv.max())
 
 
 def test_arm_with_constraint_friction_converges_to_simulator():
-    """With Perturbation constraint_friction the engines model the friction differently: MuJoCo as
+    """The arm with constraint friction converges to the simulator.
+
+    With Perturbation constraint_friction the engines model the friction differently: MuJoCo as
     its frictionloss constraint, the simulator as a tanh (0.01 rad/s) whose slope enters the
     implicit step. At the config's 10 ms substeps the two part at each start from rest; both
     converge to the same motion as the substep shrinks. Over the first 0.2 s: asserted below
     2.5e-3 rad at 20 substeps and at least 5 times smaller than at 2, for soft PD gains
-    (kp 10/15/8/3, kd 1/1.5/0.5/0.1)."""
+    (kp 10/15/8/3, kd 1/1.5/0.5/0.1).
+    """
     cmds = ARM_COMMANDS[:10]
     soft = dict(kp=list(ARM_RECORDING_GAINS[0]), kd=list(ARM_RECORDING_GAINS[1]))    # the soft servo
     gap = {"constraint_friction": True}
@@ -108,8 +117,11 @@ HOVER_Q0 = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def test_quadrotor_ctbr_hover_matches_simulator():
-    """hover.yaml (CTBR, dt 0.02 s, 4 substeps): 1 s at hover thrust from (0, 0, 1) m.
-    Tolerance 1e-10 m (measured 5e-15): a hover that drifts in either engine would show."""
+    """The quadrotor's CTBR hover on the stand-in matches the simulator.
+
+    hover.yaml (CTBR, dt 0.02 s, 4 substeps): 1 s at hover thrust from (0, 0, 1) m.
+    Tolerance 1e-10 m (measured 5e-15): a hover that drifts in either engine would show.
+    """
     mg = 1.0 * 9.81
     dq, dv, plant, _ = _compare(_params(HOVER_YAML), HOVER_Q0, [[mg, 0.0, 0.0, 0.0]] * 50)
     assert abs(plant.q[2] - 1.0) < 1e-9
@@ -117,10 +129,13 @@ def test_quadrotor_ctbr_hover_matches_simulator():
 
 
 def test_quadrotor_rate_step_matches_simulator():
-    """A body-rate step (p = 1, q = -0.5, r = 0.3 rad/s, thrust 10.5 N) for 0.4 s, then hover
+    """The quadrotor's response to a rate step on the stand-in matches the simulator.
+
+    A body-rate step (p = 1, q = -0.5, r = 0.3 rad/s, thrust 10.5 N) for 0.4 s, then hover
     thrust and zero rates for 0.5 s: the rate loop, mixer, motor lag, rotor torques, drag
     and rigid-body motion, compared with the simulator. Tolerance 1e-9 (m, rad/s; measured
-    5e-15 m and 1e-14 m/s): the free-flyer Euler of both engines is the same update."""
+    5e-15 m and 1e-14 m/s): the free-flyer Euler of both engines is the same update.
+    """
     cmds = [[9.81, 0, 0, 0]] * 5 + [[10.5, 1.0, -0.5, 0.3]] * 20 + [[9.81, 0, 0, 0]] * 25
     dq, dv, plant, vmax = _compare(_params(HOVER_YAML), HOVER_Q0, cmds)
     assert vmax[3] > 0.5 and np.linalg.norm(plant.q[3:6]) > 0.05, "the quadrotor should have rotated"
@@ -129,9 +144,12 @@ def test_quadrotor_rate_step_matches_simulator():
 
 # ============================================================ perturbations
 def test_mass_scale_changes_hover_thrust_by_the_scale():
-    """mass_scale 1.2: the thrust that holds altitude is 1.2 m g. At 1.2 m g the plant stays at
+    """mass_scale changes the hover thrust by the scale.
+
+    mass_scale 1.2: the thrust that holds altitude is 1.2 m g. At 1.2 m g the plant stays at
     1 m for 1 s (1e-9 m); at the nominal m g it sinks with specific force (m g - drag)/(1.2 m)
-    along body z (Newton with the scaled mass, drag from the measured velocity)."""
+    along body z (Newton with the scaled mass, drag from the measured velocity).
+    """
     params = _params(HOVER_YAML)
     p = MujocoPlant(params, initial_q=HOVER_Q0, perturbation={"mass_scale": 1.2})
     m0 = MujocoPlant(params).mass
@@ -151,9 +169,12 @@ def test_mass_scale_changes_hover_thrust_by_the_scale():
 
 
 def test_drag_scale_doubles_drag_force():
-    """Level flight at 2 m/s along x, rotors at hover: the only horizontal force is the drag,
+    """drag_scale 2 doubles the drag force.
+
+    Level flight at 2 m/s along x, rotors at hover: the only horizontal force is the drag,
     F = -(D1 v + D2 v^2) = -(0.1*2 + 0.02*4) = -0.28 N. The measured specific force along x
-    is F/m, and twice that with drag_scale 2 (0.5 %: v falls by < 1 % in the step)."""
+    is F/m, and twice that with drag_scale 2 (0.5 %: v falls by < 1 % in the step).
+    """
     params = _params(HOVER_YAML)
     v0 = [2.0, 0, 0, 0, 0, 0]
     fx = {}
@@ -169,10 +190,13 @@ def test_drag_scale_doubles_drag_force():
 
 @pytest.mark.parametrize("scale", [0.85, 1.1])
 def test_thrust_scale_means_the_registry_parameter(scale):
-    """perturbation.thrust_scale on the stand-in is the registry's thrust_scale in the simulator
+    """perturbation.thrust_scale means the registry parameter.
+
+    perturbation.thrust_scale on the stand-in is the registry's thrust_scale in the simulator
     (physics/registry.py, from_perturbation): the same body-rate step and hover as above,
     the stand-in perturbed and the simulator given the registry value, agree to 1e-9; the
-    unperturbed simulator is visibly off (the peer)."""
+    unperturbed simulator is visibly off (the peer).
+    """
     from diffsim_ros.analysis.params import build_simulator
     from diffsim_ros.physics.registry import from_perturbation
 
@@ -196,12 +220,15 @@ def test_thrust_scale_means_the_registry_parameter(scale):
 
 
 def test_added_joint_damping_decays_free_joint():
-    """The arm upright (q = 0: every centre of mass on the yaw axis, no gravity torque), the
+    """Added joint damping decays a free joint.
+
+    The arm upright (q = 0: every centre of mass on the yaw axis, no gravity torque), the
     yaw joint spinning at 2 rad/s, zero effort, no friction: I w' = -(b + b_added) w. MuJoCo's
     implicit Euler gives exactly w_k = w_0 (I / (I + h b))^k with I from our CRBA (an
     independent inertia); the decay follows the added damping, and joint_damping_scale 0
     removes the URDF part. (With I = 1e-3 kg m^2 and h = 10 ms, h b / I = 0.5: the discrete
-    solution, not exp(-b t / I), is the reference.)"""
+    solution, not exp(-b t / I), is the reference.)
+    """
     params = _params(ARM_YAML, joint_friction=False, actuator="effort", velocity_limits=False)
     model = config.load_model(params, dtype=F64)
     inertia = float(physics.crba(model, torch.zeros(4, dtype=F64))[0, 0])
@@ -219,8 +246,11 @@ def test_added_joint_damping_decays_free_joint():
 
 
 def test_actuator_lag_on_joint_torque():
-    """actuator_lag 0.05 s: an effort step reaches u (1 - exp(-t / tau)) at the end of each
-    control step (the lag is discretised exactly per substep)."""
+    """An actuator lag on the joint torque.
+
+    actuator_lag 0.05 s: an effort step reaches u (1 - exp(-t / tau)) at the end of each
+    control step (the lag is discretised exactly per substep).
+    """
     params = _params(ARM_YAML, joint_friction=False, actuator="effort", gravity_compensation=False,
                      effort_saturation=False)
     p = MujocoPlant(params, perturbation={"actuator_lag": 0.05})
@@ -234,12 +264,15 @@ def test_actuator_lag_on_joint_torque():
 
 
 def test_a_lagged_servo_matches_the_simulator_and_settles():
-    """reach_arm.yaml's drive (stiff PD, 10 ms substeps, velocity limits, joint friction) with a
+    """A lagged servo on the stand-in matches the simulator and settles.
+
+    reach_arm.yaml's drive (stiff PD, 10 ms substeps, velocity limits, joint friction) with a
     torque lag drawn in 5-40 ms: the stand-in and the simulator apply the lag's share of the PD
     gains implicitly, the same equations, so they agree to round-off; and at the end of the
     second half-second hold the arm is within 0.01 rad of where the unlagged servo ends, moving at
     under 0.5 rad/s. Applied explicitly, the lagged servo was unstable at these substeps whatever
-    the lag: the light wrist chattered at up to 50 rad/s (10 ms) instead of settling."""
+    the lag: the light wrist chattered at up to 50 rad/s (10 ms) instead of settling.
+    """
     seed = drawn_seed("lagged servo", "DIFFSIM_PLANT_SEED")
     lag = float(np.random.default_rng(seed).uniform(0.005, 0.04))
     dq, dv, plant, _ = _compare(_params(ARM_YAML, actuator_lag=lag), ARM_Q0, ARM_COMMANDS)
@@ -250,8 +283,11 @@ def test_a_lagged_servo_matches_the_simulator_and_settles():
 
 
 def test_latency_delays_the_response():
-    """latency 0.04 s = 2 control steps at hover: the response to a rate step is the
-    undelayed response shifted by exactly 2 steps (hover before it is an exact equilibrium)."""
+    """A latency delays the response by exactly its steps.
+
+    Latency 0.04 s = 2 control steps at hover: the response to a rate step is the
+    undelayed response shifted by exactly 2 steps (hover before it is an exact equilibrium).
+    """
     params = _params(HOVER_YAML)
     cmds = [[10.0, 0.5, 0.2, -0.3]] * 10 + [[9.81, 0, 0, 0]] * 5
     ref = MujocoPlant(params, initial_q=HOVER_Q0)
@@ -264,9 +300,12 @@ def test_latency_delays_the_response():
 
 
 def test_sensor_noise_has_its_std_and_leaves_the_truth():
-    """sensor_noise [0.01, 0.05]: measured minus true positions/velocities have those standard
+    """Sensor noise has its standard deviations and leaves the truth.
+
+    sensor_noise [0.01, 0.05]: measured minus true positions/velocities have those standard
     deviations (400 steps x 4 joints, 10 %), and the true trajectory equals the noise-free one
-    (noise is only in the measurement)."""
+    (noise is only in the measurement).
+    """
     params = _params(ARM_YAML)
     noisy = MujocoPlant(params, perturbation={"sensor_noise": [0.01, 0.05], "seed": 3})
     clean = MujocoPlant(params)
@@ -291,8 +330,11 @@ def test_default_perturbation_is_none():
 
 # ============================================================ state and interfaces
 def test_quadrotor_state_conventions():
-    """Orientation x y z w, world/body linear velocity, body rates, specific force at rest = -g
-    in the body frame; set_state round-trips the simulator convention."""
+    """The quadrotor's state conventions.
+
+    Orientation x y z w, world/body linear velocity, body rates, specific force at rest = -g
+    in the body frame; set_state round-trips the simulator convention.
+    """
     p = MujocoPlant(_params(HOVER_YAML))
     a = 0.3
     q = [1.0, 2.0, 3.0, 0.0, 0.0, math.sin(a / 2), math.cos(a / 2)]      # yaw a
@@ -371,7 +413,7 @@ def test_bad_rotor_link_names_it():
 
 
 def _standing(plant, params, lift):
-    """A legged plant reset ``lift`` m above its standing height, its joints at the task's stance."""
+    """Reset a legged plant ``lift`` m above its standing height, its joints at the task's stance."""
     q0 = np.r_[0.0, 0.0, params["task"]["base_height"] + lift, 0, 0, 0, 1, np.zeros(plant.model.nq - 7)]
     q0[7:][[plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]] = params["task"]["stance"]
     plant.reset(q0)
@@ -379,9 +421,12 @@ def _standing(plant, params, lift):
 
 
 def test_a_harder_floor_is_the_contact_time_constant():
-    """The quadruped standing in its stance: a smaller contact_time_constant than MuJoCo's
+    """A harder floor is a smaller contact_time_constant.
+
+    The quadruped standing in its stance: a smaller contact_time_constant than MuJoCo's
     default lets its feet sink less (a harder floor), a larger one more. Below twice the stand-in's
-    MuJoCo step it is refused; a negative ROS value is MuJoCo's default."""
+    MuJoCo step it is refused; a negative ROS value is MuJoCo's default.
+    """
     params = config.load_yaml(REPO_ROOT / "config" / "locomotion_velocity.yaml")
     stance = np.asarray(params["task"]["stance"])
 
@@ -416,8 +461,11 @@ _BOX_URDF = """<robot name="box">
 
 
 def _pushed(plant, q0, command, force, steps=150, onset=50, observe=None):
-    """``observe()`` (default: the base's x, m) after each control step of ``plant`` reset to
-    ``q0`` holding ``command``, a horizontal force ``force`` (N) on the base from step ``onset`` on."""
+    """Observe a plant pushed by a horizontal force on its base.
+
+    ``observe()`` (default: the base's x, m) after each control step of ``plant`` reset to
+    ``q0`` holding ``command``, a horizontal force ``force`` (N) on the base from step ``onset`` on.
+    """
     observe = observe or (lambda: plant.q[0])
     plant.reset(np.asarray(q0, dtype=float))
     out = []
@@ -429,7 +477,7 @@ def _pushed(plant, q0, command, force, steps=150, onset=50, observe=None):
 
 
 def _mujoco_default_friction(plant):
-    """The plant with MuJoCo's default friction (pyramidal cone, impratio 1): the wrong floor."""
+    """Build the plant with MuJoCo's default friction (pyramidal cone, impratio 1): the wrong floor."""
     import mujoco
     plant.model.opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
     plant.model.opt.impratio = 1.0
@@ -437,10 +485,13 @@ def _mujoco_default_friction(plant):
 
 
 def test_a_box_on_the_floor_holds_below_the_friction_limit_and_slides_at_the_coulomb_rate_above(tmp_path):
-    """A box of drawn mass on a floor of drawn friction mu, pushed sideways by a drawn fraction of
+    """A box on the floor holds below the friction limit and slides at the Coulomb rate above.
+
+    A box of drawn mass on a floor of drawn friction mu, pushed sideways by a drawn fraction of
     mu m g. Coulomb's law: below the limit it stays put, above it accelerates at (F - mu m g) / m.
     The stand-in's floor creeps below 0.1 mm/s where MuJoCo's default friction creeps faster
-    than that, and slides within 3 % of the analytic rate (MuJoCo's constraint is soft)."""
+    than that, and slides within 3 % of the analytic rate (MuJoCo's constraint is soft).
+    """
     from conftest import drawn_seed
     rng = np.random.default_rng(drawn_seed("box on the floor", "DIFFSIM_TEST_BOX_SEED"))
     for _ in range(3):
@@ -467,11 +518,14 @@ def test_a_box_on_the_floor_holds_below_the_friction_limit_and_slides_at_the_cou
 
 @pytest.mark.parametrize("robot", ["quadruped", "solo12"])
 def test_a_standing_legged_robot_pushed_below_its_friction_limit_keeps_its_feet(robot):
-    """A legged robot standing in its stance, its base pushed sideways at a drawn 0.15-0.4 of
+    """A standing legged robot pushed below its friction limit keeps its feet.
+
+    A legged robot standing in its stance, its base pushed sideways at a drawn 0.15-0.4 of
     mu m g (a step push much past 0.4 tips the quadruped over): Coulomb's law keeps its feet
     still. On the stand-in's floor the geoms touching the ground creep below 1.5 mm/s; on
     MuJoCo's default friction at centimetres per second, the skid that made stance feet slide on
-    the stand-in (issue 39)."""
+    the stand-in (issue 39).
+    """
     from conftest import drawn_seed
     rng = np.random.default_rng(drawn_seed(f"{robot} pushed", "DIFFSIM_TEST_PUSH_SEED"))
     name = "locomotion_velocity.yaml" if robot == "quadruped" else "locomotion_velocity_solo12.yaml"
@@ -502,12 +556,15 @@ def test_a_standing_legged_robot_pushed_below_its_friction_limit_keeps_its_feet(
 
 
 def test_the_stand_in_resolves_its_ground_contact():
-    """A robot is continuous in time, so the stand-in's step must not decide its verdict. solo12
+    """The stand-in resolves its ground contact.
+
+    A robot is continuous in time, so the stand-in's step must not decide its verdict. solo12
     trotting in place on drawn joint sinusoids (its lower leg and foot weigh 0.04 kg): the feet's
     track at the simulator's 2 ms substep differs from a finer step's by far more than the
     stand-in's default step (0.5 ms, four MuJoCo steps a substep) differs from one twice as fine,
     the first-order convergence of the Euler step; without ground contact (the arm) MuJoCo keeps
-    the simulator's substep."""
+    the simulator's substep.
+    """
     from diffsim_ros.plant.mujoco_plant import CONTACT_STEP, default_refinement
     rng = np.random.default_rng(drawn_seed("stand-in step", "DIFFSIM_TEST_STEP_SEED"))
     params = config.load_yaml(REPO_ROOT / "config" / "locomotion_velocity_solo12.yaml")

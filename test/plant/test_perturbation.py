@@ -38,9 +38,12 @@ def test_the_hardware_preset_per_kind_and_an_override():
 
 
 def test_the_main_jobs_default_is_a_preset_whose_actuator_is_the_hardware_ones():
-    """The loop's default perturbation takes its values from the robot's kind: the hardware preset's
+    """The main job's default perturbation is a preset whose actuator is the hardware one's.
+
+    The loop's default perturbation takes its values from the robot's kind: the hardware preset's
     mass error and slower actuator (a 5 ms joint torque lag for arms and legged robots, not the
-    rotors' 30 ms), nothing of its latency, noise or floor; a multirotor also gets 50 % more drag."""
+    rotors' 30 ms), nothing of its latency, noise or floor; a multirotor also gets 50 % more drag.
+    """
     from diffsim_ros.workflows.loop import DEFAULT_PERTURBATION
 
     assert set(PRESETS["default"]) == set(KINDS)
@@ -83,9 +86,12 @@ def test_bad_text_is_an_error_naming_it(text, kind, words):
 
 
 def test_ros_values_are_the_declared_types():
-    """What the loop and excite hand mujoco_plant, and what the node makes of an override: the
+    """ROS values are the declared types.
+
+    What the loop and excite hand mujoco_plant, and what the node makes of an override: the
     schema's value in the declared type (nodes/mujoco_plant.py declares perturbation.* from the
-    schema's defaults: double arrays, doubles, an integer seed, -1.0 for null)."""
+    schema's defaults: double arrays, doubles, an integer seed, -1.0 for null).
+    """
     from diffsim_ros.nodes.mujoco_plant import PARAMETERS, perturbation_parameter
 
     declared = {name.split(".", 1)[1]: default for name, default, _ in PARAMETERS if name.startswith("perturbation.")}
@@ -121,8 +127,11 @@ def test_coerce_value_converts_what_loses_nothing():
 
 
 def test_the_preset_is_documented_with_its_values():
-    """README.md (Evaluating a checkpoint) and the --perturb help of eval and loop give every
-    value of the preset for every kind."""
+    """The preset is documented with its values.
+
+    README.md (Evaluating a checkpoint) and the --perturb help of eval and loop give every
+    value of the preset for every kind.
+    """
     from diffsim_ros.workflows.evaluation import PERTURB_HELP
 
     readme = (REPO_ROOT / "README.md").read_text()

@@ -1,7 +1,10 @@
-"""Gait analysis (diffsim_ros/tasks/gait.py): names, duty factors and stride frequencies of
-contact timelines built from the gaits' definitions (hypothesis: any period, duty factor,
-phase jitter, start offset and foot order), a pattern without a gait, and an open-loop trot
-on the project's quadruped in the simulator (contacts from the contact forces)."""
+"""Gait analysis (diffsim_ros/tasks/gait.py).
+
+Names, duty factors and stride frequencies of contact timelines built from the gaits'
+definitions (hypothesis: any period, duty factor, phase jitter, start offset and foot order), a
+pattern without a gait, and an open-loop trot on the project's quadruped in the simulator
+(contacts from the contact forces).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -46,11 +49,14 @@ def test_named_gaits_are_recognised(gait, which, period, duty, jitter, offset, o
 
 
 def uneven_timeline(phases, periods, duty, dt, jitter):
-    """(T, 4) contacts of strides of the given lengths: in stride k (start s_k, length T_k) foot i
+    """Build the (T, 4) contacts of strides of the given lengths.
+
+    In stride k (start s_k, length T_k) foot i
     is down from s_k + (phase_i + jitter_i) T_k for duty T_k, a foot's late part running into
     the next stride, and lifted at least 0.1 of the next stride before its next touchdown (after
     a long stride a short one could otherwise begin before the long stance ended, two stances
-    merging into one without a touchdown between them)."""
+    merging into one without a touchdown between them).
+    """
     starts = np.concatenate(([0.0], np.cumsum(periods)))
     T = int(starts[-1] / dt)
     t = np.arange(T) * dt
@@ -70,10 +76,13 @@ def uneven_timeline(phases, periods, duty, dt, jitter):
        duty=st.floats(0.3, 0.6), jitter=st.lists(st.floats(-0.03, 0.03), min_size=4, max_size=4),
        seed=st.integers(0, 2 ** 31 - 1), strides=st.integers(3, 7))
 def test_gaits_of_uneven_strides_are_named(gait, base, spread, duty, jitter, seed, strides):
-    """Strides of uneven length (each drawn within +-spread of a base period, up to 35 %: hops
+    """Gaits of uneven strides are named.
+
+    Strides of uneven length (each drawn within +-spread of a base period, up to 35 %: hops
     of different heights, a robot speeding up) keep their gait, down to three strides: the
     jump's pronk of hops 0.17-0.3 s long was called irregular while the phases came from one
-    median period."""
+    median period.
+    """
     tmpl = TEMPLATES[gait][0]
     rng = np.random.default_rng(seed)
     periods = base * (1.0 + rng.uniform(-spread, spread, strides))
@@ -113,8 +122,10 @@ def test_leg_roles_need_four_distinct_legs():
 
 
 def open_loop_trot(task, state, feet, steps, hz=2.0):
-    """Diagonal legs (FL+HR, FR+HL) lifted in turn by joint targets around the stance: the final
-    state, the simulator's foot contacts and the configurations, per step."""
+    """Lift diagonal legs (FL+HR, FR+HL) in turn by joint targets around the stance.
+
+    Returns the final state, the simulator's foot contacts and the configurations, per step.
+    """
     sim = task.sim
     legs = [j.split("_")[0] for j in sim.actuated_joints[::3]]        # leg order of the actuated joints
     phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
@@ -132,12 +143,15 @@ def open_loop_trot(task, state, feet, steps, hz=2.0):
 
 
 def test_open_loop_trot_on_the_quadruped(tmp_path):
-    """Diagonal legs lifted together by an open-loop joint pattern: the simulator's contact forces
+    """An open-loop trot on the quadruped.
+
+    Diagonal legs lifted together by an open-loop joint pattern: the simulator's contact forces
     give diagonal pairs that land together, half a stride apart, at the commanded 2 Hz, and the
     footfall diagram is drawn. The hind feet land 0.13-0.15 of a stride before their diagonal
     fore feet (phases 0, 0.52, 0.37, 0.87 for LF, RF, LH, RH), half way between the trot's
     template and the walk's: the name is one of those two (it was trot by 0.001 of template
-    distance, walk since each touchdown is phased within its own stride)."""
+    distance, walk since each touchdown is phased within its own stride).
+    """
     _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion.yaml", dtype=torch.float64)
     sim = task.sim
     feet = foot_bodies(sim)
@@ -161,8 +175,11 @@ def test_open_loop_trot_on_the_quadruped(tmp_path):
 
 
 def test_contacts_from_kinematics_agree_with_contact_forces():
-    """The bag analysis reads contact from the recorded configuration (foot spheres within 5 mm of
-    the ground); on a simulated open-loop trot it agrees with the simulator's contact forces."""
+    """Contacts from the kinematics agree with the contact forces.
+
+    The bag analysis reads contact from the recorded configuration (foot spheres within 5 mm of
+    the ground); on a simulated open-loop trot it agrees with the simulator's contact forces.
+    """
     from diffsim_ros.analysis.legged import foot_contacts_from_states
 
     _, task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion.yaml", dtype=torch.float64)
@@ -176,10 +193,13 @@ def test_contacts_from_kinematics_agree_with_contact_forces():
 
 
 def test_foot_slip_is_the_speed_a_foot_is_dragged_at():
-    """foot_slip against the kinematics it measures: the robot carried rigidly (joints fixed)
+    """foot_slip is the speed a foot is dragged at.
+
+    foot_slip against the kinematics it measures: the robot carried rigidly (joints fixed)
     at a drawn horizontal velocity, with a drawn vertical bob, reads that horizontal speed for
     every foot counted as touching; carried on the spot, 0; a foot counted as touching only at
-    isolated steps gives no pair of steps (None)."""
+    isolated steps gives no pair of steps (None).
+    """
     from diffsim_ros.tasks.gait import foot_points, foot_slip
 
     seed = int(np.random.SeedSequence().entropy % 2**32)
@@ -208,9 +228,12 @@ def test_foot_slip_is_the_speed_a_foot_is_dragged_at():
 
 
 def test_the_gait_report_makes_its_folder_and_reports_each_commanded_speed(tmp_path):
-    """write_gait_report into a folder that does not exist yet (it failed there on its first PNG):
+    """The gait report makes its folder and reports each commanded speed.
+
+    write_gait_report into a folder that does not exist yet (it failed there on its first PNG):
     the shipped quadruped walker at one commanded speed gives gait.json with that episode, the
-    duty factors of the contact timeline it drew, and the footfall diagram."""
+    duty factors of the contact timeline it drew, and the footfall diagram.
+    """
     import json
 
     from diffsim_ros.workflows import evaluation
@@ -228,10 +251,13 @@ def test_the_gait_report_makes_its_folder_and_reports_each_commanded_speed(tmp_p
 
 
 def test_the_gait_report_of_a_task_on_a_compiled_step_runs_the_eager_step(tmp_path):
-    """A training run with compile_step ends in write_gait_report on a task whose simulator
+    """The gait report of a task on a compiled step runs the eager step.
+
+    A training run with compile_step ends in write_gait_report on a task whose simulator
     keeps no contact data (it failed there after the last iteration, exporting nothing): the
     report runs the episode on the eager step of the same system, the same contacts as the
-    eager task's, and gives the task its compiled simulator back."""
+    eager task's, and gives the task its compiled simulator back.
+    """
     from diffsim_ros import physics
     from diffsim_ros.workflows import evaluation
     from diffsim_ros.tasks.gait import rollout_contacts, write_gait_report

@@ -1,5 +1,7 @@
-"""The gait clock of the locomotion task (``gait_period``, ``gait_offsets``, ``gait_duty``,
-``swing_height``, ``gait_weight``): a trot reference the loss follows and the policy observes.
+"""The gait clock of the locomotion task.
+
+The settings are ``gait_period``, ``gait_offsets``, ``gait_duty``, ``swing_height`` and
+``gait_weight``: a trot reference the loss follows and the policy observes.
 
 The reference is checked by its defining properties over drawn clocks (hypothesis): it repeats
 every period, each foot is on the ground for the duty fraction of its cycle and peaks at
@@ -77,9 +79,12 @@ def test_diagonal_pairs_of_a_trot_never_swing_together(base):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_gait_term_is_the_squared_gap_to_the_reference_and_its_gradient_the_finite_difference(base, seed):
-    """The loss with gait_weight w less the loss without is w x sum over the feet of (height of the
+    """The gait term is the squared gap to the reference, its gradient the finite difference.
+
+    The loss with gait_weight w less the loss without is w x sum over the feet of (height of the
     foot's lowest point - reference)^2, the heights by the gait rules' forward kinematics; its
-    gradient in the joint positions matches central differences."""
+    gradient in the joint positions matches central differences.
+    """
     print("seed", seed)
     w = 37.0
     task = _task(base, gait_period=0.35, gait_offsets=TROT, swing_height=0.05, gait_weight=w)
@@ -109,9 +114,12 @@ def test_the_gait_term_is_the_squared_gap_to_the_reference_and_its_gradient_the_
 
 
 def test_the_runner_counts_the_clock_as_training_steps_it(tmp_path):
-    """The deployed runner observes the clock of its own decisions: on the states of a simulated
+    """The runner counts the clock as training steps it.
+
+    The deployed runner observes the clock of its own decisions: on the states of a simulated
     episode it gives the policy's actions step by step, its clock block is sin/cos of 2 pi k dt /
-    period at decision k, and reset() starts the clock again."""
+    period at decision k, and reset() starts the clock again.
+    """
     period = 0.3
     pol, task = make_checkpoint("locomotion_velocity", tmp_path, gain=2.0,
                                 task_options={"observation": "robot", "gait_period": period, "gait_offsets": TROT,

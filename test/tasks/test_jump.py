@@ -29,9 +29,12 @@ def task():
 
 
 def rollout(task, act, batch=1, seed=0):
-    """(final task state, recorded arrays) of ``batch`` episodes under ``act(step, obs) -> actions``:
-    per step (T = horizon + 1, the start included) base height, roll and pitch (T, B), foot
-    contacts (T, F, B; all feet down at the start) and other bodies' contact (T, B)."""
+    """Roll out ``batch`` episodes under ``act(step, obs) -> actions``.
+
+    Returns (final task state, recorded arrays): per step (T = horizon + 1, the start included)
+    base height, roll and pitch (T, B), foot contacts (T, F, B; all feet down at the start) and
+    other bodies' contact (T, B).
+    """
     ts = task.reset(batch, torch.Generator().manual_seed(seed))
     rec = {k: [] for k in ("z", "roll", "pitch", "feet", "other")}
 
@@ -94,8 +97,11 @@ def test_the_task_verdict_is_the_metric_on_the_recorded_arrays(task, policy):
 
 
 def test_the_loss_rewards_height_and_upward_speed(task):
-    """The per-step loss is minus the ballistic apex above standing: a state higher, or moving
-    up faster, has a lower loss by exactly the apex's change (z + vz^2 / 2g)."""
+    """The loss rewards height and upward speed.
+
+    The per-step loss is minus the ballistic apex above standing: a state higher, or moving
+    up faster, has a lower loss by exactly the apex's change (z + vz^2 / 2g).
+    """
     ts = task.reset(2, torch.Generator().manual_seed(1))
     a = torch.zeros(2, task.action_dim, dtype=torch.float64)
     q, v = ts.sim.q.clone(), ts.sim.v.clone()
@@ -109,10 +115,13 @@ def test_the_loss_rewards_height_and_upward_speed(task):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2 ** 31 - 1), weight=st.floats(0.01, 2.0))
 def test_the_drift_term_is_the_weighted_horizontal_speed_squared(task, seed, weight):
-    """With ``drift_weight`` the loss grows by exactly weight x the base's horizontal speed squared
+    """The drift term is the weighted horizontal speed squared.
+
+    With ``drift_weight`` the loss grows by exactly weight x the base's horizontal speed squared
     in the world frame: the body-frame velocity of a drawn state rotated by its drawn orientation
     with transforms3d (an independent rotation), its vertical part left out; a vertical velocity
-    alone costs nothing. A negative weight is refused naming the key."""
+    alone costs nothing. A negative weight is refused naming the key.
+    """
     import transforms3d
 
     from diffsim_ros.schema import ConfigError
@@ -147,9 +156,12 @@ def test_the_drift_term_is_the_weighted_horizontal_speed_squared(task, seed, wei
 @settings(max_examples=60, deadline=None)
 @given(apex=st.floats(0.0, 0.3), tilt=st.floats(0.0, 0.8), touch=st.booleans(), hold=st.booleans())
 def test_metric_on_synthetic_hops(apex, tilt, touch, hold):
-    """A ballistic hop of ``apex`` m above standing: a success exactly when the apex reaches
+    """The jump metric on synthetic hops.
+
+    A ballistic hop of ``apex`` m above standing: a success exactly when the apex reaches
     min_apex with the feet off the ground there (``hold``: the feet stay down, a stretch),
-    the tilt stays within max_tilt and no other body touches."""
+    the tilt stays within max_tilt and no other body touches.
+    """
     h, g, dt = 0.3, 9.81, 0.01
     t_up = np.sqrt(2 * apex / g)
     t = np.arange(0, 2 * t_up + 0.3, dt)
@@ -167,9 +179,12 @@ def test_metric_on_synthetic_hops(apex, tilt, touch, hold):
 
 @pytest.mark.parametrize("name", ["jump", "jump_solo12"])
 def test_the_shipped_jump_policy_jumps_by_the_metric_on_recorded_arrays(name):
-    """policies/<name> on 32 fresh episodes, judged by jump_metric from the recorded heights,
+    """The shipped jump policy jumps by the metric on recorded arrays.
+
+    policies/<name> on 32 fresh episodes, judged by jump_metric from the recorded heights,
     attitudes and foot contacts (not the task's own flags): at least 0.8 jump, each one with a
-    flight; the same episodes under the zero action (standing) do not."""
+    flight; the same episodes under the zero action (standing) do not.
+    """
     from conftest import example_robot_data_dir
     from diffsim_ros.learning.checkpoint import load_checkpoint
 
@@ -191,7 +206,9 @@ def test_the_shipped_jump_policy_jumps_by_the_metric_on_recorded_arrays(name):
 
 @pytest.mark.slow
 def test_a_jump_emerges_from_the_apex_objective():
-    """config/jump.yaml's quadruped, task (its drift term included) and trainer settings with a drawn
+    """A jump emerges from the apex objective.
+
+    config/jump.yaml's quadruped, task (its drift term included) and trainer settings with a drawn
     seed (printed; replay with DIFFSIM_TRAIN_SEED), stopped at the threshold rather than the file's
     40 iterations kept to the best: the untrained policy never jumps by the metric; within 60
     iterations the trainer's evaluation (64 episodes after every iteration) reaches the task's
@@ -203,7 +220,8 @@ def test_a_jump_emerges_from_the_apex_objective():
     never within 60), where 0.001 solved both (iterations 28 and 11). At 0.001, 2 of 10 seeds
     (108, 112) then reared on their hind legs with saturated actions and never jumped in 60
     iterations (CI's seed 5259 failed so too once): restart_after (20) starts such a run again
-    from a fresh policy, and both jumped in their second attempt (29, 31)."""
+    from a fresh policy, and both jumped in their second attempt (29, 31).
+    """
     from conftest import drawn_seed
     from diffsim_ros.learning import MLPPolicy, TrainConfig, train
 
@@ -222,12 +240,15 @@ def test_a_jump_emerges_from_the_apex_objective():
 
 
 def test_contact_of_a_replayed_state_comes_from_the_state(task):
-    """A recorded episode read back (``diffsim-ros loop``) has states no step produced: the feet
+    """The contact of a replayed state comes from the state.
+
+    A recorded episode read back (``diffsim-ros loop``) has states no step produced: the feet
     and other contact are then taken from each state itself. Analytic cases: the standing pose has
     every foot on the ground and nothing else once settled; lifted 5 cm, nothing touches; sunk 25 cm, the trunk
     touches. On the open-loop leap, the replayed flags agree with the step's own on at least 95 %
     of the (step, foot) pairs (they differ only where a foot lands or lifts off within the step),
-    and the replayed verdict equals the task's."""
+    and the replayed verdict equals the task's.
+    """
     from diffsim_ros.tasks.base import TaskState
 
     ts, _ = rollout(task, lambda k, obs: np.zeros((3, 12)), batch=3)     # settled on its feet after the 1 s episode

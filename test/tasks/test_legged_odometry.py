@@ -55,8 +55,11 @@ def tasks():
 
 
 def _drawn_state(task, seed: int):
-    """4 states: the reset's stance with drawn joints about it, orientation, body rates, joint
-    velocities and a base linear velocity (which the estimate must not read)."""
+    """Draw 4 states: the reset's stance with drawn joints about it.
+
+    Also drawn: orientation, body rates, joint velocities and a base linear velocity (which the
+    estimate must not read).
+    """
     g = torch.Generator().manual_seed(seed)
     ts = task.reset(4, g)
     q, v = ts.sim.q.clone(), torch.randn(4, task.model.nv, generator=g, dtype=torch.float64)
@@ -97,9 +100,12 @@ def test_a_base_moving_at_a_feet_estimate_leaves_that_foot_at_rest(tasks, seed, 
 @given(seed=st.integers(0, 100_000), shift=st.lists(st.floats(-50, 50), min_size=3, max_size=3),
        yaw=st.floats(-math.pi, math.pi), lin=st.lists(st.floats(-3, 3), min_size=3, max_size=3))
 def test_the_estimate_reads_nothing_a_robot_cannot_measure(tasks, seed, shift, yaw, lin):
-    """The observation with the estimate, for a drawn state, does not change when the base is
+    """The estimate reads nothing a robot cannot measure.
+
+    The observation with the estimate, for a drawn state, does not change when the base is
     moved, turned about the vertical or given another linear velocity; its three entries follow
-    the gravity and rates blocks."""
+    the gravity and rates blocks.
+    """
     task = tasks["quadruped"]
     q, v = _drawn_state(task, seed)
     ts = task.reset(4, torch.Generator().manual_seed(seed))
@@ -129,11 +135,14 @@ def _moving_average(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def test_the_estimate_follows_the_standins_true_velocity_from_the_topics_alone():
-    """The shipped quadruped walker on the MuJoCo stand-in at a drawn command of 0.4-0.8 m/s, one
+    """The estimate follows the stand-in's true velocity from the topics alone.
+
+    The shipped quadruped walker on the MuJoCo stand-in at a drawn command of 0.4-0.8 m/s, one
     drawn episode each plain and under
     the hardware preset (its sensor noise included): the estimate computed from the measured joint
     state and the IMU's orientation and rates, the base's position and linear velocity zeroed as
-    policy_controller holds them, against MuJoCo's true body-frame forward velocity."""
+    policy_controller holds them, against MuJoCo's true body-frame forward velocity.
+    """
     from diffsim_ros.workflows.evaluation import _measured_qv, _standin_params
     from diffsim_ros.learning.deploy import PolicyRunner
     from diffsim_ros.plant.mujoco_plant import MujocoPlant
@@ -174,9 +183,12 @@ def test_the_estimate_follows_the_standins_true_velocity_from_the_topics_alone()
 
 
 def test_the_runner_observes_the_estimate_from_imu_and_joints_alone(tmp_path):
-    """A checkpoint trained with the estimate: the deployed runner needs no odometry, and on a
+    """The runner observes the estimate from the IMU and joints alone.
+
+    A checkpoint trained with the estimate: the deployed runner needs no odometry, and on a
     state whose base position and linear velocity are zeroed (what policy_controller builds from
-    /joint_states and /imu) gives the action the policy gives on the true state in training."""
+    /joint_states and /imu) gives the action the policy gives on the true state in training.
+    """
     from builders import make_checkpoint
     from diffsim_ros.learning.deploy import PolicyRunner
 
@@ -197,13 +209,16 @@ def test_the_runner_observes_the_estimate_from_imu_and_joints_alone(tmp_path):
 
 
 def test_the_bag_report_compares_the_odometry_with_the_recorded_odom(tmp_path):
-    """A stand-in bag of the shipped walker at a drawn command (seed printed): legged_report's
+    """The bag report compares the odometry with the recorded /odom.
+
+    A stand-in bag of the shipped walker at a drawn command (seed printed): legged_report's
     odometry section, computed from the bag's /joint_states and the base's orientation and rates,
     follows the recorded /odom (forward 0.5 s means within 0.08 m/s, measured 0.020-0.045; the
     forward RMS error below 0.15, measured 0.06-0.08) and its recorded means are the plant's own
     states read back. A bag of the sliding walker (test/data/quadruped_sliding, feet skating at
     0.3-0.8 m/s) breaks odometry's premise of feet at rest, and the report shows it: forward RMS
-    error 0.51 (its 0.5 s means 0.10-0.22 off, by the command)."""
+    error 0.51 (its 0.5 s means 0.10-0.22 off, by the command).
+    """
     from diffsim_ros.analysis.legged import legged_report
     from diffsim_ros.learning.deploy import PolicyRunner
     from diffsim_ros.testing.recordings import make_plant, record_bag

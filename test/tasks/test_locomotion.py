@@ -42,9 +42,12 @@ def tasks(tmp_path_factory):
 
 
 def rollout(task, act, batch=1, seed=0):
-    """(final task state, recorded arrays) of ``batch`` episodes under ``act(obs) -> actions``: per
-    step (T = horizon + 1, the start included) time (T,), base x, height, roll, pitch and
-    other bodies' contact (T, B), and the whole q, v (T, B, n)."""
+    """Roll out ``batch`` episodes under ``act(obs) -> actions``.
+
+    Returns (final task state, recorded arrays): per step (T = horizon + 1, the start included)
+    time (T,), base x, height, roll, pitch and other bodies' contact (T, B), and the whole q, v
+    (T, B, n).
+    """
     ts = task.reset(batch, torch.Generator().manual_seed(seed))
     rec = {k: [] for k in ("x", "z", "roll", "pitch", "other", "q", "v")}
 
@@ -72,8 +75,11 @@ def hold(action):
 
 
 def open_loop_trot(task, hz=2.0):
-    """``act`` for :func:`rollout`: diagonal legs (FL+HR, FR+HL) lifted in turn at ``hz`` by
-    thigh and knee targets about the stance (as test_gait's trot), one call per control step."""
+    """Return an open-loop trot's ``act`` for :func:`rollout`.
+
+    Diagonal legs (FL+HR, FR+HL) lifted in turn at ``hz`` by thigh and knee targets about the
+    stance (as test_gait's trot), one call per control step.
+    """
     legs = [j.split("_")[0] for j in task.sim.actuated_joints[::3]]
     phase = {"FL": 0.0, "HR": 0.0, "FR": 0.5, "HL": 0.5}
     calls = [0]
@@ -89,8 +95,11 @@ def open_loop_trot(task, hz=2.0):
 
 
 def assert_parts_agree(task, ts, rv, b=0, rtol=1e-9):
-    """The recorded verdict ``rv`` of episode ``b`` has the task's own parts on its tensors
-    (:meth:`LocomotionTask.strict_parts`): speed, posture, each gait rule and its numbers."""
+    """Check that the recorded verdict ``rv`` of episode ``b`` has the task's own parts on its tensors.
+
+    The parts are :meth:`LocomotionTask.strict_parts`: speed, posture, each gait rule and its
+    numbers.
+    """
     parts = task.strict_parts(ts)
     assert rv["success"] == bool(parts["success"][b]), (rv, b)
     assert rv["speed_ok"] == bool(parts["speed_ok"][b])
@@ -122,10 +131,13 @@ def test_a_lunge_passes_the_old_metric_and_fails_the_strict_one(tasks):
 
 @pytest.mark.parametrize("action", ["stand", "knees", "thighs", "trot"])
 def test_the_task_verdict_is_the_metric_on_the_recorded_arrays(tasks, action):
-    """Held actions (standing, knees bent, thighs back: no foot steps) and an open-loop trot
+    """The task's verdict is the metric on the recorded arrays.
+
+    Held actions (standing, knees bent, thighs back: no foot steps) and an open-loop trot
     (the fore feet step twice a second) on the project's quadruped: the task's verdict on its
     tensors, strict_metric on the recorded base arrays, and recorded_verdict on q, v alone agree
-    part by part, the gait rules and their numbers included."""
+    part by part, the gait rules and their numbers included.
+    """
     strict, _ = tasks
     act = {"stand": hold(np.zeros(12)), "knees": hold(np.tile([0.0, 0.0, 1.0], 4)),
            "thighs": hold(np.tile([0.0, -1.0, 0.0], 4)), "trot": open_loop_trot(strict)}[action]
@@ -172,14 +184,17 @@ def test_metric_rules_one_by_one():
 
 
 def test_the_shipped_walking_policy_walks_by_the_metric_on_recorded_arrays():
-    """policies/locomotion_velocity (config/locomotion_velocity.yaml) on 32 fresh 4 s episodes,
+    """The shipped walking policy walks by the metric on recorded arrays.
+
+    policies/locomotion_velocity (config/locomotion_velocity.yaml) on 32 fresh 4 s episodes,
     each with its own drawn command, judged by ``strict_metric`` from the recorded base x, height,
     roll, pitch and other-body contact (not the task's flags) and, for 8 of them, by
     ``recorded_verdict`` from q, v alone: the verdicts equal the task's, part by part, the gait
     rules included. It walks by the whole metric (every foot steps, none slides in contact) in at
     least 0.8 of them; 8 of the same episodes standing all fail. The walker it replaced
     (test/data/quadruped_sliding) tracked the command upright, but its feet slid in contact at
-    0.3-0.42 m/s against 0.1 allowed."""
+    0.3-0.42 m/s against 0.1 allowed.
+    """
     from diffsim_ros.workflows import evaluation
     from diffsim_ros.learning.checkpoint import load_checkpoint
 
@@ -212,9 +227,12 @@ def test_the_shipped_walking_policy_walks_by_the_metric_on_recorded_arrays():
 
 
 def carried(task, t, x, z):
-    """(T, nq) configurations of the robot carried rigidly in its exact stance (no joint noise),
-    level, its base at ``x(t)`` and height ``z(t)``, and (T, nv) zero velocities (what a
-    recording would pair with them; only the other bodies' contact reads them)."""
+    """Return the robot carried rigidly in its exact stance: (T, nq) configurations and (T, nv) velocities.
+
+    The configurations have no joint noise, level, its base at ``x(t)`` and height ``z(t)``; the
+    (T, nv) velocities are zero (what a recording would pair with them; only the other bodies'
+    contact reads them).
+    """
     n = len(t)
     q = task.model.neutral_configuration((n,)).to(torch.float64)
     q[:, 7:] = q[:, 7:].index_copy(1, task.sim.act_index, task.stance.to(q).expand(n, -1))
@@ -223,8 +241,10 @@ def carried(task, t, x, z):
 
 
 def standing_height(task):
-    """The base height at which the stance's lowest foot point is 0.5 mm into the ground (all
-    feet within ``contact_height`` of it: the stance is symmetric)."""
+    """Find the base height at which the stance's lowest foot point is 0.5 mm into the ground.
+
+    All feet are within ``contact_height`` of it: the stance is symmetric.
+    """
     q, _ = carried(task, [0.0], [0.0], [task.base_height])
     h = task.foot_track(torch.as_tensor(q, dtype=task.model.dtype))["height"][0].double().numpy()
     assert h.max() - h.min() < 1e-6, h
@@ -232,10 +252,13 @@ def standing_height(task):
 
 
 def hops(t, period, flight, clearance, phase, stride, z0, slide=0.0):
-    """Base x and z of a robot hopping in place of its feet: every ``period`` s a flight of
-    ``flight`` of it rising ``clearance`` m (a half sine), the base carried ``stride`` m forward
-    only while it is more than half the clearance up (the feet leave and meet the ground
-    vertically), and ``slide`` m/s forward while on the ground (0: the feet stay put)."""
+    """Return the base x and z of a robot hopping in place of its feet.
+
+    Every ``period`` s a flight of ``flight`` of it rising ``clearance`` m (a half sine), the base
+    carried ``stride`` m forward only while it is more than half the clearance up (the feet leave
+    and meet the ground vertically), and ``slide`` m/s forward while on the ground (0: the feet
+    stay put).
+    """
     u = t / period + phase
     s = u % 1.0
     up = s < flight
@@ -252,14 +275,17 @@ def window_speed(t, x, window_s=3.0):
 
 
 def test_drawn_gaits_of_a_carried_robot_pass_and_fail_the_gait_rules(tasks):
-    """Drawn trajectories (seed printed) of the project's quadruped carried rigidly in its stance,
+    """Drawn gaits of a carried robot pass and fail the gait rules.
+
+    Drawn trajectories (seed printed) of the project's quadruped carried rigidly in its stance,
     judged by recorded_verdict (forward kinematics of q alone): hops at 1.25-4 Hz whose feet stay
     put on the ground and move only in the air pass the whole strict metric (the command its own
     mean speed: every part judged); the same hops sliding forward on the ground at 0.2-0.6 m/s
     step but fail no_slide_ok, each foot's slide read within 30 % below the drawn speed (the last
     millimetre of a landing, in the contact band, moves vertically); hops slower than 0.67 Hz
     fail steps_ok only; and a robot dragged along without lifting fails steps_ok (no touchdown)
-    and no_slide_ok, its slide the drag speed."""
+    and no_slide_ok, its slide the drag speed.
+    """
     from conftest import drawn_seed
 
     strict, _ = tasks
@@ -300,13 +326,16 @@ def test_drawn_gaits_of_a_carried_robot_pass_and_fail_the_gait_rules(tasks):
 
 
 def test_the_gait_rules_one_foot_at_a_time():
-    """strict_metric's gait rules on drawn contact timelines (seed printed), a foot at a time: four
+    """The gait rules, one foot at a time.
+
+    strict_metric's gait rules on drawn contact timelines (seed printed), a foot at a time: four
     feet stepping at 1.2-5 Hz with a drawn duty, barely moving in contact (below 0.05 m/s), pass;
     one drawn foot dragged (always in contact, moving at 0.15-0.8 m/s) fails steps_ok and
     no_slide_ok, its rate 0 and its slide the drag speed, the others unchanged; one drawn foot
     stepping but moving at 0.15-0.8 m/s in contact fails no_slide_ok alone; one foot whose contact
     flickers at every sample (a 0.01 s swing) makes no touchdown, and swings of two samples (the
-    0.02 s ``min_swing_s``) count. Touchdowns before the window do not count."""
+    0.02 s ``min_swing_s``) count. Touchdowns before the window do not count.
+    """
     from conftest import drawn_seed
     from diffsim_ros.tasks.locomotion import gait_rules
 
@@ -347,7 +376,9 @@ def test_the_gait_rules_one_foot_at_a_time():
 
 
 def test_the_dragging_solo12_walker_fails_the_gait_rules_in_the_simulator():
-    """The solo12 walker shipped before the gait rules (test/data/solo12_dragging, trained on
+    """The dragging solo12 walker fails the gait rules in the simulator.
+
+    The solo12 walker shipped before the gait rules (test/data/solo12_dragging, trained on
     config/locomotion_velocity_solo12.yaml's physics without a gait clock) on 8 fresh episodes in
     its own simulator (seed 2024):
     it tracks the command upright in every one (speed, height, tilt, only feet touching: all that
@@ -356,7 +387,8 @@ def test_the_dragging_solo12_walker_fails_the_gait_rules_in_the_simulator():
     contact (0.1 allowed); the other feet step 4-5 times a second, the right hind sliding at
     0.42-0.60 m/s and the right fore at 0.15-0.34, the left fore within the limit (0.05-0.10).
     The rule can fail: it fails the walker the strict metric passed in 256 of 256 episodes
-    (policies/README.md)."""
+    (policies/README.md).
+    """
     from conftest import example_robot_data_dir
     from diffsim_ros.workflows import evaluation
 
@@ -381,7 +413,9 @@ def test_the_dragging_solo12_walker_fails_the_gait_rules_in_the_simulator():
 
 
 def test_a_standin_bag_of_the_dragging_solo12_walker_fails_the_gait_rules(tmp_path):
-    """The dragging solo12 walker (test/data/solo12_dragging) on the MuJoCo stand-in (no ROS) for
+    """A stand-in bag of the dragging solo12 walker fails the gait rules.
+
+    The dragging solo12 walker (test/data/solo12_dragging) on the MuJoCo stand-in (no ROS) for
     one 4 s episode at a drawn
     command (seed printed), recorded as a bag: the task's recorded_verdict on the bag's states
     (/odom and /joint_states read back, joints mapped by name) fails the gait rules, while it
@@ -390,7 +424,8 @@ def test_a_standin_bag_of_the_dragging_solo12_walker_fails_the_gait_rules(tmp_pa
     touches down in the simulator, lifts past the 1 mm contact band 0-4 times in the window on
     MuJoCo's floor (so steps_ok passes or fails by the draw: printed). Its speed against the
     command is printed, not required. The bag report (analysis.legged_report, given the command)
-    judges the same gait rules from the bag's configurations alone, to the same numbers."""
+    judges the same gait rules from the bag's configurations alone, to the same numbers.
+    """
     from conftest import drawn_seed, example_robot_data_dir
     from diffsim_ros.analysis.bag import legged_in_model_order, read_legged_states
     from diffsim_ros.analysis.legged import legged_report
@@ -430,10 +465,13 @@ def test_a_standin_bag_of_the_dragging_solo12_walker_fails_the_gait_rules(tmp_pa
 
 
 def test_the_gait_rules_are_task_options():
-    """min_touchdown_rate, max_foot_slide, contact_height and min_swing_s come from the ``task:``
+    """The gait rules are task options.
+
+    min_touchdown_rate, max_foot_slide, contact_height and min_swing_s come from the ``task:``
     section like the metric's other limits: read and converted by make_task, exported with the
     task (what a checkpoint stores) and rebuilt from that; a negative value is refused, naming the
-    key. The defaults are the documented ones."""
+    key. The defaults are the documented ones.
+    """
     from diffsim_ros.physics import ConfigError
 
     params, file_task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml")
@@ -451,9 +489,12 @@ def test_the_gait_rules_are_task_options():
 
 
 def test_the_height_barrier_costs_only_below_the_metric_floor():
-    """``height_weight``: the base's drop below min_height x base_height, as a fraction of the
+    """The height barrier costs only below the metric's floor.
+
+    ``height_weight``: the base's drop below min_height x base_height, as a fraction of the
     standing height, squared and weighted; nothing above the floor (it is a barrier at the
-    metric's limit, not a posture target). Drawn drops, printed seed."""
+    metric's limit, not a posture target). Drawn drops, printed seed.
+    """
     from conftest import drawn_seed
 
     seed = drawn_seed("height barrier", "DIFFSIM_HEIGHT_SEED", bits=16)
@@ -479,11 +520,14 @@ def test_the_height_barrier_costs_only_below_the_metric_floor():
 
 
 def test_the_averaged_relative_tracking_loss_is_the_moving_average_against_the_command():
-    """``speed_average_s`` and ``relative_tracking``: over a rollout of drawn actions from drawn
+    """The averaged relative tracking loss is the moving average against the command.
+
+    ``speed_average_s`` and ``relative_tracking``: over a rollout of drawn actions from drawn
     starts (seed printed), the loss's tracking term is ((s_k - c) / c)^2, s the exponential moving
     average of the base's forward velocity computed here from the recorded world-frame velocity
     (s_0 = 0, s_k = s_{k-1} + dt / tau (v_k - s_{k-1})); with tau 0 and no division it is the old
-    instantaneous (v_k - c)^2. A command range reaching 0 is refused with relative tracking."""
+    instantaneous (v_k - c)^2. A command range reaching 0 is refused with relative tracking.
+    """
     from conftest import drawn_seed
     from diffsim_ros.physics.spatial import quat_rotate
 
@@ -513,14 +557,17 @@ def test_the_averaged_relative_tracking_loss_is_the_moving_average_against_the_c
 
 
 def test_the_shipped_solo12_walker_steps_upright_at_the_command_on_the_standin():
-    """policies/locomotion_velocity_solo12 (the trot reference and its network, trained on the robot
+    """The shipped solo12 walker steps upright at the command on the stand-in.
+
+    policies/locomotion_velocity_solo12 (the trot reference and its network, trained on the robot
     observation with the physics drawn per episode) on the MuJoCo stand-in, plain and under the
     hardware preset, 4 episodes each (seed printed): every episode keeps the height and tilt, only
     the feet touching, and every foot steps at least once a second; on the plain stand-in it keeps
     the commanded speed too (under the preset 3 of 32 missed it, seed 99). What it does not yet do
     there is the no-slide rule: its stance feet creep on MuJoCo's soft floor at 0.09-0.12 m/s
     (0.1 allowed; 0.01-0.02 in the simulator), held here below 0.2 on the plain stand-in, where
-    the dragging walker it replaced (test/data/solo12_dragging) slid 0.15-0.71."""
+    the dragging walker it replaced (test/data/solo12_dragging) slid 0.15-0.71.
+    """
     from conftest import drawn_seed, example_robot_data_dir
     from diffsim_ros.workflows.evaluation import evaluate_on_standin
 
@@ -538,12 +585,15 @@ def test_the_shipped_solo12_walker_steps_upright_at_the_command_on_the_standin()
 
 
 def test_the_shipped_quadruped_walker_walks_on_the_standin_where_the_sliding_one_did_not():
-    """policies/locomotion_velocity on the MuJoCo stand-in, plain and under the hardware preset, 8
+    """The shipped quadruped walker walks on the stand-in where the sliding one did not.
+
+    policies/locomotion_velocity on the MuJoCo stand-in, plain and under the hardware preset, 8
     episodes each (seed printed), judged by the strict metric with its gait rules from the recorded
     states: every episode upright, only feet touching, every foot stepping; the whole metric in at
     least 5 of 8 (measured 32 of 32 plain and under the preset at seed 99; the walker before it,
     trained without a torque lag, slipped under the preset's: 6 of 32). The sliding walker it
-    replaced (test/data/quadruped_sliding) fails the plain stand-in's episodes."""
+    replaced (test/data/quadruped_sliding) fails the plain stand-in's episodes.
+    """
     from conftest import drawn_seed
     from diffsim_ros.workflows.evaluation import evaluate_on_standin
 

@@ -1,13 +1,15 @@
-"""A task's verdict on recorded arrays (``Task.recorded_verdict``, what the main job reports for
-the stand-in's flight) is the task's own episode verdict: simulated episodes of the shipped hover
-policy, of the same policy with its thrust cut and of drawn random policies are recorded as a bag
-holds them (odometry: world pose, body-frame twist) and judged both ways; each episode's two
-verdicts agree, and both outcomes occur.
+"""A task's verdict on recorded arrays is the task's own episode verdict.
+
+``Task.recorded_verdict`` is what the main job reports for the stand-in's flight. Simulated
+episodes of the shipped hover policy, of the same policy with its thrust cut and of drawn random
+policies are recorded as a bag holds them (odometry: world pose, body-frame twist) and judged
+both ways; each episode's two verdicts agree, and both outcomes occur.
 
 The same for the arms' reach (policies/reach_arm, reach_panda: the end effector's distance and
 speed at the last recorded state, by forward kinematics) and the jump (policies/jump,
 jump_solo12: jump_metric on the recorded base pose and the contacts judged from each recorded
-state), part by part, on episodes drawn from a printed seed."""
+state), part by part, on episodes drawn from a printed seed.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +55,11 @@ def test_recorded_verdict_is_the_episode_verdict():
 
 
 def test_a_recorded_drift_fails_and_a_recorded_hold_passes():
-    """A recorded hover at the target, yawed 90 degrees, drifting along body x at 0.5 m/s: too fast
-    (0.2 m/s allowed) and off the target after the settling time; the same pose held still passes."""
+    """A recorded drift fails and a recorded hold passes.
+
+    A recorded hover at the target, yawed 90 degrees, drifting along body x at 0.5 m/s: too fast
+    (0.2 m/s allowed) and off the target after the settling time; the same pose held still passes.
+    """
     task, _, _, _ = evaluation.load_checkpoint_task(REPO_ROOT / "policies" / "hover")
     n = task.horizon + 1
     t = np.arange(n) * task.dt
@@ -72,8 +77,10 @@ def test_a_recorded_drift_fails_and_a_recorded_hold_passes():
 
 
 def _policies(task, policy, rng, scale):
-    """The shipped policy, the same with its actions scaled by ``scale`` (a weaker or a slower
-    motion) and a drawn random linear policy."""
+    """Return the shipped policy, the same scaled, and a drawn random linear policy.
+
+    The shipped policy's actions are scaled by ``scale`` (a weaker or a slower motion).
+    """
     W = torch.as_tensor(rng.normal(0.0, 0.3, (task.obs_dim, task.action_dim)), dtype=torch.float32)
     return (("shipped", policy), (f"scaled {scale:g}", lambda obs: policy(obs) * scale),
             ("random", lambda obs: torch.tanh(obs.float() @ W).to(obs.dtype)))
@@ -81,8 +88,11 @@ def _policies(task, policy, rng, scale):
 
 @pytest.mark.parametrize("name", ["reach_arm", "reach_panda"])
 def test_the_reach_verdict_on_recorded_joints_is_the_tasks(name):
-    """Each recorded episode's reach verdict (from the joint arrays alone) equals the task's own
-    success on the simulator's final state, and its distance and speed are the task's, part by part."""
+    """The reach verdict on recorded joints is the task's.
+
+    Each recorded episode's reach verdict (from the joint arrays alone) equals the task's own
+    success on the simulator's final state, and its distance and speed are the task's, part by part.
+    """
     task, policy, _, _ = evaluation.load_checkpoint_task(REPO_ROOT / "policies" / name)
     seed = drawn_seed(f"recorded reach verdict ({name})", "DIFFSIM_TRAIN_SEED")
     rng = np.random.default_rng(seed)
@@ -109,8 +119,11 @@ def test_the_reach_verdict_on_recorded_joints_is_the_tasks(name):
 
 
 def _replayed_jump(task, roll):
-    """The jump task's own bookkeeping (update_extra) over a rollout's recorded states, contact
-    judged from each state (``replayed``), as the main job judges a bag: its final extras."""
+    """Replay the jump task's own bookkeeping (update_extra) over a rollout's recorded states.
+
+    Contact is judged from each state (``replayed``), as the main job judges a bag; returns its
+    final extras.
+    """
     from diffsim_ros.tasks.base import TaskState
 
     dt = task.model.dtype
@@ -129,13 +142,16 @@ def _replayed_jump(task, roll):
 
 @pytest.mark.parametrize("name", ["jump", "jump_solo12"])
 def test_the_jump_verdict_on_recorded_states_is_the_tasks(name):
-    """jump_metric on each recorded episode (base pose, contact from each state) equals, part by
+    """The jump verdict on recorded states is the task's.
+
+    jump_metric on each recorded episode (base pose, contact from each state) equals, part by
     part, the task's own verdict on the same states (update_extra's peak, airborne-at-peak and
     posture flags, contact judged from each state); and the simulator's live verdict: the apex,
     height and tilt always, success and the contact parts on every episode of the shipped and
     scaled policies. The simulator samples contact in a step's last substep and a recording at
     its end, so a touch that starts within that substep and is gone a step later is seen by one
-    of the two only: where a random policy's episode differs, it is in the contact parts alone."""
+    of the two only: where a random policy's episode differs, it is in the contact parts alone.
+    """
     task, policy, _, _ = evaluation.load_checkpoint_task(REPO_ROOT / "policies" / name)
     seed = drawn_seed(f"recorded jump verdict ({name})", "DIFFSIM_TRAIN_SEED")
     rng = np.random.default_rng(seed)

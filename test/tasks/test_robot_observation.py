@@ -40,7 +40,7 @@ def tasks():
 
 
 def _walked(task, seed: int, steps: int = 20):
-    """A batch of 3 episodes driven ``steps`` control steps by a drawn open-loop motion."""
+    """Drive a batch of 3 episodes ``steps`` control steps by a drawn open-loop motion."""
     g = torch.Generator().manual_seed(seed)
     ts = task.reset(3, g)
     phase = torch.rand(3, task.action_dim, generator=g, dtype=torch.float64) * 6.0
@@ -50,8 +50,11 @@ def _walked(task, seed: int, steps: int = 20):
 
 
 def _moved(ts, shift, yaw, lin):
-    """``ts`` with the base translated by ``shift``, turned by ``yaw`` about the world vertical and
-    given the body-frame linear velocity ``lin``."""
+    """Return ``ts`` with the base moved, turned and given another linear velocity.
+
+    The base is translated by ``shift``, turned by ``yaw`` about the world vertical and given the
+    body-frame linear velocity ``lin``.
+    """
     q, v = ts.sim.q.clone(), ts.sim.v.clone()
     turn = quat_exp(torch.tensor([[0.0, 0.0, yaw]], dtype=q.dtype)).expand(len(q), 4)
     q[:, 0:3] = quat_rotate(turn, q[:, 0:3]) + torch.tensor(shift, dtype=q.dtype)
@@ -73,9 +76,12 @@ def test_the_robot_observation_holds_nothing_a_robot_cannot_measure(tasks, seed,
 
 
 def test_the_robot_observation_is_gravity_rates_joints_previous_action_command(tasks):
-    """Each block against its definition: gravity from the tilt (roll about x: (0, -sin, -cos) of
+    """The robot observation is gravity, rates, joints, previous action and command.
+
+    Each block against its definition: gravity from the tilt (roll about x: (0, -sin, -cos) of
     the world's down in the base frame), the body rates, the joints about the stance, the action of
-    the step before (zero at the start), the command."""
+    the step before (zero at the start), the command.
+    """
     robot, _ = tasks
     names = robot.observation_names()
     n = robot.n
@@ -103,10 +109,13 @@ def test_the_robot_observation_is_gravity_rates_joints_previous_action_command(t
 
 @pytest.mark.parametrize("name", ["locomotion_velocity", "jump"])
 def test_the_runner_carries_the_previous_action_as_training_does(tmp_path, name):
-    """On the states of a simulated episode the deployed runner gives the actions the policy gave
+    """The runner carries the previous action as training does.
+
+    On the states of a simulated episode the deployed runner gives the actions the policy gave
     in the simulator step by step (its observation holds its own previous action), and after
     reset() it starts again from zero; for the walk and the jump alike (the jump's training
-    once observed a zero previous action throughout while the runner gave it its own)."""
+    once observed a zero previous action throughout while the runner gave it its own).
+    """
     pol, task = make_checkpoint(name, tmp_path, gain=2.0, task_options={"observation": "robot"})
     assert task.observation == "robot"
     runner = PolicyRunner(tmp_path)
@@ -124,9 +133,12 @@ def test_the_runner_carries_the_previous_action_as_training_does(tmp_path, name)
 
 
 def test_a_checkpoint_without_the_observation_key_is_the_privileged_one(tmp_path):
-    """Legged checkpoints made before ``observation`` existed (test/data/jump_privileged, the jump
+    """A checkpoint without the observation key is the privileged one.
+
+    Legged checkpoints made before ``observation`` existed (test/data/jump_privileged, the jump
     shipped before 2026-12-05) do not record it: they are rebuilt on the privileged observation
-    they were trained with, their metadata's observation names exactly, and run on odometry."""
+    they were trained with, their metadata's observation names exactly, and run on odometry.
+    """
     import json
 
     make_checkpoint("locomotion_velocity", tmp_path, task_options={"observation": "privileged"})
@@ -144,10 +156,13 @@ def test_a_checkpoint_without_the_observation_key_is_the_privileged_one(tmp_path
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_slip_and_landing_terms_are_the_feet_speed_by_finite_differences(tasks, seed):
-    """foot_slip (horizontal) and foot_landing (downward only) against the lowest foot points
+    """The slip and landing terms are the feet's speed by finite differences.
+
+    foot_slip (horizontal) and foot_landing (downward only) against the lowest foot points
     moved by a small step along the state's velocity (forward kinematics only), with the same
     height weights; a foot above slip_height costs nothing; the gradient reaches the joint
-    velocities; a foot rising costs no landing."""
+    velocities; a foot rising costs no landing.
+    """
     robot, _ = tasks
     print("seed", seed)
     ts = _walked(robot, seed, steps=25)

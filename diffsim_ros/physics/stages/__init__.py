@@ -1,6 +1,6 @@
-"""The stages of one simulation substep, one module each, in pipeline order:
+"""The stages of one simulation substep, one module each, in pipeline order.
 
-actuation (command -> joint torques or rotor speeds), passive (joint damping,
+They are actuation (command -> joint torques or rotor speeds), passive (joint damping,
 friction, limits), contact (ground and self-collision penalties), aerodynamics
 (rotor wrench and body drag), acceleration (the equations of motion, linearly
 implicit in the stiff terms) and integration. Each stage is a pure function of

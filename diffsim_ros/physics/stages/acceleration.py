@@ -1,5 +1,6 @@
-"""Acceleration: the equations of motion M(q) qdd + b(q, v) = tau + J^T f from one
-kinematics record, solved as
+"""Acceleration: the equations of motion M(q) qdd + b(q, v) = tau + J^T f from one kinematics record.
+
+The equations are solved as
 
     (M + h (D + J^T C J) + h^2 (K + J^T E J)) qdd = tau - b + J^T (f - h E J v) - h K v
 
@@ -31,11 +32,13 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
                  vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None,
                  refine: Optional[Refine] = None,
                  iterations: int = 0, normal_blocks: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """qdd (nv, B) from batch-last tau (nv, B), body wrenches f_ext (nb, 6, B) about o, and,
-    for the implicit step, h, the diagonals D and K (nv, B), v (nv, B), the friction's damping
-    blocks and the contact's normal blocks W (nb, 6, 6, B; damping c W, stiffness E = 2 k W).
-    ``refine(qdd) -> (D, K)``: new diagonals from a solution, applied ``iterations`` times (the
-    same M and bias; one more solve each)."""
+    """Return qdd (nv, B) from batch-last tau (nv, B) and body wrenches f_ext (nb, 6, B) about o.
+
+    For the implicit step it also takes h, the diagonals D and K (nv, B), v (nv, B), the
+    friction's damping blocks and the contact's normal blocks W (nb, 6, 6, B; damping c W,
+    stiffness E = 2 k W). ``refine(qdd) -> (D, K)``: new diagonals from a solution, applied
+    ``iterations`` times (the same M and bias; one more solve each).
+    """
     m = sys.model
     I = kin.inertia(m)
     blocks = I if damping is None else I.add(damping, alpha=h)

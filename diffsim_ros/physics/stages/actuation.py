@@ -1,8 +1,10 @@
-"""Actuation: the delayed command becomes joint torques (effort, velocity-PD or
-position-PD interfaces, as ros2_control's, smoothly saturated at the URDF effort limit and,
-with ``velocity_limits``, within a torque-speed envelope that honours the URDF velocity limit,
-through an optional first-order lag) or rotor speeds (per-rotor thrust or CTBR through
-the rate loop and mixer, with the motors' first-order lag).
+"""Actuation: the delayed command becomes joint torques or rotor speeds.
+
+Joint torques come from effort, velocity-PD or position-PD interfaces, as ros2_control's,
+smoothly saturated at the URDF effort limit and, with ``velocity_limits``, within a torque-speed
+envelope that honours the URDF velocity limit, through an optional first-order lag. Rotor speeds
+come from per-rotor thrust or CTBR through the rate loop and mixer, with the motors' first-order
+lag.
 
 Vectors are batch-first here: q (B, nq), v (B, nv), command (B, action_dim).
 """
@@ -28,15 +30,19 @@ class Actuation(NamedTuple):
 
 def lagged_torque(act: torch.Tensor, kd: Optional[torch.Tensor], kp: Optional[torch.Tensor], dv: torch.Tensor,
                   dq: torch.Tensor) -> torch.Tensor:
-    """The lagged torque at the end of a linearly implicit substep: the explicit one ``act`` (B, na)
-    less the implicit terms the solve applied, ``kd dv + kp dq`` over the actuated joints' changes
-    of speed and position in the substep (kd, kp: the Actuation's, the lag factor inside)."""
+    """Return the lagged torque at the end of a linearly implicit substep.
+
+    It is the explicit one ``act`` (B, na) less the implicit terms the solve applied,
+    ``kd dv + kp dq`` over the actuated joints' changes of speed and position in the substep
+    (kd, kp: the Actuation's, the lag factor inside).
+    """
     out = act if kd is None else act - kd * dv
     return out if kp is None else out - kp * dq
 
 
 class Servo(NamedTuple):
     """What :func:`servo_slope` needs to re-linearise a saturated position or velocity servo."""
+
     base: torch.Tensor              # (B, na) the drive command's part outside the PD (gravity compensation)
     pd: torch.Tensor                # (B, na) the PD part at the substep's start
     va: torch.Tensor                # (B, na) the actuated joints' speeds there
@@ -46,7 +52,7 @@ class Servo(NamedTuple):
 
 
 def joint_command(sys: System, qa: torch.Tensor, va: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
-    """The actuated joints' torque command before gravity compensation and saturation."""
+    """Return the actuated joints' torque command before gravity compensation and saturation."""
     act = sys.config.actuator
     if act == "effort":
         return command
@@ -56,33 +62,39 @@ def joint_command(sys: System, qa: torch.Tensor, va: torch.Tensor, command: torc
 
 
 def _window(sys: System):
-    """The drives' velocity limits and band as the laws take them (limits None: no window)."""
+    """Return the drives' velocity limits and band as the laws take them (limits None: no window)."""
     cfg = sys.config
     return (sys.velocity_limit if cfg.velocity_limits else None), cfg.velocity_limit_band
 
 
 def torque_window(sys: System, va: torch.Tensor):
-    """(lo, hi, ok): the torques the drives can give at joint speeds ``va`` (N m or N), where ``ok``
-    (physics/laws.py, torque_window: the torque-speed envelope of ``velocity_limits``)."""
+    """(lo, hi, ok): the torques the drives can give at joint speeds ``va`` (N m or N), where ``ok``.
+
+    See physics/laws.py, torque_window: the torque-speed envelope of ``velocity_limits``.
+    """
     return laws.torque_window(torch, va, sys.effort_limit, sys.velocity_limit, sys.config.velocity_limit_band)
 
 
 def saturate(sys: System, cmd: torch.Tensor, va: Optional[torch.Tensor] = None):
-    """Smooth saturation of the torque command: (torque, its slope d/dcmd) (physics/laws.py,
-    saturate): ``L tanh(cmd / L)`` at the URDF effort limit L; with ``velocity_limits`` (and
-    ``va``, the joint speeds) inside the drives' torque-speed window."""
+    """Smooth saturation of the torque command: (torque, its slope d/dcmd).
+
+    As physics/laws.py, saturate: ``L tanh(cmd / L)`` at the URDF effort limit L; with
+    ``velocity_limits`` (and ``va``, the joint speeds) inside the drives' torque-speed window.
+    """
     vmax, band = _window(sys)
     return laws.saturate(torch, cmd, sys.effort_limit, va, vmax, band)
 
 
 def servo_slope(sys: System, servo: Servo, va_next: torch.Tensor, h: float):
-    """(slope, brake): the saturated servo's linearisation for the implicit gains (kd slope + brake,
-    kp slope), given the actuated joints' speeds ``va_next`` (B, na) predicted at the end of the
-    substep, as secants of the drive's torque between the start and that end instead of its
+    """(slope, brake): the saturated servo's linearisation for the implicit gains (kd slope + brake, kp slope).
+
+    Given the actuated joints' speeds ``va_next`` (B, na) predicted at the end of the substep,
+    they are secants of the drive's torque between the start and that end instead of its
     tangents at the start (physics/laws.py, servo_secants). A drive that would flip from full
     effort one way to full effort the other within a substep (a light link behind a strong servo)
     is then integrated implicitly instead of overshooting. Iterated, the step solves the drive's
-    nonlinear law at the end of the substep."""
+    nonlinear law at the end of the substep.
+    """
     vmax, band = _window(sys)
     kp = sys.kp if sys.config.actuator == "position" else None
     return laws.servo_secants(torch, servo.base, servo.pd, servo.va, servo.torque, servo.slope, servo.brake,
@@ -108,8 +120,11 @@ def rotor_speeds(sys: System, v: torch.Tensor, command: torch.Tensor, act_state:
 
 def actuation(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tensor,
               act_state: Optional[torch.Tensor], h: float, gravity: Optional[torch.Tensor] = None) -> Actuation:
-    """Command -> actuator output. ``gravity`` (B, nj): the controller's gravity torques
-    of the joints (rnea of the nominal model at rest), needed with gravity_compensation."""
+    """Command -> actuator output.
+
+    ``gravity`` (B, nj): the controller's gravity torques of the joints (rnea of the nominal
+    model at rest), needed with gravity_compensation.
+    """
     cfg = sys.config
     if sys.rotors is not None:
         speed, new = rotor_speeds(sys, v, command, act_state, h)

@@ -1,6 +1,8 @@
-"""Aerodynamics of a floating base: the rotors' wrench from their speeds and the body's
-smooth linear-plus-quadratic drag, as the generalised force on the base's six
-coordinates (a body-frame wrench about the base origin)."""
+"""Aerodynamics of a floating base: the rotors' wrench from their speeds and the body's drag.
+
+The drag is smooth, linear-plus-quadratic. Both act as the generalised force on the base's six
+coordinates (a body-frame wrench about the base origin).
+"""
 from __future__ import annotations
 
 from typing import cast

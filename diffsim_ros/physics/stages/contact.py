@@ -1,6 +1,7 @@
-"""Contact: the seed paper's smooth penalty between the contact points and the ground
-plane (and between sphere points of different bodies), lambda_n = k max(0, -gap)^2 with
-damping, and regularised Coulomb friction F_t = -C v_t, C = mu lambda / sqrt(|v_t|^2 + eps^2).
+"""Contact: the seed paper's smooth penalty between the contact points and the ground plane.
+
+The same penalty acts between sphere points of different bodies: lambda_n = k max(0, -gap)^2
+with damping, and regularised Coulomb friction F_t = -C v_t, C = mu lambda / sqrt(|v_t|^2 + eps^2).
 
 For the linearly implicit integrator the friction's damping C is also returned per
 body as a symmetric 6x6 block (world axes at o): a point x with tangential projector
@@ -39,8 +40,10 @@ class Contact(NamedTuple):
     normal_blocks: Optional[torch.Tensor] = None   # (nb, 6, 6, B) W: the normal force's damping c W, stiffness 2 k W
 
     def flat(self, cs, x: Optional[torch.Tensor], fill: float) -> torch.Tensor:
-        """Grouped per-point values (Gs, S, B) -> flat (P, B) in collision order; points of
-        groups not evaluated get ``fill``."""
+        """Flatten grouped per-point values (Gs, S, B) to (P, B) in collision order.
+
+        Points of groups not evaluated get ``fill``.
+        """
         G, S = cs.group_valid.shape
         B = self.wrench.shape[-1]
         full = torch.full((G, S, B), fill, dtype=self.wrench.dtype, device=self.wrench.device)
@@ -50,9 +53,11 @@ class Contact(NamedTuple):
 
 
 def _to_bodies(nb: int, gb: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Per-group (Gs, k, B) -> per-body (nb, k, B) sums, as one product with a one-hot matrix
-    (an index_add here, in one graph with the joint-space scatters, was miscompiled by
-    Inductor on the CPU, torch 2.13)."""
+    """Per-group (Gs, k, B) -> per-body (nb, k, B) sums, as one product with a one-hot matrix.
+
+    An index_add here, in one graph with the joint-space scatters, was miscompiled by Inductor on
+    the CPU, torch 2.13.
+    """
     # A comparison rather than one_hot, which reads the indices' range back to the host (a
     # synchronisation eagerly; a data-dependent read that make_fx's tracing refuses).
     onehot = (gb[:, None] == torch.arange(nb, device=gb.device)).to(x.dtype)       # (Gs, nb)
@@ -69,9 +74,12 @@ def _near_groups(sys: System, kin: Kinematics) -> torch.Tensor:
 
 
 def _picked(cs, groups: torch.Tensor):
-    """The contact set's group tensors (body, local points, radii, valid) at ``groups`` (a CPU
-    index tensor), kept per selection on the (frozen) contact set: a robot's set of groups near
-    the ground changes rarely, so the gathers are made once per set, not once per substep."""
+    """Return the contact set's group tensors (body, local points, radii, valid) at ``groups``.
+
+    ``groups`` is a CPU index tensor. The tensors are kept per selection on the (frozen) contact
+    set: a robot's set of groups near the ground changes rarely, so the gathers are made once per
+    set, not once per substep.
+    """
     cache = cs.__dict__.setdefault("_picked", {})
     key = tuple(groups.tolist())
     hit = cache.get(key)
@@ -87,12 +95,14 @@ def _picked(cs, groups: torch.Tensor):
 
 def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None,
             normal: bool = False) -> Contact:
-    """Contact wrenches from the kinematics record, with the friction's damping blocks
-    (``implicit_friction``) and the normal force's blocks W (``normal``; see the module doc)
-    for the linearly implicit step. ``select`` (default: on the CPU, outside
+    """Contact wrenches from the kinematics record, with blocks for the linearly implicit step.
+
+    The blocks are the friction's damping blocks (``implicit_friction``) and the normal force's
+    blocks W (``normal``; see the module doc). ``select`` (default: on the CPU, outside
     torch.compile): evaluate only the point groups whose bounding sphere reaches the ground
     in some environment (exact: the others have no penetration, so no force and no
-    gradient), at the price of one host synchronisation."""
+    gradient), at the price of one host synchronisation.
+    """
     m, cfg, cs = sys.model, sys.config, sys.contact
     R, o, tw = kin.R, kin.o, kin.vel
     B = R.shape[-1]
@@ -169,17 +179,19 @@ def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch
 
 def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch.Tensor, n: torch.Tensor,
                   w: Optional[torch.Tensor] = None):
-    """Per-body sums (nb, 6, 6, B) of the points' implicit blocks, C and w (Gs, S, B) and x
-    (Gs, S, 3, B) grouped by body ``gb``: the friction's damping blocks C [1; [x]x] P [1, -[x]x]
-    with P = 1 - n n^T (None without C), and the normal blocks w [n; m][n; m]^T with m = x x n
-    (None without w).
+    """Per-body sums (nb, 6, 6, B) of the points' implicit blocks.
+
+    The inputs are C and w (Gs, S, B) and x (Gs, S, 3, B), grouped by body ``gb``. The blocks are
+    the friction's damping blocks C [1; [x]x] P [1, -[x]x] with P = 1 - n n^T (None without C),
+    and the normal blocks w [n; m][n; m]^T with m = x x n (None without w).
 
     The friction blocks are C P, -P [C x]x, [C x]x P and -C (x x^T - |x|^2 1 + m m^T);
     the moments C, C x, C (x x^T + m m^T), C |x|^2 and, for the normal blocks, w, w m and
     w m m^T are summed over each group's points first. The 6x6 blocks are then assembled
     per group and summed into the bodies when there are fewer groups than bodies (a robot
     with a few feet near the ground), else the moments are summed into the bodies first:
-    one product into the bodies either way."""
+    one product into the bodies either way.
+    """
     mm = _cross(x, n.expand_as(x))                                                  # (Gs, S, 3, B)
     parts = []
     if C is not None:
@@ -202,7 +214,7 @@ def _point_blocks(nb: int, gb: torch.Tensor, C: Optional[torch.Tensor], x: torch
 
 
 def _assemble(s: torch.Tensor, friction: bool, normal: bool, n: torch.Tensor):
-    """The 6x6 blocks (rows, 6, 6, B) from the moments (rows, k, B) of :func:`_point_blocks`."""
+    """Assemble the 6x6 blocks (rows, 6, 6, B) from the moments (rows, k, B) of :func:`_point_blocks`."""
     rows, B = s.shape[0], s.shape[-1]
     eye = torch.eye(3, dtype=s.dtype, device=s.device)[None, :, :, None]
     nn = (n[:, None] * n[None, :])[None]                                            # (1, 3, 3, 1)

@@ -1,6 +1,8 @@
-"""Integration: semi-implicit (symplectic) Euler or RK4 on the configuration manifold:
-joints add; a floating base moves along its body-frame twist (the orientation by the
-exact exponential of w h) and its quaternion is renormalised smoothly."""
+"""Integration: semi-implicit (symplectic) Euler or RK4 on the configuration manifold.
+
+Joints add; a floating base moves along its body-frame twist (the orientation by the exact
+exponential of w h) and its quaternion is renormalised smoothly.
+"""
 from __future__ import annotations
 
 from typing import Tuple
@@ -20,7 +22,7 @@ def _normalised(quat: torch.Tensor) -> torch.Tensor:
 
 
 def integrate(floating_base: bool, q: torch.Tensor, v: torch.Tensor, h: float) -> torch.Tensor:
-    """q (+) v h."""
+    """Return q (+) v h."""
     if not floating_base:
         return q + v * h
     pos, quat, qj = q[..., 0:3], q[..., 3:7], q[..., 7:]
@@ -41,10 +43,12 @@ def qdot(floating_base: bool, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def semi_implicit_euler(floating_base: bool, q: torch.Tensor, v: torch.Tensor, qdd: torch.Tensor,
                         h: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """v += h qdd, then q moves with the new v. A floating base's linear velocity, stored in
-    the body frame, is advanced in the world frame (so the frame's rotation does not pump
-    energy into it, as explicit Euler on the -w x v term would), then expressed in the new
-    body frame."""
+    """Update v += h qdd, then move q with the new v.
+
+    A floating base's linear velocity, stored in the body frame, is advanced in the world frame
+    (so the frame's rotation does not pump energy into it, as explicit Euler on the -w x v term
+    would), then expressed in the new body frame.
+    """
     if not floating_base:
         v_new = v + qdd * h
         return q + v_new * h, v_new

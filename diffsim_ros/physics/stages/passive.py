@@ -1,11 +1,13 @@
-"""Passive joint forces: URDF damping, smoothed Coulomb friction and the joint limits
-as a smooth penalty, with their slopes for the linearly implicit solve.
+"""Passive joint forces: URDF damping, smoothed Coulomb friction and the joint limits as a smooth penalty.
+
+They come with their slopes for the linearly implicit solve.
 
 The friction's slope is its secant through zero, ``f tanh(v / eps) / v``, not its tangent
 ``f / eps (1 - tanh^2)``: with the secant the implicit step scales a joint's friction-only
 velocity by ``M / (M + h D)`` and never carries it across zero, where with the tangent
 (about 0 away from rest) the friction acts explicitly and a light joint flips sign from
-substep to substep (doc/friction.md)."""
+substep to substep (doc/friction.md).
+"""
 from __future__ import annotations
 
 from typing import NamedTuple
