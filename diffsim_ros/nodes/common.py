@@ -138,39 +138,49 @@ def _type_words(x: Any) -> str:
 
 
 def declare(node, name: str, default: Any, description: str, *, dynamic_typing: bool = False,
-            read_only: bool = False, constraints: str = "") -> Any:
+            read_only: bool = False, constraints: str = "", array_type: str = "") -> Any:
     """Declare ``name`` with ``default``, ``description`` and ``constraints``, and return its value.
 
     ``constraints`` are the descriptor's additional_constraints; both they and the description are
     shown by ``ros2 param describe``. The value is the override from the command line or a params
     file, if any. The override is first converted to the default's type where nothing is lost
     (:func:`coerce_value`: an integer for a double, ...); an override of another type is a
-    StartupError naming the parameter, not rclpy's exception.
+    StartupError naming the parameter, not rclpy's exception. An empty list has no element type:
+    ``array_type`` (``"double"``, ``"string"``, ...) gives it, and the parameter left unset reads
+    back as [].
     """
     from rcl_interfaces.msg import ParameterDescriptor
     from rclpy.exceptions import InvalidParameterTypeException
+    from rclpy.parameter import Parameter
 
+    like = default
+    if isinstance(default, list) and not default and array_type:
+        like = {"double": [0.0], "integer": [0], "string": [""], "bool": [False]}.get(array_type, default)
+        default = getattr(Parameter.Type, f"{array_type.upper()}_ARRAY")
     if not dynamic_typing:
-        coerce_override(node, name, lambda val: coerce_value(default, val))
+        coerce_override(node, name, lambda val: coerce_value(like, val))
     desc = ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=dynamic_typing,
                                additional_constraints=constraints)
     try:
         node.declare_parameter(name, default, desc)
     except InvalidParameterTypeException:
         given = _overrides(node).get(name)
-        raise StartupError(f"parameter '{name}' must be {_type_words(default)} (default {default!r}), got "
+        shown = "[]" if like is not default else repr(default)
+        raise StartupError(f"parameter '{name}' must be {_type_words(like)} (default {shown}), got "
                            f"{given!r} ({_type_words(given)})") from None
     return value(node, name)
 
 
-def declare_all(node, specs: Iterable[Tuple[str, Any, str]], constraints: Optional[Mapping[str, str]] = None
-                ) -> Dict[str, Any]:
+def declare_all(node, specs: Iterable[Tuple[str, Any, str]], constraints: Optional[Mapping[str, str]] = None,
+                array_types: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Declare every ``(name, default, description)``, with its ``constraints[name]`` where given.
 
-    Returns {name: value}.
+    ``array_types[name]``: the element type of an empty list default (:func:`declare`). Returns
+    {name: value}.
     """
-    constraints = constraints or {}
-    return {name: declare(node, name, default, text, constraints=constraints.get(name, ""))
+    constraints, array_types = constraints or {}, array_types or {}
+    return {name: declare(node, name, default, text, constraints=constraints.get(name, ""),
+                          array_type=array_types.get(name, ""))
             for name, default, text in specs}
 
 

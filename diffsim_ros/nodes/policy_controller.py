@@ -95,7 +95,7 @@ NODE_NAME = "policy_controller"
 #: make_node_class(): importing this module needs no rclpy.
 _ROS = {"rclpy": "spin_once", "rclpy.node": "Node", "rclpy.clock": "Clock ClockType JumpThreshold",
         "rclpy.duration": "Duration", "rclpy.exceptions": "ParameterUninitializedException",
-        "rclpy.parameter": "Parameter", "rclpy.qos": "ReliabilityPolicy", "rcl_interfaces.msg": "ParameterDescriptor",
+        "rclpy.qos": "ReliabilityPolicy",
         "geometry_msgs.msg": "PointStamped Twist TwistStamped", "nav_msgs.msg": "Odometry",
         "sensor_msgs.msg": "Imu JointState", "std_msgs.msg": "String", "std_srvs.srv": "SetBool Trigger"}
 ros = SimpleNamespace()
@@ -144,13 +144,8 @@ class _PolicyControllerLogic:
 
     # -------------------------------------------------------------- parameters
     def _declare(self):
-        for name, (default, desc) in PARAMETERS.items():
-            d = ros.ParameterDescriptor(description=desc, additional_constraints=CONSTRAINTS.get(name, ""))
-            if isinstance(default, list) and not default:
-                # An empty list has no element type: declare the type; unset reads back as [].
-                self.declare_parameter(name, getattr(ros.Parameter.Type, f"{ARRAY_TYPES[name].upper()}_ARRAY"), d)
-            else:
-                self.declare_parameter(name, default, d)
+        common.declare_all(self, ((name, default, desc) for name, (default, desc) in PARAMETERS.items()),
+                           CONSTRAINTS, ARRAY_TYPES)
 
     def _p(self, name):
         try:

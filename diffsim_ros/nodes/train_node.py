@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import interfaces as ifc
 from ..workflows.training import occupied, resume_source, train_from_params  # the CLI's training path, shared
+from . import common
 from .common import StartupError, resolve_path
 
 __all__ = ["NODE_NAME", "PARAMETERS", "make_node_class", "main"]
@@ -45,7 +46,7 @@ NODE_NAME = "train_node"
 #: What the node uses of rclpy and the message packages (module: names), imported into ``ros`` by
 #: make_node_class(): importing this module needs no rclpy.
 _ROS = {"rclpy": "init spin_once try_shutdown", "rclpy.node": "Node", "rclpy.executors": "ExternalShutdownException",
-        "rclpy.qos": "DurabilityPolicy QoSProfile", "rcl_interfaces.msg": "ParameterDescriptor",
+        "rclpy.qos": "DurabilityPolicy QoSProfile",
         "diagnostic_msgs.msg": "DiagnosticArray DiagnosticStatus KeyValue", "std_msgs.msg": "Float64 String"}
 ros = SimpleNamespace()
 
@@ -89,8 +90,7 @@ class _TrainNodeLogic:
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
-        for name, (default, desc) in PARAMETERS.items():
-            self.declare_parameter(name, default, ros.ParameterDescriptor(description=desc))
+        common.declare_all(self, ((name, default, desc) for name, (default, desc) in PARAMETERS.items()))
         self.pub_loss = self.create_publisher(ros.Float64, self._p("loss_topic"), 10)
         self.pub_diag = self.create_publisher(ros.DiagnosticArray, self._p("diagnostics_topic"), 10)
         self._params: Dict[str, Any] = {}

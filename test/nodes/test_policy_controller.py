@@ -24,7 +24,7 @@ rclpy = pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 client l
 pytestmark = pytest.mark.ros
 
 from builders import make_checkpoint  # noqa: E402
-from conftest import REPO_ROOT, ros_context, ros_domain  # noqa: E402
+from conftest import REPO_ROOT, drawn_seed, ros_context, ros_domain  # noqa: E402
 
 from diffsim_ros import physics  # noqa: E402
 from diffsim_ros.control import px4_rates_setpoint  # noqa: E402
@@ -110,6 +110,49 @@ def test_every_parameter_has_default_and_description(ros, ckpts):
             assert d.description.strip(), n
     finally:
         h.close()
+
+
+def test_a_whole_number_is_accepted_wherever_a_number_is_and_a_string_is_refused_by_name(ros, ckpts):
+    """Check that every number parameter takes an integer, as mujoco_plant's do, and refuses a string by name.
+
+    ``-p rate_hz:=50`` parses as an integer; rclpy refused it against the double default (a whole
+    number where the schema allows a number must be accepted everywhere). Drawn per run (seed
+    printed): three of the double parameters get a whole number, one of the double lists
+    (``target``, ``workspace_min``, ...; empty by default) whole numbers, and each reads back as
+    the same number; then a string in a drawn number parameter stops the node at start with an
+    error naming the parameter and what it must be.
+    """
+    import numbers
+
+    from rclpy.parameter import Parameter
+
+    from diffsim_ros.nodes.common import StartupError
+
+    rng = random.Random(drawn_seed("policy_controller number parameters", "DIFFSIM_PARAM_SEED"))
+    doubles = sorted(n for n, (d, _) in pc.PARAMETERS.items() if isinstance(d, float))
+    lists = sorted(n for n, t in pc.ARRAY_TYPES.items() if t == "double")
+    picked = rng.sample(doubles, 3)
+    given = {n: rng.randint(1, 3) for n in picked}
+    given[rng.choice(lists)] = [rng.randint(-2, 2) for _ in range(3)]
+    print(given)
+    # A value some parameters refuse on their own terms (a rate, a time-out) is not the point here:
+    # read the declared values straight after declaration.
+    cls = pc.make_node_class()
+    node = rclpy.create_node(f"declared_{random.randint(0, 1 << 30)}", context=ros,
+                             parameter_overrides=[Parameter(k, value=v) for k, v in given.items()])
+    try:
+        cls._declare(node)
+        for name, v in given.items():
+            got = node.get_parameter(name).value
+            got = list(got) if not isinstance(got, numbers.Real) else got
+            assert got == v and all(isinstance(x, float) for x in (got if isinstance(got, list) else [got])), \
+                (name, got)
+    finally:
+        node.destroy_node()
+    bad = rng.choice(doubles)
+    with pytest.raises(StartupError, match=rf"parameter '{bad}' must be a number \(default .*\), got 'fast'"):
+        cls(context=ros, parameter_overrides=[Parameter("checkpoint", value=str(ckpts / "hover")),
+                                              Parameter(bad, value="fast")])
 
 
 def test_arm_lockstep_command_prediction_and_reordering(ros, ckpts):
