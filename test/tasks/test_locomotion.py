@@ -536,7 +536,8 @@ def test_the_averaged_relative_tracking_loss_is_the_moving_average_against_the_c
     params, file_task, model = config.load_training_file(REPO_ROOT / "config" / "locomotion_velocity.yaml",
                                                          dtype=torch.float64)
     tau = float(rng.uniform(0.05, 1.0))
-    base = dict(without_gait(params["task"]), horizon=40, window_s=0.3, upright_weight=0.0, action_weight=0.0)
+    base = dict(without_gait(params["task"]), horizon=40, window_s=0.3, upright_weight=0.0, action_weight=0.0,
+                speed_average_s=0.0, relative_tracking=False)
     avg = make_task(model, file_task.sim_config, dict(base, speed_average_s=tau, relative_tracking=True), "task")
     now = make_task(model, file_task.sim_config, base, "task")
     ts_a = avg.reset(4, torch.Generator().manual_seed(seed))
