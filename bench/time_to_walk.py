@@ -24,15 +24,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diffsim_ros import config  # noqa: E402
-from train_seeds import _apply  # noqa: E402
+from train_seeds import train_to_threshold  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_ENVS = 128
@@ -41,19 +39,8 @@ CHECK_SEED = 99
 
 def time_one(path: Path, sets, seed: int, max_iterations: int, eval_every: int):
     """Train one seed until the threshold; return (solved iteration or None, seconds, evaluations, fresh success)."""
-    from diffsim_ros.learning import TrainConfig, train
-
-    params = _apply(config.load_yaml(path), sets)
-    task, _ = config.build_task(params, str(path))
-    t = dict(params["training"], eval_envs=EVAL_ENVS, eval_every=eval_every, stop_at_success=True, seed=seed,
-             iterations=max_iterations)
-    cfg = TrainConfig.from_mapping(t, "training")
-    t0 = time.perf_counter()
-    res = train(task, cfg, progress=False)
-    secs = time.perf_counter() - t0
-    evals = [(int(r["iteration"]), round(float(r["eval_success"]), 3)) for r in res.history
-             if r["eval_success"] == r["eval_success"]]
-    solved = next((it for it, s in evals if s >= task.success_threshold), None)
+    task, res, evals, solved, secs = train_to_threshold(path, sets, seed, eval_envs=EVAL_ENVS, eval_every=eval_every,
+                                                        iterations=max_iterations)
     fresh = (float(task.rollout_success(res.policy, EVAL_ENVS, torch.Generator().manual_seed(CHECK_SEED)))
              if solved is not None else float("nan"))
     return solved, secs, evals, fresh

@@ -42,22 +42,33 @@ def _apply(params, sets):
     return params
 
 
-def run_one(args):
-    path, sets, seed, eval_envs = args
-    torch.set_num_threads(1)
+def train_to_threshold(path, sets, seed: int, **training):
+    """Train the file's recipe (with the ``--set`` overrides and ``training``) until its threshold.
+
+    ``stop_at_success`` is on and ``training.seed`` is ``seed``. Returns (task, the training
+    result, the evaluations as (iteration, success), the first iteration at the threshold or None,
+    seconds of training).
+    """
     from diffsim_ros.learning import TrainConfig, train
 
     params = _apply(config.load_yaml(path), sets)
     task, _ = config.build_task(params, str(path))
-    t = dict(params["training"], eval_envs=eval_envs, stop_at_success=True, seed=seed)
-    cfg = TrainConfig.from_mapping(t, "training")
+    cfg = TrainConfig.from_mapping(dict(params["training"], stop_at_success=True, seed=seed, **training), "training")
     t0 = time.perf_counter()
     res = train(task, cfg, progress=False)
-    fresh = task.rollout_success(res.policy, 64, torch.Generator().manual_seed(99))
+    secs = time.perf_counter() - t0
     evals = [(int(r["iteration"]), round(float(r["eval_success"]), 3)) for r in res.history
              if r["eval_success"] == r["eval_success"]]
     solved = next((it for it, s in evals if s >= task.success_threshold), None)
-    return seed, solved, evals, fresh, time.perf_counter() - t0, float(res.history[-1]["loss"])
+    return task, res, evals, solved, secs
+
+
+def run_one(args):
+    path, sets, seed, eval_envs = args
+    torch.set_num_threads(1)
+    task, res, evals, solved, secs = train_to_threshold(path, sets, seed, eval_envs=eval_envs)
+    fresh = task.rollout_success(res.policy, 64, torch.Generator().manual_seed(99))
+    return seed, solved, evals, fresh, secs, float(res.history[-1]["loss"])
 
 
 def main(argv=None) -> int:
