@@ -6,9 +6,9 @@ nothing:
 - lint: ``ruff check .`` under ruff.toml (ament_flake8's set: pycodestyle's E and W, pyflakes'
   F, at 120 columns; ament_pep257's: pydocstyle's D rules under the pep257 convention, no
   docstring required);
-- types: ``mypy`` under mypy.ini (the physics core and the schema; every ``# type:
-  ignore[code]`` there names its code and says why, and an ignore or a cast no longer needed is
-  itself a finding).
+- types: ``mypy`` under mypy.ini (the physics core, the schema and the workflows layer,
+  diffsim_ros/workflows; every ``# type: ignore[code]`` there names its code and says why, and an
+  ignore or a cast no longer needed is itself a finding).
 
 Both tools are pinned test dependencies (requirements.txt): where one is not installed its test
 fails, telling to run scripts/bootstrap.sh; it is never skipped.

@@ -448,7 +448,7 @@ class MujocoPlant:
         R = self._rotation()
         return np.concatenate((R.T @ d.qvel[0:3], d.qvel[3:6], vj))
 
-    def set_state(self, q: Sequence[float], v: Optional[Sequence[float]] = None) -> None:
+    def set_state(self, q: Union[Sequence[float], np.ndarray], v: Optional[Sequence[float]] = None) -> None:
         """Put the robot at ``q``, ``v`` (simulator convention).
 
         Actuator states, command line and time are kept (see :meth:`reset`).

@@ -324,7 +324,8 @@ def _policy_fn(module, device):
     return act
 
 
-def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu"):
+def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu"
+                         ) -> Tuple[Any, Callable, Dict[str, Any], Dict[str, Any]]:
     """(task, policy, meta, params) of a checkpoint.
 
     The task is rebuilt from its metadata (the training configuration's precision, float32 when it
@@ -340,7 +341,8 @@ def load_checkpoint_task(checkpoint: Union[str, os.PathLike], device: str = "cpu
 
     where = os.fspath(checkpoint)
     meta = load_metadata(checkpoint)
-    cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    recorded = meta.get("config")
+    cfg = recorded if isinstance(recorded, dict) else {}
     dtype = config.torch_dtype(cfg, where, default="float32")
     judged = dict(meta, simulator=dict(meta["simulator"], nan_check=False))
     model, task = deploy.task_from_metadata(judged, where, dtype=dtype)

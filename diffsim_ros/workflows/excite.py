@@ -19,7 +19,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 from .loop import (LoopError, _Clock, _NodeRun, _Processes, bag_counts, follow_run, recorded_types, run_deployment,
                    state_topic_and_type)
@@ -50,7 +50,7 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     any process starts); a node that fails raises LoopError naming it and its log.
     """
     from .. import config as cfgmod
-    from ..control.excitation import ExcitationRunner, identifiable_parameters
+    from ..control.excitation import ArmExcitation, ExcitationRunner, QuadrotorExcitation, identifiable_parameters
 
     out_dir = Path(out)
     bag = out_dir / "bag"
@@ -69,6 +69,9 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     kind = "arm" if not floating else ("multirotor" if (params.get("simulator") or {}).get("rotors") else "legged")
     perturbation = resolve_perturbation(perturbation or {}, kind)
     plant_perturbation = ros_values(perturbation, "--perturb")
+    # ExcitationRunner sets a multirotor's QuadrotorExcitation or an arm's ArmExcitation (mypy takes the
+    # attribute's type from the first of the two assignments).
+    signal: Union[ArmExcitation, QuadrotorExcitation] = runner.signal
     initial = None
     if floating:
         initial = [float(x) for x in exc.home]
@@ -76,7 +79,8 @@ def run_excite(config: str, out: str, overrides: Optional[Dict[str, Any]] = None
     else:
         import numpy as np
 
-        lead = runner.signal.lead_steps(np.zeros(len(runner.actuated_joints)))
+        assert isinstance(signal, ArmExcitation)      # a fixed base: an arm's excitation
+        lead = signal.lead_steps(np.zeros(len(runner.actuated_joints)))
     total_s = (runner.signal.steps + lead) * runner.dt
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = out_dir / "logs"

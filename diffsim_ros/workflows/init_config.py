@@ -158,13 +158,19 @@ def srdf_states(urdf: Path, robot: str) -> Dict[str, Dict[str, float]]:
             if root.get("name") != robot and f.stem != urdf.stem:
                 continue
             for gs in root.iter("group_state"):
+                state = gs.get("name")
+                if state is None:
+                    continue         # nameless (the SRDF requires a name): no stance can ask for it
                 vals = {}
                 for j in gs.iter("joint"):
+                    joint, value = j.get("name"), j.get("value")
+                    if joint is None or value is None:
+                        continue     # the SRDF requires both: a joint without them sets nothing
                     try:
-                        vals[j.get("name")] = float(j.get("value"))
-                    except (TypeError, ValueError):
+                        vals[joint] = float(value)
+                    except ValueError:
                         pass         # a root joint's 7 numbers: not a joint angle
-                found.setdefault(gs.get("name"), vals)
+                found.setdefault(state, vals)
             if found:
                 found["__file__"] = {str(f): 0.0}
                 return found
@@ -405,6 +411,7 @@ def plan(urdf: str, task: str, floating_base: Optional[bool] = None, ee_link: Op
     p.params["dtype"] = "float32"
     p.info["model"] = model
     if kind == "quadrotor":
+        assert mode is not None      # every quadrotor task of TASK_CHOICES names its mode
         _plan_multirotor(p, model, mode)
     else:
         p.joints = choose_joints(desc, model, include_joints)
@@ -641,12 +648,12 @@ def _plan_locomotion(p: Plan, model, desc, actuated: List[str], bandwidth: float
     # The torque each joint needs to hold the robot on its feet: the weight shared by the feet, through
     # each foot's Jacobian (at the foot body's lowest link origin).
     weight = float(model.mass.sum()) * 9.81
-    hold = torch.zeros(model.nv, dtype=q.dtype)
+    tau = torch.zeros(model.nv, dtype=q.dtype)
     for f in feet:
         lk = min((zz, ll) for zz, ll, bb in low if bb == f)[1]
         J = physics.link_jacobian(model, q[None], model.link_index(lk))[0]
-        hold += J[2] * (weight / len(feet))
-    hold = hold[6:].tolist()
+        tau += J[2] * (weight / len(feet))
+    hold = tau[6:].tolist()
     action_scale = 0.5
     idx = torch.tensor([model.joint_names.index(n) for n in actuated])
     qs = q.expand(GAIN_SAMPLES + 1, -1).clone()

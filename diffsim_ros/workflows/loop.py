@@ -274,7 +274,8 @@ class _Launch:
 
     def exit_statuses(self) -> Dict[str, Optional[int]]:
         """Exit status of each node as launch reported it (None: not reported)."""
-        text, out = self._text(), {}
+        text = self._text()
+        out: Dict[str, Optional[int]] = {}
         for name, exe in NODES.items():
             if re.search(rf"\[{exe}-\d+\]: process has finished cleanly", text):
                 out[name] = 0
@@ -585,11 +586,12 @@ def _legged_result(bag: Path, runner) -> Dict[str, Any]:
     x = np.array([float(s.q[0, 0]) for s in states])
     z = np.array([float(s.q[0, 2]) for s in states])
     duration = (stamps[-1] - stamps[0]) * 1e-9
-    res = {"episode_steps": horizon, "success": ok, "episode_mean_forward_speed_m_s": mean_speed,
-           "success_speed_m_s": float(task.success_speed), "run_mean_forward_speed_m_s":
-           float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
-           "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
-           "steps_recorded": len(states)}
+    res: Dict[str, Any] = {
+        "episode_steps": horizon, "success": ok, "episode_mean_forward_speed_m_s": mean_speed,
+        "success_speed_m_s": float(task.success_speed), "run_mean_forward_speed_m_s":
+        float((x[-1] - x[0]) / duration) if duration > 0 else float("nan"),
+        "min_base_height_m": float(z.min()), "fall_height_m": float(task.fall_height),
+        "steps_recorded": len(states)}
     from ..tasks.jump import JumpTask
 
     if isinstance(task, JumpTask):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .. import interfaces as ifc
 from ..control.preflight import FrameSample, JointSample, Observed, PreflightReport, preflight
@@ -61,8 +61,10 @@ def observe_bag(path: Union[str, os.PathLike], joint_states_topic: str = ifc.JOI
 
     path = Path(os.fspath(path))
     seen = Observed(duration_s=0.0, command_topic=command_topic, source=f"bag {path}")
-    convert = {joint_states_topic: (_joints, seen.joint_states), imu_topic: (_imu, seen.imu),
-               odom_topic: (_odom, seen.odom), ifc.CLOCK: (_clock, seen.clock)}
+    # topic: (message -> sample, the list of Observed it goes to)
+    convert: Dict[str, Tuple[Callable[[int, Any], Any], List[Any]]] = {
+        joint_states_topic: (_joints, seen.joint_states), imu_topic: (_imu, seen.imu),
+        odom_topic: (_odom, seen.odom), ifc.CLOCK: (_clock, seen.clock)}
     times = []
     with _opened(path) as reader:
         conns = [c for c in reader.connections if c.topic in convert]
@@ -92,7 +94,7 @@ def observe_live(seconds: float, joint_states_topic: str = ifc.JOINT_STATES, imu
     from sensor_msgs.msg import Imu, JointState
 
     ctx = rclpy.context.Context()
-    rclpy.init(context=ctx, **({} if domain_id is None else {"domain_id": int(domain_id)}))
+    rclpy.init(context=ctx, domain_id=None if domain_id is None else int(domain_id))  # None: ROS_DOMAIN_ID
     seen = Observed(duration_s=float(seconds), command_topic=command_topic, source="live")
     try:
         node = rclpy.create_node(f"diffsim_preflight_{os.getpid()}", context=ctx)
@@ -134,6 +136,10 @@ def run_preflight(checkpoint: Union[str, os.PathLike], bag: Optional[Union[str, 
 
     runner = PolicyRunner(checkpoint)
     topic = default_command_topic(runner) if command_topic is None else command_topic
-    kw = dict(joint_states_topic=joint_states_topic, imu_topic=imu_topic, odom_topic=odom_topic, command_topic=topic)
-    seen = observe_bag(bag, **kw) if bag is not None else observe_live(seconds, **kw)
+    if bag is not None:
+        seen = observe_bag(bag, joint_states_topic=joint_states_topic, imu_topic=imu_topic, odom_topic=odom_topic,
+                           command_topic=topic)
+    else:
+        seen = observe_live(seconds, joint_states_topic=joint_states_topic, imu_topic=imu_topic,
+                            odom_topic=odom_topic, command_topic=topic)
     return preflight(runner, seen, **limits)

@@ -48,7 +48,7 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     match, a CheckpointError otherwise); policy.json records it as ``training.initialized_from``.
     Ignored when resuming (the run continues from its own weights).
     """
-    from .. import config
+    from .. import config, schema
     from ..learning.apg import TrainConfig, load_resume_state, train
     from ..learning.checkpoint import initial_weights, json_safe, save_checkpoint, training_summary
     from ..learning.distributed import SINGLE
@@ -59,7 +59,8 @@ def train_from_params(params: Dict[str, Any], source: str, out: Union[str, os.Pa
     training = config.section(params, "training", source)
     training.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
-        cfg = TrainConfig.from_mapping(training, "training")
+        # What TrainConfig.from_mapping does (schema.section attaches it to the class, where mypy cannot see it).
+        cfg: TrainConfig = schema.from_mapping(TrainConfig, training, "training")
     except config.ConfigError as e:
         raise config.ConfigError(f"{source}: {e}") from None
     out = Path(out)
