@@ -46,7 +46,8 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 __all__ = ["ConfigError", "option", "section", "normalise", "from_mapping", "convert_value", "unknown_key",
-           "entries", "Entry", "sections", "describe", "ros_parameters", "type_name", "show"]
+           "entries", "Entry", "sections", "describe", "ros_parameters", "ros_constraints", "ros_array_types",
+           "type_name", "show"]
 
 
 class ConfigError(ValueError):
@@ -113,15 +114,19 @@ def option(default: Any = MISSING, doc: str = "", unit: str = "", *, low: Option
 _SECTIONS: Dict[str, type] = {}
 
 
-def section(name: str):
+def section(name: str, node: bool = False):
     """Class decorator: registers the dataclass as the section ``name``.
 
     ``name`` is a dotted key path, e.g. ``simulator.rotors``. The decorator gives the class
     ``from_mapping(mapping, where=name)`` and appends its fields' documentation to its docstring.
+    ``node``: the section holds a ROS node's own parameters, not keys of a training file; it is
+    not registered, so neither :func:`sections` lists it nor :func:`unknown_key` offers it as the
+    home of a training file's key.
     """
 
     def register(cls):
-        _SECTIONS[name] = cls
+        if not node:
+            _SECTIONS[name] = cls
         cls.section_name = name
         if "from_mapping" not in cls.__dict__:
             def build(c, d, where: str = name):
@@ -470,3 +475,22 @@ def ros_constraints(cls, prefix: str) -> Dict[str, str]:
     They are the ParameterDescriptor's additional_constraints (``ros2 param describe``).
     """
     return {e.name: e.constraints for e in entries(cls, prefix) if e.ros and e.constraints}
+
+
+_ROS_ELEMENT_TYPES = {bool: "bool", int: "integer", float: "double", str: "string"}
+
+
+def ros_array_types(cls, prefix: str) -> Dict[str, str]:
+    """``{prefix.field: element type}`` of the section ``cls``'s list parameters (``"double"``, ``"string"``, ...).
+
+    An empty list default does not say what its entries are; nodes.common.declare takes the type
+    from here.
+    """
+    out = {}
+    for e in entries(cls, prefix):
+        args = typing.get_args(e.type)
+        if not e.ros or typing.get_origin(e.type) not in (tuple, Tuple) or not args:
+            continue
+        if args[0] in _ROS_ELEMENT_TYPES and all(a is args[0] or a is Ellipsis for a in args):
+            out[e.name] = _ROS_ELEMENT_TYPES[args[0]]
+    return out

@@ -234,3 +234,20 @@ def test_the_launch_argument_tables_are_current(launch_file):
         "`python -m diffsim_ros.reference --update`"
     for name, default, _ in reference.launch_arguments(REPO / "launch" / launch_file):
         assert f"| `{name}` | `{default or chr(34) * 2}` |" in have
+
+
+def test_node_sections_stay_out_of_the_training_file():
+    """A node's parameter section is no home for a training file's key, and its list types reach ROS.
+
+    ``seed`` is a key of the training file's ``training`` section and a parameter of train_node: a
+    stray ``seed`` in a task section names ``training`` only. The list parameters' element types
+    come from the sections' field types.
+    """
+    from diffsim_ros.control import controller_settings
+    from diffsim_ros.nodes import train_node  # noqa: F401 - registers its section, if it registered one
+
+    assert "train_node" not in schema.sections() and "policy_controller" not in schema.sections()
+    message = str(schema.unknown_key("seed", ["mode", "speed"], "task"))
+    assert "'training'" in message and "train_node" not in message, message
+    assert controller_settings.ARRAY_TYPES == {"controller_joints": "string", "target": "double",
+                                               "workspace_min": "double", "workspace_max": "double"}

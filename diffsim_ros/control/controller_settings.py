@@ -1,6 +1,8 @@
 """policy_controller's settings, ROS-free.
 
-The parameters it declares (name -> default, description) and the checks they pass at start.
+The parameters it declares (name -> default, description, from the schema sections
+:class:`PolicyControllerParameters`, the supervisor's and the excitation's) and the checks they pass
+at start.
 
 Each check raises :class:`SetupError` (diffsim_ros.errors, the stand-in's settings raise it too)
 naming the parameter; the node prints the text and exits with status 2 (nodes/policy_controller.py
@@ -20,12 +22,13 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..errors import SetupError
-from ..schema import ros_constraints, ros_parameters
+from ..schema import option, ros_array_types, ros_constraints, ros_parameters, section
 from .supervisor import Supervisor, SupervisorConfig, SupervisorConfigError
 from .velocity_command import VelocityCommand
 
-__all__ = ["SetupError", "PARAMETERS", "SUPERVISOR_PARAMETERS", "EXCITATION_PARAMETERS", "CONSTRAINTS",
-           "ARRAY_TYPES", "ARM_INTERFACES", "QUAD_INTERFACES", "torch_dtype", "check_mode", "check_executor",
+__all__ = ["SetupError", "PolicyControllerParameters", "PARAMETERS", "SUPERVISOR_PARAMETERS",
+           "EXCITATION_PARAMETERS", "CONSTRAINTS", "ARRAY_TYPES", "ARM_INTERFACES", "QUAD_INTERFACES", "torch_dtype",
+           "check_mode", "check_executor",
            "check_reliability", "urdf_path", "policy_runner", "excitation_runner", "choose_interface",
            "command_order", "control_rate", "supervisor_config", "velocity_command", "supervisor", "apply_target",
            "preflight_duration", "Settings", "read_runner", "read_loop"]
@@ -34,91 +37,113 @@ __all__ = ["SetupError", "PARAMETERS", "SUPERVISOR_PARAMETERS", "EXCITATION_PARA
 ARM_INTERFACES = ("forward_command", "joint_trajectory")
 QUAD_INTERFACES = ("ctbr", "rotor_thrust", "cmd_vel_legacy", "actuator_msgs", "px4_rates")
 
-#: name -> (default, description). Every parameter the node reads is declared from this table.
-PARAMETERS: Dict[str, Any] = {
-    "mode": ("policy", "policy: run the checkpoint's policy; excite: drive an identification motion instead "
-                       "(diffsim_ros/control/excitation.py: multisine or chirp joint targets for arms, attitude/"
-                       "thrust/rate steps around hover for multirotors; settings excitation.*), the robot and "
-                       "simulator from 'config', no checkpoint; the supervisor, limits and outputs are the same"),
-    "checkpoint": ("policies/hover", "checkpoint folder (policy.pt + policy.json): absolute, relative to the working "
-                                     "directory, or to the diffsim_ros share folder"),
-    "urdf": ("", "URDF file of the robot being controlled; the checkpoint is refused if it was made for another "
-                 "robot or URDF (empty: the 'config' file's urdf, else the URDF the checkpoint names)"),
-    "config": ("", "ROS parameter file (config/*.yaml) naming the robot ('urdf', 'floating_base'); used when "
-                   "'urdf' is empty"),
-    "robot_description_topic": ("", "take the robot's URDF from this latched std_msgs/String topic (e.g. "
-                                    "/robot_description) instead of a file; empty: do not wait for it"),
-    "robot_description_timeout_s": (10.0, "s, how long to wait for robot_description_topic at start"),
-    "dtype": ("float64", "float64 or float32: precision of the observation and the prediction"),
-    "interface": ("auto", "command interface: arms forward_command | joint_trajectory; quadrotors ctbr | "
-                          "rotor_thrust | cmd_vel_legacy (Crazyswarm2, untested here) | actuator_msgs (if "
-                          "importable, untested here); auto: forward_command for arms, the checkpoint's own "
-                          "(ctbr or rotor_thrust) for quadrotors"),
-    "controller": ("", "forward_command_controller name: commands go to /<controller>/commands (empty: "
-                       "position_controller, velocity_controller or effort_controller per the checkpoint)"),
-    "controller_joints": ([], "joint order of the forward_command_controller's 'joints' parameter (empty: the "
-                               "checkpoint's actuated joints in their order)"),
-    "trajectory_topic": (ifc.JOINT_TRAJECTORY,
-                         "trajectory_msgs/JointTrajectory topic (interface joint_trajectory)"),
-    "ctbr_topic": (ifc.CMD_CTBR, "geometry_msgs/TwistStamped: linear.z collective thrust N, angular body rates rad/s"),
-    "rotor_thrust_topic": (ifc.CMD_ROTOR_THRUST, "std_msgs/Float64MultiArray: per-rotor thrust N, rotor_links order"),
-    "cmd_vel_legacy_topic": (ifc.CMD_VEL_LEGACY, "geometry_msgs/Twist in Crazyswarm2's cmd_vel_legacy convention"),
-    "actuator_msgs_topic": (ifc.ACTUATORS, "actuator_msgs/Actuators topic (interface actuator_msgs)"),
-    "px4_rates_topic": (ifc.PX4_RATES_SETPOINT, "px4_msgs/VehicleRatesSetpoint topic (interface "
-                                                          "px4_rates: PX4 offboard body rates and thrust, FRD)"),
-    "px4_offboard_topic": (ifc.PX4_OFFBOARD_MODE, "px4_msgs/OffboardControlMode topic, published with "
-                                                            "each setpoint (body_rate true) to keep offboard alive"),
-    "legacy_attitude_time_s": (0.1, "s, cmd_vel_legacy: roll/pitch setpoint = current angle + body rate * this"),
-    "joint_states_topic": (ifc.JOINT_STATES, "sensor_msgs/JointState input (arms), matched by joint name"),
-    "odom_topic": (ifc.ODOM, "nav_msgs/Odometry input (quadrotors; legged policies on the privileged observation): "
-                             "pose in world, twist in the body frame"),
-    "imu_topic": (ifc.IMU, "sensor_msgs/Imu input: a legged policy on the robot observation takes the base's "
-                           "orientation and body rates from it (no odometry needed); quadrotors: checked for "
-                           "NaN/Inf, see imu_angular_velocity"),
-    "imu_angular_velocity": (False, "bool: take the body rates from the latest /imu instead of /odom's twist"),
-    "state_reliability": ("reliable", "QoS reliability of the state subscriptions: reliable or best_effort"),
-    "target": ([], "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity mode: [vx, vy, vz] "
-                      "m/s; empty: the task's default (hover: its home point; reach has none)"),
-    "target_topic": (ifc.TARGET, "geometry_msgs/PointStamped that replaces the goal at run time"),
-    "preflight": (True, "bool: before the policy goes active, check the robot's topics against the checkpoint "
-                        "(control/preflight.py, as `diffsim-ros preflight`: joints, limits, frames, the IMU, the "
-                        "command topic's subscribers; in timer mode also the state rate, jitter and stamp age)"),
-    "preflight_s": (1.0, "s, timer mode: how long the preflight listens from the first state (lockstep: it judges "
-                         "the first state, the plant stepping only when commanded)"),
-    "preflight_required": (True, "bool: on a preflight NO-GO hold the safe command until ~/reset (false: log the "
-                                 "NO-GO and run the policy)"),
-    "policy_format": ("torchscript", "torchscript (policy.pt) or onnx (policy.onnx from `diffsim-ros export "
-                                     "CHECKPOINT --onnx`, run by onnxruntime; a stale export is refused)"),
-    "cmd_vel_topic": (ifc.CMD_VEL, "geometry_msgs/Twist velocity requests (teleop_twist_keyboard, a joystick, Nav2) "
-                                   "for a velocity policy (a legged walker: linear.x, forward m/s; a quadrotor "
-                                   "velocity task: linear, world m/s), mapped into the trained range "
-                                   "(control/velocity_command.py); empty: not subscribed"),
-    "cmd_vel_stamped": (False, "bool: cmd_vel_topic carries geometry_msgs/TwistStamped instead of Twist"),
-    "cmd_vel_timeout_s": (0.5, "s, no /cmd_vel request for this long returns to the zero command (a walker "
-                               "trained above 0 m/s stands, a quadrotor hovers in place)"),
-    "rate_hz": (0.0, "Hz, control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep"),
-    "lockstep": (False, "bool: one command per received state instead of a timer"),
-    "watchdog_hz": (20.0, "Hz, how often the steady-clock watchdog checks the state age (lockstep; timer mode "
-                          "while the control timer's clock has stopped, e.g. a simulator's /clock)"),
-    "wait_for_subscribers": (0, "answer no state until the command topic has at least this many matched "
-                                "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)"),
-    "wait_for_recorders": (0, "answer no state until /diffsim/command, /diffsim/predicted_state and /diagnostics "
-                              "each have at least this many matched subscribers (recorders), so that nothing "
-                              "published is lost to discovery"),
-    "predict_every": (1, "publish /diffsim/predicted_state every this many commands (0: never)"),
-    "compile_prediction": (False, "bool: predict through the step compiled ahead of time (physics.compiled."
-                                  "ExportedStep; at batch 1 the quadrotor's step takes 0.25 ms instead of 3 ms, "
-                                  "what a 250-500 Hz loop needs); the node builds it before its first state (about "
-                                  "a minute on a machine's first start, seconds from the cache after)"),
-    "executor": ("events", "events (rclpy's EventsExecutor: ready entities queued from C++, no wait set rebuilt "
-                           "per message) or single_threaded (rclpy's SingleThreadedExecutor)"),
-    "command_topic": (ifc.COMMAND, "std_msgs/Float64MultiArray: the command in the simulator's interface"),
-    "predicted_state_topic": (ifc.PREDICTED_STATE, "JointState (arms) or Odometry (quadrotors), one step on"),
-    "metadata_topic": (ifc.METADATA, "std_msgs/String, transient local: checkpoint metadata JSON"),
-    "diagnostics_topic": (ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray"),
-    "diagnostics_period_s": (1.0, "s, diagnostics period"),
-    "stats_file": ("", "write the node's counters as JSON here at shutdown (empty: no file)"),
-}
+@section("policy_controller", node=True)
+@dataclass(frozen=True)
+class PolicyControllerParameters:
+    """policy_controller's own parameters (the supervisor's and the excitation's are their sections)."""
+
+    mode: str = option("policy", "policy: run the checkpoint's policy; excite: drive an identification motion "
+                       "instead (diffsim_ros/control/excitation.py: multisine or chirp joint targets for arms, "
+                       "attitude/thrust/rate steps around hover for multirotors; settings excitation.*), the robot "
+                       "and simulator from 'config', no checkpoint; the supervisor, limits and outputs are the same",
+                       choices=("policy", "excite"))
+    checkpoint: str = option("policies/hover", "checkpoint folder (policy.pt + policy.json): absolute, relative to "
+                             "the working directory, or to the diffsim_ros share folder")
+    urdf: str = option("", "URDF file of the robot being controlled; the checkpoint is refused if it was made for "
+                       "another robot or URDF (empty: the 'config' file's urdf, else the URDF the checkpoint names)")
+    config: str = option("", "ROS parameter file (config/*.yaml) naming the robot ('urdf', 'floating_base'); used "
+                         "when 'urdf' is empty")
+    robot_description_topic: str = option("", "take the robot's URDF from this latched std_msgs/String topic (e.g. "
+                                          "/robot_description) instead of a file; empty: do not wait for it")
+    robot_description_timeout_s: float = option(10.0, "how long to wait for robot_description_topic at start", "s")
+    dtype: str = option("float64", "float64 or float32: precision of the observation and the prediction",
+                        choices=("float64", "float32"))
+    interface: str = option("auto", "command interface: arms forward_command | joint_trajectory; quadrotors ctbr | "
+                            "rotor_thrust | cmd_vel_legacy (Crazyswarm2, untested here) | actuator_msgs (if "
+                            "importable, untested here); auto: forward_command for arms, the checkpoint's own "
+                            "(ctbr or rotor_thrust) for quadrotors",
+                            choices=("auto",) + ARM_INTERFACES + QUAD_INTERFACES)
+    controller: str = option("", "forward_command_controller name: commands go to /<controller>/commands (empty: "
+                             "position_controller, velocity_controller or effort_controller per the checkpoint)")
+    controller_joints: Tuple[str, ...] = option((), "joint order of the forward_command_controller's 'joints' "
+                                                "parameter (empty: the checkpoint's actuated joints in their order)")
+    trajectory_topic: str = option(ifc.JOINT_TRAJECTORY,
+                                   "trajectory_msgs/JointTrajectory topic (interface joint_trajectory)")
+    ctbr_topic: str = option(ifc.CMD_CTBR, "geometry_msgs/TwistStamped: linear.z collective thrust N, angular body "
+                             "rates rad/s")
+    rotor_thrust_topic: str = option(ifc.CMD_ROTOR_THRUST, "std_msgs/Float64MultiArray: per-rotor thrust N, "
+                                     "rotor_links order")
+    cmd_vel_legacy_topic: str = option(ifc.CMD_VEL_LEGACY, "geometry_msgs/Twist in Crazyswarm2's cmd_vel_legacy "
+                                       "convention")
+    actuator_msgs_topic: str = option(ifc.ACTUATORS, "actuator_msgs/Actuators topic (interface actuator_msgs)")
+    px4_rates_topic: str = option(ifc.PX4_RATES_SETPOINT, "px4_msgs/VehicleRatesSetpoint topic (interface "
+                                  "px4_rates: PX4 offboard body rates and thrust, FRD)")
+    px4_offboard_topic: str = option(ifc.PX4_OFFBOARD_MODE, "px4_msgs/OffboardControlMode topic, published with "
+                                     "each setpoint (body_rate true) to keep offboard alive")
+    legacy_attitude_time_s: float = option(0.1, "cmd_vel_legacy: roll/pitch setpoint = current angle + body rate * "
+                                           "this", "s")
+    joint_states_topic: str = option(ifc.JOINT_STATES, "sensor_msgs/JointState input (arms), matched by joint name")
+    odom_topic: str = option(ifc.ODOM, "nav_msgs/Odometry input (quadrotors; legged policies on the privileged "
+                             "observation): pose in world, twist in the body frame")
+    imu_topic: str = option(ifc.IMU, "sensor_msgs/Imu input: a legged policy on the robot observation takes the "
+                            "base's orientation and body rates from it (no odometry needed); quadrotors: checked "
+                            "for NaN/Inf, see imu_angular_velocity")
+    imu_angular_velocity: bool = option(False, "take the body rates from the latest /imu instead of /odom's twist")
+    state_reliability: str = option("reliable", "QoS reliability of the state subscriptions: reliable or "
+                                    "best_effort", choices=("reliable", "best_effort"))
+    target: Tuple[float, ...] = option((), "goal: reach and hover/waypoint: a point [x, y, z] m (world); velocity "
+                                       "mode: [vx, vy, vz] m/s; empty: the task's default (hover: its home point; "
+                                       "reach has none)")
+    target_topic: str = option(ifc.TARGET, "geometry_msgs/PointStamped that replaces the goal at run time")
+    preflight: bool = option(True, "before the policy goes active, check the robot's topics against the "
+                             "checkpoint (control/preflight.py, as `diffsim-ros preflight`: joints, limits, frames, "
+                             "the IMU, the command topic's subscribers; in timer mode also the state rate, jitter and "
+                             "stamp age)")
+    preflight_s: float = option(1.0, "timer mode: how long the preflight listens from the first state (lockstep: it "
+                                "judges the first state, the plant stepping only when commanded)", "s", low=0)
+    preflight_required: bool = option(True, "on a preflight NO-GO hold the safe command until ~/reset (false: log "
+                                      "the NO-GO and run the policy)")
+    policy_format: str = option("torchscript", "torchscript (policy.pt) or onnx (policy.onnx from `diffsim-ros "
+                                "export CHECKPOINT --onnx`, run by onnxruntime; a stale export is refused)",
+                                choices=("torchscript", "onnx"))
+    cmd_vel_topic: str = option(ifc.CMD_VEL, "geometry_msgs/Twist velocity requests (teleop_twist_keyboard, a "
+                                "joystick, Nav2) for a velocity policy (a legged walker: linear.x, forward m/s; a "
+                                "quadrotor velocity task: linear, world m/s), mapped into the trained range "
+                                "(control/velocity_command.py); empty: not subscribed")
+    cmd_vel_stamped: bool = option(False, "cmd_vel_topic carries geometry_msgs/TwistStamped instead of Twist")
+    cmd_vel_timeout_s: float = option(0.5, "no /cmd_vel request for this long returns to the zero command (a walker "
+                                      "trained above 0 m/s stands, a quadrotor hovers in place)", "s", above=0)
+    rate_hz: float = option(0.0, "control rate of the timer (0: 1 / the checkpoint's dt); unused in lockstep", "Hz",
+                            low=0)
+    lockstep: bool = option(False, "one command per received state instead of a timer")
+    watchdog_hz: float = option(20.0, "how often the steady-clock watchdog checks the state age (lockstep; timer "
+                                "mode while the control timer's clock has stopped, e.g. a simulator's /clock)", "Hz")
+    wait_for_subscribers: int = option(0, "answer no state until the command topic has at least this many matched "
+                                       "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)")
+    wait_for_recorders: int = option(0, "answer no state until /diffsim/command, /diffsim/predicted_state and "
+                                     "/diagnostics each have at least this many matched subscribers (recorders), so "
+                                     "that nothing published is lost to discovery")
+    predict_every: int = option(1, "publish /diffsim/predicted_state every this many commands (0: never)")
+    compile_prediction: bool = option(False, "predict through the step compiled ahead of time (physics.compiled."
+                                      "ExportedStep; at batch 1 the quadrotor's step takes 0.25 ms instead of 3 ms, "
+                                      "what a 250-500 Hz loop needs); the node builds it before its first state "
+                                      "(about a minute on a machine's first start, seconds from the cache after)")
+    executor: str = option("events", "events (rclpy's EventsExecutor: ready entities queued from C++, no wait set "
+                           "rebuilt per message) or single_threaded (rclpy's SingleThreadedExecutor)",
+                           choices=("events", "single_threaded"))
+    command_topic: str = option(ifc.COMMAND, "std_msgs/Float64MultiArray: the command in the simulator's interface")
+    predicted_state_topic: str = option(ifc.PREDICTED_STATE, "JointState (arms) or Odometry (quadrotors), one step "
+                                        "on")
+    metadata_topic: str = option(ifc.METADATA, "std_msgs/String, transient local: checkpoint metadata JSON")
+    diagnostics_topic: str = option(ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray")
+    diagnostics_period_s: float = option(1.0, "diagnostics period", "s")
+    stats_file: str = option("", "write the node's counters as JSON here at shutdown (empty: no file)")
+
+
+#: name -> (default, description). Every parameter the node reads is declared from this table: its own
+#: (the section above), the supervisor's and the excitation's.
+PARAMETERS: Dict[str, Any] = {name: (default, text)
+                              for name, default, text in ros_parameters(PolicyControllerParameters, "")}
 #: The supervisor's settings (control/supervisor.py's SupervisorConfig: defaults, documentation, ranges).
 SUPERVISOR_PARAMETERS: Dict[str, Any] = {name: (default, text)
                                          for name, default, text in ros_parameters(SupervisorConfig, "")}
@@ -143,14 +168,15 @@ def _constraints() -> Dict[str, str]:
     """Return the schema sections' ranges and value sets, for the descriptors' additional_constraints."""
     from ..control.excitation import ExcitationConfig
 
-    return {**ros_constraints(SupervisorConfig, ""), **ros_constraints(ExcitationConfig, "excitation")}
+    return {**ros_constraints(PolicyControllerParameters, ""), **ros_constraints(SupervisorConfig, ""),
+            **ros_constraints(ExcitationConfig, "excitation")}
 
 
 CONSTRAINTS: Dict[str, str] = _constraints()
 
-#: Element type of the list parameters (an empty default cannot say it).
-ARRAY_TYPES = {"controller_joints": "string", "target": "double", "workspace_min": "double",
-               "workspace_max": "double"}
+#: Element type of the list parameters (an empty default cannot say it): the node's own and the supervisor's.
+ARRAY_TYPES: Dict[str, str] = {**ros_array_types(PolicyControllerParameters, ""),
+                               **ros_array_types(SupervisorConfig, "")}
 
 
 

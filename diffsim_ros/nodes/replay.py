@@ -24,14 +24,17 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import List, Optional
 
 import numpy as np
 
+from ..schema import option, ros_constraints, ros_parameters, section
 from . import common
 
-__all__ = ["NODE_NAME", "PARAMETERS", "Playback", "make_node_class", "main"]
+__all__ = ["NODE_NAME", "ReplayParameters", "PARAMETERS", "CONSTRAINTS", "Playback", "make_node_class",
+           "main"]
 
 NODE_NAME = "replay"
 
@@ -41,24 +44,34 @@ NODE_NAME = "replay"
 _ROS = {"rclpy": "try_shutdown", "rclpy.node": "Node"}
 ros = SimpleNamespace()
 
-PARAMETERS = [
-    ("bag", "", "rosbag2 directory to play (MCAP or sqlite3; layout of doc/interfaces.md). Required."),
-    ("config", "", "training file (config/*.yaml) giving the robot and simulator; empty: the bag's "
-                   "/diffsim/metadata"),
-    ("source", "simulator", "where predictions come from: 'simulator' (the recorded commands replayed from each "
-                            "recorded state, 'horizon' steps ahead) or 'bag' (/diffsim/predicted_state)"),
-    ("horizon", 1, "prediction horizon in control steps (source 'simulator'), >= 1"),
-    ("rate", 1.0, "playback speed as a multiple of real time (1.0: real time; 0.5: half speed), > 0"),
-    ("loop", False, "start again from the beginning at the end of the bag"),
-    ("exit_at_end", True, "shut the node down after the last sample (ignored with loop)"),
-    ("start_delay", 0.5, "seconds to wait before the first sample, so subscribers can connect, >= 0"),
-    ("use_bag_stamps", True, "header stamps from the bag (true) or the wall clock at publication (false)"),
-    ("actual_topic", "/replay/actual_velocity", "topic of the recorded velocity"),
-    ("predicted_topic", "/replay/predicted_velocity", "topic of the predicted velocity"),
-    ("error_topic", "/replay/velocity_error", "topic of the velocity error (predicted - recorded)"),
-    ("state_topic", "", "state topic in the bag; empty: /joint_states, else /odom"),
-    ("command_topic", "", "command topic in the bag; empty: /diffsim/command, else the interface topics"),
-]
+@section("replay", node=True)
+@dataclass(frozen=True)
+class ReplayParameters:
+    """replay's parameters."""
+
+    bag: str = option("", "rosbag2 directory to play (MCAP or sqlite3; layout of doc/interfaces.md). Required.")
+    config: str = option("", "training file (config/*.yaml) giving the robot and simulator; empty: the bag's "
+                         "/diffsim/metadata")
+    source: str = option("simulator", "where predictions come from: 'simulator' (the recorded commands replayed "
+                         "from each recorded state, 'horizon' steps ahead) or 'bag' (/diffsim/predicted_state)",
+                         choices=("simulator", "bag"))
+    horizon: int = option(1, "prediction horizon in control steps (source 'simulator')", low=1)
+    rate: float = option(1.0, "playback speed as a multiple of real time (1.0: real time; 0.5: half speed)",
+                         above=0)
+    loop: bool = option(False, "start again from the beginning at the end of the bag")
+    exit_at_end: bool = option(True, "shut the node down after the last sample (ignored with loop)")
+    start_delay: float = option(0.5, "time to wait before the first sample, so subscribers can connect", "s", low=0)
+    use_bag_stamps: bool = option(True, "header stamps from the bag (true) or the wall clock at publication (false)")
+    actual_topic: str = option("/replay/actual_velocity", "topic of the recorded velocity")
+    predicted_topic: str = option("/replay/predicted_velocity", "topic of the predicted velocity")
+    error_topic: str = option("/replay/velocity_error", "topic of the velocity error (predicted - recorded)")
+    state_topic: str = option("", "state topic in the bag; empty: /joint_states, else /odom")
+    command_topic: str = option("", "command topic in the bag; empty: /diffsim/command, else the interface topics")
+
+
+#: (name, default, description), from the section above.
+PARAMETERS = ros_parameters(ReplayParameters, "")
+CONSTRAINTS = ros_constraints(ReplayParameters, "")
 
 
 class Playback:
@@ -122,7 +135,7 @@ class _ReplayLogic:
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
-        p = common.declare_all(self, PARAMETERS)
+        p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
         self.p = p
         self._check_parameters()
         self._load()

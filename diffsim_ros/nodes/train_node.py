@@ -30,16 +30,18 @@ import importlib
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import interfaces as ifc
+from ..schema import option, ros_constraints, ros_parameters, section
 from ..workflows.training import occupied, resume_source, train_from_params  # the CLI's training path, shared
 from . import common
 from .common import StartupError, resolve_path
 
-__all__ = ["NODE_NAME", "PARAMETERS", "make_node_class", "main"]
+__all__ = ["NODE_NAME", "TrainNodeParameters", "PARAMETERS", "CONSTRAINTS", "make_node_class", "main"]
 
 NODE_NAME = "train_node"
 
@@ -50,28 +52,37 @@ _ROS = {"rclpy": "init spin_once try_shutdown", "rclpy.node": "Node", "rclpy.exe
         "diagnostic_msgs.msg": "DiagnosticArray DiagnosticStatus KeyValue", "std_msgs.msg": "Float64 String"}
 ros = SimpleNamespace()
 
-PARAMETERS: Dict[str, Any] = {
-    "config": ("config/hover.yaml", "training file (config/<task>.yaml: urdf, simulator, task, training): absolute, "
-                                    "relative to the working directory, or to the diffsim_ros share folder"),
-    "out": ("runs/train_node", "output folder: policy.pt, policy.json, training.csv, learning_curve.png, "
-                               "TensorBoard event files, checkpoints/ (one holding an earlier run is refused "
-                               "unless force or resume)"),
-    "force": (False, "replace the policy or the unfinished run an earlier run left in out"),
-    "resume": (False, "continue the unfinished run in out where it stopped (out/checkpoints/latest), with the "
-                      "configuration it started with: 'config' is not read; iterations, num_envs and seed "
-                      "must be left at their defaults or equal the run's"),
-    "urdf": ("", "URDF file to train on instead of the config's 'urdf' (empty: the config's)"),
-    "robot_description": ("", "URDF XML to train on (as robot_state_publisher's parameter); empty: not used"),
-    "robot_description_topic": ("", "take the URDF from this latched std_msgs/String topic (e.g. /robot_description); "
-                                    "empty: do not wait for it"),
-    "robot_description_timeout_s": (30.0, "s, how long to wait for robot_description_topic"),
-    "iterations": (0, "training iterations (0: the config's training.iterations)"),
-    "num_envs": (0, "parallel episodes per iteration (0: the config's training.num_envs)"),
-    "seed": (-1, "random seed (-1: the config's training.seed)"),
-    "threads": (1, "torch CPU threads (1 is fastest on a shared machine)"),
-    "loss_topic": (ifc.TRAIN_LOSS, "std_msgs/Float64: the mean per-step training loss of each iteration"),
-    "diagnostics_topic": (ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray: progress of each iteration"),
-}
+@section("train_node", node=True)
+@dataclass(frozen=True)
+class TrainNodeParameters:
+    """train_node's parameters."""
+
+    config: str = option("config/hover.yaml", "training file (config/<task>.yaml: urdf, simulator, task, training): "
+                         "absolute, relative to the working directory, or to the diffsim_ros share folder")
+    out: str = option("runs/train_node", "output folder: policy.pt, policy.json, training.csv, learning_curve.png, "
+                      "TensorBoard event files, checkpoints/ (one holding an earlier run is refused unless force or "
+                      "resume)")
+    force: bool = option(False, "replace the policy or the unfinished run an earlier run left in out")
+    resume: bool = option(False, "continue the unfinished run in out where it stopped (out/checkpoints/latest), with "
+                          "the configuration it started with: 'config' is not read; iterations, num_envs and seed "
+                          "must be left at their defaults or equal the run's")
+    urdf: str = option("", "URDF file to train on instead of the config's 'urdf' (empty: the config's)")
+    robot_description: str = option("", "URDF XML to train on (as robot_state_publisher's parameter); empty: not "
+                                    "used")
+    robot_description_topic: str = option("", "take the URDF from this latched std_msgs/String topic (e.g. "
+                                          "/robot_description); empty: do not wait for it")
+    robot_description_timeout_s: float = option(30.0, "how long to wait for robot_description_topic", "s")
+    iterations: int = option(0, "training iterations (0: the config's training.iterations)")
+    num_envs: int = option(0, "parallel episodes per iteration (0: the config's training.num_envs)")
+    seed: int = option(-1, "random seed (-1: the config's training.seed)")
+    threads: int = option(1, "torch CPU threads (1 is fastest on a shared machine)")
+    loss_topic: str = option(ifc.TRAIN_LOSS, "std_msgs/Float64: the mean per-step training loss of each iteration")
+    diagnostics_topic: str = option(ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray: progress of each iteration")
+
+
+#: name -> (default, description), from the section above.
+PARAMETERS: Dict[str, Any] = {name: (default, text) for name, default, text in ros_parameters(TrainNodeParameters, "")}
+CONSTRAINTS: Dict[str, str] = ros_constraints(TrainNodeParameters, "")
 
 
 def make_node_class():
@@ -90,7 +101,8 @@ class _TrainNodeLogic:
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
-        common.declare_all(self, ((name, default, desc) for name, (default, desc) in PARAMETERS.items()))
+        common.declare_all(self, ((name, default, desc) for name, (default, desc) in PARAMETERS.items()),
+                           CONSTRAINTS)
         self.pub_loss = self.create_publisher(ros.Float64, self._p("loss_topic"), 10)
         self.pub_diag = self.create_publisher(ros.DiagnosticArray, self._p("diagnostics_topic"), 10)
         self._params: Dict[str, Any] = {}

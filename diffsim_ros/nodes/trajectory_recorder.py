@@ -34,11 +34,13 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import interfaces as ifc
+from ..schema import option, ros_constraints, ros_parameters, section
 from . import common
 
 NODE_NAME = "trajectory_recorder"
@@ -55,23 +57,35 @@ DEFAULT_TOPICS = [
     ifc.CMD_ROTOR_THRUST, ifc.CMD_VEL_LEGACY, ifc.PREDICTED_STATE, ifc.COMMAND, ifc.METADATA, ifc.DIAGNOSTICS,
 ]
 
-PARAMETERS = [
-    ("output_dir", "", "bag directory to create (rosbag2, MCAP storage); empty: ./diffsim_<UTC date_time>"),
-    ("overwrite", False, "replace output_dir if it already holds a bag (otherwise an existing output_dir is an "
-                         "error)"),
-    ("topics", DEFAULT_TOPICS, "topics to record (doc/interfaces.md); each is subscribed when a publisher "
-                               "appears, or at once when its type is given in 'types'"),
-    ("types", [""], "'topic:package/msg/Type' entries: types known up front (subscribed at start, no discovery "
-                    "wait), e.g. /joint_states:sensor_msgs/msg/JointState"),
-    ("latched_topics", [ifc.METADATA], "topics subscribed transient-local (latched publishers)"),
-    ("qos_depth", 1000, "history depth of the reliable subscriptions (messages queued while writing)"),
-    ("discovery_period_s", 0.1, "period of the graph polling for publishers of the topics, s"),
-    ("drain_s", 0.5, "on SIGINT/SIGTERM, time spent taking the messages already queued before closing, s"),
-    ("flush_period_s", 1.0, "longest time a received message waits before it is on disk (chunk written, fsync), "
-                            "s: what SIGKILL or a power loss can lose"),
-    ("typestore", "ros2_kilted", "rosbags typestore giving the message definitions (ros2_kilted, ros2_jazzy, "
-                                 "ros2_humble, latest, ...)"),
-]
+@section("trajectory_recorder", node=True)
+@dataclass(frozen=True)
+class TrajectoryRecorderParameters:
+    """trajectory_recorder's parameters."""
+
+    output_dir: str = option("", "bag directory to create (rosbag2, MCAP storage); empty: ./diffsim_<UTC date_time>")
+    overwrite: bool = option(False, "replace output_dir if it already holds a bag (otherwise an existing output_dir "
+                             "is an error)")
+    topics: Tuple[str, ...] = option(tuple(DEFAULT_TOPICS), "topics to record (doc/interfaces.md); each is "
+                                     "subscribed when a publisher appears, or at once when its type is given in "
+                                     "'types'")
+    types: Tuple[str, ...] = option(("",), "'topic:package/msg/Type' entries: types known up front (subscribed at "
+                                    "start, no discovery wait), e.g. /joint_states:sensor_msgs/msg/JointState")
+    latched_topics: Tuple[str, ...] = option((ifc.METADATA,), "topics subscribed transient-local (latched "
+                                             "publishers)")
+    qos_depth: int = option(1000, "history depth of the reliable subscriptions (messages queued while writing)",
+                            low=1)
+    discovery_period_s: float = option(0.1, "period of the graph polling for publishers of the topics", "s", above=0)
+    drain_s: float = option(0.5, "on SIGINT/SIGTERM, time spent taking the messages already queued before closing",
+                            "s")
+    flush_period_s: float = option(1.0, "longest time a received message waits before it is on disk (chunk written, "
+                                   "fsync): what SIGKILL or a power loss can lose", "s", above=0)
+    typestore: str = option("ros2_kilted", "rosbags typestore giving the message definitions (ros2_kilted, "
+                            "ros2_jazzy, ros2_humble, latest, ...)")
+
+
+#: (name, default, description), from the section above.
+PARAMETERS = ros_parameters(TrajectoryRecorderParameters, "")
+CONSTRAINTS = ros_constraints(TrajectoryRecorderParameters, "")
 
 
 def default_output_dir() -> str:
@@ -205,7 +219,7 @@ class _TrajectoryRecorderLogic:
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
-        p = common.declare_all(self, PARAMETERS)
+        p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
         self.p = p
         out = Path(p["output_dir"] or default_output_dir())
         prepare_output(out, bool(p["overwrite"]))
