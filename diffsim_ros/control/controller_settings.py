@@ -14,7 +14,7 @@ the checks is the order of the messages a node with several bad parameters print
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..errors import SetupError
-from ..schema import option, ros_array_types, ros_constraints, ros_parameters, section
+from ..schema import ConfigError, normalise, option, ros_array_types, ros_constraints, ros_parameters, section
 from .supervisor import Supervisor, SupervisorConfig, SupervisorConfigError
 from .velocity_command import VelocityCommand
 
@@ -55,7 +55,8 @@ class PolicyControllerParameters:
                          "when 'urdf' is empty")
     robot_description_topic: str = option("", "take the robot's URDF from this latched std_msgs/String topic (e.g. "
                                           "/robot_description) instead of a file; empty: do not wait for it")
-    robot_description_timeout_s: float = option(10.0, "how long to wait for robot_description_topic at start", "s")
+    robot_description_timeout_s: float = option(10.0, "how long to wait for robot_description_topic at start", "s",
+                                                above=0)
     dtype: str = option("float64", "float64 or float32: precision of the observation and the prediction",
                         choices=("float64", "float32"))
     interface: str = option("auto", "command interface: arms forward_command | joint_trajectory; quadrotors ctbr | "
@@ -117,13 +118,15 @@ class PolicyControllerParameters:
                             low=0)
     lockstep: bool = option(False, "one command per received state instead of a timer")
     watchdog_hz: float = option(20.0, "how often the steady-clock watchdog checks the state age (lockstep; timer "
-                                "mode while the control timer's clock has stopped, e.g. a simulator's /clock)", "Hz")
+                                "mode while the control timer's clock has stopped, e.g. a simulator's /clock)", "Hz",
+                                above=0)
     wait_for_subscribers: int = option(0, "answer no state until the command topic has at least this many matched "
-                                       "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)")
+                                       "subscribers (e.g. 1: the robot's driver; 2: the driver and a recorder)",
+                                       low=0)
     wait_for_recorders: int = option(0, "answer no state until /diffsim/command, /diffsim/predicted_state and "
                                      "/diagnostics each have at least this many matched subscribers (recorders), so "
-                                     "that nothing published is lost to discovery")
-    predict_every: int = option(1, "publish /diffsim/predicted_state every this many commands (0: never)")
+                                     "that nothing published is lost to discovery", low=0)
+    predict_every: int = option(1, "publish /diffsim/predicted_state every this many commands (0: never)", low=0)
     compile_prediction: bool = option(False, "predict through the step compiled ahead of time (physics.compiled."
                                       "ExportedStep; at batch 1 the quadrotor's step takes 0.25 ms instead of 3 ms, "
                                       "what a 250-500 Hz loop needs); the node builds it before its first state "
@@ -136,8 +139,11 @@ class PolicyControllerParameters:
                                         "on")
     metadata_topic: str = option(ifc.METADATA, "std_msgs/String, transient local: checkpoint metadata JSON")
     diagnostics_topic: str = option(ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray")
-    diagnostics_period_s: float = option(1.0, "diagnostics period", "s")
+    diagnostics_period_s: float = option(1.0, "diagnostics period", "s", above=0)
     stats_file: str = option("", "write the node's counters as JSON here at shutdown (empty: no file)")
+
+    def __post_init__(self):
+        normalise(self)
 
 
 #: name -> (default, description). Every parameter the node reads is declared from this table: its own
@@ -383,6 +389,19 @@ class Settings:
     reliability: str = "reliable"        # state_reliability: reliable or best_effort
 
 
+def check_parameters(p: Callable[[str], Any]) -> PolicyControllerParameters:
+    """Check the node's own parameters against their section's types, ranges and choices.
+
+    The first parameter that fails is named with its range (a SetupError): a watchdog at 0 Hz or
+    a negative diagnostics period is refused at start, not run with a period nobody asked for.
+    """
+    try:
+        return PolicyControllerParameters.from_mapping({f.name: p(f.name) for f in fields(PolicyControllerParameters)},
+                                                       "")
+    except ConfigError as e:
+        raise SetupError(f"parameter {e}") from None
+
+
 def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resolve: Callable[[str], Path],
                 robot_description: Callable[[str, float], str]) -> Settings:
     """Read the runner and the command interface.
@@ -391,6 +410,7 @@ def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resol
     the working directory, the package's share folder); ``robot_description(topic, timeout_s)``: the
     URDF text the node received on a topic.
     """
+    check_parameters(p)
     ckpt = resolve(p("checkpoint"))
     dtype = torch_dtype(p("dtype"))
     topic = p("robot_description_topic")
