@@ -7,7 +7,8 @@
 # is laid out like the package, so e.g. `scripts/test.sh test/nodes` runs the nodes' tests.
 # The tests run in DIFFSIM_TEST_WORKERS pytest-xdist worker processes (default 2, one per
 # core of the CI machine; 0 runs them in this process, as plain pytest does).
-# Exit status is pytest's; "no tests collected" (pytest's 5) is a failure too.
+# Exit status is pytest's; "no tests collected" (pytest's 5) is a failure too. The 25 slowest
+# tests are listed at the end (the suite is meant to stay under 20 minutes on 2 cores).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DIFFSIM_VENV:-$ROOT/.venv}"
@@ -28,7 +29,8 @@ for arg in "$@"; do
 done
 workers="${DIFFSIM_TEST_WORKERS:-2}"
 rc=0
-"$VENV/bin/python" -m pytest -n "$workers" --dist worksteal ${targets[@]+"${targets[@]}"} -q "$@" || rc=$?
+"$VENV/bin/python" -m pytest -n "$workers" --dist worksteal --durations=25 ${targets[@]+"${targets[@]}"} -q "$@" \
+    || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests: treating this as a failure" >&2
 fi
