@@ -60,8 +60,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-__all__ = ["MessageError", "StartupError", "declare", "declare_all", "value", "coerce_value", "coerce_override",
-           "config_parameters",
+__all__ = ["MessageError", "StartupError", "declare", "declare_all", "check_section", "value", "coerce_value",
+           "coerce_override", "config_parameters",
            "state_qos", "command_qos", "latched_qos", "recorder_qos", "flush_publishers", "stamp",
            "stamp_from_ns", "stamp_to_ns",
            "joint_state_msg", "joint_state_arrays", "float64_array", "trajectory_point",
@@ -172,16 +172,36 @@ def declare(node, name: str, default: Any, description: str, *, dynamic_typing: 
 
 
 def declare_all(node, specs: Iterable[Tuple[str, Any, str]], constraints: Optional[Mapping[str, str]] = None,
-                array_types: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+                array_types: Optional[Mapping[str, str]] = None, section: Optional[type] = None) -> Dict[str, Any]:
     """Declare every ``(name, default, description)``, with its ``constraints[name]`` where given.
 
-    ``array_types[name]``: the element type of an empty list default (:func:`declare`). Returns
-    {name: value}.
+    ``array_types[name]``: the element type of an empty list default (:func:`declare`).
+    ``section``: the node's schema section; its fields' values are checked against their types,
+    ranges and choices (:func:`check_section`). Returns {name: value}.
     """
     constraints, array_types = constraints or {}, array_types or {}
-    return {name: declare(node, name, default, text, constraints=constraints.get(name, ""),
-                          array_type=array_types.get(name, ""))
-            for name, default, text in specs}
+    values = {name: declare(node, name, default, text, constraints=constraints.get(name, ""),
+                            array_type=array_types.get(name, ""))
+              for name, default, text in specs}
+    if section is not None:
+        check_section(section, values)
+    return values
+
+
+def check_section(section: type, values: Mapping[str, Any]) -> Any:
+    """Return the schema section ``section`` built from a node's parameter ``values`` (its fields' names).
+
+    A value outside its type, range or choices is a StartupError naming the parameter and what it
+    must be, before the node does anything with it.
+    """
+    from dataclasses import fields
+
+    from ..schema import ConfigError
+
+    try:
+        return section.from_mapping({f.name: values[f.name] for f in fields(section) if f.name in values}, "")
+    except ConfigError as e:
+        raise StartupError(f"parameter {e}") from None
 
 
 def value(node, name: str) -> Any:

@@ -148,7 +148,7 @@ class _MujocoPlantLogic:
         for key in PERTURBATION_KEYS:
             common.coerce_override(self, f"perturbation.{key}",
                                    lambda val, key=key: perturbation_parameter(key, val))
-        self.p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
+        self.p = common.declare_all(self, PARAMETERS, CONSTRAINTS, section=ps.MujocoPlantParameters)
         params = common.config_parameters(self)
         ps.check_robot(params)
         return params

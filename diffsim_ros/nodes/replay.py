@@ -30,7 +30,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..schema import option, ros_constraints, ros_parameters, section
+from ..schema import normalise, option, ros_constraints, ros_parameters, section
 from . import common
 
 __all__ = ["NODE_NAME", "ReplayParameters", "PARAMETERS", "CONSTRAINTS", "Playback", "make_node_class",
@@ -68,6 +68,8 @@ class ReplayParameters:
     state_topic: str = option("", "state topic in the bag; empty: /joint_states, else /odom")
     command_topic: str = option("", "command topic in the bag; empty: /diffsim/command, else the interface topics")
 
+    def __post_init__(self):
+        normalise(self)
 
 #: (name, default, description), from the section above.
 PARAMETERS = ros_parameters(ReplayParameters, "")
@@ -135,7 +137,7 @@ class _ReplayLogic:
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
-        p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
+        p = common.declare_all(self, PARAMETERS, CONSTRAINTS, section=ReplayParameters)
         self.p = p
         self._check_parameters()
         self._load()
@@ -151,10 +153,6 @@ class _ReplayLogic:
         p = self.p
         if not p["bag"]:
             raise common.StartupError("parameter 'bag' is required (-p bag:=PATH)")
-        if not p["rate"] > 0:
-            raise common.StartupError(f"parameter 'rate' must be > 0, got {p['rate']}")
-        if p["start_delay"] < 0:
-            raise common.StartupError(f"parameter 'start_delay' must be >= 0, got {p['start_delay']}")
 
     def _load(self):
         """Read the bag and make its predictions (a Playback); a bag that cannot be used is a StartupError."""

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import interfaces as ifc
-from ..schema import option, ros_constraints, ros_parameters, section
+from ..schema import normalise, option, ros_constraints, ros_parameters, section
 from ..workflows.training import occupied, resume_source, train_from_params  # the CLI's training path, shared
 from . import common
 from .common import StartupError, resolve_path
@@ -71,14 +71,16 @@ class TrainNodeParameters:
                                     "used")
     robot_description_topic: str = option("", "take the URDF from this latched std_msgs/String topic (e.g. "
                                           "/robot_description); empty: do not wait for it")
-    robot_description_timeout_s: float = option(30.0, "how long to wait for robot_description_topic", "s")
-    iterations: int = option(0, "training iterations (0: the config's training.iterations)")
-    num_envs: int = option(0, "parallel episodes per iteration (0: the config's training.num_envs)")
-    seed: int = option(-1, "random seed (-1: the config's training.seed)")
-    threads: int = option(1, "torch CPU threads (1 is fastest on a shared machine)")
+    robot_description_timeout_s: float = option(30.0, "how long to wait for robot_description_topic", "s", above=0)
+    iterations: int = option(0, "training iterations (0: the config's training.iterations)", low=0)
+    num_envs: int = option(0, "parallel episodes per iteration (0: the config's training.num_envs)", low=0)
+    seed: int = option(-1, "random seed (-1: the config's training.seed)", low=-1)
+    threads: int = option(1, "torch CPU threads (1 is fastest on a shared machine)", low=1)
     loss_topic: str = option(ifc.TRAIN_LOSS, "std_msgs/Float64: the mean per-step training loss of each iteration")
     diagnostics_topic: str = option(ifc.DIAGNOSTICS, "diagnostic_msgs/DiagnosticArray: progress of each iteration")
 
+    def __post_init__(self):
+        normalise(self)
 
 #: name -> (default, description), from the section above.
 PARAMETERS: Dict[str, Any] = {name: (default, text) for name, default, text in ros_parameters(TrainNodeParameters, "")}
@@ -102,7 +104,7 @@ class _TrainNodeLogic:
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
         common.declare_all(self, ((name, default, desc) for name, (default, desc) in PARAMETERS.items()),
-                           CONSTRAINTS)
+                           CONSTRAINTS, section=TrainNodeParameters)
         self.pub_loss = self.create_publisher(ros.Float64, self._p("loss_topic"), 10)
         self.pub_diag = self.create_publisher(ros.DiagnosticArray, self._p("diagnostics_topic"), 10)
         self._params: Dict[str, Any] = {}
@@ -118,7 +120,7 @@ class _TrainNodeLogic:
         from ..physics import ConfigError, SimulationError, UrdfError
 
         p = self._p
-        torch.set_num_threads(max(1, int(p("threads"))))
+        torch.set_num_threads(int(p("threads")))
         out = Path(p("out"))
         resume = bool(p("resume"))
         params, cfg_path = self._configuration(out, resume)

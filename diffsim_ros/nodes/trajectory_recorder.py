@@ -40,7 +40,7 @@ from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import interfaces as ifc
-from ..schema import option, ros_constraints, ros_parameters, section
+from ..schema import normalise, option, ros_constraints, ros_parameters, section
 from . import common
 
 NODE_NAME = "trajectory_recorder"
@@ -82,6 +82,8 @@ class TrajectoryRecorderParameters:
     typestore: str = option("ros2_kilted", "rosbags typestore giving the message definitions (ros2_kilted, "
                             "ros2_jazzy, ros2_humble, latest, ...)")
 
+    def __post_init__(self):
+        normalise(self)
 
 #: (name, default, description), from the section above.
 PARAMETERS = ros_parameters(TrajectoryRecorderParameters, "")
@@ -219,7 +221,7 @@ class _TrajectoryRecorderLogic:
 
     def __init__(self, **kw):
         super().__init__(NODE_NAME, **kw)          # rclpy.node.Node, next in the class built by make_node_class
-        p = common.declare_all(self, PARAMETERS, CONSTRAINTS)
+        p = common.declare_all(self, PARAMETERS, CONSTRAINTS, section=TrajectoryRecorderParameters)
         self.p = p
         out = Path(p["output_dir"] or default_output_dir())
         prepare_output(out, bool(p["overwrite"]))

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..errors import SetupError
-from ..schema import option, ros_constraints, ros_parameters, section
+from ..schema import normalise, option, ros_constraints, ros_parameters, section
 from .perturbation import Perturbation, ros_values
 
 __all__ = ["SetupError", "MujocoPlantParameters", "PARAMETERS", "CONSTRAINTS", "PERTURBATION_KEYS",
@@ -84,6 +84,8 @@ class MujocoPlantParameters:
                                                    "(floating base: body-frame linear and angular velocity first); "
                                                    "[0.0] alone: at rest")
 
+    def __post_init__(self):
+        normalise(self)
 
 # (name, default, description): every parameter of the node besides the configuration keys: its own
 # (the section above) and perturbation.*, the fields of plant.Perturbation (diffsim_ros/schema.py).

@@ -257,7 +257,7 @@ def test_arm_node_maps_commands_by_joint_name(ros):
 
 @pytest.mark.parametrize("name, val, err", [
     ("perturbation.mass_scale", -1.0, "'perturbation.mass_scale' must be > 0"),
-    ("mode", "fast", "parameter 'mode' must be realtime or lockstep"),
+    ("mode", "fast", "parameter 'mode' must be one of ('realtime', 'lockstep'), got 'fast'"),
     ("controller_joints", ["arm_joint1", "arm_joint2"], "parameter 'controller_joints'"),
     ("initial_positions", [0.1, 0.2], "parameter 'initial_positions' has 2 entries"),
     ("simulator.kp", [1.0, 2.0], "'simulator.kp' has 2 entries for 4 actuated joints"),
