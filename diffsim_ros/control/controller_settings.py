@@ -14,7 +14,7 @@ the checks is the order of the messages a node with several bad parameters print
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import interfaces as ifc
 from ..errors import SetupError
-from ..schema import ConfigError, normalise, option, ros_array_types, ros_constraints, ros_parameters, section
+from ..schema import normalise, option, ros_array_types, ros_constraints, ros_parameters, section
 from .supervisor import Supervisor, SupervisorConfig, SupervisorConfigError
 from .velocity_command import VelocityCommand
 
@@ -389,19 +389,6 @@ class Settings:
     reliability: str = "reliable"        # state_reliability: reliable or best_effort
 
 
-def check_parameters(p: Callable[[str], Any]) -> PolicyControllerParameters:
-    """Check the node's own parameters against their section's types, ranges and choices.
-
-    The first parameter that fails is named with its range (a SetupError): a watchdog at 0 Hz or
-    a negative diagnostics period is refused at start, not run with a period nobody asked for.
-    """
-    try:
-        return PolicyControllerParameters.from_mapping({f.name: p(f.name) for f in fields(PolicyControllerParameters)},
-                                                       "")
-    except ConfigError as e:
-        raise SetupError(f"parameter {e}") from None
-
-
 def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resolve: Callable[[str], Path],
                 robot_description: Callable[[str, float], str]) -> Settings:
     """Read the runner and the command interface.
@@ -410,7 +397,6 @@ def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resol
     the working directory, the package's share folder); ``robot_description(topic, timeout_s)``: the
     URDF text the node received on a topic.
     """
-    check_parameters(p)
     ckpt = resolve(p("checkpoint"))
     dtype = torch_dtype(p("dtype"))
     topic = p("robot_description_topic")

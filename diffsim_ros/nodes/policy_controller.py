@@ -145,7 +145,7 @@ class _PolicyControllerLogic:
     # -------------------------------------------------------------- parameters
     def _declare(self):
         common.declare_all(self, ((name, default, desc) for name, (default, desc) in PARAMETERS.items()),
-                           CONSTRAINTS, ARRAY_TYPES)
+                           CONSTRAINTS, ARRAY_TYPES, section=cs.PolicyControllerParameters)
 
     def _p(self, name):
         try:
