@@ -28,10 +28,9 @@ from .velocity_command import VelocityCommand
 
 __all__ = ["SetupError", "PolicyControllerParameters", "PARAMETERS", "SUPERVISOR_PARAMETERS",
            "EXCITATION_PARAMETERS", "CONSTRAINTS", "ARRAY_TYPES", "ARM_INTERFACES", "QUAD_INTERFACES", "torch_dtype",
-           "check_mode", "check_executor",
-           "check_reliability", "urdf_path", "policy_runner", "excitation_runner", "choose_interface",
+           "urdf_path", "policy_runner", "excitation_runner", "choose_interface",
            "command_order", "control_rate", "supervisor_config", "velocity_command", "supervisor", "apply_target",
-           "preflight_duration", "Settings", "read_runner", "read_loop"]
+           "Settings", "read_runner", "read_loop"]
 
 
 ARM_INTERFACES = ("forward_command", "joint_trajectory")
@@ -197,26 +196,6 @@ def torch_dtype(name: str):
     return dtype
 
 
-def _choice(parameter: str, value: str, allowed: Sequence[str], text: str) -> str:
-    """``value`` if it is one of ``allowed``, else a SetupError: parameter must be ``text``."""
-    if value not in allowed:
-        raise SetupError(f"parameter '{parameter}' must be {text}, got {value!r}")
-    return value
-
-
-def check_mode(mode: str) -> str:
-    return _choice("mode", mode, ("policy", "excite"), "policy or excite")
-
-
-def check_executor(kind: str, allowed: Sequence[str]) -> str:
-    return _choice("executor", kind, allowed, f"one of {', '.join(allowed)}")
-
-
-def check_reliability(reliability: str) -> str:
-    """``state_reliability``: the QoS reliability of the state subscriptions."""
-    return _choice("state_reliability", reliability, ("reliable", "best_effort"), "reliable or best_effort")
-
-
 def urdf_path(urdf: str, config: str) -> Optional[str]:
     """Return the robot's URDF file, or None for the checkpoint's own.
 
@@ -356,14 +335,6 @@ def apply_target(sup: Supervisor, target: Sequence[float], kind: str, mode: str)
         raise SetupError("parameter 'target' is required for a reach policy: [x, y, z] in m, world frame")
 
 
-def preflight_duration(value: Any) -> float:
-    """``preflight_s``: how long the start-up preflight listens (timer mode)."""
-    duration = float(value)
-    if not duration >= 0:
-        raise SetupError(f"parameter 'preflight_s' must be >= 0, got {value}")
-    return duration
-
-
 # ============================================================================ all of it
 @dataclass
 class Settings:
@@ -389,7 +360,7 @@ class Settings:
     reliability: str = "reliable"        # state_reliability: reliable or best_effort
 
 
-def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resolve: Callable[[str], Path],
+def read_runner(p: Callable[[str], Any], log, *, resolve: Callable[[str], Path],
                 robot_description: Callable[[str, float], str]) -> Settings:
     """Read the runner and the command interface.
 
@@ -402,7 +373,7 @@ def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resol
     topic = p("robot_description_topic")
     urdf = (robot_description(topic, float(p("robot_description_timeout_s"))) if topic
             else urdf_path(p("urdf"), p("config")))
-    mode = check_mode(p("mode"))
+    mode = p("mode")
     if mode == "excite":
         config = p("config") and str(resolve(p("config")))
         runner = excitation_runner(config, {k: p(k) for k in EXCITATION_PARAMETERS}, urdf, dtype)
@@ -412,7 +383,7 @@ def read_runner(p: Callable[[str], Any], log, *, executors: Sequence[str], resol
         built = runner.warm_prediction()      # before any state waits for it
         if built:
             log.info(f"compiled prediction ready after {built:.1f} s")
-    executor_kind = check_executor(p("executor"), executors)
+    executor_kind = p("executor")
     iface = choose_interface(p("interface"), runner)
     out_index, joints = command_order(p("controller_joints"), runner)
     return Settings(mode, runner, executor_kind, iface, p("controller") or f"{runner.interface}_controller",
@@ -443,6 +414,6 @@ def read_loop(p: Callable[[str], Any], log, s: Settings) -> None:
     apply_target(s.sup, p("target"), r.kind, s.mode)
     s.wait_subs, s.wait_recs = int(p("wait_for_subscribers")), int(p("wait_for_recorders"))
     if s.mode == "policy" and bool(p("preflight")):
-        s.preflight_s = preflight_duration(p("preflight_s"))
+        s.preflight_s = float(p("preflight_s"))
     s.preflight_required = bool(p("preflight_required"))
-    s.reliability = check_reliability(p("state_reliability"))
+    s.reliability = p("state_reliability")

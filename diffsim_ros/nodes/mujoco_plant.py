@@ -156,7 +156,7 @@ class _MujocoPlantLogic:
     def _make_plant(self, params):
         p = self.p
         pert = {k: p[f"perturbation.{k}"] for k in PERTURBATION_KEYS}
-        self.lockstep = ps.check_mode(p["mode"])
+        self.lockstep = p["mode"] == "lockstep"      # realtime or lockstep (its section checked which)
         source = common.value(self, "config") or "parameters"
         self.plant = MujocoPlant(params, source=source, interface=p["interface"] or None, perturbation=pert)
         self._set_initial_state(p["initial_positions"], p["initial_velocities"])

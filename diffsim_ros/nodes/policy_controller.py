@@ -85,7 +85,7 @@ from ..control import controller_status as status
 from ..control.controller_loop import ControlLoop
 from ..control.controller_settings import ARRAY_TYPES, CONSTRAINTS, PARAMETERS, SetupError
 from . import common, outputs
-from .common import EXECUTORS, StartupError, resolve_path, stamp_to_ns
+from .common import StartupError, resolve_path, stamp_to_ns
 
 __all__ = ["NODE_NAME", "PARAMETERS", "make_node_class", "main"]
 
@@ -121,7 +121,7 @@ class _PolicyControllerLogic:
         torch.set_num_threads(1)        # batch-1 inference: a second thread only adds contention
         log = self.get_logger()
         try:
-            s = cs.read_runner(self._p, log, executors=EXECUTORS, resolve=resolve_path,
+            s = cs.read_runner(self._p, log, resolve=resolve_path,
                                robot_description=self._wait_robot_description)
             self.output = outputs.OUTPUTS[s.iface]
             outputs.load_messages(self.output)     # a message package some installs lack: refused here

@@ -22,7 +22,7 @@ from ..schema import normalise, option, ros_constraints, ros_parameters, section
 from .perturbation import Perturbation, ros_values
 
 __all__ = ["SetupError", "MujocoPlantParameters", "PARAMETERS", "CONSTRAINTS", "PERTURBATION_KEYS",
-           "perturbation_parameter", "check_robot", "check_mode", "initial_state", "controller_order",
+           "perturbation_parameter", "check_robot", "initial_state", "controller_order",
            "realtime_timing", "subscriber_count"]
 
 
@@ -115,13 +115,6 @@ def check_robot(params: Mapping[str, Any]) -> None:
     if not params.get("urdf"):
         raise SetupError("no robot: set parameter 'config' (a training/robot YAML) or pass its "
                          "keys (--params-file config/<robot>.yaml)")
-
-
-def check_mode(mode: str) -> bool:
-    """Whether parameter ``mode`` is lockstep (else realtime)."""
-    if mode not in ("realtime", "lockstep"):
-        raise SetupError(f"parameter 'mode' must be realtime or lockstep, got {mode!r}")
-    return mode == "lockstep"
 
 
 def initial_state(plant, positions: Sequence[float], velocities: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:

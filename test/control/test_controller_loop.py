@@ -43,7 +43,7 @@ def _loop(subscribers=lambda: 1, **overrides):
     values.update(checkpoint=str(CKPT), lockstep=True, predict_every=0, target=list(TARGET), **overrides)
     log = _Log()
     p = values.__getitem__
-    s = cs.read_runner(p, log, executors=("events",), resolve=Path, robot_description=None)
+    s = cs.read_runner(p, log, resolve=Path, robot_description=None)
     cs.read_loop(p, log, s)
     sent = []
     loop = ControlLoop(s, log, clock_ns=lambda: 0, publish=lambda cmd, stamp, state: sent.append((stamp, cmd.copy())),
