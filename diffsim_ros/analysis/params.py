@@ -45,6 +45,9 @@ def check_names(names: List[str], model: physics.Model, cfg: physics.SimConfig, 
         if n not in PARAMETERS:
             raise AnalysisError(f"{where}: unknown parameter '{n}' (known: {', '.join(PARAMETERS)})")
         p = PARAMETERS[n]
+        if not p.applies(sys) and p.law is not None and cfg.ground:
+            raise AnalysisError(f"{where}: parameter '{n}' belongs to the {p.law} ground contact; model "
+                                f"'{model.name}' is simulated with simulator.contact_model '{cfg.contact_model}'")
         if not p.applies(sys):
             raise AnalysisError(f"{where}: parameter '{n}' needs a robot with {p.needs}; model '{model.name}' "
                                 f"({cfg.actuator} interface) has none")

@@ -459,6 +459,8 @@ EXCITATION = {
     "motor_time_constant": "sharp thrust steps (the rotors' spin-up after each)",
     "contact_stiffness": "landings and hops (how deep the feet sink under load)",
     "contact_damping": "landings and hops (how the feet rebound)",
+    "contact_time_constant": "landings and hops (how deep and how fast the feet sink under load)",
+    "contact_damping_ratio": "landings and hops (how the feet rebound)",
     "ground_friction": "pushes, turns and slips of the feet on the ground",
     "friction_smoothing": "slow pushes of loaded feet (how fast they creep)",
     "com_offset": "tilts and turns of the base (the load's lever arm)",
@@ -1147,7 +1149,9 @@ def calibrated_urdf(setup: SimSetup, result: SysIdResult) -> Optional[str]:
 #: The ground's scalars whose training draw (training.<key>) a calibration re-centres on its value,
 #: within CALIBRATED_MARGIN either side.
 _RECENTRED = {"ground_friction": "randomize_ground_friction", "contact_stiffness": "randomize_contact_stiffness",
-              "contact_damping": "randomize_contact_damping"}
+              "contact_damping": "randomize_contact_damping",
+              "contact_time_constant": "randomize_contact_time_constant",
+              "contact_damping_ratio": "randomize_contact_damping_ratio"}
 CALIBRATED_MARGIN = 0.1
 
 
@@ -1163,6 +1167,8 @@ def calibrated_params(setup: SimSetup, result: SysIdResult, urdf_path: Optional[
     if "latency" in f:
         sim["command_delay"] = int(round(f["latency"][0]))
     for name, key in (("contact_stiffness", "contact_stiffness"), ("contact_damping", "contact_damping"),
+                      ("contact_time_constant", "contact_time_constant"),
+                      ("contact_damping_ratio", "contact_damping_ratio"),
                       ("ground_friction", "friction"), ("friction_smoothing", "friction_smoothing")):
         if name in f:                  # the ground's scalars: simulator keys of their own
             sim[key] = float(f[name][0])

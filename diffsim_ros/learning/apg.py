@@ -81,6 +81,12 @@ class TrainConfig:
         than the model's""", "N/m^2", low=0)
     randomize_contact_damping: Tuple[float, ...] = option((), """[low, high] ground contact damping
         (simulator.contact_damping), drawn log-uniformly per episode, or []""", "N s/m^2", low=0)
+    randomize_contact_time_constant: Tuple[float, ...] = option((), """[low, high] time constant of the soft
+        ground contact (simulator.contact_time_constant, with contact_model soft), drawn log-uniformly per
+        episode, or []""", "s", low=0)
+    randomize_contact_damping_ratio: Tuple[float, ...] = option((), """[low, high] damping ratio of the soft
+        ground contact (simulator.contact_damping_ratio, with contact_model soft), drawn per episode, or []""",
+        low=0)
     randomize_ground_friction: Tuple[float, ...] = option((), """[low, high] Coulomb coefficient of the ground
         (simulator.friction), drawn per episode, or []""", low=0)
     randomize_friction_smoothing: Tuple[float, ...] = option((), """[low, high] slip speed of the ground's
@@ -159,7 +165,8 @@ class TrainConfig:
 #: The domain randomisation options of TrainConfig (the physics, drawn per episode).
 RANDOMIZED = ("randomize_mass", "randomize_drag", "randomize_actuator_lag", "randomize_contact_stiffness",
               "randomize_contact_damping", "randomize_ground_friction", "randomize_com_offset",
-              "randomize_servo_gain", "randomize_effort", "randomize_friction_smoothing")
+              "randomize_servo_gain", "randomize_effort", "randomize_friction_smoothing",
+              "randomize_contact_time_constant", "randomize_contact_damping_ratio")
 
 
 def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
@@ -173,8 +180,9 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
     floating base), the actuator or motor time constant (``motor_time_constant`` for rotors,
     ``actuator_lag`` for joints), ``servo_gain_scale`` and ``effort_scale`` (joints),
     ``drag_scale`` (rotors), and with ground contact ``contact_stiffness``, ``contact_damping``
-    (log-uniform: they span orders of magnitude), ``ground_friction`` and ``friction_smoothing``
-    (log-uniform).
+    (log-uniform: they span orders of magnitude; the penalty contact) or ``contact_time_constant``
+    (log-uniform) and ``contact_damping_ratio`` (the soft contact), ``ground_friction`` and
+    ``friction_smoothing`` (log-uniform).
     """
     dt, dev = sys.model.dtype, sys.model.device
 
@@ -183,6 +191,8 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
         x = lo + (hi - lo) * _batch_draw(torch.rand, gen, n, (k,), rows)
         return (torch.exp(x) if log else x).to(dtype=dt, device=dev)
     joints = sys.model.nj > 0 and sys.rotors is None
+    penalty = sys.config.ground and sys.config.contact_model == "penalty"
+    soft = sys.config.ground and sys.config.contact_model == "soft"
     wanted = [("mass_scale", cfg.randomize_mass, True, {}),
               ("com_offset", cfg.randomize_com_offset, sys.model.floating_base, {"k": 3}),
               ("motor_time_constant" if sys.rotors is not None else "actuator_lag", cfg.randomize_actuator_lag,
@@ -190,8 +200,10 @@ def _draw_values(sys, cfg: TrainConfig, gen: torch.Generator, n: int = 1,
               ("servo_gain_scale", cfg.randomize_servo_gain, joints, {}),
               ("effort_scale", cfg.randomize_effort, joints, {}),
               ("drag_scale", cfg.randomize_drag, sys.rotors is not None, {}),
-              ("contact_stiffness", cfg.randomize_contact_stiffness, sys.config.ground, {"log": True}),
-              ("contact_damping", cfg.randomize_contact_damping, sys.config.ground, {"log": True}),
+              ("contact_stiffness", cfg.randomize_contact_stiffness, penalty, {"log": True}),
+              ("contact_damping", cfg.randomize_contact_damping, penalty, {"log": True}),
+              ("contact_time_constant", cfg.randomize_contact_time_constant, soft, {"log": True}),
+              ("contact_damping_ratio", cfg.randomize_contact_damping_ratio, soft, {}),
               ("ground_friction", cfg.randomize_ground_friction, sys.config.ground, {}),
               ("friction_smoothing", cfg.randomize_friction_smoothing, sys.config.ground, {"log": True})]
     return {name: draw(r, **kw) for name, r, applies, kw in wanted if r and applies}

@@ -671,6 +671,34 @@ def joint_space_inertia(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch
     return _reduce_matrix(model, L + L.transpose(0, 1) + G * topo.dof_same[..., None])
 
 
+
+def body_inverse_weights(model: Model) -> torch.Tensor:
+    """Return how readily each body's centre of mass accelerates, (nb, 2): translation, rotation.
+
+    The means of the diagonals of J M^-1 J^T at the neutral configuration, for J the (6, nv)
+    Jacobian of the body's centre of mass (linear rows, then angular): the inverse of an effective
+    mass (1/kg) and of an effective inertia (1/(kg m^2)). MuJoCo computes the same at its qpos0
+    (``body_invweight0``) to scale the regularisation of its soft constraints; the soft ground
+    contact (``simulator.contact_model: soft``) uses it the same way.
+    """
+    qf = model.neutral_configuration()[:, None]
+    topo = _topo(model)
+    S, I, _, Rw, pw = _world_quantities(model, _full_q(model, qf))
+    M = joint_space_inertia(model, S, I)[..., 0]                             # (nv, nv), reduced
+    com, _ = inertials(model)
+    c = (pw + _mv(Rw, com))[..., 0]                                          # (nb, 3)
+    Sf = S[..., 0]                                                           # (nv_full, 6)
+    lin = Sf[None, :, 0:3] + torch.linalg.cross(Sf[None, :, 3:6], c[:, None].expand(-1, Sf.shape[0], 3))
+    ang = Sf[None, :, 3:6].expand_as(lin)
+    moves = topo.anc[:, topo.body_of_dof].to(Sf.dtype)                      # (nb, nv_full)
+    J = torch.cat((lin, ang), 2) * moves[..., None]                          # (nb, nv_full, 6)
+    if model.mimic_joints:
+        J = torch.einsum("kid,ia->kad", J, cast(torch.Tensor, model.mimic_G))
+    X = torch.linalg.solve(M, J.permute(1, 0, 2).reshape(M.shape[0], -1)).reshape(M.shape[0], -1, 6)
+    A = (J * X.permute(1, 0, 2)).sum(1)                                      # (nb, 6): diag of J M^-1 J^T
+    return torch.stack((A[:, 0:3].mean(1), A[:, 3:6].mean(1)), 1)
+
+
 # ------------------------------------------------------------ forward dynamics
 def aba(model: Model, q: torch.Tensor, v: torch.Tensor, tau: torch.Tensor,
         f_ext: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -251,6 +251,23 @@ def tanh_ratio(xp, x):
     return xp.where(small, 1.0 - x * x / 3.0, xp.tanh(safe) / safe)
 
 
+def impedance(xp, pen, solimp):
+    """Return the soft contact's impedance d at penetration ``pen`` (m, >= 0), MuJoCo's solimp curve.
+
+    ``solimp`` is (d0, d1, width, midpoint, power): d rises from d0 at contact to d1 at ``width``
+    along a curve of the given power that turns at the midpoint (a straight line for power 1).
+    """
+    d0, d1, width, mid, power = solimp
+    x = xp.clip(pen / width, 0.0, 1.0)
+    if power == 1:
+        y = x
+    else:
+        low = x ** power / mid ** (power - 1)
+        high = 1.0 - (1.0 - x) ** power / (1.0 - mid) ** (power - 1)
+        y = xp.where(x <= mid, low, high)
+    return d0 + y * (d1 - d0)
+
+
 def coulomb_friction(xp, v, f, eps: float):
     """Return the smoothed Coulomb friction's magnitude f tanh(v / eps) and its secant slope through zero.
 

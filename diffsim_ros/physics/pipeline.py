@@ -26,7 +26,7 @@ from .kinematics import Kinematics, kinematics_record
 from .stages.acceleration import acceleration
 from .stages.actuation import Servo, actuation, lagged_torque, servo_slope
 from .stages.aerodynamics import aerodynamics
-from .stages.contact import Contact, contact
+from .stages.contact import Contact, contact, soft_release
 from .stages.integration import qdot, rk4_combine, semi_implicit_euler
 from .stages.passive import passive
 from .state import SimulationError, State
@@ -56,6 +56,7 @@ class _Forces(NamedTuple):
     K: Optional[torch.Tensor]         # (B, nv) implicit stiffness diagonal
     servo: Optional[Servo] = None     # a saturated joint servo to re-linearise (servo_iterations)
     lag: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None  # a lagged drive's implicit (kd, kp)
+    implicit_friction: bool = False   # the contact was evaluated with the friction's damping blocks
 
 
 def _pad(sys: System, x: torch.Tensor) -> torch.Tensor:
@@ -88,10 +89,12 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
                 Kj = Kj.index_add(-1, sys.act_index, a.kp.expand(Kj.shape[:-1] + a.kp.shape[-1:]))
             D, K = _pad(sys, Dj), _pad(sys, Kj)
     implicit_friction = (implicit and cfg.ground and sys.contact.n > 0 and cfg.friction > 0)
-    normal = implicit and cfg.implicit_contact and cfg.ground and sys.contact.n > 0
+    # The soft contact's inertance always enters the solve; the penalty's slopes when asked for.
+    normal = (cfg.contact_model == "soft" or (implicit and cfg.implicit_contact)) and cfg.ground and sys.contact.n > 0
     servo = a.servo if (implicit and D is not None) else None
     lag = (a.kd, a.kp) if (implicit and D is not None and cfg.actuator_lag > 0 and a.kd is not None) else None
-    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo, lag)
+    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo, lag,
+                   implicit_friction)
 
 
 def applied_forces(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
@@ -145,15 +148,25 @@ def _substep(sys: System, q, v, command, act, h: float):
     if cfg.integrator == "semi_implicit":
         f = _forces(sys, kin, q, v, command, act, h, cfg.implicit_damping)
         refine = (_servo_refinement(sys, f, v, h) if f.servo is not None and cfg.servo_iterations else None)
-        qdd = acceleration(sys, kin, f.tau.T, f.contact.wrench, h,
-                           None if f.D is None else f.D.T, None if f.K is None else f.K.T, v.T,
-                           f.contact.damping, refine, cfg.servo_iterations, f.contact.normal_blocks).T
+        con = f.contact
+
+        def solve(con):
+            return acceleration(sys, kin, f.tau.T, con.wrench, h, None if f.D is None else f.D.T,
+                                None if f.K is None else f.K.T, v.T, con.damping, refine, cfg.servo_iterations,
+                                con.normal_blocks)
+        qdd = solve(con)
+        if con.soft is not None:
+            # The soft contact lets go where the solve made it pull; solve again without those points.
+            keep = soft_release(sys, kin, con, qdd)
+            con = contact(sys, kin, f.implicit_friction, normal=True, keep=keep)
+            qdd = solve(con)
+        qdd = qdd.T
         q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
         act = f.act
         if f.lag is not None:
             va_new = v_new[:, sys.nbase:][:, sys.act_index]
             act = lagged_torque(act, f.lag[0], f.lag[1], h * qdd[:, sys.nbase:][:, sys.act_index], h * va_new)
-        return q_new, v_new, act, qdd, kin, f.contact
+        return q_new, v_new, act, qdd, kin, con
 
     # RK4: actuation (PD, rate loop, drag) is evaluated at every stage from the actuator
     # state at the start of the substep.

@@ -61,6 +61,15 @@ class Parameter:
                                           # fit that ends there found a value, not a bound to widen
     per_episode: Optional[_Apply] = None  # apply() of one value per environment,
                                           # (B, size): see apply_per_episode
+    law: Optional[str] = None             # a parameter of one ground contact law (simulator.contact_model)
+
+    def need(self, sys: System) -> Optional[str]:
+        """Return what ``sys`` lacks for this parameter (None: it applies), in words for an error."""
+        if not self.applies(sys):
+            if self.law is not None and sys.config.ground:
+                return f"simulator.contact_model {self.law}, not {sys.config.contact_model}"
+            return self.needs
+        return None
 
     def applies(self, sys: System) -> bool:
         if self.needs == "joints":
@@ -68,7 +77,7 @@ class Parameter:
         if self.needs == "rotors":
             return sys.rotors is not None
         if self.needs == "ground":
-            return bool(sys.config.ground)
+            return bool(sys.config.ground) and self.law in (None, sys.config.contact_model)
         if self.needs == "floating":
             return bool(sys.model.floating_base)
         return True
@@ -331,11 +340,20 @@ PARAMETERS: Dict[str, Parameter] = {p.name: p for p in [
     Parameter("contact_stiffness", "ground contact stiffness k in lambda_n = k max(0, -gap)^2 "
                                    "(simulator.contact_stiffness)", "N/m^2", "ground",
               lambda s: _f64([float(s.contact_stiffness)]), _scale_bounds_of_nominal(1e-3, 10.0),
-              _ground("contact_stiffness"), per_episode=_ground("contact_stiffness", _column)),
+              _ground("contact_stiffness"), per_episode=_ground("contact_stiffness", _column), law="penalty"),
     Parameter("contact_damping", "ground contact damping c in lambda_d = -c max(0, -gap) dgap/dt "
                                  "(simulator.contact_damping)", "N s/m^2", "ground",
               lambda s: _f64([float(s.contact_damping)]), _scale_bounds_of_nominal(1e-3, 100.0),
-              _ground("contact_damping"), per_episode=_ground("contact_damping", _column)),
+              _ground("contact_damping"), per_episode=_ground("contact_damping", _column), law="penalty"),
+    Parameter("contact_time_constant", "time constant of the soft ground contact's response "
+                                       "(simulator.contact_time_constant)", "s", "ground",
+              lambda s: _f64([float(s.contact_time_constant)]), _scale_bounds_of_nominal(0.1, 10.0),
+              _ground("contact_time_constant"), time_like=True,
+              per_episode=_ground("contact_time_constant", _column), law="soft"),
+    Parameter("contact_damping_ratio", "damping ratio of the soft ground contact "
+                                       "(simulator.contact_damping_ratio)", "-", "ground",
+              lambda s: _f64([float(s.contact_damping_ratio)]), _scale_bounds_of_nominal(0.1, 10.0),
+              _ground("contact_damping_ratio"), per_episode=_ground("contact_damping_ratio", _column), law="soft"),
     Parameter("ground_friction", "Coulomb coefficient of the ground contact (simulator.friction)", "-", "ground",
               lambda s: _f64([float(s.friction)]), _abs_bounds(0.5, rel_low=0.05), _ground("friction"),
               per_episode=_ground("friction", _column)),
@@ -407,7 +425,8 @@ def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[st
     ignored); the values are the truth a calibration should find. ``actuator_lag`` is the rotors'
     ``motor_time_constant`` on a multirotor; ``latency`` (s) becomes control steps after the
     plant's rounding to substeps; ``added_joint_damping`` and ``joint_friction_scale`` become
-    per-joint values, ``ground_friction_scale`` the ground's coefficient.
+    per-joint values, ``ground_friction_scale`` the ground's coefficient, ``contact_time_constant``
+    the soft contact's (MuJoCo's solref[0] is the same law's time constant) where ``sys`` has it.
     """
     p = dict(perturbation)
     out: Dict[str, Tensor] = {}
@@ -424,6 +443,8 @@ def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[st
             out["joint_friction"] = _f64(sys.model.friction.detach()) * float(p["joint_friction_scale"])
     if "ground_friction_scale" in p and sys.config.ground:
         out["ground_friction"] = _f64([float(sys.friction) * float(p["ground_friction_scale"])])
+    if p.get("contact_time_constant") is not None and PARAMETERS["contact_time_constant"].applies(sys):
+        out["contact_time_constant"] = _f64([float(p["contact_time_constant"])])
     lag = p.get("actuator_lag")
     if lag is not None and lag >= 0:
         out["motor_time_constant" if sys.rotors is not None else "actuator_lag"] = _f64([float(lag)])

@@ -10,6 +10,7 @@ from ..schema import ConfigError, normalise, option, section
 
 ACTUATORS = ("effort", "velocity", "position", "rotor_thrust", "ctbr")
 INTEGRATORS = ("semi_implicit", "rk4")
+CONTACT_MODELS = ("penalty", "soft")
 
 @section("simulator")
 @dataclass(frozen=True)
@@ -31,6 +32,22 @@ class SimConfig:
                                                       "here; not zero)")
     contact_stiffness: float = option(1e7, "k in lambda_n = k max(0, -gap)^2", "N/m^2", low=0)
     contact_damping: float = option(3e4, "c in lambda_d = -c max(0, -gap) dgap/dt", "N s/m^2", low=0)
+    contact_model: str = option("penalty", """ground contact law: penalty (the seed paper's lambda_n = k
+        max(0, -gap)^2 with damping: contact_stiffness, contact_damping) or soft (a regularised constraint, the
+        law of MuJoCo's soft contact: the normal acceleration is pulled towards -b dgap/dt - k d gap with
+        k = 1/(w^2 tc^2 zeta^2), b = 2/(w tc), w the impedance's end value, tc contact_time_constant, zeta
+        contact_damping_ratio, d the impedance at this penetration; its force scales with the effective mass
+        of the touching body, so one setting describes a light foot and a heavy base alike; needs the
+        semi_implicit integrator). Contact between the robot's own bodies stays penalty""",
+                               choices=CONTACT_MODELS)
+    contact_time_constant: float = option(0.02, """soft contact: time constant tc of the penetration's
+        response (MuJoCo's solref[0]; at least two physics steps)""", "s", above=0)
+    contact_damping_ratio: float = option(1.0, "soft contact: damping ratio zeta (MuJoCo's solref[1]; 1 critical)",
+                                          above=0)
+    contact_impedance: Tuple[float, float, float, float, float] = option(
+        (0.9, 0.95, 0.001, 0.5, 2.0), """soft contact: impedance d(penetration) as MuJoCo's solimp (d at contact,
+        d at full width, the width in m, the midpoint and power of the curve between): the share of the
+        reference acceleration the contact enforces""")
     friction: float = option(0.8, "Coulomb coefficient mu of the ground contact", low=0)
     friction_smoothing: float = option(0.01, "slip speed at which friction reaches 71 % of mu lambda "
                                        "(F_t = -mu lambda v_t / sqrt(|v_t|^2 + eps^2))", "m/s", above=0)
@@ -98,6 +115,12 @@ class SimConfig:
         """Check the rules between fields (relative key paths)."""
         if not any(self.ground_normal):
             raise ConfigError("must be a non-zero vector", "ground_normal")
+        if self.contact_model == "soft" and self.integrator != "semi_implicit":
+            raise ConfigError("is 'soft', which needs integrator: semi_implicit", "contact_model")
+        d0, d1, width, mid, power = self.contact_impedance
+        if not (0 < d0 < 1 and 0 < d1 < 1 and width > 0 and 0 < mid < 1 and power >= 1):
+            raise ConfigError("must be [d0, d1, width, midpoint, power] with d0 and d1 in (0, 1), width > 0, "
+                              "midpoint in (0, 1) and power >= 1", "contact_impedance")
         if self.actuator in ("rotor_thrust", "ctbr") and self.rotors is None:
             raise ConfigError(f"is '{self.actuator}', which needs a 'rotors' section", "actuator")
 

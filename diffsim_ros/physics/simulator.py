@@ -89,7 +89,7 @@ class Simulator:
             if unknown:
                 raise ValueError(f"{unknown}: not parameters the compiled step can take as inputs (the registry's "
                                  "differentiable ones; a lag needs the system's structure to have one)")
-            absent = {n: PARAMETERS[n].needs for n in varying if not PARAMETERS[n].applies(self.system)}
+            absent = {n: PARAMETERS[n].need(self.system) for n in varying if not PARAMETERS[n].applies(self.system)}
             if absent:
                 raise ValueError("not parameters of this system: " + ", ".join(
                     f"'{n}' (needs {need})" for n, need in absent.items())

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from .algorithms import body_inverse_weights
 from .model import Model
 from .quadrotor import Rotors
 from ..schema import ConfigError
@@ -137,6 +138,9 @@ class System:
     ground_height: torch.Tensor      # () m
     contact_stiffness: torch.Tensor  # () N/m^2
     contact_damping: torch.Tensor    # () N s/m^2
+    contact_time_constant: torch.Tensor  # () s: soft contact's tc
+    contact_damping_ratio: torch.Tensor  # () soft contact's zeta
+    contact_invweight: torch.Tensor  # (nb,) 1/kg: the bodies' translational inverse weights (soft contact)
     friction: torch.Tensor           # () Coulomb coefficient
     friction_smoothing: torch.Tensor  # () m/s: slip speed of the regularised Coulomb friction
     contact: ContactSet
@@ -269,6 +273,10 @@ def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = 
         velocity_limit=_velocity_limits(model.velocity_limit[act_index]),
         actuator_lag=scalar(cfg.actuator_lag), ground_normal=n / torch.linalg.vector_norm(n),
         ground_height=scalar(cfg.ground_height), contact_stiffness=scalar(cfg.contact_stiffness),
-        contact_damping=scalar(cfg.contact_damping), friction=scalar(cfg.friction),
+        contact_damping=scalar(cfg.contact_damping), contact_time_constant=scalar(cfg.contact_time_constant),
+        contact_damping_ratio=scalar(cfg.contact_damping_ratio),
+        contact_invweight=(body_inverse_weights(model)[:, 0] if cfg.contact_model == "soft" and cfg.ground
+                           else torch.zeros(model.nb, dtype=dt, device=dev)),
+        friction=scalar(cfg.friction),
         friction_smoothing=scalar(cfg.friction_smoothing),
         contact=_contact_set(model, cfg), rotors=rotors)

@@ -43,7 +43,10 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
     I = kin.inertia(m)
     blocks = I if damping is None else I.add(damping, alpha=h)
     compiled = traced()
-    if normal_blocks is not None:
+    soft = sys.config.contact_model == "soft"
+    if normal_blocks is not None and soft:
+        blocks = blocks + normal_blocks          # the soft contact's inertance J^T W J (see stages/contact.py)
+    elif normal_blocks is not None:
         k2 = 2.0 * sys.contact_stiffness
         blocks = blocks.addcmul(normal_blocks, h * sys.contact_damping + h * h * k2)
         if not compiled:
@@ -51,7 +54,7 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
             f_ext = cast(torch.Tensor, f_ext).addcmul((normal_blocks * kin.vel[:, None]).sum(2), -h * k2)
     rhs0 = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
     A0 = joint_space_inertia(m, kin.S, blocks)
-    if normal_blocks is not None and compiled:
+    if normal_blocks is not None and compiled and not soft:
         # The same -h J^T E J v through one more composite pass: Inductor (torch 2.13, CPU)
         # compiled the gradient of the wrench form above wrong (test_compiled compares the two).
         rhs0 = rhs0 - (h * k2) * (joint_space_inertia(m, kin.S, normal_blocks) * cast(torch.Tensor, vf)[None]).sum(1)

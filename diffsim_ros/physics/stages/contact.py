@@ -21,11 +21,12 @@ Batch-last layout (see :mod:`..kinematics`): points (P, 3, B), wrenches (nb, 6, 
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, cast
+from typing import NamedTuple, Optional, Tuple, cast
 
 import torch
 
-from ..algorithms import _cross, _mm, _mv, _skew
+from .. import laws
+from ..algorithms import _cross, _full_v, _mm, _mv, _skew, _topo, _tree_sum
 from ..kinematics import Kinematics
 from ..spatial import traced
 from ..system import System
@@ -38,6 +39,7 @@ class Contact(NamedTuple):
     gap: Optional[torch.Tensor]       # (Gs, S, B) m, negative in penetration (None: no group evaluated)
     normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force
     normal_blocks: Optional[torch.Tensor] = None   # (nb, 6, 6, B) W: the normal force's damping c W, stiffness 2 k W
+    soft: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None   # soft contact: W, a_ref, points
 
     def flat(self, cs, x: Optional[torch.Tensor], fill: float) -> torch.Tensor:
         """Flatten grouped per-point values (Gs, S, B) to (P, B) in collision order.
@@ -94,14 +96,16 @@ def _picked(cs, groups: torch.Tensor):
 
 
 def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None,
-            normal: bool = False) -> Contact:
+            normal: bool = False, keep: Optional[torch.Tensor] = None) -> Contact:
     """Contact wrenches from the kinematics record, with blocks for the linearly implicit step.
 
     The blocks are the friction's damping blocks (``implicit_friction``) and the normal force's
     blocks W (``normal``; see the module doc). ``select`` (default: on the CPU, outside
     torch.compile): evaluate only the point groups whose bounding sphere reaches the ground
     in some environment (exact: the others have no penetration, so no force and no
-    gradient), at the price of one host synchronisation.
+    gradient), at the price of one host synchronisation. ``keep`` (Gs, S, B), soft contact
+    only: the normal forces of a first solve (:func:`soft_release`, for the same selection);
+    points where it is zero let go, and the friction bounds take it as the normal force.
     """
     m, cfg, cs = sys.model, sys.config, sys.contact
     R, o, tw = kin.R, kin.o, kin.vel
@@ -127,7 +131,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     x = (local @ Rg.permute(0, 2, 1, 3).reshape(Gs, 3, 3 * B)).reshape(Gs, S, 3, B) + kin.p[gb][:, None]
     n = sys.ground_normal[:, None]                                                  # (3, 1)
     r = radius[..., None]                                                           # (Gs, S, 1)
-    xc, gap, lam, damping, blocks = x, None, None, None, None
+    xc, gap, lam, damping, blocks, soft = x, None, None, None, None, None
     F = None if cfg.ground else torch.zeros_like(x)
     if cfg.ground:
         xc = x - r[..., None] * n                                                   # contact point on the surface
@@ -135,23 +139,84 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         gap = ((x + o) * n).sum(2) - sys.ground_height - r                          # (Gs, S, B)
         vn = (xd * n).sum(2)
         pen = torch.relu(-gap)
-        lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
+        inert = None
+        if cfg.contact_model == "soft":
+            push, lam, inert, aref = _soft_normal(sys, gb, gap, pen, vn, valid, keep)
+            soft = (inert, aref, xc)
+        else:
+            lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
+            push = lam
         vt = xd - vn[:, :, None] * n
         eps = sys.friction_smoothing
         slip = torch.sqrt((vt ** 2).sum(2) + eps * eps)   # (inductor cannot lower pow of a folded constant)
         C = sys.friction * lam / slip                                               # (Gs, S, B)
-        F = lam[:, :, None] * n - C[:, :, None] * vt
+        F = push[:, :, None] * n - C[:, :, None] * vt
         if normal or implicit_friction:
             # The normal slopes are both pen where the force is on, times c (-d lambda / d vn)
-            # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both.
-            w = pen * (lam > 0).to(lam.dtype) if normal else None
+            # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both. The soft
+            # contact's blocks carry its inertance instead.
+            w = (pen * (lam > 0).to(lam.dtype) if inert is None else inert) if normal else None
             damping, blocks = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, w)
     F = cast(torch.Tensor, F)                                                      # set on either branch
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
     wrench_b = _to_bodies(m.nb, gb, wrench)
     if pairs:
         wrench_b = wrench_b + _self_collision(sys, kin, x, radius)
-    return Contact(wrench_b, damping, groups, gap, lam, blocks)
+    return Contact(wrench_b, damping, groups, gap, lam, blocks, soft)
+
+
+def _soft_normal(sys: System, gb: torch.Tensor, gap: torch.Tensor, pen: torch.Tensor, vn: torch.Tensor,
+                 valid: torch.Tensor, keep: Optional[torch.Tensor]):
+    """Return the soft contact's explicit push, normal force, inertance and reference acceleration.
+
+    All are per point (Gs, S, B); the normal force (for the friction's bound) is the explicit
+    push where it pushes, or ``keep``'s force of a first solve when given.
+
+    MuJoCo's regularised constraint: the force f = W (a_ref - a_n) pulls the normal acceleration a_n
+    towards a_ref = -b vn - k d gap, with W = d / ((1 - d) A), A the touching body's inverse weight
+    (its R = (1 - d) A / d). The explicit part W a_ref is the force returned (where it pushes); the
+    part -W a_n is an inertance along the normal that the acceleration stage adds to the mass matrix
+    through the normal blocks (J^T W J), so the step solves (M + J^T W J) qdd = ... + J^T W a_ref as
+    MuJoCo's solver does for an active contact.
+    """
+    cfg = sys.config
+    d1 = cfg.contact_impedance[1]
+    tc, zeta = sys.contact_time_constant, sys.contact_damping_ratio
+    imp = laws.impedance(torch, pen, cfg.contact_impedance)
+    k = 1.0 / (d1 * d1 * tc * tc * zeta * zeta)
+    b = 2.0 / (d1 * tc)
+    aref = k * imp * pen - b * vn
+    inert = imp / ((1.0 - imp) * sys.contact_invweight[gb].clamp_min(1e-15)[:, None, None])
+    on = (gap < 0).to(gap.dtype) * valid[..., None]
+    if keep is None:
+        lam = torch.relu(inert * aref) * on
+    else:
+        on = on * (keep > 0).to(on.dtype)
+        lam = keep * on
+    return inert * aref * on, lam, inert * on, aref
+
+
+def soft_release(sys: System, kin: Kinematics, con: Contact, qdd: torch.Tensor) -> torch.Tensor:
+    """Return the soft contact's normal forces after a solve, (Gs, S, B), zero where they would pull.
+
+    A point's force is W (a_ref - a_n), a_n the normal acceleration J qdd of the point that the
+    solve gave (qdd batch-last (nv, B)): where it would pull, the contact lets go, as MuJoCo's
+    constraint solver keeps a contact's normal force non-negative. Solving again with only the
+    kept points gives MuJoCo's answer whenever one point changes state in a step (a ball's
+    bounce; a foot's lift-off).
+    """
+    m = sys.model
+    inert, aref, xc = cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor], con.soft)
+    gb = sys.contact.group_body if con.groups is None else sys.contact.group_body[con.groups]
+    topo = _topo(m)
+    # The bodies' spatial accelerations S qdd (world axes at o, without the velocity products,
+    # as the inertance's J qdd): each body's own dofs, summed over its ancestors.
+    own = (topo.dof_body.T @ (kin.S * _full_v(m, qdd)[:, None]).reshape(kin.S.shape[0], -1)).reshape(
+        m.nb, 6, -1)
+    acc = _tree_sum(topo.anc, own)[gb]                                              # (Gs, 6, B)
+    n = sys.ground_normal[:, None]
+    an = (acc[:, None, 0:3] * n).sum(2) + (acc[:, None, 3:6] * _cross(xc, n.expand_as(xc))).sum(2)
+    return torch.relu(inert * (aref - an))
 
 
 def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
