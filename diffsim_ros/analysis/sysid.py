@@ -103,7 +103,7 @@ WARMUP = 3                  # teacher-forced steps before each window (with an a
 ESCALATE_UNEXPLAINED = 0.005  # fit-window residual / velocity change above this: try the next grid point
 MAX_STARTS = 6              # fits from grid points at most, while the best leaves the data unexplained
 GRID = {"latency": [0.0, 1.0, 2.0, 3.0], "actuator_lag": [0.004, 0.008, 0.016, 0.032, 0.064],
-        "motor_time_constant": [0.01, 0.03, 0.07]}
+        "motor_time_constant": [0.01, 0.03, 0.07], "contact_time_constant": [0.005, 0.01, 0.02, 0.04, 0.08]}
 
 
 @dataclass

@@ -679,18 +679,29 @@ def body_inverse_weights(model: Model) -> torch.Tensor:
     Jacobian of the body's centre of mass (linear rows, then angular): the inverse of an effective
     mass (1/kg) and of an effective inertia (1/(kg m^2)). MuJoCo computes the same at its qpos0
     (``body_invweight0``) to scale the regularisation of its soft constraints; the soft ground
-    contact (``simulator.contact_model: soft``) uses it the same way.
+    contact (``simulator.contact_model: soft``) uses it the same way, per link
+    (:func:`inverse_weights` at each link's own centre of mass, as MuJoCo keeps the links fixed
+    to a body as bodies of their own).
+    """
+    com, _ = inertials(model)
+    return inverse_weights(model, torch.arange(model.nb, device=model.device), com[..., 0])
+
+
+def inverse_weights(model: Model, body: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
+    """Return :func:`body_inverse_weights`' two numbers for points ``point`` (K, 3) fixed to bodies ``body`` (K,).
+
+    The points are in their bodies' frames; J is the Jacobian of the point (linear rows) and of
+    its body's rotation (angular rows), at the neutral configuration.
     """
     qf = model.neutral_configuration()[:, None]
     topo = _topo(model)
     S, I, _, Rw, pw = _world_quantities(model, _full_q(model, qf))
     M = joint_space_inertia(model, S, I)[..., 0]                             # (nv, nv), reduced
-    com, _ = inertials(model)
-    c = (pw + _mv(Rw, com))[..., 0]                                          # (nb, 3)
+    c = (pw[body] + _mv(Rw[body], point[..., None]))[..., 0]                 # (K, 3)
     Sf = S[..., 0]                                                           # (nv_full, 6)
     lin = Sf[None, :, 0:3] + torch.linalg.cross(Sf[None, :, 3:6], c[:, None].expand(-1, Sf.shape[0], 3))
     ang = Sf[None, :, 3:6].expand_as(lin)
-    moves = topo.anc[:, topo.body_of_dof].to(Sf.dtype)                      # (nb, nv_full)
+    moves = topo.anc[body][:, topo.body_of_dof].to(Sf.dtype)                # (K, nv_full)
     J = torch.cat((lin, ang), 2) * moves[..., None]                          # (nb, nv_full, 6)
     if model.mimic_joints:
         J = torch.einsum("kid,ia->kad", J, cast(torch.Tensor, model.mimic_G))

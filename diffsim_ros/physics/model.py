@@ -115,6 +115,8 @@ class Model:
     mimic_leader: Tuple[str, ...] = ()
     mimic_G: Optional[torch.Tensor] = None        # (nv_full, nv): v_full = G v
     mimic_offset: Optional[torch.Tensor] = None   # (nq_full,): q_full = G q + offset
+    link_com: Optional[torch.Tensor] = None       # (n_links, 3): each link's own centre of mass in its body's
+                                                  # frame (its origin when massless), before the merge
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -325,8 +327,11 @@ def _traverse(desc: RobotDescription, floating_base: bool) -> _Tree:
     return tree
 
 
-def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each body's mass (nb,), centre of mass (nb, 3) and rotational inertia about it (nb, 3, 3).
+
+    Also each link's own centre of mass in its body's frame (n_links, 3; the link's origin when
+    it has no mass).
 
     The inertias of the links fixed to it are merged in (parallel-axis theorem, in the body frame).
     Raises UrdfError for a body without mass and for a floating root whose inertia is not positive
@@ -337,11 +342,13 @@ def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.
     mass = np.zeros(nb)
     first = np.zeros((nb, 3))
     second = np.zeros((nb, 3, 3))   # sum of R I R^T + m (|c|^2 1 - c c^T) about the body origin
-    for name, b, R_lb, p_lb in zip(tree.link_names, tree.link_body, tree.link_R, tree.link_p):
+    link_com = np.array(tree.link_p, dtype=float).reshape(-1, 3)
+    for i, (name, b, R_lb, p_lb) in enumerate(zip(tree.link_names, tree.link_body, tree.link_R, tree.link_p)):
         inertial = desc.links[name].inertial
         if b < 0 or inertial is None or inertial.mass == 0.0:
             continue
         c, I_origin = inertial.placed(R_lb, p_lb)
+        link_com[i] = c
         mass[b] += float(inertial.mass)
         first[b] += float(inertial.mass) * c
         second[b] += I_origin
@@ -358,7 +365,7 @@ def _body_inertias(desc: RobotDescription, tree: _Tree) -> Tuple[np.ndarray, np.
         if tree.jtype[b] == "free" and not np.all(np.linalg.eigvalsh(inertia[b]) > 0):
             raise UrdfError(f"{desc.source}: floating root link '{tree.body_names[b]}' (with the links fixed to it) "
                             f"has a rotational inertia that is not positive definite")
-    return mass, com, inertia
+    return mass, com, inertia, link_com
 
 
 def _coordinate_starts(jtype: List[str]) -> Tuple[List[int], List[int], int, int]:
@@ -436,7 +443,7 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
     if nb == 0:
         raise UrdfError(f"{desc.source}: robot '{desc.name}' has no moving joint; load it with "
                         "floating_base=True to simulate it as a free body")
-    mass, com, inertia = _body_inertias(desc, tree)
+    mass, com, inertia, link_com = _body_inertias(desc, tree)
     q_start, v_start, nq, nv = _coordinate_starts(tree.jtype)
     collisions = _collisions(desc, tree, dtype, device)
 
@@ -493,6 +500,7 @@ def build_model(desc: RobotDescription, floating_base: bool = False, dtype=torch
         urdf_sha256=hashlib.sha256(desc.xml.encode("utf-8")).hexdigest(),
         source=desc.source,
         full_joint_names=tuple(j.name for j in joints),
+        link_com=t(link_com),
         **mimic,
     )
 

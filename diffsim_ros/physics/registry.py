@@ -415,7 +415,8 @@ def help_text() -> str:
 #: The stand-in's perturbation fields (``diffsim_ros.plant.Perturbation``) that are registry
 #: parameters; the rest (sensor noise, seed, wind, payload) lie outside the simulator's model.
 PERTURBATION_FIELDS = ("mass_scale", "joint_damping_scale", "added_joint_damping", "drag_scale", "thrust_scale",
-                       "actuator_lag", "latency", "joint_friction_scale", "ground_friction_scale")
+                       "actuator_lag", "latency", "joint_friction_scale", "ground_friction_scale",
+                       "contact_time_constant")
 
 
 def from_perturbation(sys: System, perturbation: Mapping[str, float]) -> Dict[str, Tensor]:

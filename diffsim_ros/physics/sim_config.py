@@ -37,8 +37,11 @@ class SimConfig:
         law of MuJoCo's soft contact: the normal acceleration is pulled towards -b dgap/dt - k d gap with
         k = 1/(w^2 tc^2 zeta^2), b = 2/(w tc), w the impedance's end value, tc contact_time_constant, zeta
         contact_damping_ratio, d the impedance at this penetration; its force scales with the effective mass
-        of the touching body, so one setting describes a light foot and a heavy base alike; needs the
-        semi_implicit integrator). Contact between the robot's own bodies stays penalty""",
+        of the touching link, so one setting describes a light foot and a heavy base alike; needs the
+        semi_implicit integrator). Its friction is the regularised Coulomb law (friction, friction_smoothing) on
+        the normal force; MuJoCo's friction rows are soft constraints of their own, so sliding and landing
+        feet differ from MuJoCo's while the normal law is the same. Contact between the robot's own bodies
+        stays penalty""",
                                choices=CONTACT_MODELS)
     contact_time_constant: float = option(0.02, """soft contact: time constant tc of the penetration's
         response (MuJoCo's solref[0]; at least two physics steps)""", "s", above=0)

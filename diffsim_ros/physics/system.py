@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .algorithms import body_inverse_weights
+from .algorithms import inverse_weights
 from .model import Model
 from .quadrotor import Rotors
 from ..schema import ConfigError
@@ -41,6 +41,9 @@ class ContactSet:
     per group in the body frame, ``group_center`` (G, 3) and ``group_reach`` (G,), so a
     group that cannot touch the ground in any environment is skipped exactly.
     ``flat_index`` (P,) long: each flat point's slot in the (G * S) grouped layout.
+    ``group_weight`` (G, S), 1/kg: the soft contact's inverse weight of each point's link
+    (:func:`~diffsim_ros.physics.algorithms.inverse_weights` at the link's own centre of mass;
+    zero without the soft contact).
     """
 
     body: torch.Tensor
@@ -54,6 +57,7 @@ class ContactSet:
     group_center: torch.Tensor
     group_reach: torch.Tensor
     flat_index: torch.Tensor
+    group_weight: torch.Tensor
 
     @property
     def n(self) -> int:
@@ -77,10 +81,11 @@ class ContactSet:
         return ContactSet(  # type: ignore[call-arg]  # mypy cannot count the six tensors the generator unpacks
             self.body[keep], self.local[keep], self.radius[keep], self.pairs,
             *(x.index_select(0, index) for x in (self.group_body, self.group_local, self.group_radius,
-                                                 self.group_valid, self.group_center, self.group_reach)), flat)
+                                                 self.group_valid, self.group_center, self.group_reach)), flat,
+            self.group_weight.index_select(0, index))
 
 
-def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
+def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor, weight: torch.Tensor):
     """Group the flat points by body, at most S per group.
 
     S = 8 (a box's corners), or fewer when no body has that many.
@@ -98,6 +103,7 @@ def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
     G = len(groups)
     g_local = torch.zeros(G, size, 3, dtype=dt, device=dev)
     g_radius = torch.zeros(G, size, dtype=dt, device=dev)
+    g_weight = torch.zeros(G, size, dtype=dt, device=dev)
     g_valid = torch.zeros(G, size, dtype=dt, device=dev)
     center = torch.zeros(G, 3, dtype=dt, device=dev)
     reach = torch.zeros(G, dtype=dt, device=dev)
@@ -106,6 +112,7 @@ def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
         idx = torch.tensor(pts, dtype=torch.long, device=dev)
         g_local[g, :len(pts)] = local[idx]
         g_radius[g, :len(pts)] = radius[idx]
+        g_weight[g, :len(pts)] = weight[idx]
         g_valid[g, :len(pts)] = 1.0
         c = local[idx].mean(0)
         center[g] = c
@@ -113,7 +120,7 @@ def _groups(body: torch.Tensor, local: torch.Tensor, radius: torch.Tensor):
         for k, i in enumerate(pts):
             flat[i] = g * size + k
     return (torch.tensor([b for b, _ in groups], dtype=torch.long, device=dev), g_local, g_radius, g_valid,
-            center, reach, torch.tensor(flat, dtype=torch.long, device=dev))
+            center, reach, torch.tensor(flat, dtype=torch.long, device=dev), g_weight)
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,6 @@ class System:
     contact_damping: torch.Tensor    # () N s/m^2
     contact_time_constant: torch.Tensor  # () s: soft contact's tc
     contact_damping_ratio: torch.Tensor  # () soft contact's zeta
-    contact_invweight: torch.Tensor  # (nb,) 1/kg: the bodies' translational inverse weights (soft contact)
     friction: torch.Tensor           # () Coulomb coefficient
     friction_smoothing: torch.Tensor  # () m/s: slip speed of the regularised Coulomb friction
     contact: ContactSet
@@ -188,7 +194,8 @@ def _velocity_limits(lim: torch.Tensor) -> torch.Tensor:
 def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
     dt, dev = model.dtype, model.device
     bodies: List[int] = []
-    pts, radii = [], []
+    pts, radii, weights = [], [], []
+    soft = cfg.contact_model == "soft" and cfg.ground
     for col in model.collisions:
         if col.body < 0:
             continue
@@ -211,9 +218,11 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
             continue
         pts.append(local @ col.R.T + col.p)
         radii.append(r)
+        weights.append(_link_weight(model, col).expand(r.shape[0]) if soft else torch.zeros_like(r))
         bodies += [col.body] * local.shape[0]
     local = torch.cat(pts) if pts else torch.zeros(0, 3, dtype=dt, device=dev)
     radius = torch.cat(radii) if radii else torch.zeros(0, dtype=dt, device=dev)
+    weight = torch.cat(weights) if weights else torch.zeros(0, dtype=dt, device=dev)
     # Sphere pairs for self-collision: different bodies, not parent and child.
     pairs = []
     if cfg.self_collision:
@@ -225,11 +234,18 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
                 if bi != bj and model.parent[bi] != bj and model.parent[bj] != bi:
                     pairs.append((i, j))
     body = torch.tensor(bodies, dtype=torch.long, device=dev)
-    gb, gl, gr, gv, gc, greach, flat = _groups(body, local, radius)
+    gb, gl, gr, gv, gc, greach, flat, gw = _groups(body, local, radius, weight)
     return ContactSet(body=body, local=local, radius=radius,
                       pairs=torch.tensor(pairs, dtype=torch.long, device=dev).reshape(-1, 2),
                       group_body=gb, group_local=gl, group_radius=gr, group_valid=gv, group_center=gc,
-                      group_reach=greach, flat_index=flat)
+                      group_reach=greach, flat_index=flat, group_weight=gw)
+
+
+def _link_weight(model: Model, col) -> torch.Tensor:
+    """Return the translational inverse weight (1/kg) of collision ``col``'s link, at its own centre of mass."""
+    li = model.link_names.index(col.link)
+    point = model.link_com[li] if model.link_com is not None else model.link_p[li]
+    return inverse_weights(model, torch.tensor([col.body], device=model.device), point[None])[0, 0]
 
 
 def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = None,
@@ -275,8 +291,6 @@ def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = 
         ground_height=scalar(cfg.ground_height), contact_stiffness=scalar(cfg.contact_stiffness),
         contact_damping=scalar(cfg.contact_damping), contact_time_constant=scalar(cfg.contact_time_constant),
         contact_damping_ratio=scalar(cfg.contact_damping_ratio),
-        contact_invweight=(body_inverse_weights(model)[:, 0] if cfg.contact_model == "soft" and cfg.ground
-                           else torch.zeros(model.nb, dtype=dt, device=dev)),
         friction=scalar(cfg.friction),
         friction_smoothing=scalar(cfg.friction_smoothing),
         contact=_contact_set(model, cfg), rotors=rotors)

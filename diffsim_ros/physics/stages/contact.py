@@ -91,7 +91,8 @@ def _picked(cs, groups: torch.Tensor):
         with torch.inference_mode(False):      # never inference tensors, whatever mode the first caller runs in
             index = torch.tensor(key, dtype=torch.long, device=groups.device)
             hit = cache[key] = tuple(x.index_select(0, index) for x in
-                                     (cs.group_body, cs.group_local, cs.group_radius, cs.group_valid))
+                                     (cs.group_body, cs.group_local, cs.group_radius, cs.group_valid,
+                                      cs.group_weight))
     return hit
 
 
@@ -105,7 +106,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     in some environment (exact: the others have no penetration, so no force and no
     gradient), at the price of one host synchronisation. ``keep`` (Gs, S, B), soft contact
     only: the normal forces of a first solve (:func:`soft_release`, for the same selection);
-    points where it is zero let go, and the friction bounds take it as the normal force.
+    points where it is zero let go.
     """
     m, cfg, cs = sys.model, sys.config, sys.contact
     R, o, tw = kin.R, kin.o, kin.vel
@@ -117,14 +118,15 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     if select is None:
         select = dev.type == "cpu" and not traced()
     groups = None
-    gb, local, radius, valid = cs.group_body, cs.group_local, cs.group_radius, cs.group_valid
+    gb, local, radius, valid, weight = (cs.group_body, cs.group_local, cs.group_radius, cs.group_valid,
+                                        cs.group_weight)
     if select and cfg.ground and not pairs:
         near = _near_groups(sys, kin)
         if not bool(near.any()):                                                   # nothing can touch
             return Contact(torch.zeros(m.nb, 6, B, dtype=dt, device=dev), None, near.nonzero()[:, 0], None, None)
         if not bool(near.all()):
             groups = near.nonzero()[:, 0]
-            gb, local, radius, valid = _picked(cs, groups)
+            gb, local, radius, valid, weight = _picked(cs, groups)
     Gs, S = valid.shape
     Rg, twg = R[gb], tw[gb]
     # Points of each group at once: x[g, s] = R_g local[g, s] + p_g, as one batched product.
@@ -141,7 +143,7 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         pen = torch.relu(-gap)
         inert = None
         if cfg.contact_model == "soft":
-            push, lam, inert, aref = _soft_normal(sys, gb, gap, pen, vn, valid, keep)
+            push, lam, inert, aref = _soft_normal(sys, weight, gap, pen, vn, valid, keep)
             soft = (inert, aref, xc)
         else:
             lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
@@ -165,15 +167,16 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     return Contact(wrench_b, damping, groups, gap, lam, blocks, soft)
 
 
-def _soft_normal(sys: System, gb: torch.Tensor, gap: torch.Tensor, pen: torch.Tensor, vn: torch.Tensor,
+def _soft_normal(sys: System, weight: torch.Tensor, gap: torch.Tensor, pen: torch.Tensor, vn: torch.Tensor,
                  valid: torch.Tensor, keep: Optional[torch.Tensor]):
     """Return the soft contact's explicit push, normal force, inertance and reference acceleration.
 
-    All are per point (Gs, S, B); the normal force (for the friction's bound) is the explicit
-    push where it pushes, or ``keep``'s force of a first solve when given.
+    All are per point (Gs, S, B); the normal force the regularised Coulomb friction is bounded by
+    is the explicit push where it pushes (with the full force W (a_ref - a_n) of a first solve
+    instead, a quadruped landing on the MuJoCo ground bounced until it fell).
 
     MuJoCo's regularised constraint: the force f = W (a_ref - a_n) pulls the normal acceleration a_n
-    towards a_ref = -b vn - k d gap, with W = d / ((1 - d) A), A the touching body's inverse weight
+    towards a_ref = -b vn - k d gap, with W = d / ((1 - d) A), A the touching link's inverse weight
     (its R = (1 - d) A / d). The explicit part W a_ref is the force returned (where it pushes); the
     part -W a_n is an inertance along the normal that the acceleration stage adds to the mass matrix
     through the normal blocks (J^T W J), so the step solves (M + J^T W J) qdd = ... + J^T W a_ref as
@@ -186,14 +189,11 @@ def _soft_normal(sys: System, gb: torch.Tensor, gap: torch.Tensor, pen: torch.Te
     k = 1.0 / (d1 * d1 * tc * tc * zeta * zeta)
     b = 2.0 / (d1 * tc)
     aref = k * imp * pen - b * vn
-    inert = imp / ((1.0 - imp) * sys.contact_invweight[gb].clamp_min(1e-15)[:, None, None])
+    inert = imp / ((1.0 - imp) * weight.clamp_min(1e-15)[..., None])
     on = (gap < 0).to(gap.dtype) * valid[..., None]
-    if keep is None:
-        lam = torch.relu(inert * aref) * on
-    else:
+    if keep is not None:
         on = on * (keep > 0).to(on.dtype)
-        lam = keep * on
-    return inert * aref * on, lam, inert * on, aref
+    return inert * aref * on, torch.relu(inert * aref) * on, inert * on, aref
 
 
 def soft_release(sys: System, kin: Kinematics, con: Contact, qdd: torch.Tensor) -> torch.Tensor:
