@@ -14,7 +14,9 @@ fits all four at once with the test's settings. ``--kind legged``: the shipped w
 (policies/locomotion_velocity) walks 250 control steps (5 s) at 0.5 m/s on a drawn mass (x0.8-1.3)
 and floor (friction x0.4-1.2), as test/analysis/test_legged_analysis.py draws them, recorded on
 ``--plant`` (default the simulator: the stand-in's soft constraint ground is not the penalty
-contact, doc/sysid.md), and mass and ground friction are fitted. ``--kind arm_friction_lag``:
+contact, doc/sysid.md), and mass and ground friction are fitted. ``--kind legged_contact``: the
+same walk on the soft contact (simulator.contact_model: soft) with the stand-in's (or the
+simulator's) contact time constant drawn in 0.01-0.06 s, and contact_time_constant fitted. ``--kind arm_friction_lag``:
 the arm's joint friction and torque lag as ``test_joint_friction_with_actuator_lag`` draws them
 (``--velocity-limits``: with config/reach_arm.yaml's drive velocity limits on). ``--direct``: each
 start fitted on the requested windows directly, without the one-step fit first (for comparison
@@ -58,6 +60,27 @@ def _legged(seed: int, plant: str):
     return r, truth, L.LEGGED_NAMES, pert
 
 
+def _legged_contact(seed: int, plant: str):
+    """Return (result, truth, names, perturbation): a drawn contact time constant fitted on the soft contact."""
+    import test_legged_analysis as L
+    from diffsim_ros import config, physics
+    from diffsim_ros.analysis import calibrate, read_bag, sim_setup
+    from diffsim_ros.learning.deploy import PolicyRunner
+    from diffsim_ros.physics.registry import from_perturbation
+
+    params = config.load_yaml(L.CONFIG)
+    params["simulator"] = dict(params["simulator"], contact_model="soft")
+    pert = {"contact_time_constant": float(np.random.default_rng(seed).uniform(0.01, 0.06))}
+    names = ["contact_time_constant"]
+    with tempfile.TemporaryDirectory() as tmp:
+        L._record(Path(tmp) / "bag", PolicyRunner(L.POLICY), plant, pert, 250, params)
+        data = read_bag(Path(tmp) / "bag")
+        setup = sim_setup(data)
+        r = calibrate(data, setup, names, window=3, max_starts=48, max_iter=15)
+    truth = from_perturbation(physics.build_system(setup.model, setup.sim_config), pert)
+    return r, truth, names, pert
+
+
 def _check_legged(r, truth, names):
     assert r.accepted, r.reasons
     for n in names:
@@ -66,7 +89,7 @@ def _check_legged(r, truth, names):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=sorted(NAMES) + ["arm_friction_lag", "legged"], default="arm")
+    ap.add_argument("--kind", choices=sorted(NAMES) + ["arm_friction_lag", "legged", "legged_contact"], default="arm")
     ap.add_argument("--seeds", default="1-20", help="e.g. 1-20 or 3,7,11")
     ap.add_argument("--friction", action="store_true", help="arm: keep the URDF joint friction on")
     ap.add_argument("--max-lag", type=float, default=0.06, help="arm: upper end of the torque lag draw, s")
@@ -81,8 +104,8 @@ def main() -> int:
     seconds = []
     for seed in seeds:
         t0 = time.perf_counter()
-        if a.kind == "legged":
-            r, truth, names, pert = _legged(seed, a.plant)
+        if a.kind in ("legged", "legged_contact"):
+            r, truth, names, pert = (_legged if a.kind == "legged" else _legged_contact)(seed, a.plant)
             check = _check_legged
         elif a.kind == "arm_friction_lag":
             names = T.FRICTION_AND_LAG
