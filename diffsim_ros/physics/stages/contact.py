@@ -37,7 +37,7 @@ class Contact(NamedTuple):
     damping: Optional[torch.Tensor]   # (nb, 6, 6, B) friction damping blocks, or None
     groups: Optional[torch.Tensor]    # (Gs,) long: the point groups evaluated (None: all)
     gap: Optional[torch.Tensor]       # (Gs, S, B) m, negative in penetration (None: no group evaluated)
-    normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force
+    normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force (soft contact: its explicit push, >= 0)
     normal_blocks: Optional[torch.Tensor] = None   # (nb, 6, 6, B) W: the normal force's damping c W, stiffness 2 k W
     soft: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None   # soft contact: W, a_ref, points
 
@@ -177,7 +177,7 @@ def _soft_normal(sys: System, weight: torch.Tensor, gap: torch.Tensor, pen: torc
 
     MuJoCo's regularised constraint: the force f = W (a_ref - a_n) pulls the normal acceleration a_n
     towards a_ref = -b vn - k d gap, with W = d / ((1 - d) A), A the touching link's inverse weight
-    (its R = (1 - d) A / d). The explicit part W a_ref is the force returned (where it pushes); the
+    (its R = (1 - d) A / d). The explicit part W a_ref is the push returned (of either sign); the
     part -W a_n is an inertance along the normal that the acceleration stage adds to the mass matrix
     through the normal blocks (J^T W J), so the step solves (M + J^T W J) qdd = ... + J^T W a_ref as
     MuJoCo's solver does for an active contact.
