@@ -671,7 +671,6 @@ def joint_space_inertia(model: Model, S: torch.Tensor, I: torch.Tensor) -> torch
     return _reduce_matrix(model, L + L.transpose(0, 1) + G * topo.dof_same[..., None])
 
 
-
 def body_inverse_weights(model: Model) -> torch.Tensor:
     """Return how readily each body's centre of mass accelerates, (nb, 2): translation, rotation.
 
@@ -702,11 +701,11 @@ def inverse_weights(model: Model, body: torch.Tensor, point: torch.Tensor) -> to
     lin = Sf[None, :, 0:3] + torch.linalg.cross(Sf[None, :, 3:6], c[:, None].expand(-1, Sf.shape[0], 3))
     ang = Sf[None, :, 3:6].expand_as(lin)
     moves = topo.anc[body][:, topo.body_of_dof].to(Sf.dtype)                # (K, nv_full)
-    J = torch.cat((lin, ang), 2) * moves[..., None]                          # (nb, nv_full, 6)
+    J = torch.cat((lin, ang), 2) * moves[..., None]                          # (K, nv_full, 6)
     if model.mimic_joints:
         J = torch.einsum("kid,ia->kad", J, cast(torch.Tensor, model.mimic_G))
     X = torch.linalg.solve(M, J.permute(1, 0, 2).reshape(M.shape[0], -1)).reshape(M.shape[0], -1, 6)
-    A = (J * X.permute(1, 0, 2)).sum(1)                                      # (nb, 6): diag of J M^-1 J^T
+    A = (J * X.permute(1, 0, 2)).sum(1)                                      # (K, 6): diag of J M^-1 J^T
     return torch.stack((A[:, 0:3].mean(1), A[:, 3:6].mean(1)), 1)
 
 

@@ -195,7 +195,7 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
     dt, dev = model.dtype, model.device
     bodies: List[int] = []
     pts, radii, weights = [], [], []
-    soft = cfg.contact_model == "soft" and cfg.ground
+    link_weight = _link_weights(model) if cfg.contact_model == "soft" and cfg.ground else None
     for col in model.collisions:
         if col.body < 0:
             continue
@@ -218,7 +218,8 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
             continue
         pts.append(local @ col.R.T + col.p)
         radii.append(r)
-        weights.append(_link_weight(model, col).expand(r.shape[0]) if soft else torch.zeros_like(r))
+        weights.append(torch.zeros_like(r) if link_weight is None
+                       else link_weight[model.link_names.index(col.link)].expand(r.shape[0]))
         bodies += [col.body] * local.shape[0]
     local = torch.cat(pts) if pts else torch.zeros(0, 3, dtype=dt, device=dev)
     radius = torch.cat(radii) if radii else torch.zeros(0, dtype=dt, device=dev)
@@ -241,11 +242,18 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
                       group_reach=greach, flat_index=flat, group_weight=gw)
 
 
-def _link_weight(model: Model, col) -> torch.Tensor:
-    """Return the translational inverse weight (1/kg) of collision ``col``'s link, at its own centre of mass."""
-    li = model.link_names.index(col.link)
-    point = model.link_com[li] if model.link_com is not None else model.link_p[li]
-    return inverse_weights(model, torch.tensor([col.body], device=model.device), point[None])[0, 0]
+def _link_weights(model: Model) -> torch.Tensor:
+    """Return each link's translational inverse weight (1/kg) at its own centre of mass (n_links,), in one solve.
+
+    Links fixed to the world get zero.
+    """
+    body = torch.tensor(model.link_body, device=model.device)
+    moving = (body >= 0).nonzero()[:, 0]
+    points = model.link_com if model.link_com is not None else model.link_p
+    out = torch.zeros(len(model.link_names), dtype=model.dtype, device=model.device)
+    if moving.numel():
+        out[moving] = inverse_weights(model, body[moving], points[moving])[:, 0]
+    return out
 
 
 def build_system(model: Model, config: Union[SimConfig, Dict[str, Any], None] = None,
