@@ -6,6 +6,7 @@ torchrun, resumable; ``baseline`` trains the PPO or SAC baseline on the same tas
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -191,6 +192,8 @@ def _train_folder(args: argparse.Namespace):
 def cmd_train(args: argparse.Namespace) -> int:
     for name in ("iterations", "num_envs"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.learning_rate is not None and not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+        raise CliError(f"--learning-rate must be a positive number, got {args.learning_rate}")
     _resume_folder(args, "train")
     if args.init_from is not None:
         if args.resume is not None:
@@ -246,6 +249,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
         t0 = time.perf_counter()
         overrides = {"iterations": args.iterations, "num_envs": args.num_envs, "seed": args.seed,
                      "stop_at_success": False if args.keep_training else None}
+        if args.learning_rate is not None:
+            overrides.update(learning_rate=args.learning_rate, lr_schedule="constant")
         task, result, _ = train_from_params(params, args.config, args.out, overrides,
                                             progress=not args.no_progress and ctx.is_main, task=task,
                                             resume=args.resume is not None, distributed=ctx,
@@ -407,6 +412,11 @@ def _add_train(sub) -> None:
                    help=_text("""start from the policy of a trained checkpoint folder instead of fresh weights
                    (fine-tuning, e.g. on a calibrated simulator: the same joints, task and observation, the same
                    hidden layers; the URDF's values may differ); the optimiser starts afresh"""))
+    p.add_argument("--learning-rate", type=float, default=None, metavar="LR",
+                   help=_text("""a constant Adam step size for this run instead of the file's training.learning_rate
+                   and lr_schedule. Fine-tuning with --init-from usually wants a smaller one than training from fresh
+                   weights: near its optimum a policy meets a consistent gradient, and Adam's steps, as large along it
+                   as along a noisy one, overshoot (doc/sysid.md)"""))
     p.add_argument("--keep-training", action="store_true",
                    help="run all the iterations even after the success threshold is reached "
                         "(default: the file's training.stop_at_success)")

@@ -103,7 +103,8 @@ def test_train_writes_a_checkpoint(tmp_path):
     cfg = small_copy(tmp_path)
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "diffsim_ros.cli", "train", "--config", str(cfg), "--out", str(out),
-                           "--iterations", "2", "--num-envs", "4", "--no-progress", "--keep-training"],
+                           "--iterations", "2", "--num-envs", "4", "--no-progress", "--keep-training",
+                           "--learning-rate", "7e-4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("policy.pt", "policy.json", "training.csv", "learning_curve.png"):
@@ -113,11 +114,14 @@ def test_train_writes_a_checkpoint(tmp_path):
         assert word in proc.stdout, proc.stdout
     rows = list(csv.DictReader(open(out / "training.csv")))
     assert [int(r["iteration"]) for r in rows] == [1, 2]
+    assert [float(r["lr"]) for r in rows] == [7e-4, 7e-4]              # --learning-rate: constant
     model = physics.load_urdf(str(ROOT / "urdf" / "diffsim_arm.urdf"))
     policy, meta = load_checkpoint(out, model=model)
     assert meta["training"]["iterations"] == 2 and meta["training"]["env_steps"] == 64
     assert meta["training"]["config"]["num_envs"] == 4 and meta["training"]["method"] == "analytic_gradient"
     assert meta["training"]["config"]["stop_at_success"] is False        # --keep-training
+    trained = meta["training"]["config"]
+    assert trained["learning_rate"] == 7e-4 and trained["lr_schedule"] == "constant"          # --learning-rate
     assert meta["horizon"] == 8 and meta["config"]["task"]["type"] == "reach"
     assert policy(torch.zeros(3, meta["observation"]["dim"])).shape == (3, 4)
     quadruped = physics.load_urdf(str(ROOT / "urdf" / "diffsim_quadruped.urdf"), floating_base=True)
@@ -167,6 +171,9 @@ def test_bad_inputs_are_exit_2(tmp_path, capsys):
     assert rc == 2 and "ee_link 'hand'" in err
     rc, _, err = run_main(capsys, "train", "--config", str(cfg), "--out", str(tmp_path), "--iterations", "0")
     assert rc == 2 and "--iterations must be at least 1" in err
+    for bad in ("0", "-1e-3", "nan"):
+        rc, _, err = run_main(capsys, "train", "--config", str(cfg), "--out", str(tmp_path), f"--learning-rate={bad}")
+        assert rc == 2 and "--learning-rate must be a positive number" in err, err
 
 
 # ------------------------------------------------------------------------ baseline
