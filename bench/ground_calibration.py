@@ -2,7 +2,7 @@
 
     python bench/ground_calibration.py [--kind friction|contact] [--seed 39] [--checkpoint DIR]
         [--config YAML] [--speed S] [--steps N] [--out DIR] [--compare] [--iterations 30]
-        [--learning-rate 5e-5] [--episodes 64] [--eval-seeds 11,99] [--write-rejected]
+        [--learning-rate LR] [--episodes 64] [--eval-seeds 11,99] [--write-rejected]
 
 ``--kind friction`` (default): from ``--seed`` the stand-in's floor (``ground_friction_scale``
 uniform in 0.4-0.6 of the simulator's coefficient: a floor the nominal training's draw, 0.5-1.0,
@@ -12,7 +12,7 @@ cone and the feet slide), recorded as a bag; ``diffsim-ros sysid BAG --params gr
 --method contact-free`` estimates the coefficient without the simulator's contact model
 (analysis/ground_friction.py).
 
-``--kind contact``: from ``--seed`` the stand-in's contact time constant (uniform in 0.04-0.06 s:
+``--kind contact``: from ``--seed`` the stand-in's contact time constant (uniform in 0.05-0.065 s:
 floors softer than the stand-in's default 0.02 s, where the shipped walker loses episodes); the
 walker walks (default 250 steps at 0.5 m/s) with the training file on the soft contact
 (``simulator.contact_model: soft``, its time constant drawn per episode in 0.018-0.022 s instead
@@ -72,7 +72,7 @@ def soft_params(params: dict) -> dict:
 
 def _contact(seed: int, params: dict, bag: Path, out: Path, a) -> tuple:
     """Draw the contact time constant, record on the soft contact, fit; as :func:`_friction`."""
-    pert = {"contact_time_constant": float(np.random.default_rng(seed).uniform(0.04, 0.06))}
+    pert = {"contact_time_constant": float(np.random.default_rng(seed).uniform(0.05, 0.065))}
     soft = soft_params(params)
     if not bag.exists():
         record_walker(bag, PolicyRunner(a.checkpoint), soft, pert, a.speed or 0.5, a.steps or 250)
@@ -97,7 +97,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="default runs/ground_calibration/KIND_SEED")
     ap.add_argument("--compare", action="store_true", help="fine-tune both walkers and judge them on the stand-in")
     ap.add_argument("--iterations", type=int, default=30)
-    ap.add_argument("--learning-rate", default="5e-5")
+    ap.add_argument("--learning-rate", default=None,
+                    help="the fine-tunes' constant step size (default: the file's learning_rate and schedule)")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--eval-seeds", default="11,99")
     ap.add_argument("--write-rejected", action="store_true",
@@ -112,8 +113,8 @@ def main() -> int:
           f"({100 * (fitted / truth - 1):+.2f} %), sysid exit {rc}", flush=True)
     calibrated = out / "sysid" / "calibrated.yaml"
     runs = {"nominal": (a.config, pert), "calibrated": (str(calibrated), same)}
-    tune = ["--init-from", a.checkpoint, "--iterations", str(a.iterations), "--learning-rate", a.learning_rate,
-            "--keep-training", "--no-progress"]
+    tune = ["--init-from", a.checkpoint, "--iterations", str(a.iterations), "--keep-training", "--no-progress"]
+    tune += ["--learning-rate", a.learning_rate] if a.learning_rate else []
     for name, (cfg, p) in runs.items():
         print(f"fine-tune: diffsim-ros train --config {cfg} --out {out / name} {' '.join(tune)}")
         print(f"judge:     diffsim-ros eval {out / name} --plant mujoco --episodes {a.episodes} --seed S "

@@ -414,9 +414,9 @@ def _add_train(sub) -> None:
                    hidden layers; the URDF's values may differ); the optimiser starts afresh"""))
     p.add_argument("--learning-rate", type=float, default=None, metavar="LR",
                    help=_text("""a constant Adam step size for this run instead of the file's training.learning_rate
-                   and lr_schedule. Fine-tuning with --init-from usually wants a smaller one than training from fresh
-                   weights: near its optimum a policy meets a consistent gradient, and Adam's steps, as large along it
-                   as along a noisy one, overshoot (doc/sysid.md)"""))
+                   and lr_schedule, e.g. for a fine-tune with --init-from: near its optimum a policy can meet a
+                   consistent gradient, along which Adam's steps are as large as along a noisy one and overshoot
+                   (doc/train.md)"""))
     p.add_argument("--keep-training", action="store_true",
                    help="run all the iterations even after the success threshold is reached "
                         "(default: the file's training.stop_at_success)")
