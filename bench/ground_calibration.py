@@ -22,7 +22,8 @@ contact_time_constant`` fits the time constant through the simulator.
 Either way sysid writes DIR/sysid/calibrated.yaml, the training file with the fitted value and its
 per-episode draw re-centred on it. Printed: the truth, the estimate and its error, and the commands
 that fine-tune the walker on the nominal and on the calibrated file (the same iterations and step
-size) and compare both on that stand-in. ``--compare`` runs them (a fit sysid rejects stops it, unless
+size) and compare both on that stand-in. ``--compare`` runs them (a fine-tune whose folder holds a
+policy already is not run again; a fit sysid rejects stops it, unless
 ``--write-rejected``: sysid writes its calibrated.yaml all the same) and prints, per evaluation seed,
 the successes of both on ``--episodes`` stand-in episodes; last line
 ``ground_calibration: KIND nominal A/N, calibrated B/N``. Nothing here is a test: no figure is
@@ -48,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _friction(seed: int, params: dict, bag: Path, out: Path, a) -> tuple:
-    """Draw the floor, record, estimate; return (truth, estimate, perturbation of each walker, sysid exit)."""
+    """Draw the floor, record, estimate; return truth, estimate, each walker's perturbation, sysid's exit."""
     rng = np.random.default_rng(seed)
     pert = {"ground_friction_scale": float(rng.uniform(0.4, 0.6)), "mass_scale": float(rng.uniform(0.9, 1.1))}
     if not bag.exists():
