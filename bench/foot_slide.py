@@ -52,7 +52,7 @@ def run(args, refinement):
 
     import mujoco
 
-    from diffsim_ros.workflows.evaluation import _measured_qv, _standin_params
+    from diffsim_ros.workflows.evaluation import _standin_params, standin_episode
     from diffsim_ros.learning.deploy import PolicyRunner
     from diffsim_ros.plant.mujoco_plant import MujocoPlant
     from diffsim_ros.plant.perturbation import perturbation_spec, resolve_perturbation, robot_kind
@@ -74,15 +74,12 @@ def run(args, refinement):
           f"(seed {args.seed}), MuJoCo step {1000 * plant.h:.3f} ms")
     slides = []
     for e in range(args.episodes):
-        plant.reset(ts.sim.q[e].double().numpy(), ts.sim.v[e].double().numpy())
-        runner.reset()
-        target = ts.target[e:e + 1].to(runner.dtype)
-        q, ratio = [plant.q], [[] for _ in bodies]
-        for k in range(int(task.horizon)):
-            plant.step(runner.decide(runner.state(*_measured_qv(plant)), target, predict=False).command)
-            q.append(plant.q)
+        ratio = [[] for _ in bodies]
+
+        def loads(k, ratio=ratio):
+            """After the plant's k-th step: each loaded foot's horizontal over normal contact force."""
             if k + 1 < i0:
-                continue
+                return
             for f, b in enumerate(bodies):
                 force = np.zeros(3)
                 for i in range(d.ncon):
@@ -94,7 +91,8 @@ def run(args, refinement):
                         force += sign * (c.frame.reshape(3, 3).T @ f6[:3])
                 if force[2] > 1.0:                          # loaded: more than 1 N on the ground
                     ratio[f].append(np.hypot(force[0], force[1]) / force[2])
-        q = np.array(q)
+        q, _ = standin_episode(plant, runner, ts.sim.q[e].double().numpy(), ts.sim.v[e].double().numpy(),
+                               ts.target[e], int(task.horizon), loads)
         v = task.recorded_verdict(np.arange(len(q)) * task.dt, q, np.zeros((len(q), plant.nv)),
                                   ts.target[e].double().numpy())
         contact, step = task.foot_arrays(q)

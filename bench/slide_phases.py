@@ -29,7 +29,7 @@ import torch
 from diffsim_ros.learning.deploy import PolicyRunner
 from diffsim_ros.plant.mujoco_plant import MujocoPlant
 from diffsim_ros.plant.perturbation import perturbation_spec, resolve_perturbation
-from diffsim_ros.workflows.evaluation import _measured_qv, _standin_params, load_checkpoint_task, rollout
+from diffsim_ros.workflows.evaluation import _standin_params, load_checkpoint_task, rollout, standin_episode
 
 REPO = Path(__file__).resolve().parents[1]
 BANDS = [(-1.0, -0.015), (-0.015, -0.008), (-0.008, -0.003), (-0.003, 1.0)]
@@ -53,17 +53,8 @@ def _standin(checkpoint: str, tc: float, n: int, seed: int, horizon: int):
         ts = runner.task.reset(n, torch.Generator().manual_seed(seed))
     pert = resolve_perturbation(perturbation_spec({"contact_time_constant": tc}), "legged")
     plant = MujocoPlant(_standin_params(runner.meta, checkpoint), source=checkpoint, perturbation=pert)
-    out = []
-    for i in range(n):
-        plant.reset(ts.sim.q[i].double().numpy(), ts.sim.v[i].double().numpy())
-        runner.reset()
-        target = ts.target[i:i + 1].to(runner.dtype)
-        q = [plant.q]
-        for _ in range(horizon):
-            plant.step(runner.decide(runner.state(*_measured_qv(plant)), target, predict=False).command)
-            q.append(plant.q)
-        out.append(np.array(q))
-    return out
+    return [standin_episode(plant, runner, ts.sim.q[i].double().numpy(), ts.sim.v[i].double().numpy(), ts.target[i],
+                            horizon)[0] for i in range(n)]
 
 
 def _bands(task, episodes) -> str:

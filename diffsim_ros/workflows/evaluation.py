@@ -415,6 +415,28 @@ def _measured_qv(plant):
     return q, v
 
 
+def standin_episode(plant, runner, q0, v0, target, steps: int, after_step: Optional[Callable[[int], None]] = None):
+    """Run one episode of ``runner``'s policy on the stand-in ``plant``; return its states ``q``, ``v`` (steps+1, n).
+
+    The plant starts from ``q0``, ``v0``; at each control step the policy's command is computed from
+    the plant's measurement (:func:`_measured_qv`) towards ``target`` (the task's goal, e.g. the
+    speed command); ``after_step(k)``, when given, runs after the plant's k-th step (0-based).
+    """
+    import numpy as np
+
+    plant.reset(q0, v0)
+    runner.reset()
+    goal = target.reshape(1, -1).to(runner.dtype)
+    q, v = [plant.q], [plant.v]
+    for k in range(steps):
+        plant.step(runner.decide(runner.state(*_measured_qv(plant)), goal, predict=False).command)
+        q.append(plant.q)
+        v.append(plant.v)
+        if after_step is not None:
+            after_step(k)
+    return np.array(q), np.array(v)
+
+
 def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32, seed: int = DEFAULT_SEED,
                         perturbation: Any = None, simulator: bool = True) -> Dict[str, Any]:
     """Run the checkpoint's policy on the MuJoCo stand-in, episode by episode, beside the simulator.
@@ -475,17 +497,9 @@ def evaluate_on_standin(checkpoint: Union[str, os.PathLike], episodes: int = 32,
     plant = MujocoPlant(params, source=os.fspath(checkpoint), perturbation=pert)
     verdicts = []
     for i in range(episodes):
-        plant.reset(q0[i].numpy(), v0[i].numpy())
-        runner.reset()
-        target = targets[i:i + 1].to(runner.dtype)
-        q, v = [plant.q], [plant.v]
-        for _ in range(int(task.horizon)):
-            state = runner.state(*_measured_qv(plant))
-            plant.step(runner.decide(state, target, predict=False).command)
-            q.append(plant.q)
-            v.append(plant.v)
+        q, v = standin_episode(plant, runner, q0[i].numpy(), v0[i].numpy(), targets[i], int(task.horizon))
         t = np.arange(len(q)) * task.dt
-        verdicts.append(task.recorded_verdict(t, np.array(q), np.array(v), targets[i].numpy()))
+        verdicts.append(task.recorded_verdict(t, q, v, targets[i].numpy()))
     ok = sum(bool(x["success"]) for x in verdicts)
     lo, hi = wilson_interval(ok, episodes)
     failed = {k: sum(1 for x in verdicts if x.get(k) is False) for k in verdicts[0] if k.endswith("_ok")
