@@ -26,7 +26,8 @@ from .kinematics import Kinematics, kinematics_record
 from .stages.acceleration import acceleration
 from .stages.actuation import Servo, actuation, lagged_torque, servo_slope
 from .stages.aerodynamics import aerodynamics
-from .stages.contact import Contact, contact, soft_release
+from .stages import cone
+from .stages.contact import Contact, contact, soft_forces
 from .stages.integration import qdot, rk4_combine, semi_implicit_euler
 from .stages.passive import passive
 from .state import SimulationError, State
@@ -89,8 +90,8 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
                 Kj = Kj.index_add(-1, sys.act_index, a.kp.expand(Kj.shape[:-1] + a.kp.shape[-1:]))
             D, K = _pad(sys, Dj), _pad(sys, Kj)
     implicit_friction = (implicit and cfg.ground and sys.contact.n > 0 and cfg.friction > 0)
-    # The soft contact's inertance always enters the solve; the penalty's slopes when asked for.
-    normal = (cfg.contact_model == "soft" or (implicit and cfg.implicit_contact)) and cfg.ground and sys.contact.n > 0
+    # The penalty's slopes enter the solve when asked for (the soft contact's rows always do).
+    normal = implicit and cfg.implicit_contact and cfg.contact_model != "soft" and cfg.ground and sys.contact.n > 0
     servo = a.servo if (implicit and D is not None) else None
     lag = (a.kd, a.kp) if (implicit and D is not None and cfg.actuator_lag > 0 and a.kd is not None) else None
     return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo, lag,
@@ -140,8 +141,11 @@ def _servo_refinement(sys: System, f: _Forces, v: torch.Tensor, h: float):
     return refine
 
 
-def _substep(sys: System, q, v, command, act, h: float):
-    """One substep on flat batch-first q (B, nq), v (B, nv): (q, v, actuator state, qdd, kin, contact)."""
+def _substep(sys: System, q, v, command, act, h: float, warm: Optional[torch.Tensor] = None):
+    """One substep on flat batch-first q (B, nq), v (B, nv): (q, v, actuator state, qdd, kin, contact).
+
+    ``warm`` (nv, B): the soft contact's solve starts there (the last substep's accelerations).
+    """
     cfg, m = sys.config, sys.model
     fb = m.floating_base
     kin = kinematics_record(m, q.T, v.T)
@@ -151,15 +155,14 @@ def _substep(sys: System, q, v, command, act, h: float):
         con = f.contact
 
         def solve(con):
+            rows = con.soft
             return acceleration(sys, kin, f.tau.T, con.wrench, h, None if f.D is None else f.D.T,
                                 None if f.K is None else f.K.T, v.T, con.damping, refine, cfg.servo_iterations,
-                                con.normal_blocks)
+                                con.normal_blocks,
+                                None if rows is None else (lambda A, rhs: cone.solve(A, rhs, rows, warm)))
         qdd = solve(con)
         if con.soft is not None:
-            # The soft contact lets go where the solve made it pull; solve again without those points.
-            keep = soft_release(sys, kin, con, qdd)
-            con = contact(sys, kin, f.implicit_friction, normal=True, keep=keep)
-            qdd = solve(con)
+            con = soft_forces(sys, con, qdd)         # the ground's forces as the solve applied them
         qdd = qdd.T
         q_new, v_new = semi_implicit_euler(fb, q, v, qdd, h)
         act = f.act
@@ -208,8 +211,10 @@ def step(sys: System, state: State, action: torch.Tensor) -> Tuple[State, Data]:
             command = action
         commands = [command.reshape(B, na)] * cfg.substeps
     act = None if state.actuator is None else state.actuator.reshape(B, state.actuator.shape[-1])
+    warm = None
     for command in commands:
-        q, v, act, qdd, kin, con = _substep(sys, q, v, command, act, h)
+        q, v, act, qdd, kin, con = _substep(sys, q, v, command, act, h, warm)
+        warm = qdd.detach().T if con.soft is not None else None
     kin = kin._replace(batch=tuple(batch))
     new = State(q=q.reshape(batch + (m.nq,)), v=v.reshape(batch + (m.nv,)),
                 actuator=None if act is None else act.reshape(batch + act.shape[-1:]), delay=delay,

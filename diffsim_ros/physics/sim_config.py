@@ -33,14 +33,14 @@ class SimConfig:
     contact_stiffness: float = option(1e7, "k in lambda_n = k max(0, -gap)^2", "N/m^2", low=0)
     contact_damping: float = option(3e4, "c in lambda_d = -c max(0, -gap) dgap/dt", "N s/m^2", low=0)
     contact_model: str = option("penalty", """ground contact law: penalty (the seed paper's lambda_n = k
-        max(0, -gap)^2 with damping: contact_stiffness, contact_damping) or soft (a regularised constraint, the
-        law of MuJoCo's soft contact: the normal acceleration is pulled towards -b dgap/dt - k d gap with
-        k = 1/(w^2 tc^2 zeta^2), b = 2/(w tc), w the impedance's end value, tc contact_time_constant, zeta
-        contact_damping_ratio, d the impedance at this penetration; its force scales with the effective mass
-        of the touching link, so one setting describes a light foot and a heavy base alike; needs the
-        semi_implicit integrator). Its friction is the regularised Coulomb law (friction, friction_smoothing) on
-        the normal force; MuJoCo's friction rows are soft constraints of their own, so sliding and landing
-        feet differ from MuJoCo's while the normal law is the same. Contact between the robot's own bodies
+        max(0, -gap)^2 with damping: contact_stiffness, contact_damping) or soft (MuJoCo's regularised
+        constraint with its elliptic friction cone, impratio 100 as the stand-in's: each touching point's
+        normal acceleration is pulled towards -b dgap/dt - k d gap with k = 1/(w^2 tc^2 zeta^2), b = 2/(w tc),
+        w the impedance's end value, tc contact_time_constant, zeta contact_damping_ratio, d the impedance at
+        this penetration, its tangential ones towards -b v_t, and the step minimises MuJoCo's cost of the
+        cone by Newton's method; its force scales with the effective mass of the touching body, so one
+        setting describes a light foot and a heavy base alike; friction_smoothing does not apply; needs the
+        semi_implicit integrator). Contact between the robot's own bodies
         stays penalty""",
                                choices=CONTACT_MODELS)
     contact_time_constant: float = option(0.02, """soft contact: time constant tc of the penetration's

@@ -41,9 +41,10 @@ class ContactSet:
     per group in the body frame, ``group_center`` (G, 3) and ``group_reach`` (G,), so a
     group that cannot touch the ground in any environment is skipped exactly.
     ``flat_index`` (P,) long: each flat point's slot in the (G * S) grouped layout.
-    ``group_weight`` (G, S), 1/kg: the soft contact's inverse weight of each point's link
-    (:func:`~diffsim_ros.physics.algorithms.inverse_weights` at the link's own centre of mass;
-    zero without the soft contact).
+    ``group_weight`` (G, S), 1/kg: the soft contact's inverse weight of each point's body
+    (:func:`~diffsim_ros.physics.algorithms.inverse_weights` at the centre of mass of the link
+    that names the body, MuJoCo's body_invweight0 of the stand-in's body that carries the
+    collision geometry; zero without the soft contact).
     """
 
     body: torch.Tensor
@@ -219,7 +220,7 @@ def _contact_set(model: Model, cfg: SimConfig) -> ContactSet:
         pts.append(local @ col.R.T + col.p)
         radii.append(r)
         weights.append(torch.zeros_like(r) if link_weight is None
-                       else link_weight[model.link_names.index(col.link)].expand(r.shape[0]))
+                       else link_weight[model.link_names.index(model.body_names[col.body])].expand(r.shape[0]))
         bodies += [col.body] * local.shape[0]
     local = torch.cat(pts) if pts else torch.zeros(0, 3, dtype=dt, device=dev)
     radius = torch.cat(radii) if radii else torch.zeros(0, dtype=dt, device=dev)

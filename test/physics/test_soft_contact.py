@@ -261,3 +261,56 @@ def test_wrong_soft_contact_settings_are_refused_by_name(quadruped):
     assert float(from_perturbation(soft, {"contact_time_constant": 0.04})["contact_time_constant"][0]) == 0.04
     assert "contact_time_constant" not in from_perturbation(physics.build_system(model, dataclasses.replace(
         cfg, contact_model="penalty")), {"contact_time_constant": 0.04})
+
+
+def test_a_quadruped_sliding_onto_the_ground_steps_as_mujoco(tmp_path):
+    """Each step of a quadruped landing and sliding on its feet equals MuJoCo's step from the same state.
+
+    The stand-in's ground (elliptic cone, impratio 100, MuJoCo's Newton solver at a tight
+    tolerance), MuJoCo stepping at the simulator's substep, no drive torques, joint damping or
+    limits (whose implicit terms MuJoCo solves apart from the contact). The base starts above
+    the floor with a drawn sliding velocity and yaw rate; every step, the simulator starts from
+    MuJoCo's state. Measured: at most 9e-9 m/s apart, with feet on the cone's surface (MuJoCo's
+    cone zone, where a law bounding friction by the normal row's force alone parts from it);
+    the penalty law is centimetres per second apart.
+    """
+    from diffsim_ros.plant.mujoco_plant import MujocoPlant
+    rng = np.random.default_rng(drawn_seed("soft quadruped", SEED_ENV))
+    p = config.load_yaml("config/locomotion_velocity.yaml")
+    params = {k: p[k] for k in ("urdf", "floating_base")}
+    params["simulator"] = dict(p["simulator"], contact_model="soft", actuator="effort", joint_damping=False,
+                               joint_friction=False, joint_limits=False, gravity_compensation=False, dt=1e-3,
+                               substeps=1, contact_time_constant=float(rng.uniform(0.01, 0.06)),
+                               friction=float(rng.uniform(0.3, 1.0)))
+    for key in ("actuator_lag", "velocity_limits"):
+        params["simulator"].pop(key, None)
+    plant = MujocoPlant(params, step_refinement=1,         # the floor's time constant is the stand-in's perturbation
+                        perturbation={"contact_time_constant": params["simulator"]["contact_time_constant"]})
+    plant.model.opt.tolerance = 1e-14
+    plant.model.opt.iterations = 200
+    model = config.load_model(params, dtype=F64)
+    cfg = config.simulator_config(params)
+    sims = {law: physics.Simulator(model, dataclasses.replace(cfg, contact_model=law)) for law in ("soft", "penalty")}
+    q0 = np.r_[0.0, 0.0, p["task"]["base_height"] + 0.02, 0, 0, 0, 1, np.zeros(plant.model.nq - 7)]
+    q0[7:][[plant.joint_names.index(j) for j in params["simulator"]["actuated_joints"]]] = p["task"]["stance"]
+    v0 = np.zeros(model.nv)
+    v0[0:2], v0[5] = rng.uniform(-1, 1, 2), rng.uniform(-2, 2)
+    plant.reset(q0, v0)
+    zero = torch.zeros(1, len(params["simulator"]["actuated_joints"]), dtype=F64)
+    worst = {"soft": 0.0, "penalty": 0.0}
+    contact_steps, zones = 0, set()
+    for _ in range(200):
+        q, v = (torch.tensor(x[None], dtype=F64) for x in (plant.q, plant.v))
+        ours = {law: sim.step(sim.initial_state(q, v), zero).v[0].numpy() for law, sim in sims.items()}
+        plant.step(zero.numpy()[0])
+        if plant.data.ncon:
+            contact_steps += 1
+            zones |= set(int(z) for z in plant.data.efc_state[:plant.data.nefc])
+            for law in worst:
+                worst[law] = max(worst[law], float(np.abs(ours[law] - plant.v).max()))
+    print(f"tc {cfg.contact_time_constant:.4g} s, mu {cfg.friction:.3g}: {contact_steps} steps in contact, "
+          f"zones {sorted(zones)}, max |dv| {worst}")
+    assert contact_steps > 100
+    assert int(mujoco.mjtConstraintState.mjCNSTRSTATE_CONE) in zones       # feet on the cone's surface
+    assert worst["soft"] < 1e-6
+    assert worst["penalty"] > 1e-2

@@ -25,28 +25,29 @@ from ..system import System
 
 #: ``refine(qdd) -> (D, K)`` of :func:`acceleration`.
 Refine = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
+#: ``constraint(A, rhs) -> qdd`` of :func:`acceleration`.
+Constraint = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optional[torch.Tensor] = None,
                  h: float = 0.0, D: Optional[torch.Tensor] = None, K: Optional[torch.Tensor] = None,
                  vf: Optional[torch.Tensor] = None, damping: Optional[torch.Tensor] = None,
                  refine: Optional[Refine] = None,
-                 iterations: int = 0, normal_blocks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 iterations: int = 0, normal_blocks: Optional[torch.Tensor] = None,
+                 constraint: Optional[Constraint] = None) -> torch.Tensor:
     """Return qdd (nv, B) from batch-last tau (nv, B) and body wrenches f_ext (nb, 6, B) about o.
 
     For the implicit step it also takes h, the diagonals D and K (nv, B), v (nv, B), the
     friction's damping blocks and the contact's normal blocks W (nb, 6, 6, B; damping c W,
     stiffness E = 2 k W). ``refine(qdd) -> (D, K)``: new diagonals from a solution, applied
-    ``iterations`` times (the same M and bias; one more solve each).
+    ``iterations`` times (the same M and bias; one more solve each). ``constraint(A, rhs) -> qdd``
+    replaces the linear solve A qdd = rhs (the soft contact's, :func:`.cone.solve`).
     """
     m = sys.model
     I = kin.inertia(m)
     blocks = I if damping is None else I.add(damping, alpha=h)
     compiled = traced()
-    soft = sys.config.contact_model == "soft"
-    if normal_blocks is not None and soft:
-        blocks = blocks + normal_blocks          # the soft contact's inertance J^T W J (see stages/contact.py)
-    elif normal_blocks is not None:
+    if normal_blocks is not None:
         k2 = 2.0 * sys.contact_stiffness
         blocks = blocks.addcmul(normal_blocks, h * sys.contact_damping + h * h * k2)
         if not compiled:
@@ -54,7 +55,7 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
             f_ext = cast(torch.Tensor, f_ext).addcmul((normal_blocks * kin.vel[:, None]).sum(2), -h * k2)
     rhs0 = tau - joint_forces(m, kin.S, I, kin.vJ, kin.vel, None, f_ext)
     A0 = joint_space_inertia(m, kin.S, blocks)
-    if normal_blocks is not None and compiled and not soft:
+    if normal_blocks is not None and compiled:
         # The same -h J^T E J v through one more composite pass: Inductor (torch 2.13, CPU)
         # compiled the gradient of the wrench form above wrong (test_compiled compares the two).
         rhs0 = rhs0 - (h * k2) * (joint_space_inertia(m, kin.S, normal_blocks) * cast(torch.Tensor, vf)[None]).sum(1)
@@ -70,7 +71,7 @@ def acceleration(sys: System, kin: Kinematics, tau: torch.Tensor, f_ext: Optiona
                 rhs = rhs - h * K * vf
             eye = torch.eye(m.nv, dtype=A.dtype, device=A.device)[:, :, None]
             A = A + eye * diag[None]
-        return solve_spd(A, rhs)
+        return solve_spd(A, rhs) if constraint is None else constraint(A, rhs)
     qdd = solve(D, K)
     for _ in range(iterations if refine is not None else 0):
         qdd = solve(*cast(Refine, refine)(qdd))                   # iterations only with a refine

@@ -17,19 +17,24 @@ Explicitly, a foot of a few tens of grams on the quadratic penalty rings at 2 ms
 substeps (h c pen / m > 2), and the step's Jacobian grows by an order of magnitude per
 control step, so gradients through a 20-step window overflow.
 
+With ``simulator.contact_model: soft`` the ground takes no penalty: its touching points become
+MuJoCo's constraint rows (:func:`_soft_rows`), which the acceleration stage's solve minimises
+over (:mod:`.cone`); :func:`soft_forces` then records the forces it applied.
+
 Batch-last layout (see :mod:`..kinematics`): points (P, 3, B), wrenches (nb, 6, B).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple, cast
+from typing import NamedTuple, Optional, cast
 
 import torch
 
 from .. import laws
-from ..algorithms import _cross, _full_v, _mm, _mv, _skew, _topo, _tree_sum
+from ..algorithms import _cross, _mm, _mv, _skew, _topo
 from ..kinematics import Kinematics
 from ..spatial import traced
 from ..system import System
+from .cone import MIN_MU, SoftRows, generalized_force
 
 
 class Contact(NamedTuple):
@@ -37,9 +42,9 @@ class Contact(NamedTuple):
     damping: Optional[torch.Tensor]   # (nb, 6, 6, B) friction damping blocks, or None
     groups: Optional[torch.Tensor]    # (Gs,) long: the point groups evaluated (None: all)
     gap: Optional[torch.Tensor]       # (Gs, S, B) m, negative in penetration (None: no group evaluated)
-    normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force (soft contact: its explicit push, >= 0)
+    normal: Optional[torch.Tensor]    # (Gs, S, B) N, ground normal force (soft contact: after soft_forces)
     normal_blocks: Optional[torch.Tensor] = None   # (nb, 6, 6, B) W: the normal force's damping c W, stiffness 2 k W
-    soft: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None   # soft contact: W, a_ref, points
+    soft: Optional[SoftRows] = None   # soft contact: its constraint rows (the solve applies its forces)
 
     def flat(self, cs, x: Optional[torch.Tensor], fill: float) -> torch.Tensor:
         """Flatten grouped per-point values (Gs, S, B) to (P, B) in collision order.
@@ -97,16 +102,15 @@ def _picked(cs, groups: torch.Tensor):
 
 
 def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, select: Optional[bool] = None,
-            normal: bool = False, keep: Optional[torch.Tensor] = None) -> Contact:
+            normal: bool = False) -> Contact:
     """Contact wrenches from the kinematics record, with blocks for the linearly implicit step.
 
     The blocks are the friction's damping blocks (``implicit_friction``) and the normal force's
     blocks W (``normal``; see the module doc). ``select`` (default: on the CPU, outside
     torch.compile): evaluate only the point groups whose bounding sphere reaches the ground
     in some environment (exact: the others have no penetration, so no force and no
-    gradient), at the price of one host synchronisation. ``keep`` (Gs, S, B), soft contact
-    only: the normal forces of a first solve (:func:`soft_release`, for the same selection);
-    points where it is zero let go.
+    gradient), at the price of one host synchronisation. The soft contact returns its rows
+    (``soft``) and no ground force: the solve applies it (:mod:`.cone`, then :func:`soft_forces`).
     """
     m, cfg, cs = sys.model, sys.config, sys.contact
     R, o, tw = kin.R, kin.o, kin.vel
@@ -141,24 +145,22 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
         gap = ((x + o) * n).sum(2) - sys.ground_height - r                          # (Gs, S, B)
         vn = (xd * n).sum(2)
         pen = torch.relu(-gap)
-        inert = None
         if cfg.contact_model == "soft":
-            push, lam, inert, aref = _soft_normal(sys, weight, gap, pen, vn, valid, keep)
-            soft = (inert, aref, xc)
+            # The solve applies the ground's forces (stages/cone.py); here only its rows.
+            soft = _soft_rows(sys, kin, gb, weight, gap, pen, twg, xc, valid)
+            F = torch.zeros_like(x)
         else:
             lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
-            push = lam
-        vt = xd - vn[:, :, None] * n
-        eps = sys.friction_smoothing
-        slip = torch.sqrt((vt ** 2).sum(2) + eps * eps)   # (inductor cannot lower pow of a folded constant)
-        C = sys.friction * lam / slip                                               # (Gs, S, B)
-        F = push[:, :, None] * n - C[:, :, None] * vt
-        if normal or implicit_friction:
-            # The normal slopes are both pen where the force is on, times c (-d lambda / d vn)
-            # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both. The soft
-            # contact's blocks carry its inertance instead.
-            w = (pen * (lam > 0).to(lam.dtype) if inert is None else inert) if normal else None
-            damping, blocks = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, w)
+            vt = xd - vn[:, :, None] * n
+            eps = sys.friction_smoothing
+            slip = torch.sqrt((vt ** 2).sum(2) + eps * eps)   # (inductor cannot lower pow of a folded constant)
+            C = sys.friction * lam / slip                                           # (Gs, S, B)
+            F = lam[:, :, None] * n - C[:, :, None] * vt
+            if normal or implicit_friction:
+                # The normal slopes are both pen where the force is on, times c (-d lambda / d vn)
+                # and 2 k (the spring's -d lambda / d gap): one set of blocks serves both.
+                w = pen * (lam > 0).to(lam.dtype) if normal else None
+                damping, blocks = _point_blocks(m.nb, gb, C if implicit_friction else None, xc, n, w)
     F = cast(torch.Tensor, F)                                                      # set on either branch
     wrench = torch.cat((F.sum(1), _cross(xc, F).sum(1)), 1)                        # (Gs, 6, B)
     wrench_b = _to_bodies(m.nb, gb, wrench)
@@ -167,56 +169,90 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     return Contact(wrench_b, damping, groups, gap, lam, blocks, soft)
 
 
-def _soft_normal(sys: System, weight: torch.Tensor, gap: torch.Tensor, pen: torch.Tensor, vn: torch.Tensor,
-                 valid: torch.Tensor, keep: Optional[torch.Tensor]):
-    """Return the soft contact's explicit push, normal force, inertance and reference acceleration.
+def _soft_rows(sys: System, kin: Kinematics, gb: torch.Tensor, weight: torch.Tensor, gap: torch.Tensor,
+               pen: torch.Tensor, tw: torch.Tensor, xc: torch.Tensor, valid: torch.Tensor) -> SoftRows:
+    """Return the soft contact's constraint rows (:class:`.cone.SoftRows`) of the points (Gs, S).
 
-    All are per point (Gs, S, B); the normal force the regularised Coulomb friction is bounded by
-    is the explicit push where it pushes (with the full force W (a_ref - a_n) of a first solve
-    instead, a quadruped landing on the MuJoCo ground bounced until it fell).
-
-    MuJoCo's regularised constraint: the force f = W (a_ref - a_n) pulls the normal acceleration a_n
-    towards a_ref = -b vn - k d gap, with W = d / ((1 - d) A), A the touching link's inverse weight
-    (its R = (1 - d) A / d). The explicit part W a_ref is the push returned (of either sign); the
-    part -W a_n is an inertance along the normal that the acceleration stage adds to the mass matrix
-    through the normal blocks (J^T W J), so the step solves (M + J^T W J) qdd = ... + J^T W a_ref as
-    MuJoCo's solver does for an active contact.
+    MuJoCo's regularised constraint: the force pulls each row's acceleration J a towards its
+    reference a_ref (the normal's -b vn + k d pen, the tangents' -b vt; k = 1 / (w^2 tc^2 zeta^2),
+    b = 2 / (w tc), w the impedance's end value, d the impedance at this penetration) with
+    stiffness D = d / ((1 - d) A), A the touching link's inverse weight (MuJoCo's R = (1 - d) A / d);
+    the rows sit at MuJoCo's contact point, halfway through the penetration.
     """
-    cfg = sys.config
+    m, cfg = sys.model, sys.config
+    n = sys.ground_normal
     d1 = cfg.contact_impedance[1]
     tc, zeta = sys.contact_time_constant, sys.contact_damping_ratio
     imp = laws.impedance(torch, pen, cfg.contact_impedance)
     k = 1.0 / (d1 * d1 * tc * tc * zeta * zeta)
     b = 2.0 / (d1 * tc)
-    aref = k * imp * pen - b * vn
-    inert = imp / ((1.0 - imp) * weight.clamp_min(1e-15)[..., None])
     on = (gap < 0).to(gap.dtype) * valid[..., None]
-    if keep is not None:
-        on = on * (keep > 0).to(on.dtype)
-    return inert * aref * on, torch.relu(inert * aref) * on, inert * on, aref
-
-
-def soft_release(sys: System, kin: Kinematics, con: Contact, qdd: torch.Tensor) -> torch.Tensor:
-    """Return the soft contact's normal forces after a solve, (Gs, S, B), zero where they would pull.
-
-    A point's force is W (a_ref - a_n), a_n the normal acceleration J qdd of the point that the
-    solve gave (qdd batch-last (nv, B)): where it would pull, the contact lets go, as MuJoCo's
-    constraint solver keeps a contact's normal force non-negative. Solving again with only the
-    kept points gives MuJoCo's answer whenever one point changes state in a step (a ball's
-    bounce; a foot's lift-off).
-    """
-    m = sys.model
-    inert, aref, xc = cast(Tuple[torch.Tensor, torch.Tensor, torch.Tensor], con.soft)
-    gb = sys.contact.group_body if con.groups is None else sys.contact.group_body[con.groups]
+    D = imp / ((1.0 - imp) * weight.clamp_min(1e-15)[..., None]) * on
+    frame = _frame(n)                                                               # (3, 3) rows n, t1, t2
+    x = xc + 0.5 * pen[:, :, None] * n[:, None]
+    xd = tw[:, None, 0:3] + _cross(tw[:, None, 3:6], x)                            # the point's velocity
+    vel = (xd[:, :, None] * frame[None, None, :, :, None]).sum(3)                   # (Gs, S, 3, B)
+    aref = -b * vel
+    aref = torch.cat(((aref[:, :, 0] + k * imp * pen)[:, :, None], aref[:, :, 1:]), 2)
+    if m.floating_base:
+        # MuJoCo's rows hold J qacc with its free joint's linear velocity in the world, ours in the
+        # base frame: the same point acceleration differs by w x v of the base origin in J qdd.
+        w0 = kin.vel[0, 3:6]
+        c = _cross(w0, kin.vel[0, 0:3] + _cross(w0, kin.p[0]))                     # (3, B)
+        aref = aref - (frame[:, :, None] * c[None]).sum(1)[None, None]
+    # Row r of a point: the wrench direction [d_r; x x d_r] against each dof's motion subspace,
+    # for the dofs that move the point's link.
+    d = frame[None, None, :, :, None].expand(x.shape[0], x.shape[1], 3, 3, x.shape[-1])
+    w = torch.cat((d, _cross(x[:, :, None].expand_as(d), d)), 3)                    # (Gs, S, 3, 6, B)
     topo = _topo(m)
-    # The bodies' spatial accelerations S qdd (world axes at o, without the velocity products,
-    # as the inertance's J qdd): each body's own dofs, summed over its ancestors.
-    own = (topo.dof_body.T @ (kin.S * _full_v(m, qdd)[:, None]).reshape(kin.S.shape[0], -1)).reshape(
-        m.nb, 6, -1)
-    acc = _tree_sum(topo.anc, own)[gb]                                              # (Gs, 6, B)
-    n = sys.ground_normal[:, None]
-    an = (acc[:, None, 0:3] * n).sum(2) + (acc[:, None, 3:6] * _cross(xc, n.expand_as(xc))).sum(2)
-    return torch.relu(inert * (aref - an))
+    moves = topo.anc[gb] @ topo.dof_body.T                                          # (Gs, nv_full)
+    J = (w[:, :, :, None] * kin.S[None, None, None]).sum(4) * moves[:, None, None, :, None]
+    if m.mimic_joints:
+        J = (J.unsqueeze(4) * cast(torch.Tensor, m.mimic_G)[:, :, None]).sum(3)     # J G: the reduced dofs'
+    Gs, S = gap.shape[0], gap.shape[1]
+    rows = SoftRows(J=J.reshape((Gs * S,) + J.shape[2:]), aref=aref.reshape(Gs * S, 3, -1), D=D.reshape(Gs * S, -1),
+                    mu=sys.friction.clamp_min(MIN_MU), frame=frame, x=x.reshape(Gs * S, 3, -1))
+    if D.device.type == "cpu" and not traced():
+        # Eagerly, only the points touching in some environment (one host synchronisation): the
+        # solve's cost grows with its rows, and most of a walker's points are in the air.
+        index = (rows.D > 0).any(-1).nonzero()[:, 0]
+        if index.numel() < Gs * S:
+            rows = rows._replace(J=rows.J[index], aref=rows.aref[index], D=rows.D[index], x=rows.x[index],
+                                 points=index)
+    return rows
+
+
+def _frame(n: torch.Tensor) -> torch.Tensor:
+    """Rows n, t1, t2 (3, 3): the ground normal and two tangents (the elliptic cone is isotropic)."""
+    e = torch.zeros_like(n)
+    e[int(torch.argmin(n.abs()))] = 1.0
+    t1 = torch.linalg.cross(n, e)
+    t1 = t1 / torch.linalg.vector_norm(t1)
+    return torch.stack((n, t1, torch.linalg.cross(n, t1)))
+
+
+def soft_forces(sys: System, con: Contact, qdd: torch.Tensor) -> Contact:
+    """Return ``con`` with the soft contact's solved ground forces at accelerations qdd (nv, B).
+
+    Its wrench (per body) and normal forces (Gs, S, B) are then the ground's as the solve
+    applied them (for the tasks' contact tests and the Data record), plus the self-collision
+    penalty's wrench it already held.
+    """
+    rows = cast(SoftRows, con.soft)
+    f, _ = generalized_force(rows, qdd)                                             # (P, 3, B)
+    F = (f[:, :, None] * rows.frame[None, :, :, None]).sum(1)                       # (P, 3, B) world
+    gb = sys.contact.group_body if con.groups is None else sys.contact.group_body[con.groups]
+    Gs = gb.shape[0]
+    S = cast(torch.Tensor, con.gap).shape[1]
+    wrench = torch.cat((F, _cross(rows.x, F)), 1)                                   # (P, 6, B)
+    normal = f[:, 0]
+    if rows.points is not None:                                                      # back to every point
+        wrench = torch.zeros((Gs * S,) + wrench.shape[1:], dtype=F.dtype, device=F.device).index_copy(
+            0, rows.points, wrench)
+        normal = torch.zeros((Gs * S,) + normal.shape[1:], dtype=F.dtype, device=F.device).index_copy(
+            0, rows.points, normal)
+    return con._replace(wrench=con.wrench + _to_bodies(sys.model.nb, gb, wrench.reshape(Gs, S, 6, -1).sum(1)),
+                        normal=normal.reshape(Gs, S, -1))
 
 
 def _self_collision(sys: System, kin: Kinematics, x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
