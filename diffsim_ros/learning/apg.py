@@ -122,7 +122,8 @@ class TrainConfig:
     compile_step: bool = option(False, """step through the compiled simulator (physics.compiled.CompiledStep): about
         7x faster an iteration of solo12's locomotion on one CPU thread, after compiling its graphs once (minutes the
         first time, cached on disk after). Randomised parameters (randomize_*) are inputs of the compiled graphs,
-        not constants: compiled once, they serve every draw""")
+        not constants: compiled once, they serve every draw. The soft contact (simulator.contact_model: soft) has no
+        compiled step: with it training warns and steps eagerly""")
     max_divergences: int = option(10, """iterations whose simulation diverged (non-finite state or gradient) that
         are dropped and retried from fresh episodes, the policy and optimiser put back to the iteration's start,
         before training gives up""", low=0)
@@ -624,7 +625,11 @@ def train(task: Task, cfg: TrainConfig, out_dir: Optional[Path] = None, progress
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     net = _make_learners(task, cfg)
-    if cfg.compile_step and task.sim.compiled is not True:   # the task keeps it (compiled graphs included)
+    soft = task.sim.system.config.contact_model == "soft"
+    if cfg.compile_step and soft:
+        warnings.warn("compile_step: the soft contact (simulator.contact_model: soft) has no compiled step; "
+                      "training steps eagerly", stacklevel=2)
+    if cfg.compile_step and not soft and task.sim.compiled is not True:   # the task keeps it (graphs included)
         task.sim = Simulator(task.sim.system, compile=True)
     nominal_sim = task.sim
     train_sim = _training_sim(nominal_sim, cfg)

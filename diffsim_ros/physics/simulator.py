@@ -79,6 +79,9 @@ class Simulator:
             raise ValueError("varying parameters are inputs of the compiled step: give compile=True")
         if compile not in (False, True, "aot"):
             raise ValueError(f"compile must be False, True or 'aot', not {compile!r}")
+        if compile and self.system.config.contact_model == "soft":
+            raise ConfigError("{key}: the soft contact has no compiled step (its solve iterates until it converges, "
+                              "a count a graph cannot hold); step it eagerly", "simulator.contact_model")
         if compile == "aot":
             from .compiled import ExportedStep
             self._compiled = ExportedStep(self.system)

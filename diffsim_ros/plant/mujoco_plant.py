@@ -73,13 +73,16 @@ import torch
 from .. import config as _config
 from ..physics import ConfigError, Rotors, laws
 from ..physics.rotation import quat_exp, quat_mul, quat_to_matrix
+from ..physics.stages.cone import IMPRATIO
 from .flight import FlightController
 from .perturbation import Perturbation
 
 JOINT_INTERFACES = ("position", "velocity", "effort")
 ROTOR_INTERFACES = ("ctbr", "rotor_thrust")
 INTERFACES = JOINT_INTERFACES + ROTOR_INTERFACES
-FRICTION_IMPRATIO = 100.0   # ratio of frictional to normal constraint impedance on the ground (MuJoCo opt.impratio)
+# Ratio of frictional to normal constraint impedance on the ground (MuJoCo opt.impratio): the
+# simulator's soft contact takes the same.
+FRICTION_IMPRATIO = IMPRATIO
 CONTACT_STEP = 5e-4         # s, the largest MuJoCo step of a plant with ground contact (module doc)
 
 

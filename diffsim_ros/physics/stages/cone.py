@@ -19,10 +19,12 @@ D the normal row's d / ((1 - d) A_w).
 
 The minimum is found by Newton's method with an exact line search, differentiated through
 every iteration (the last one, a full Newton step on the converged zones, carries the
-solution's own gradient). Eagerly it iterates until the update is at round-off; compiled, a
-fixed NEWTON_ITERATIONS keep the step one graph. Cold-started from the contact-free
-accelerations it takes 5-15 iterations on a quadruped's four feet (MuJoCo, warm-started from
-the last step, 5-13); test/physics/test_soft_contact.py compares trajectories with MuJoCo's.
+solution's own gradient), until the update is at round-off: cold-started from the contact-free
+accelerations 5-15 iterations on a quadruped's four feet (MuJoCo, warm-started from the last
+step, 5-13), warm-started from the last substep about 3. The count depends on the data, so the
+soft contact has no compiled step (a graph holds a fixed count; 16 iterations unrolled did not
+finish compiling in 13 minutes, and fewer left a walker metres per second from the converged
+step). test/physics/test_soft_contact.py compares steps with MuJoCo's.
 """
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from ..algorithms import solve_spd
-from ..spatial import traced
 
 #: Ratio of the friction rows' stiffness to the normal row's (MuJoCo's opt.impratio). The
 #: stand-in sets the same (plant/mujoco_plant.py): with an elliptic cone it holds a foot loaded
@@ -39,9 +40,9 @@ from ..spatial import traced
 IMPRATIO = 100.0
 #: The smallest friction coefficient, as MuJoCo's (mjMINMU): a frictionless contact keeps rows.
 MIN_MU = 1e-5
-#: Newton iterations of a compiled step (a fixed count: one graph); an eager step iterates until
-#: the update is below TOLERANCE of the accelerations, at most MAX_ITERATIONS times.
-NEWTON_ITERATIONS = 16
+#: The solve iterates until the update is below TOLERANCE of the accelerations, at most
+#: MAX_ITERATIONS times, each line search until its slope is LINE_SEARCH_TOLERANCE of its start,
+#: at most LINE_SEARCH_ITERATIONS times.
 MAX_ITERATIONS = 50
 TOLERANCE = 1e-12
 LINE_SEARCH_ITERATIONS = 10
@@ -127,8 +128,7 @@ def solve(A: torch.Tensor, rhs: torch.Tensor, rows: SoftRows, warm: Optional[tor
     if J.shape[0] == 0:
         return solve_spd(A, rhs)
     a = solve_spd(A, rhs) if warm is None else warm.detach()
-    compiled = traced()
-    for i in range(NEWTON_ITERATIONS if compiled else MAX_ITERATIONS):
+    for i in range(MAX_ITERATIONS):
         jar = _rows_times(J, a) - aref
         f, H = cone(rows, jar)
         g = (A * a[None]).sum(1) - rhs - _transpose_times(J, f)                    # the cost's gradient
@@ -140,16 +140,16 @@ def solve(A: torch.Tensor, rhs: torch.Tensor, rows: SoftRows, warm: Optional[tor
         Ada = (A * da[None]).sum(1)
         slope0 = (da * g).sum(0) + (Jda * f).sum((0, 1))                          # da^T (A a - rhs)
         curv0 = (da * Ada).sum(0)
-        alpha = _line_search(rows, jar, Jda, slope0, curv0, compiled)
+        alpha = _line_search(rows, jar, Jda, slope0, curv0)
         step = alpha[None] * da
         a = a + step
-        if not compiled and float(step.detach().abs().max()) <= TOLERANCE * (1.0 + float(a.detach().abs().max())):
+        if float(step.detach().abs().max()) <= TOLERANCE * (1.0 + float(a.detach().abs().max())):
             break
     return a
 
 
 def _line_search(rows: SoftRows, jar: torch.Tensor, Jda: torch.Tensor, slope0: torch.Tensor,
-                 curv0: torch.Tensor, compiled: bool) -> torch.Tensor:
+                 curv0: torch.Tensor) -> torch.Tensor:
     """Return the step (B,) along da minimising the cost: safeguarded Newton on its slope.
 
     The slope phi'(alpha) = slope0 + alpha curv0 - Jda . f(alpha) rises with alpha (the cost is
@@ -158,8 +158,8 @@ def _line_search(rows: SoftRows, jar: torch.Tensor, Jda: torch.Tensor, slope0: t
     the slope sharply, where plain Newton steps cycle. Where the slope is still negative at 1 the
     step stays 1 (the next iteration goes on from there); at a converged solve the Newton step is 1,
     so the last iteration is a full Newton step and the gradient through it is the solution's.
-    Eagerly it stops once the slope is LINE_SEARCH_TOLERANCE of its value at 0 everywhere (as
-    MuJoCo's line search): the outer iterations converge all the same.
+    It stops once the slope is LINE_SEARCH_TOLERANCE of its value at 0 everywhere (as MuJoCo's
+    line search): the outer iterations converge all the same.
     """
     one = torch.ones_like(curv0)
     alpha, lo, hi = one, torch.zeros_like(curv0), one
@@ -168,7 +168,7 @@ def _line_search(rows: SoftRows, jar: torch.Tensor, Jda: torch.Tensor, slope0: t
         fa, Ha = cone(rows, jar + alpha[None, None] * Jda)
         d1 = slope0 + alpha * curv0 - (Jda * fa).sum((0, 1))
         d2 = curv0 + torch.einsum("pkb,pklb,plb->b", Jda, Ha, Jda)
-        if not compiled and bool((d1.detach().abs() <= LINE_SEARCH_TOLERANCE * slope0.detach().abs()).all()):
+        if bool((d1.detach().abs() <= LINE_SEARCH_TOLERANCE * slope0.detach().abs()).all()):
             break
         if i == 0:
             beyond = d1 < 0
