@@ -128,7 +128,7 @@ def solve(A: torch.Tensor, rhs: torch.Tensor, rows: SoftRows, warm: Optional[tor
     if J.shape[0] == 0:
         return solve_spd(A, rhs)
     a = solve_spd(A, rhs) if warm is None else warm.detach()
-    for i in range(MAX_ITERATIONS):
+    for _ in range(MAX_ITERATIONS):
         jar = _rows_times(J, a) - aref
         f, H = cone(rows, jar)
         g = (A * a[None]).sum(1) - rhs - _transpose_times(J, f)                    # the cost's gradient
