@@ -57,7 +57,6 @@ class _Forces(NamedTuple):
     K: Optional[torch.Tensor]         # (B, nv) implicit stiffness diagonal
     servo: Optional[Servo] = None     # a saturated joint servo to re-linearise (servo_iterations)
     lag: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None  # a lagged drive's implicit (kd, kp)
-    implicit_friction: bool = False   # the contact was evaluated with the friction's damping blocks
 
 
 def _pad(sys: System, x: torch.Tensor) -> torch.Tensor:
@@ -94,8 +93,7 @@ def _forces(sys: System, kin: Kinematics, q, v, command, act, h: float, implicit
     normal = implicit and cfg.implicit_contact and cfg.contact_model != "soft" and cfg.ground and sys.contact.n > 0
     servo = a.servo if (implicit and D is not None) else None
     lag = (a.kd, a.kp) if (implicit and D is not None and cfg.actuator_lag > 0 and a.kd is not None) else None
-    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo, lag,
-                   implicit_friction)
+    return _Forces(tau, a.state, contact(sys, kin, implicit_friction, normal=normal), D, K, servo, lag)
 
 
 def applied_forces(sys: System, q: torch.Tensor, v: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
