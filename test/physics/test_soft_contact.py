@@ -250,9 +250,10 @@ def test_a_quadruped_sliding_onto_the_ground_steps_as_mujoco(tmp_path):
     limits (whose implicit terms MuJoCo solves apart from the contact). The base starts above
     the floor with a drawn sliding velocity and yaw rate; every step, the simulator starts from
     MuJoCo's state; compared while only spheres and boxes touch (a collapsed quadruped's shank
-    cylinder meets the ground at MuJoCo's own points, not at the simulator's rim points). Measured: at most 9e-9 m/s apart, with feet on the cone's surface (MuJoCo's
-    cone zone, where a law bounding friction by the normal row's force alone parts from it);
-    the penalty law is centimetres per second apart.
+    cylinder meets the ground at MuJoCo's own points, not at the simulator's rim points).
+    Measured: at most 9e-9 m/s apart, with feet on the cone's surface (MuJoCo's cone zone, where
+    a law bounding friction by the normal row's force alone parts from it); the penalty law is
+    metres per second apart.
     """
     from diffsim_ros.plant.mujoco_plant import MujocoPlant
     rng = np.random.default_rng(drawn_seed("soft quadruped", SEED_ENV))
