@@ -112,10 +112,9 @@ def _transpose_times(J: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return torch.einsum("pkvb,pkb->vb", J, f)
 
 
-def generalized_force(rows: SoftRows, a: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Return the contact forces (P, 3, B) at accelerations a (nv, B) and their joint-space sum J^T f (nv, B)."""
-    f, _ = cone(rows, _rows_times(rows.J, a) - rows.aref, hessian=False)
-    return f, _transpose_times(rows.J, f)
+def forces(rows: SoftRows, a: torch.Tensor) -> torch.Tensor:
+    """Return the contact forces (P, 3, B) of the rows at accelerations a (nv, B)."""
+    return cone(rows, _rows_times(rows.J, a) - rows.aref, hessian=False)[0]
 
 
 def solve(A: torch.Tensor, rhs: torch.Tensor, rows: SoftRows, warm: Optional[torch.Tensor] = None) -> torch.Tensor:

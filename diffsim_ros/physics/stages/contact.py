@@ -30,11 +30,11 @@ from typing import NamedTuple, Optional, cast
 import torch
 
 from .. import laws
-from ..algorithms import _cross, _mm, _mv, _skew, _topo
+from ..algorithms import _cross, _mm, _mv, _skew, _topo, cached_on
 from ..kinematics import Kinematics
 from ..spatial import traced
 from ..system import System
-from .cone import MIN_MU, SoftRows, generalized_force
+from .cone import MIN_MU, SoftRows, forces
 
 
 class Contact(NamedTuple):
@@ -141,15 +141,15 @@ def contact(sys: System, kin: Kinematics, implicit_friction: bool = False, selec
     F = None if cfg.ground else torch.zeros_like(x)
     if cfg.ground:
         xc = x - r[..., None] * n                                                   # contact point on the surface
-        xd = twg[:, None, 0:3] + _cross(twg[:, None, 3:6], xc)                     # its velocity
         gap = ((x + o) * n).sum(2) - sys.ground_height - r                          # (Gs, S, B)
-        vn = (xd * n).sum(2)
         pen = torch.relu(-gap)
         if cfg.contact_model == "soft":
             # The solve applies the ground's forces (stages/cone.py); here only its rows.
             soft = _soft_rows(sys, kin, gb, weight, gap, pen, twg, xc, valid)
             F = torch.zeros_like(x)
         else:
+            xd = twg[:, None, 0:3] + _cross(twg[:, None, 3:6], xc)                 # the contact point's velocity
+            vn = (xd * n).sum(2)
             lam = torch.relu(sys.contact_stiffness * pen ** 2 - sys.contact_damping * pen * vn) * valid[..., None]
             vt = xd - vn[:, :, None] * n
             eps = sys.friction_smoothing
@@ -188,7 +188,7 @@ def _soft_rows(sys: System, kin: Kinematics, gb: torch.Tensor, weight: torch.Ten
     b = 2.0 / (d1 * tc)
     on = (gap < 0).to(gap.dtype) * valid[..., None]
     D = imp / ((1.0 - imp) * weight.clamp_min(1e-15)[..., None]) * on
-    frame = _frame(n)                                                               # (3, 3) rows n, t1, t2
+    frame = cached_on(sys, "_ground_frame", lambda: _frame(n))                    # (3, 3) rows n, t1, t2
     x = xc + 0.5 * pen[:, :, None] * n[:, None]
     xd = tw[:, None, 0:3] + _cross(tw[:, None, 3:6], x)                            # the point's velocity
     vel = (xd[:, :, None] * frame[None, None, :, :, None]).sum(3)                   # (Gs, S, 3, B)
@@ -239,7 +239,7 @@ def soft_forces(sys: System, con: Contact, qdd: torch.Tensor) -> Contact:
     penalty's wrench it already held.
     """
     rows = cast(SoftRows, con.soft)
-    f, _ = generalized_force(rows, qdd)                                             # (P, 3, B)
+    f = forces(rows, qdd)                                                           # (P, 3, B)
     F = (f[:, :, None] * rows.frame[None, :, :, None]).sum(1)                       # (P, 3, B) world
     gb = sys.contact.group_body if con.groups is None else sys.contact.group_body[con.groups]
     Gs = gb.shape[0]
